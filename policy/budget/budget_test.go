@@ -1,0 +1,253 @@
+package budget_test
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
+)
+
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+func at(d time.Duration) time.Time { return t0.Add(d) }
+
+func TestWindow(t *testing.T) {
+	type step struct {
+		at       time.Duration
+		op       string // reserve, settle, refund, take
+		n        int64  // tokens to reserve/take, or actual for settle
+		ref      int    // which earlier reservation to settle/refund
+		wantOK   bool
+		wantWait time.Duration
+		wantUsed int64
+	}
+	tests := []struct {
+		name  string
+		cap   int64
+		debt  float64
+		steps []step
+	}{
+		{
+			name: "admits up to capacity, then says exactly when",
+			cap:  50_000,
+			steps: []step{
+				{at: 0, op: "reserve", n: 20_000, wantOK: true, wantUsed: 20_000},
+				{at: 10 * time.Second, op: "reserve", n: 20_000, wantOK: true, wantUsed: 40_000},
+				{at: 20 * time.Second, op: "reserve", n: 20_000, wantOK: false, wantWait: 40 * time.Second, wantUsed: 40_000},
+				// The first charge ages out at 60s: 20 000 free again.
+				{at: 59 * time.Second, op: "reserve", n: 20_000, wantOK: false, wantWait: time.Second, wantUsed: 40_000},
+				{at: 60 * time.Second, op: "reserve", n: 20_000, wantOK: true, wantUsed: 40_000},
+			},
+		},
+		{
+			name: "refill is continuous, not a minute boundary",
+			cap:  60,
+			steps: []step{
+				{at: 0, op: "reserve", n: 30, wantOK: true, wantUsed: 30},
+				{at: 30 * time.Second, op: "reserve", n: 30, wantOK: true, wantUsed: 60},
+				{at: 61 * time.Second, op: "reserve", n: 30, wantOK: true, wantUsed: 60},
+				{at: 62 * time.Second, op: "reserve", n: 1, wantOK: false, wantWait: 28 * time.Second, wantUsed: 60},
+			},
+		},
+		{
+			name: "over-estimate refunded to its own slot",
+			cap:  10_000,
+			steps: []step{
+				{at: 0, op: "reserve", n: 8000, wantOK: true, wantUsed: 8000},
+				{at: 5 * time.Second, op: "settle", ref: 0, n: 3000, wantUsed: 3000},
+				{at: 6 * time.Second, op: "reserve", n: 7000, wantOK: true, wantUsed: 10_000},
+				// The refunded reservation still ages out at 60s, taking its 3000 with it.
+				{at: 60 * time.Second, op: "reserve", n: 3000, wantOK: true, wantUsed: 10_000},
+			},
+		},
+		{
+			name: "under-estimate charged as debt that delays later requests",
+			cap:  10_000,
+			debt: 1,
+			steps: []step{
+				{at: 0, op: "reserve", n: 2000, wantOK: true, wantUsed: 2000},
+				{at: 30 * time.Second, op: "settle", ref: 0, n: 15_000, wantUsed: 15_000},
+				{at: 31 * time.Second, op: "reserve", n: 1, wantOK: false, wantWait: 59 * time.Second, wantUsed: 15_000},
+				{at: 90 * time.Second, op: "reserve", n: 1, wantOK: true, wantUsed: 1},
+			},
+		},
+		{
+			name: "debt is bounded",
+			cap:  10_000,
+			debt: 0.5,
+			steps: []step{
+				{at: 0, op: "reserve", n: 1000, wantOK: true, wantUsed: 1000},
+				{at: time.Second, op: "settle", ref: 0, n: 100_000, wantUsed: 15_000},
+			},
+		},
+		{
+			name: "a request larger than capacity needs an empty window",
+			cap:  10_000,
+			debt: 1,
+			steps: []step{
+				{at: 0, op: "reserve", n: 1, wantOK: true, wantUsed: 1},
+				{at: time.Second, op: "reserve", n: 50_000, wantOK: false, wantWait: 59 * time.Second, wantUsed: 1},
+				{at: 60 * time.Second, op: "reserve", n: 50_000, wantOK: true, wantUsed: 20_000},
+			},
+		},
+		{
+			name: "refund of a refused later step gives everything back",
+			cap:  100,
+			steps: []step{
+				{at: 0, op: "reserve", n: 100, wantOK: true, wantUsed: 100},
+				{at: time.Second, op: "refund", ref: 0, wantUsed: 0},
+				{at: 2 * time.Second, op: "reserve", n: 100, wantOK: true, wantUsed: 100},
+			},
+		},
+		{
+			name: "a clock jumping backwards never mints tokens",
+			cap:  100,
+			steps: []step{
+				{at: 30 * time.Second, op: "reserve", n: 100, wantOK: true, wantUsed: 100},
+				{at: -10 * time.Minute, op: "reserve", n: 1, wantOK: false, wantWait: 60 * time.Second, wantUsed: 100},
+				{at: 31 * time.Second, op: "reserve", n: 1, wantOK: false, wantWait: 59 * time.Second, wantUsed: 100},
+				{at: 90 * time.Second, op: "reserve", n: 1, wantOK: true, wantUsed: 1},
+			},
+		},
+		{
+			name: "refund after the charge aged out does nothing",
+			cap:  100,
+			steps: []step{
+				{at: 0, op: "reserve", n: 100, wantOK: true, wantUsed: 100},
+				{at: 2 * time.Minute, op: "reserve", n: 50, wantOK: true, wantUsed: 50},
+				{at: 2*time.Minute + time.Second, op: "settle", ref: 0, n: 0, wantUsed: 50},
+			},
+		},
+		{
+			name: "take ignores the limit (shadow mode) but not the debt bound",
+			cap:  100,
+			debt: 1,
+			steps: []step{
+				{at: 0, op: "take", n: 150, wantUsed: 150},
+				{at: 0, op: "take", n: 150, wantUsed: 200},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := budget.New(tt.cap, time.Minute, tt.debt, t0)
+			var charges []budget.Charge
+			for i, s := range tt.steps {
+				now := at(s.at)
+				switch s.op {
+				case "reserve":
+					ch, ok, wait := w.Reserve(s.n, now)
+					if ok != s.wantOK || (!ok && wait != s.wantWait) {
+						t.Fatalf("step %d: Reserve(%d) = %v, wait %s; want %v, wait %s", i, s.n, ok, wait, s.wantOK, s.wantWait)
+					}
+					charges = append(charges, ch)
+				case "take":
+					charges = append(charges, w.Take(s.n, now))
+				case "settle":
+					w.Settle(charges[s.ref], s.n, now)
+				case "refund":
+					w.Refund(charges[s.ref], now)
+				}
+				if used := w.State(now).Used; used != s.wantUsed {
+					t.Fatalf("step %d (%s): used = %d, want %d", i, s.op, used, s.wantUsed)
+				}
+			}
+		})
+	}
+}
+
+func TestReconfigureKeepsSpend(t *testing.T) {
+	w := budget.New(1000, time.Minute, 1, t0)
+	w.Reserve(800, t0)
+	// Lowered below what was spent: nothing more until the spend ages out.
+	w.Reconfigure(500, time.Minute, 1, at(time.Second))
+	if _, ok, _ := w.Reserve(1, at(2*time.Second)); ok {
+		t.Fatal("admitted while 800 of 500 are spent")
+	}
+	if _, ok, _ := w.Reserve(500, at(61*time.Second)); !ok {
+		t.Fatal("refused after the spend aged out")
+	}
+	// A new window length keeps the spend for one whole new window.
+	w2 := budget.New(1000, time.Minute, 1, t0)
+	w2.Reserve(1000, t0)
+	w2.Reconfigure(1000, 2*time.Minute, 1, at(30*time.Second))
+	if _, ok, wait := w2.Reserve(1, at(31*time.Second)); ok || wait != 2*time.Minute-time.Second {
+		t.Fatalf("after a window change: ok %v wait %s", ok, wait)
+	}
+}
+
+func TestStateResetIn(t *testing.T) {
+	w := budget.New(1000, time.Minute, 1, t0)
+	w.Reserve(100, at(10*time.Second))
+	w.Reserve(100, at(20*time.Second))
+	st := w.State(at(30 * time.Second))
+	if st.Remaining != 800 || st.ResetIn != 50*time.Second {
+		t.Fatalf("state = %+v, want remaining 800, reset in 50s", st)
+	}
+}
+
+// TestRandomisedHourStaysWithinBudget simulates an hour of random requests whose real use
+// differs from the estimate, settling each when it ends. Over every minute, the tokens of
+// requests admitted in that minute stay within the budget plus one largest request, and over
+// the hour the real spend stays within the budget (plus one window of debt).
+func TestRandomisedHourStaysWithinBudget(t *testing.T) {
+	const capacity = 50_000
+	rng := rand.New(rand.NewPCG(7, 11))
+	w := budget.New(capacity, time.Minute, 1, t0)
+	type pending struct {
+		ch     budget.Charge
+		actual int64
+		ends   time.Time
+	}
+	var inflight []pending
+	perMinute := map[int]int64{}
+	var total, largest int64
+	for ms := 0; ms < 3600_000; ms += 250 {
+		now := at(time.Duration(ms) * time.Millisecond)
+		// Settle what finished.
+		kept := inflight[:0]
+		for _, p := range inflight {
+			if !now.Before(p.ends) {
+				w.Settle(p.ch, p.actual, now)
+				continue
+			}
+			kept = append(kept, p)
+		}
+		inflight = kept
+		if rng.IntN(4) != 0 {
+			continue
+		}
+		est := int64(rng.IntN(6000) + 500)
+		actual := est * int64(rng.IntN(80)+40) / 100 // 40 %–120 % of the estimate
+		ch, ok, _ := w.Reserve(est, now)
+		if !ok {
+			continue
+		}
+		largest = max(largest, actual)
+		perMinute[ms/60_000] += actual
+		total += actual
+		inflight = append(inflight, pending{ch, actual, now.Add(time.Duration(rng.IntN(20)+1) * time.Second)})
+	}
+	for m, used := range perMinute {
+		if used > capacity+largest {
+			t.Errorf("minute %d: %d tokens admitted, budget %d + largest request %d", m, used, capacity, largest)
+		}
+	}
+	if total > 60*capacity+capacity {
+		t.Errorf("hour total %d exceeds 60 × %d + one window of debt", total, capacity)
+	}
+	if total < 30*capacity {
+		t.Errorf("hour total %d: the budget was barely used, the test is not exercising it", total)
+	}
+}
+
+func BenchmarkReserveSettle(b *testing.B) {
+	w := budget.New(1<<40, time.Minute, 1, t0)
+	b.ReportAllocs()
+	now := t0
+	for b.Loop() {
+		ch, _, _ := w.Reserve(1000, now)
+		w.Settle(ch, 900, now)
+	}
+}

@@ -1,0 +1,607 @@
+// Package bulkhead implements compartments: concurrency and in-flight-token limits with a
+// bounded, deadline-aware, tenant-fair priority queue, and pools that let compartments borrow
+// each other's idle capacity.
+//
+// A request takes a slot in every compartment it belongs to, all or nothing. All compartments
+// of a Scheduler share one mutex, so taking several slots is atomic and two requests can never
+// deadlock; a request never holds a slot while it waits for another. A waiting request sits in
+// the queue of the compartment that blocks it; when that compartment frees capacity, its queue is
+// served fairly, and a waiter then blocked by another compartment moves to that one's queue.
+package bulkhead
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrFull is the cause of every refusal for lack of capacity; check with errors.Is.
+var ErrFull = errors.New("bulkhead full")
+
+// Limits are a compartment's limits. Zero means no limit for MaxConcurrent and
+// MaxInflightTokens.
+type Limits struct {
+	MaxConcurrent     int64
+	MaxInflightTokens int64
+	// QueueDepth bounds the waiters blocked by this compartment.
+	QueueDepth int64
+	// Priority orders this compartment's waiters in a shared pool (higher first).
+	Priority int64
+	// Shadow counts what would be refused and refuses nothing.
+	Shadow bool
+}
+
+// Compartment is one bulkhead. Its mutable state is guarded by its Scheduler; counters are
+// atomics readable at any time. Safe for concurrent use through the Scheduler.
+type Compartment struct {
+	name string
+
+	// Guarded by Scheduler.mu.
+	limits   Limits
+	inflight int64
+	tokens   int64
+	queue    fairQueue
+	member   *member
+	avgHold  float64 // EWMA of slot hold time, nanoseconds; 0 until the first release
+
+	// Refs counts requests that resolved this compartment and have not released it yet
+	// (queued or in flight). Owners of dynamic compartments evict only unreferenced ones.
+	Refs atomic.Int64
+	// LastUsed is the Unix-nano time of the last release or resolution, for idle eviction.
+	LastUsed atomic.Int64
+
+	admitted       atomic.Uint64
+	refused        atomic.Uint64
+	shadowRefusals atomic.Uint64
+	queued         atomic.Uint64
+	timedOut       atomic.Uint64
+}
+
+// NewCompartment returns a compartment named name with limits l. Register it with no Scheduler:
+// any Scheduler may serve it, but one compartment must only ever be used with one Scheduler.
+func NewCompartment(name string, l Limits) *Compartment {
+	return &Compartment{name: name, limits: l}
+}
+
+// Name returns the compartment's name, e.g. "feature/chat".
+func (c *Compartment) Name() string { return c.name }
+
+// Stats is a point-in-time view of a compartment.
+type Stats struct {
+	Name           string
+	Limits         Limits
+	InFlight       int64
+	InFlightTokens int64
+	Queued         int
+	// Pool, Guaranteed and PoolMax describe pool membership (Pool empty when none).
+	Pool            string
+	Guaranteed      int64
+	PoolMax         int64
+	AvgHold         time.Duration
+	Admitted        uint64
+	Refused         uint64
+	ShadowRefusals  uint64
+	QueuedTotal     uint64
+	TimedOutInQueue uint64
+}
+
+// Pool is capacity shared by member compartments. Guarded by its Scheduler.
+type Pool struct {
+	name     string
+	capacity int64
+	inflight int64
+	members  []*member
+}
+
+type member struct {
+	c          *Compartment
+	pool       *Pool
+	guaranteed int64
+	max        int64
+}
+
+// PoolMember configures one member of a pool.
+type PoolMember struct {
+	Compartment *Compartment
+	Guaranteed  int64
+	Max         int64
+}
+
+// PoolStats is a point-in-time view of a pool.
+type PoolStats struct {
+	Name     string
+	Capacity int64
+	InFlight int64
+}
+
+// Scheduler serves a set of compartments and pools. Safe for concurrent use.
+type Scheduler struct {
+	mu    sync.Mutex
+	pools []*Pool
+
+	// Now returns the current time for wait measurements; nil means time.Now. Waiting itself
+	// uses the runtime's timers, so tests control it with testing/synctest.
+	Now func() time.Time
+
+	// checkTake, when set (tests only), runs under the lock after every grant.
+	checkTake func(set []*Compartment)
+
+	// OnWait, if set, is called (outside the lock) after a request that had to queue either got
+	// its slots or gave up; waited is the time spent queued. Set it before first use.
+	OnWait func(c *Compartment, waited time.Duration, admitted bool)
+}
+
+// Want describes what a request asks for.
+type Want struct {
+	// Tokens is the request's token estimate, held in every compartment with an in-flight-token
+	// limit until release (clamped to the limit, so an oversized request fits an empty compartment).
+	Tokens int64
+	// Tenant keys fairness inside queues.
+	Tenant string
+	// Priority orders waiters (higher first).
+	Priority int64
+	// MaxWait is the longest the request may queue; 0 refuses at once when full.
+	MaxWait time.Duration
+	// Now is the admission time.
+	Now time.Time
+}
+
+// Cause says why a request was refused.
+type Cause uint8
+
+// Refusal causes.
+const (
+	// CauseFull: no capacity and the request may not wait.
+	CauseFull Cause = iota
+	// CauseQueueFull: the queue is at its depth.
+	CauseQueueFull
+	// CauseWaitTooLong: the predicted wait exceeds the request's max wait.
+	CauseWaitTooLong
+	// CauseTimedOut: the request waited its max wait without getting a slot.
+	CauseTimedOut
+	// CauseCancelled: the request's context ended while it waited.
+	CauseCancelled
+)
+
+// String names the cause for logs.
+func (c Cause) String() string {
+	switch c {
+	case CauseFull:
+		return "full"
+	case CauseQueueFull:
+		return "queue_full"
+	case CauseWaitTooLong:
+		return "predicted_wait_too_long"
+	case CauseTimedOut:
+		return "timed_out"
+	case CauseCancelled:
+		return "cancelled"
+	}
+	return "unknown"
+}
+
+// Refusal is the error Acquire returns when it does not grant. It wraps ErrFull, or the
+// context's error for CauseCancelled.
+type Refusal struct {
+	// Compartment is the compartment that refused.
+	Compartment *Compartment
+	Cause       Cause
+	// RetryAfter is the predicted time until a slot frees (0 when unknown).
+	RetryAfter time.Duration
+	ctxErr     error
+}
+
+func (r *Refusal) Error() string {
+	return fmt.Sprintf("compartment %s: %s", r.Compartment.name, r.Cause)
+}
+
+// Unwrap returns ErrFull, or the context error of a cancelled wait.
+func (r *Refusal) Unwrap() error {
+	if r.Cause == CauseCancelled {
+		return r.ctxErr
+	}
+	return ErrFull
+}
+
+// waiter is a request queued for slots. Guarded by Scheduler.mu except ready.
+type waiter struct {
+	set     []*Compartment
+	held    []int64
+	tokens  int64
+	cost    int64
+	tenant  string
+	prio    int64
+	in      *Compartment // the compartment whose queue holds it
+	granted bool
+	ready   chan struct{}
+	since   time.Time
+}
+
+// Acquire takes a slot in every compartment of set, or none. On success held[i] is set to the
+// tokens held in set[i]; pass the same set and held to Release. When capacity is short and
+// w.MaxWait allows, it queues; onQueue (may be nil) is called once, outside the lock, with the
+// longest time the request may now wait, before Acquire blocks. It returns a *Refusal on refusal.
+//
+// The uncontended path takes the lock once and does not allocate.
+func (s *Scheduler) Acquire(ctx context.Context, set []*Compartment, held []int64, w Want, onQueue func(time.Duration)) error {
+	s.mu.Lock()
+	if s.blocker(set, w.Tokens, true) == nil {
+		s.take(set, held, w.Tokens)
+		s.mu.Unlock()
+		return nil
+	}
+	return s.queue(ctx, set, held, w, onQueue)
+}
+
+// queue is Acquire's slow path; it is entered with s.mu held and releases it.
+func (s *Scheduler) queue(ctx context.Context, set []*Compartment, held []int64, want Want, onQueue func(time.Duration)) error {
+	b := s.blocker(set, want.Tokens, true)
+	ahead := b.queue.ahead(want.Priority)
+	predicted := b.predict(ahead)
+	refuse := func(cause Cause, retry time.Duration) error {
+		b.refused.Add(1)
+		s.mu.Unlock()
+		return &Refusal{Compartment: b, Cause: cause, RetryAfter: retry}
+	}
+	switch {
+	case want.MaxWait <= 0:
+		return refuse(CauseFull, max(predicted, b.holdEstimate()))
+	case int64(b.queue.len()) >= b.limits.QueueDepth:
+		return refuse(CauseQueueFull, max(predicted, b.holdEstimate()))
+	case predicted > want.MaxWait:
+		return refuse(CauseWaitTooLong, predicted)
+	}
+	wt := &waiter{
+		set: set, held: held, tokens: want.Tokens, cost: max(want.Tokens, 1),
+		tenant: want.Tenant, prio: want.Priority, in: b, ready: make(chan struct{}, 1), since: want.Now,
+	}
+	b.queue.push(wt)
+	b.queued.Add(1)
+	s.mu.Unlock()
+
+	if onQueue != nil {
+		onQueue(want.MaxWait)
+	}
+	timer := time.NewTimer(want.MaxWait)
+	defer timer.Stop()
+	var ctxErr error
+	select {
+	case <-wt.ready:
+		s.observeWait(wt, true)
+		return nil
+	case <-ctx.Done():
+		ctxErr = ctx.Err()
+	case <-timer.C:
+	}
+
+	s.mu.Lock()
+	if wt.granted {
+		// Granted while we were giving up: the slots are ours, and the caller releases them.
+		s.mu.Unlock()
+		s.observeWait(wt, true)
+		return nil
+	}
+	in := wt.in
+	in.queue.remove(wt, false)
+	// The leaver may have been the head blocking smaller waiters behind it.
+	s.dispatch(in)
+	in.refused.Add(1)
+	cause := CauseTimedOut
+	if ctxErr != nil {
+		cause = CauseCancelled
+	} else {
+		in.timedOut.Add(1)
+	}
+	retry := max(in.predict(in.queue.ahead(wt.prio)), in.holdEstimate())
+	s.mu.Unlock()
+	s.observeWait(wt, false)
+	return &Refusal{Compartment: in, Cause: cause, RetryAfter: retry, ctxErr: ctxErr}
+}
+
+func (s *Scheduler) observeWait(w *waiter, admitted bool) {
+	if s.OnWait != nil {
+		// The waiter's clock started at admission; the wall time since is the wait.
+		s.OnWait(w.in, s.now().Sub(w.since), admitted)
+	}
+}
+
+func (s *Scheduler) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+// Release gives back the slots Acquire took. now is the release time; heldSince the grant time
+// (for the hold-time average that predicts waits).
+func (s *Scheduler) Release(set []*Compartment, held []int64, heldSince, now time.Time) {
+	hold := float64(now.Sub(heldSince))
+	s.mu.Lock()
+	for i, c := range set {
+		c.inflight--
+		c.tokens -= held[i]
+		if m := c.member; m != nil {
+			m.pool.inflight--
+		}
+		if hold > 0 {
+			if c.avgHold == 0 {
+				c.avgHold = hold
+			} else {
+				c.avgHold += 0.1 * (hold - c.avgHold)
+			}
+		}
+	}
+	for _, c := range set {
+		if c.queue.len() > 0 {
+			s.dispatch(c)
+		}
+		if m := c.member; m != nil {
+			s.dispatchPool(m.pool)
+		}
+	}
+	s.mu.Unlock()
+}
+
+// blocker returns the first compartment of set (in order) that cannot take a request of tokens
+// now, or nil. A compartment with waiters blocks newcomers so they cannot jump its queue. A
+// request already queued is held back only by capacity: were it also held back by other queues,
+// two queues whose heads wait on each other would stall with capacity free.
+func (s *Scheduler) blocker(set []*Compartment, tokens int64, newcomer bool) *Compartment {
+	for _, c := range set {
+		if c.limits.Shadow {
+			continue
+		}
+		if newcomer && c.queue.len() > 0 {
+			return c
+		}
+		if !s.room(c, tokens) {
+			return c
+		}
+	}
+	return nil
+}
+
+// room reports whether c alone (and its pool) has capacity for one more request.
+func (s *Scheduler) room(c *Compartment, tokens int64) bool {
+	l := c.limits
+	if m := c.member; m != nil {
+		if c.inflight >= m.max || m.pool.inflight >= m.pool.capacity {
+			return false
+		}
+		if c.inflight >= m.guaranteed && s.guaranteedWaiting(m) {
+			return false
+		}
+	} else if l.MaxConcurrent > 0 && c.inflight >= l.MaxConcurrent {
+		return false
+	}
+	if l.MaxInflightTokens > 0 && c.tokens > 0 && c.tokens+min(tokens, l.MaxInflightTokens) > l.MaxInflightTokens {
+		return false
+	}
+	return true
+}
+
+// guaranteedWaiting reports whether another member of m's pool is below its guarantee with
+// requests waiting: idle capacity is then theirs, not m's to borrow.
+func (s *Scheduler) guaranteedWaiting(m *member) bool {
+	for _, o := range m.pool.members {
+		if o != m && o.c.inflight < o.guaranteed && o.c.queue.len() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// take occupies a slot in every compartment of set and counts shadow refusals.
+func (s *Scheduler) take(set []*Compartment, held []int64, tokens int64) {
+	for i, c := range set {
+		l := c.limits
+		h := tokens
+		if l.MaxInflightTokens > 0 {
+			h = min(tokens, l.MaxInflightTokens)
+		}
+		if l.Shadow {
+			over := (l.MaxConcurrent > 0 && c.inflight >= l.MaxConcurrent) ||
+				(l.MaxInflightTokens > 0 && c.tokens > 0 && c.tokens+h > l.MaxInflightTokens)
+			if over {
+				c.shadowRefusals.Add(1)
+			}
+		}
+		c.inflight++
+		c.tokens += h
+		held[i] = h
+		if m := c.member; m != nil {
+			m.pool.inflight++
+		}
+		c.admitted.Add(1)
+	}
+	if s.checkTake != nil {
+		s.checkTake(set)
+	}
+}
+
+// dispatch serves c's queue while its head waiters can be admitted, moving a head that another
+// compartment's capacity now blocks to that compartment's queue. It reports whether it granted
+// anyone.
+func (s *Scheduler) dispatch(c *Compartment) bool {
+	granted := false
+	for c.queue.len() > 0 {
+		w := c.queue.peek()
+		b := s.blocker(w.set, w.tokens, false)
+		switch {
+		case b == nil:
+			c.queue.remove(w, true)
+			s.take(w.set, w.held, w.tokens)
+			w.granted = true
+			w.ready <- struct{}{}
+			granted = true
+		case b == c:
+			return granted
+		default:
+			c.queue.remove(w, true)
+			w.in = b
+			b.queue.push(w)
+		}
+	}
+	return granted
+}
+
+// dispatchPool offers a pool's free capacity to its members: members below their guarantee
+// first, then higher priority first. Every round grants someone or stops, so it ends.
+func (s *Scheduler) dispatchPool(p *Pool) {
+	for p.inflight < p.capacity {
+		var tried uint64
+		granted := false
+		for range p.members {
+			var best *member
+			bi := -1
+			for i, m := range p.members {
+				if tried&(1<<i) != 0 || m.c.queue.len() == 0 {
+					continue
+				}
+				if best == nil || better(m, best) {
+					best, bi = m, i
+				}
+			}
+			if best == nil {
+				break
+			}
+			tried |= 1 << bi
+			if s.dispatch(best.c) {
+				granted = true
+				break
+			}
+		}
+		if !granted {
+			return
+		}
+	}
+}
+
+func better(a, b *member) bool {
+	aUnder, bUnder := a.c.inflight < a.guaranteed, b.c.inflight < b.guaranteed
+	if aUnder != bUnder {
+		return aUnder
+	}
+	return a.c.limits.Priority > b.c.limits.Priority
+}
+
+// predict estimates how long a request with ahead waiters in front of it will wait in c.
+func (c *Compartment) predict(ahead int) time.Duration {
+	if c.avgHold == 0 {
+		return 0
+	}
+	slots := c.limits.MaxConcurrent
+	if m := c.member; m != nil {
+		slots = m.max
+	}
+	if slots <= 0 {
+		slots = max(c.inflight, 1)
+	}
+	return time.Duration(float64(ahead+1) * c.avgHold / float64(slots))
+}
+
+// holdEstimate is the expected time until one slot frees when nothing better is known.
+func (c *Compartment) holdEstimate() time.Duration {
+	slots := max(c.limits.MaxConcurrent, 1)
+	return time.Duration(c.avgHold / float64(slots))
+}
+
+// SetLimits changes c's limits. Lowering a limit below current use admits nothing new until
+// use drops below it; raising it admits waiters at once.
+func (s *Scheduler) SetLimits(c *Compartment, l Limits) {
+	s.mu.Lock()
+	c.limits = l
+	if c.queue.len() > 0 {
+		// A raised limit, or a switch to shadow mode, lets waiters go at once.
+		s.dispatch(c)
+	}
+	if m := c.member; m != nil {
+		s.dispatchPool(m.pool)
+	}
+	s.mu.Unlock()
+}
+
+// SetPools replaces every pool. Compartments not in any pool leave their old one; capacity in
+// use carries over (a pool's use is recomputed from its members' in-flight counts).
+func (s *Scheduler) SetPools(pools []PoolSpec) []*Pool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.pools {
+		for _, m := range p.members {
+			m.c.member = nil
+		}
+	}
+	out := make([]*Pool, 0, len(pools))
+	for _, spec := range pools {
+		p := &Pool{name: spec.Name, capacity: spec.Capacity}
+		for _, pm := range spec.Members {
+			m := &member{c: pm.Compartment, pool: p, guaranteed: pm.Guaranteed, max: pm.Max}
+			pm.Compartment.member = m
+			p.members = append(p.members, m)
+			p.inflight += pm.Compartment.inflight
+		}
+		out = append(out, p)
+	}
+	s.pools = out
+	for _, p := range out {
+		s.dispatchPool(p)
+	}
+	return out
+}
+
+// PoolSpec configures a pool for SetPools.
+type PoolSpec struct {
+	Name     string
+	Capacity int64
+	Members  []PoolMember
+}
+
+// Stats returns a point-in-time view of c.
+func (s *Scheduler) Stats(c *Compartment) Stats {
+	s.mu.Lock()
+	st := Stats{
+		Name: c.name, Limits: c.limits, InFlight: c.inflight, InFlightTokens: c.tokens,
+		Queued: c.queue.len(), AvgHold: time.Duration(c.avgHold),
+	}
+	if m := c.member; m != nil {
+		st.Pool, st.Guaranteed, st.PoolMax = m.pool.name, m.guaranteed, m.max
+	}
+	s.mu.Unlock()
+	st.Admitted = c.admitted.Load()
+	st.Refused = c.refused.Load()
+	st.ShadowRefusals = c.shadowRefusals.Load()
+	st.QueuedTotal = c.queued.Load()
+	st.TimedOutInQueue = c.timedOut.Load()
+	return st
+}
+
+// PoolStats returns a point-in-time view of every pool.
+func (s *Scheduler) PoolStats() []PoolStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]PoolStats, len(s.pools))
+	for i, p := range s.pools {
+		out[i] = PoolStats{Name: p.name, Capacity: p.capacity, InFlight: p.inflight}
+	}
+	return out
+}
+
+// Idle reports whether c has nothing in flight, nothing queued and no references.
+func (s *Scheduler) Idle(c *Compartment) bool {
+	if c.Refs.Load() != 0 {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return c.inflight == 0 && c.queue.len() == 0
+}
+
+// RetryAfterSeconds rounds a predicted wait up to whole seconds, at least 1, as the
+// retry-after header needs.
+func RetryAfterSeconds(d time.Duration) int64 {
+	return max(1, int64(math.Ceil(d.Seconds())))
+}
