@@ -1,0 +1,294 @@
+package config
+
+import (
+	"math"
+	"sort"
+	"time"
+)
+
+// Defaults that more than one place needs.
+const (
+	DefaultGRPCAddr          = "127.0.0.1:9002"
+	DefaultAdminAddr         = "127.0.0.1:9090"
+	DefaultMetadataNamespace = "llm_bulkhead"
+	DefaultMaxRequestBody    = 8 << 20
+	DefaultFeature           = "default"
+	DefaultTenant            = "anonymous"
+	DefaultProvider          = "default"
+	DefaultModel             = "unknown"
+	DefaultTokenEnv          = "LLM_BULKHEAD_ADMIN_TOKEN"
+)
+
+// Dimension names as used in compartment keys and classification.
+const (
+	DimFeature  = "feature"
+	DimTenant   = "tenant"
+	DimTier     = "tier"
+	DimProvider = "provider"
+	DimModel    = "model"
+)
+
+func (p *Policy) applyDefaults() {
+	s := &p.Server
+	s.GRPCAddr = orString(s.GRPCAddr, DefaultGRPCAddr)
+	s.AdminAddr = orString(s.AdminAddr, DefaultAdminAddr)
+	if s.DrainGrace == 0 {
+		s.DrainGrace = Duration(15 * time.Second)
+	}
+	s.LogLevel = orString(s.LogLevel, "info")
+
+	p.Admin.TokenEnv = orString(p.Admin.TokenEnv, DefaultTokenEnv)
+
+	e := &p.Envoy
+	e.RequestBodyMode = orString(e.RequestBodyMode, "BUFFERED")
+	e.ResponseBodyMode = orString(e.ResponseBodyMode, "STREAMED")
+	if e.MessageTimeout == 0 {
+		e.MessageTimeout = Duration(200 * time.Millisecond)
+	}
+	e.MetadataNamespace = orString(e.MetadataNamespace, DefaultMetadataNamespace)
+	if e.MaxRequestBody == 0 {
+		e.MaxRequestBody = DefaultMaxRequestBody
+	}
+
+	if p.Tenants.DefaultTier == "" {
+		if _, ok := p.Tiers["free"]; ok {
+			p.Tenants.DefaultTier = "free"
+		} else if len(p.Tiers) == 1 {
+			for name := range p.Tiers {
+				p.Tenants.DefaultTier = name
+			}
+		}
+	}
+	c := &p.Classification
+	c.Feature.Default = orString(c.Feature.Default, DefaultFeature)
+	c.Tenant.Default = orString(c.Tenant.Default, DefaultTenant)
+	c.Tier.Default = orString(c.Tier.Default, p.Tenants.DefaultTier)
+	if c.Tier.Default == "" && len(p.Tiers) == 0 {
+		// Without tiers every request is in one tier of this name.
+		c.Tier.Default = "none"
+	}
+	c.Provider.Default = orString(c.Provider.Default, DefaultProvider)
+	c.Model.Default = orString(c.Model.Default, DefaultModel)
+
+	est := &p.Estimation
+	est.BytesPerToken = orFloat(est.BytesPerToken, 4)
+	est.DefaultMaxTokens = orInt(est.DefaultMaxTokens, 1024)
+	est.ImageTokens = orInt(est.ImageTokens, 765)
+	est.AudioTokens = orInt(est.AudioTokens, 1000)
+	est.FileTokens = orInt(est.FileTokens, 2000)
+	if est.Learn == nil {
+		est.Learn = ptr(true)
+	}
+	est.LearnWeight = orFloat(est.LearnWeight, 0.05)
+	est.MinBytesPerToken = orFloat(est.MinBytesPerToken, 1)
+	est.MaxBytesPerToken = orFloat(est.MaxBytesPerToken, 12)
+	est.MaxTokens = orInt(est.MaxTokens, 1_000_000)
+
+	if p.Body.InjectIncludeUsage == nil {
+		p.Body.InjectIncludeUsage = ptr(true)
+	}
+	if p.Body.StripAcceptEncoding == nil {
+		p.Body.StripAcceptEncoding = ptr(true)
+	}
+
+	if p.Compartments == nil {
+		p.Compartments = []Family{{Name: DimFeature, Key: []string{DimFeature}, LimitsFrom: DimFeature}}
+	}
+	for i := range p.Compartments {
+		f := &p.Compartments[i]
+		if f.MaxInstances == 0 {
+			f.MaxInstances = 10000
+		}
+		if f.IdleTTL == 0 {
+			f.IdleTTL = Duration(10 * time.Minute)
+		}
+	}
+	for name, f := range p.Features {
+		if f.Degrade != nil && len(f.Degrade.On) == 0 {
+			f.Degrade.On = []string{"token_budget"}
+			p.Features[name] = f
+		}
+	}
+}
+
+// Resolved is a limit set with template inheritance and defaults applied. Zero in a count field
+// means "no limit".
+type Resolved struct {
+	MaxConcurrent     int64
+	MaxInflightTokens int64
+	// MaxWait is how long a request may queue here; meaningful only when HasMaxWait.
+	MaxWait time.Duration
+	// HasMaxWait reports whether the limit set (or a template) set max_wait at all. A compartment
+	// without one does not limit how long its requests wait.
+	HasMaxWait        bool
+	QueueDepth        int64
+	Priority          int64
+	Shadow            bool
+	TokensPerMinute   int64
+	TokensPerDay      int64
+	RequestsPerMinute int64
+	MaxDebt           float64
+}
+
+// Resolve applies l's template chain and the documented defaults. It assumes a validated policy;
+// a missing template or a cycle simply ends the chain.
+func (p *Policy) Resolve(l Limits) Resolved {
+	merged, _ := p.inherit(l)
+	return finish(merged)
+}
+
+// inherit fills l's unset fields from its template chain. It returns the chain of template names
+// visited and stops at the first unknown name or repeat (validation reports those).
+func (p *Policy) inherit(l Limits) (Limits, []string) {
+	var chain []string
+	seen := map[string]bool{}
+	next := l.Template
+	for next != "" && !seen[next] {
+		seen[next] = true
+		chain = append(chain, next)
+		t, ok := p.Templates[next]
+		if !ok {
+			break
+		}
+		fillUnset(&l, t)
+		next = t.Template
+	}
+	return l, chain
+}
+
+// fillUnset copies every field of src that dst leaves unset.
+func fillUnset(dst *Limits, src Limits) {
+	setIfNil(&dst.MaxConcurrent, src.MaxConcurrent)
+	setIfNil(&dst.MaxInflightTokens, src.MaxInflightTokens)
+	setIfNil(&dst.MaxWait, src.MaxWait)
+	setIfNil(&dst.QueueDepth, src.QueueDepth)
+	setIfNil(&dst.Priority, src.Priority)
+	setIfNil(&dst.Mode, src.Mode)
+	setIfNil(&dst.TokensPerMinute, src.TokensPerMinute)
+	setIfNil(&dst.TokensPerDay, src.TokensPerDay)
+	setIfNil(&dst.RequestsPerMinute, src.RequestsPerMinute)
+	setIfNil(&dst.MaxDebt, src.MaxDebt)
+}
+
+// Overlay returns base with every field that over sets replaced; used for per-tenant overrides
+// on top of a tier template.
+func Overlay(base, over Limits) Limits {
+	fillUnset(&over, base)
+	return over
+}
+
+func finish(l Limits) Resolved {
+	r := Resolved{
+		MaxConcurrent:     deref(l.MaxConcurrent),
+		MaxInflightTokens: deref(l.MaxInflightTokens),
+		Priority:          deref(l.Priority),
+		Shadow:            deref(l.Mode) == "shadow",
+		TokensPerMinute:   deref(l.TokensPerMinute),
+		TokensPerDay:      deref(l.TokensPerDay),
+		RequestsPerMinute: deref(l.RequestsPerMinute),
+		MaxDebt:           1,
+	}
+	if l.MaxWait != nil {
+		r.MaxWait, r.HasMaxWait = l.MaxWait.D(), true
+	}
+	if l.MaxDebt != nil {
+		r.MaxDebt = *l.MaxDebt
+	}
+	if l.QueueDepth != nil {
+		r.QueueDepth = *l.QueueDepth
+	} else if r.MaxConcurrent > 0 {
+		r.QueueDepth = 10 * r.MaxConcurrent
+	} else {
+		r.QueueDepth = 64
+	}
+	return r
+}
+
+// Scale multiplies every count limit by ratio, rounding down but never below 1 for a limit that
+// was set (the seed's tier × feature rule: max(1, int(base × ratio))).
+func (r Resolved) Scale(ratio float64) Resolved {
+	sc := func(v int64) int64 {
+		if v <= 0 {
+			return v
+		}
+		return max(1, int64(math.Floor(float64(v)*ratio)))
+	}
+	r.MaxConcurrent = sc(r.MaxConcurrent)
+	r.MaxInflightTokens = sc(r.MaxInflightTokens)
+	r.QueueDepth = sc(r.QueueDepth)
+	r.TokensPerMinute = sc(r.TokensPerMinute)
+	r.TokensPerDay = sc(r.TokensPerDay)
+	r.RequestsPerMinute = sc(r.RequestsPerMinute)
+	return r
+}
+
+// FeatureNames returns the configured features in name order; when none are configured the
+// only feature is the default.
+func (p *Policy) FeatureNames() []string {
+	return setNames(p.Features, p.Classification.Feature.Default)
+}
+
+// TierNames returns the configured tiers in name order (the default tier alone when none).
+func (p *Policy) TierNames() []string {
+	return setNames(p.Tiers, p.Classification.Tier.Default)
+}
+
+// ProviderNames returns the configured providers in name order (the default alone when none).
+func (p *Policy) ProviderNames() []string {
+	return setNames(p.Providers, p.Classification.Provider.Default)
+}
+
+func setNames[V any](m map[string]V, def string) []string {
+	if len(m) == 0 {
+		if def == "" {
+			return nil
+		}
+		return []string{def}
+	}
+	names := make([]string, 0, len(m))
+	for k := range m {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Bool reads an optional boolean with its default already applied.
+func Bool(b *bool) bool { return b != nil && *b }
+
+func orString(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+func orInt(v, def int64) int64 {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+func orFloat(v, def float64) float64 {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func setIfNil[T any](dst **T, src *T) {
+	if *dst == nil && src != nil {
+		*dst = src
+	}
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}

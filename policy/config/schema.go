@@ -1,0 +1,399 @@
+// Package config defines the llm-bulkhead policy file: its schema, strict loading (unknown keys and
+// wrong types are errors naming file, line and key path), environment overrides, template
+// inheritance and validation that reports every problem at once.
+//
+// The zero value of every field is documented on the field; Load fills defaults before validation,
+// so code reading a loaded Policy never has to guess.
+package config
+
+// Policy is the whole policy file. A loaded Policy is immutable: reload builds a new one.
+type Policy struct {
+	// Server holds listener and process settings.
+	Server Server `koanf:"server" json:"server,omitempty"`
+	// Admin holds the admin HTTP listener's settings.
+	Admin Admin `koanf:"admin" json:"admin,omitempty"`
+	// Envoy declares the ext_proc filter settings the policy relies on. They are not sent to
+	// Envoy (Envoy's own config is); they let validation check that waits fit Envoy's timeouts and
+	// let `llm-bulkhead envoy-config` print a matching filter.
+	Envoy Envoy `koanf:"envoy" json:"envoy,omitempty"`
+	// Classification holds the ordered rules that give every request its dimensions.
+	Classification Classification `koanf:"classification" json:"classification,omitempty"`
+	// Tenants is the tenant directory: tenant → tier, with optional per-tenant limit overrides.
+	Tenants Tenants `koanf:"tenants" json:"tenants,omitempty"`
+	// Models maps model names (globs, first match wins) to providers and estimation settings.
+	Models []ModelRule `koanf:"models" json:"models,omitempty"`
+	// Estimation sets how token use is estimated before a response reports it.
+	Estimation Estimation `koanf:"estimation" json:"estimation,omitempty"`
+	// Body sets how request bodies are read and rewritten.
+	Body Body `koanf:"body" json:"body,omitempty"`
+	// Templates are named limit sets that features, tiers, providers and tenants inherit from.
+	Templates map[string]Limits `koanf:"templates" json:"templates,omitempty"`
+	// Features is the set of features; a request's feature is always one of these names.
+	Features map[string]Feature `koanf:"features" json:"features,omitempty"`
+	// Tiers is the set of tenant tiers with each tier's limit template.
+	Tiers map[string]Limits `koanf:"tiers" json:"tiers,omitempty"`
+	// Providers is the set of upstream providers with their limits, breaker and fallback.
+	Providers map[string]Provider `koanf:"providers" json:"providers,omitempty"`
+	// Breakers are named circuit-breaker settings that providers refer to.
+	Breakers map[string]Breaker `koanf:"breakers" json:"breakers,omitempty"`
+	// Compartments lists the bulkhead families every request passes through, in order.
+	Compartments []Family `koanf:"compartments" json:"compartments,omitempty"`
+	// Pools let compartments share capacity with guaranteed shares and borrowing.
+	Pools []Pool `koanf:"pools" json:"pools,omitempty"`
+	// Responses sets which headers are added to responses for admitted requests.
+	Responses Responses `koanf:"responses" json:"responses,omitempty"`
+}
+
+// Server holds listener and process settings. Command-line flags given explicitly win over these.
+type Server struct {
+	// GRPCAddr is the ext_proc gRPC listen address. Default "127.0.0.1:9002".
+	GRPCAddr string `koanf:"grpc_addr" json:"grpc_addr,omitempty"`
+	// AdminAddr is the admin HTTP listen address (/metrics, /healthz, /readyz, /admin/…, the
+	// dashboard). Default "127.0.0.1:9090". Empty after defaults means the same default.
+	AdminAddr string `koanf:"admin_addr" json:"admin_addr,omitempty"`
+	// DrainGrace is how long in-flight streams may run after SIGTERM before the server stops.
+	// Default 15s.
+	DrainGrace Duration `koanf:"drain_grace" json:"drain_grace,omitempty"`
+	// LogLevel is debug, info, warn or error. Default info.
+	LogLevel string `koanf:"log_level" json:"log_level,omitempty"`
+}
+
+// Admin holds the admin listener's settings.
+type Admin struct {
+	// TokenEnv names the environment variable holding the bearer token required by admin POST
+	// endpoints. Default "LLM_BULKHEAD_ADMIN_TOKEN". When the variable is empty, POST endpoints are
+	// refused.
+	TokenEnv string `koanf:"token_env" json:"token_env,omitempty"`
+	// TenantLabel adds a tenant label to per-compartment metrics of tenant-keyed compartments.
+	// Default false: tenants are unbounded and would explode metric cardinality.
+	TenantLabel bool `koanf:"tenant_label" json:"tenant_label,omitempty"`
+}
+
+// Envoy declares the ext_proc filter settings the policy relies on.
+type Envoy struct {
+	// RequestBodyMode is the filter's request_body_mode: NONE, BUFFERED, STREAMED or
+	// BUFFERED_PARTIAL. Default BUFFERED (needed for body-based classification and estimates).
+	RequestBodyMode string `koanf:"request_body_mode" json:"request_body_mode,omitempty"`
+	// ResponseBodyMode is the filter's response_body_mode. Default STREAMED (usage is read as the
+	// response passes, without delaying it).
+	ResponseBodyMode string `koanf:"response_body_mode" json:"response_body_mode,omitempty"`
+	// MessageTimeout is the filter's message_timeout. Default 200ms.
+	MessageTimeout Duration `koanf:"message_timeout" json:"message_timeout,omitempty"`
+	// MaxMessageTimeout is the filter's max_message_timeout: the longest override the server may
+	// ask for while a request waits in a queue. Default 0 (no overrides: every max_wait must then
+	// fit in message_timeout).
+	MaxMessageTimeout Duration `koanf:"max_message_timeout" json:"max_message_timeout,omitempty"`
+	// FailureModeAllow is the filter's failure_mode_allow. Default false.
+	FailureModeAllow bool `koanf:"failure_mode_allow" json:"failure_mode_allow,omitempty"`
+	// AllowModeOverride is the filter's allow_mode_override. When true the server skips request
+	// bodies it does not need and response bodies it need not read. Default false.
+	AllowModeOverride bool `koanf:"allow_mode_override" json:"allow_mode_override,omitempty"`
+	// MetadataNamespace is the dynamic metadata namespace the server writes (must be listed in the
+	// filter's metadata_options.receiving_namespaces). Default "llm_bulkhead".
+	MetadataNamespace string `koanf:"metadata_namespace" json:"metadata_namespace,omitempty"`
+	// MaxRequestBody is the largest request body the server accepts in one message (Envoy's buffer
+	// limit for the route); it sizes the gRPC receive limit. Default 8MiB.
+	MaxRequestBody Size `koanf:"max_request_body" json:"max_request_body,omitempty"`
+}
+
+// Classification holds one ordered rule list per dimension.
+type Classification struct {
+	// Feature rules. Values must name an entry of features; anything else falls to the default.
+	Feature Dimension `koanf:"feature" json:"feature,omitempty"`
+	// Tenant rules. Only trusted sources count (metadata, attributes, headers marked trusted).
+	Tenant Dimension `koanf:"tenant" json:"tenant,omitempty"`
+	// Tier rules. Only trusted sources count; usually `tenant_directory: true`.
+	Tier Dimension `koanf:"tier" json:"tier,omitempty"`
+	// Provider rules. Values must name an entry of providers.
+	Provider Dimension `koanf:"provider" json:"provider,omitempty"`
+	// Model rules. Any value is kept (models are open-ended); it is used for estimation and the
+	// model map, never as a compartment key on its own.
+	Model Dimension `koanf:"model" json:"model,omitempty"`
+}
+
+// Dimension is an ordered rule list: the first rule that yields a value wins, else Default.
+type Dimension struct {
+	// Default is the value when no rule matches. Defaults: feature "default", tenant "anonymous",
+	// tier tenants.default_tier, provider the first provider in name order, model "unknown".
+	Default string `koanf:"default" json:"default,omitempty"`
+	// Rules are tried in order.
+	Rules []Rule `koanf:"rules" json:"rules,omitempty"`
+	// CaseSensitive keeps values as they are; by default values are trimmed and lower-cased
+	// (tenant ids are trimmed only).
+	CaseSensitive bool `koanf:"case_sensitive" json:"case_sensitive,omitempty"`
+}
+
+// Rule is one classification source. Exactly one source key is set.
+type Rule struct {
+	// Header reads a request header (lower-case name).
+	Header string `koanf:"header" json:"header,omitempty"`
+	// PathPrefix matches the request :path (query excluded) by prefix; Value is assigned.
+	PathPrefix string `koanf:"path_prefix" json:"path_prefix,omitempty"`
+	// PathRegex matches the :path by a regular expression; Value is assigned ($1… expand groups).
+	PathRegex string `koanf:"path_regex" json:"path_regex,omitempty"`
+	// Body reads a JSON body field by dotted path, e.g. "metadata.feature" or "user".
+	Body string `koanf:"body" json:"body,omitempty"`
+	// Metadata reads Envoy dynamic metadata forwarded in metadata_context.
+	Metadata *MetadataRef `koanf:"metadata" json:"metadata,omitempty"`
+	// Attribute reads an ext_proc request attribute such as "source.address" or "xds.route_name".
+	Attribute string `koanf:"attribute" json:"attribute,omitempty"`
+	// TenantDirectory takes the tier of the request's tenant from the tenant directory (tier only).
+	TenantDirectory bool `koanf:"tenant_directory" json:"tenant_directory,omitempty"`
+	// ModelMap takes the provider of the request's model from models (provider only).
+	ModelMap bool `koanf:"model_map" json:"model_map,omitempty"`
+	// Value is assigned when a path rule matches. For header, body, metadata and attribute rules it
+	// may be empty (the read value is used).
+	Value string `koanf:"value" json:"value,omitempty"`
+	// Map translates read values (after normalisation) to dimension values; unmapped values pass
+	// through unchanged.
+	Map map[string]string `koanf:"map" json:"map,omitempty"`
+	// Trusted marks a header or body rule as trusted for tenant and tier. Client-supplied headers
+	// are untrusted by default: a free tenant must not claim enterprise by sending a header.
+	Trusted bool `koanf:"trusted" json:"trusted,omitempty"`
+}
+
+// MetadataRef names a value in Envoy dynamic metadata.
+type MetadataRef struct {
+	// Namespace is the filter namespace, e.g. "envoy.filters.http.jwt_authn".
+	Namespace string `koanf:"namespace" json:"namespace,omitempty"`
+	// Key is a dotted path inside the namespace's struct, e.g. "jwt_payload.tenant".
+	Key string `koanf:"key" json:"key,omitempty"`
+}
+
+// Tenants is the tenant directory.
+type Tenants struct {
+	// DefaultTier is the tier of tenants not in the directory. Default: the tier named "free" if it
+	// exists, else required when tiers exist.
+	DefaultTier string `koanf:"default_tier" json:"default_tier,omitempty"`
+	// Directory lists known tenants.
+	Directory []Tenant `koanf:"directory" json:"directory,omitempty"`
+}
+
+// Tenant is one tenant directory entry.
+type Tenant struct {
+	// ID is the tenant id as classification yields it.
+	ID string `koanf:"id" json:"id,omitempty"`
+	// Tier is the tenant's tier (a key of tiers).
+	Tier string `koanf:"tier" json:"tier,omitempty"`
+	// Limits override the tier template for this tenant's own compartments.
+	Limits *Limits `koanf:"limits" json:"limits,omitempty"`
+}
+
+// ModelRule maps a model glob to a provider and estimation overrides.
+type ModelRule struct {
+	// Match is a glob over the model name: `*` matches any run of characters, `?` one.
+	Match string `koanf:"match" json:"match,omitempty"`
+	// Provider is the provider of matching models (a key of providers). Optional.
+	Provider string `koanf:"provider" json:"provider,omitempty"`
+	// BytesPerToken overrides estimation.bytes_per_token for matching models.
+	BytesPerToken float64 `koanf:"bytes_per_token" json:"bytes_per_token,omitempty"`
+	// DefaultMaxTokens overrides estimation.default_max_tokens for matching models.
+	DefaultMaxTokens int64 `koanf:"default_max_tokens" json:"default_max_tokens,omitempty"`
+}
+
+// Estimation sets how a request's token use is estimated before the response reports it.
+type Estimation struct {
+	// BytesPerToken is the starting prompt ratio: prompt tokens ≈ text bytes / BytesPerToken.
+	// Default 4.
+	BytesPerToken float64 `koanf:"bytes_per_token" json:"bytes_per_token,omitempty"`
+	// DefaultMaxTokens is the expected output when a request sets no max_tokens. Default 1024.
+	DefaultMaxTokens int64 `koanf:"default_max_tokens" json:"default_max_tokens,omitempty"`
+	// ImageTokens is the cost of one image part. Default 765.
+	ImageTokens int64 `koanf:"image_tokens" json:"image_tokens,omitempty"`
+	// AudioTokens is the cost of one audio part. Default 1000.
+	AudioTokens int64 `koanf:"audio_tokens" json:"audio_tokens,omitempty"`
+	// FileTokens is the cost of one file or document part. Default 2000.
+	FileTokens int64 `koanf:"file_tokens" json:"file_tokens,omitempty"`
+	// Learn adjusts the per-model bytes-per-token ratio from settled usage. Default true.
+	Learn *bool `koanf:"learn" json:"learn,omitempty"`
+	// LearnWeight is the EWMA weight of one observation, in (0,1]. Default 0.05.
+	LearnWeight float64 `koanf:"learn_weight" json:"learn_weight,omitempty"`
+	// MinBytesPerToken and MaxBytesPerToken bound the learned ratio. Defaults 1 and 12.
+	MinBytesPerToken float64 `koanf:"min_bytes_per_token" json:"min_bytes_per_token,omitempty"`
+	// MaxBytesPerToken is the upper bound of the learned ratio. Default 12.
+	MaxBytesPerToken float64 `koanf:"max_bytes_per_token" json:"max_bytes_per_token,omitempty"`
+	// MaxTokens caps any single estimate (absurd max_tokens values are clamped). Default 1000000.
+	MaxTokens int64 `koanf:"max_tokens" json:"max_tokens,omitempty"`
+}
+
+// Body sets how request bodies are read and rewritten.
+type Body struct {
+	// InjectIncludeUsage adds stream_options.include_usage=true to streamed OpenAI chat and
+	// completions requests that lack it, so the response reports usage. Default true.
+	InjectIncludeUsage *bool `koanf:"inject_include_usage" json:"inject_include_usage,omitempty"`
+	// StripAcceptEncoding removes accept-encoding from upstream requests whose response must be
+	// read, so usage is never hidden by compression. Default true.
+	StripAcceptEncoding *bool `koanf:"strip_accept_encoding" json:"strip_accept_encoding,omitempty"`
+	// RequireValidJSON lists path prefixes where a body that is not a valid JSON object is refused
+	// with 400 bad_request. Elsewhere such requests are classified from headers and defaults and
+	// admitted. Default empty.
+	RequireValidJSON []string `koanf:"require_valid_json" json:"require_valid_json,omitempty"`
+}
+
+// Limits is a limit set. Every field is optional; unset fields inherit from Template (and its
+// bases), then take the documented default.
+type Limits struct {
+	// Template names an entry of templates to inherit from. Templates may name a template of
+	// their own (inheritance chains; cycles are refused).
+	Template string `koanf:"template" json:"template,omitempty"`
+	// MaxConcurrent is the most requests in flight at once. Default 0 = no concurrency limit.
+	MaxConcurrent *int64 `koanf:"max_concurrent" json:"max_concurrent,omitempty"`
+	// MaxInflightTokens is the most estimated tokens in flight at once, held until each stream
+	// ends. Default 0 = no limit. A single request larger than the limit is admitted only into an
+	// empty compartment.
+	MaxInflightTokens *int64 `koanf:"max_inflight_tokens" json:"max_inflight_tokens,omitempty"`
+	// MaxWait is how long a request may queue for a slot. Default 0 = refuse at once when full.
+	MaxWait *Duration `koanf:"max_wait" json:"max_wait,omitempty"`
+	// QueueDepth bounds the queue. Default 10 × max_concurrent (64 when max_concurrent is 0).
+	QueueDepth *int64 `koanf:"queue_depth" json:"queue_depth,omitempty"`
+	// Priority orders waiters in a shared pool: higher first. Default 0.
+	Priority *int64 `koanf:"priority" json:"priority,omitempty"`
+	// Mode is enforce or shadow (count what would be refused, refuse nothing). Default enforce.
+	Mode *string `koanf:"mode" json:"mode,omitempty"`
+	// TokensPerMinute is a token budget refilled smoothly over a minute. Default 0 = none.
+	TokensPerMinute *int64 `koanf:"tokens_per_minute" json:"tokens_per_minute,omitempty"`
+	// TokensPerDay is a token budget refilled smoothly over a day. Default 0 = none.
+	TokensPerDay *int64 `koanf:"tokens_per_day" json:"tokens_per_day,omitempty"`
+	// RequestsPerMinute is a request rate refilled smoothly over a minute. Default 0 = none.
+	RequestsPerMinute *int64 `koanf:"requests_per_minute" json:"requests_per_minute,omitempty"`
+	// MaxDebt bounds how far settlement may push a token budget below zero, as a fraction of its
+	// capacity. Default 1 (one full window of debt).
+	MaxDebt *float64 `koanf:"max_debt" json:"max_debt,omitempty"`
+}
+
+// Feature is one feature: its own compartment limits plus feature-wide settings.
+type Feature struct {
+	// Limits of the feature's compartment (a `feature` family with `limits: feature`).
+	Limits `koanf:",squash"`
+	// Ratio is the feature's share of a tier template when a family scales by feature
+	// (the seed's tier × feature compartments): limits × ratio, never below 1. Default 1.
+	Ratio *float64 `koanf:"ratio" json:"ratio,omitempty"`
+	// Degrade re-routes instead of refusing when this feature's request is refused for budget or
+	// capacity and the target can take it.
+	Degrade *Degrade `koanf:"degrade" json:"degrade,omitempty"`
+}
+
+// Degrade is where a refused request goes instead.
+type Degrade struct {
+	// Provider is the provider to re-route to (a key of providers).
+	Provider string `koanf:"provider" json:"provider,omitempty"`
+	// On lists refusal reasons that trigger the re-route: token_budget, rate_limit,
+	// bulkhead_full. Default [token_budget].
+	On []string `koanf:"on" json:"on,omitempty"`
+}
+
+// Provider is one upstream provider.
+type Provider struct {
+	// Limits of the provider's compartment (a `provider` family with `limits: provider`).
+	Limits `koanf:",squash"`
+	// Breaker names an entry of breakers. Default none (no breaker).
+	Breaker string `koanf:"breaker" json:"breaker,omitempty"`
+	// BreakerPerModel keeps one breaker per provider × model instead of one per provider.
+	BreakerPerModel bool `koanf:"breaker_per_model" json:"breaker_per_model,omitempty"`
+	// Fallback is the provider to re-route to while this provider's breaker is open.
+	Fallback string `koanf:"fallback" json:"fallback,omitempty"`
+}
+
+// Breaker is a circuit breaker setting, Resilience4j style. Unset fields inherit from Base, then
+// take Resilience4j's defaults.
+type Breaker struct {
+	// Base names another entry of breakers to inherit from.
+	Base string `koanf:"base" json:"base,omitempty"`
+	// SlidingWindowType is COUNT_BASED or TIME_BASED. Default COUNT_BASED.
+	SlidingWindowType *string `koanf:"sliding_window_type" json:"sliding_window_type,omitempty"`
+	// SlidingWindowSize is calls (COUNT_BASED) or seconds (TIME_BASED). Default 100.
+	SlidingWindowSize *int `koanf:"sliding_window_size" json:"sliding_window_size,omitempty"`
+	// MinimumCalls is the fewest calls before rates are evaluated. Default 100.
+	MinimumCalls *int `koanf:"minimum_calls" json:"minimum_calls,omitempty"`
+	// FailureRateThreshold is a percentage in (0,100]. Default 50.
+	FailureRateThreshold *float64 `koanf:"failure_rate_threshold" json:"failure_rate_threshold,omitempty"`
+	// SlowCallRateThreshold is a percentage in (0,100]. Default 100.
+	SlowCallRateThreshold *float64 `koanf:"slow_call_rate_threshold" json:"slow_call_rate_threshold,omitempty"`
+	// SlowCallDuration is the time above which a call is slow. Default 60s.
+	SlowCallDuration *Duration `koanf:"slow_call_duration" json:"slow_call_duration,omitempty"`
+	// SlowCallMeasure is ttfb (time to first byte) or total. Default ttfb: a long streamed answer
+	// is not a slow provider.
+	SlowCallMeasure *string `koanf:"slow_call_measure" json:"slow_call_measure,omitempty"`
+	// WaitInOpen is how long the breaker stays OPEN. Default 60s.
+	WaitInOpen *Duration `koanf:"wait_in_open" json:"wait_in_open,omitempty"`
+	// WaitInOpenMultiplier grows the wait on consecutive openings. Default 1 (no growth).
+	WaitInOpenMultiplier *float64 `koanf:"wait_in_open_multiplier" json:"wait_in_open_multiplier,omitempty"`
+	// MaxWaitInOpen caps the grown wait. Default 0 = no cap beyond 10 × wait_in_open.
+	MaxWaitInOpen *Duration `koanf:"max_wait_in_open" json:"max_wait_in_open,omitempty"`
+	// PermittedCallsInHalfOpen is the number of probe calls. Default 10.
+	PermittedCallsInHalfOpen *int `koanf:"permitted_calls_in_half_open" json:"permitted_calls_in_half_open,omitempty"`
+	// MaxWaitInHalfOpen reopens the breaker when probes do not finish in time. Default 0 = wait.
+	MaxWaitInHalfOpen *Duration `koanf:"max_wait_in_half_open" json:"max_wait_in_half_open,omitempty"`
+	// State starts the breaker in CLOSED, DISABLED, METRICS_ONLY or FORCED_OPEN. Default CLOSED.
+	State *string `koanf:"state" json:"state,omitempty"`
+	// FailureStatuses are upstream status codes or classes ("5xx") that count as failures.
+	// Default ["5xx"].
+	FailureStatuses []string `koanf:"failure_statuses" json:"failure_statuses,omitempty"`
+	// IgnoreStatuses are statuses that record nothing. Default ["4xx"] (client errors say nothing
+	// about the provider). 429 is handled by RateLimitedAs.
+	IgnoreStatuses []string `koanf:"ignore_statuses" json:"ignore_statuses,omitempty"`
+	// RateLimitedAs is how an upstream 429 counts: neutral (recorded as success, not a failure),
+	// failure, or ignore. Default neutral.
+	RateLimitedAs *string `koanf:"rate_limited_as" json:"rate_limited_as,omitempty"`
+	// HonorRetryAfter holds the breaker OPEN for an upstream 429/503 retry-after. Default true.
+	HonorRetryAfter *bool `koanf:"honor_retry_after" json:"honor_retry_after,omitempty"`
+	// NoResponseAs is how a stream that ended after admission without response headers counts:
+	// failure or ignore. Default failure.
+	NoResponseAs *string `koanf:"no_response_as" json:"no_response_as,omitempty"`
+}
+
+// Family is a compartment family: one compartment per distinct value of its key dimensions.
+type Family struct {
+	// Name is the family name; instances are named "<name>/<value>[/<value>…]".
+	Name string `koanf:"name" json:"name,omitempty"`
+	// Key lists the dimensions (feature, tenant, tier, provider) whose values key an instance.
+	Key []string `koanf:"key" json:"key,omitempty"`
+	// LimitsFrom names the dimension whose entries give each instance's limits: feature, tier,
+	// provider or tenant (the tenant's tier template with the tenant's own overrides). Exclusive
+	// with Limits.
+	LimitsFrom string `koanf:"limits_from" json:"limits_from,omitempty"`
+	// Limits gives the same limits to every instance. Exclusive with LimitsFrom.
+	Limits *Limits `koanf:"limits" json:"limits,omitempty"`
+	// ScaleBy names a dimension whose entry's ratio scales every count limit (only feature).
+	ScaleBy string `koanf:"scale_by" json:"scale_by,omitempty"`
+	// Where restricts the family to requests whose dimensions have one of the listed values.
+	Where map[string][]string `koanf:"where" json:"where,omitempty"`
+	// Mode overrides every instance's mode (enforce or shadow). Default: each limit set's own.
+	Mode string `koanf:"mode" json:"mode,omitempty"`
+	// MaxInstances bounds instances of a family keyed by tenant; the least recently used idle
+	// instance is evicted first. Default 10000.
+	MaxInstances int `koanf:"max_instances" json:"max_instances,omitempty"`
+	// IdleTTL evicts tenant-keyed instances idle this long. Default 10m.
+	IdleTTL Duration `koanf:"idle_ttl" json:"idle_ttl,omitempty"`
+}
+
+// Pool lets compartments share capacity: each member always has its guaranteed share and may
+// borrow idle capacity up to its max; borrowed capacity is never preempted, and it is not
+// lent again while a member below its guarantee is waiting.
+type Pool struct {
+	// Name of the pool.
+	Name string `koanf:"name" json:"name,omitempty"`
+	// MaxConcurrent is the pool's capacity.
+	MaxConcurrent int64 `koanf:"max_concurrent" json:"max_concurrent,omitempty"`
+	// Members are compartment instances, named "<family>/<value>".
+	Members []PoolMember `koanf:"members" json:"members,omitempty"`
+}
+
+// PoolMember is one compartment's place in a pool.
+type PoolMember struct {
+	// Compartment is the instance name, e.g. "feature/chat".
+	Compartment string `koanf:"compartment" json:"compartment,omitempty"`
+	// Guaranteed is the capacity the member can always use (once borrowed capacity returns).
+	Guaranteed int64 `koanf:"guaranteed" json:"guaranteed,omitempty"`
+	// Max is the most the member may hold, borrowing included. Default: the pool's capacity.
+	Max int64 `koanf:"max" json:"max,omitempty"`
+}
+
+// Responses sets headers added to admitted responses.
+type Responses struct {
+	// CompartmentHeader adds x-bulkhead-compartment to responses. Default false.
+	CompartmentHeader bool `koanf:"compartment_header" json:"compartment_header,omitempty"`
+	// RateLimitHeaders adds x-ratelimit-remaining-tokens and x-ratelimit-reset-tokens for the
+	// tightest token budget of the request's compartments. Default false.
+	RateLimitHeaders bool `koanf:"ratelimit_headers" json:"ratelimit_headers,omitempty"`
+}

@@ -1,0 +1,711 @@
+package config
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+var (
+	namePattern   = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]*$`)
+	headerPattern = regexp.MustCompile(`^[a-z0-9!#$%&'*+.^_|~-]+$`)
+	bodyModes     = []string{"NONE", "BUFFERED", "STREAMED", "BUFFERED_PARTIAL"}
+	logLevels     = []string{"debug", "info", "warn", "error"}
+	modes         = []string{"enforce", "shadow"}
+	familyDims    = []string{DimFeature, DimTenant, DimTier, DimProvider}
+	// Reasons that can be degraded into a re-route.
+	degradeReasons = []string{"token_budget", "rate_limit", "bulkhead_full"}
+)
+
+// validate checks a decoded policy with defaults applied and records every problem.
+func validate(ps *problems, p *Policy) {
+	v := &validator{ps: ps, p: p}
+	v.server()
+	v.envoy()
+	v.sets()
+	v.classification()
+	v.tenants()
+	v.models()
+	v.estimation()
+	v.body()
+	v.templates()
+	v.limitSets()
+	v.providers()
+	v.breakers()
+	v.families()
+	v.pools()
+	v.waits()
+}
+
+type validator struct {
+	ps *problems
+	p  *Policy
+}
+
+func (v *validator) add(path, format string, args ...any) { v.ps.add(path, format, args...) }
+
+func (v *validator) oneOf(path, got string, allowed []string) {
+	if !slices.Contains(allowed, got) {
+		v.add(path, "%q is not one of %s", got, strings.Join(allowed, ", "))
+	}
+}
+
+func (v *validator) name(path, name, what string) {
+	if !namePattern.MatchString(name) {
+		v.add(path, "%s name %q must be lower-case letters, digits, '_' or '-', starting with a letter or digit", what, name)
+	}
+}
+
+func (v *validator) server() {
+	v.oneOf("server.log_level", v.p.Server.LogLevel, logLevels)
+	if v.p.Server.DrainGrace < 0 {
+		v.add("server.drain_grace", "must not be negative")
+	}
+	if v.p.Admin.TokenEnv == "" {
+		v.add("admin.token_env", "must name an environment variable")
+	}
+}
+
+func (v *validator) envoy() {
+	e := v.p.Envoy
+	v.oneOf("envoy.request_body_mode", e.RequestBodyMode, bodyModes)
+	v.oneOf("envoy.response_body_mode", e.ResponseBodyMode, bodyModes)
+	if e.MessageTimeout <= 0 {
+		v.add("envoy.message_timeout", "must be positive")
+	}
+	if e.MaxMessageTimeout < 0 {
+		v.add("envoy.max_message_timeout", "must not be negative")
+	} else if e.MaxMessageTimeout > 0 && e.MaxMessageTimeout.D() < time.Millisecond {
+		v.add("envoy.max_message_timeout", "Envoy ignores values under 1ms; use 0 to disable overrides")
+	}
+	if e.MaxRequestBody < 1024 {
+		v.add("envoy.max_request_body", "must be at least 1KiB, got %d bytes", e.MaxRequestBody)
+	}
+	if !namePattern.MatchString(strings.ReplaceAll(e.MetadataNamespace, ".", "_")) {
+		v.add("envoy.metadata_namespace", "%q is not a valid metadata namespace", e.MetadataNamespace)
+	}
+}
+
+// sets checks the names of features, tiers and providers and that each dimension's default is
+// one of them.
+func (v *validator) sets() {
+	for _, n := range sortedKeys(v.p.Features) {
+		v.name("features."+n, n, "feature")
+	}
+	for _, n := range sortedKeys(v.p.Tiers) {
+		v.name("tiers."+n, n, "tier")
+	}
+	for _, n := range sortedKeys(v.p.Providers) {
+		v.name("providers."+n, n, "provider")
+	}
+	c := v.p.Classification
+	if len(v.p.Features) > 0 && !hasKey(v.p.Features, c.Feature.Default) {
+		v.add("classification.feature.default", "feature %q is not in features (%s); every request needs a feature with limits", c.Feature.Default, strings.Join(sortedKeys(v.p.Features), ", "))
+	}
+	if len(v.p.Providers) > 0 && !hasKey(v.p.Providers, c.Provider.Default) {
+		v.add("classification.provider.default", "provider %q is not in providers (%s)", c.Provider.Default, strings.Join(sortedKeys(v.p.Providers), ", "))
+	}
+	if len(v.p.Tiers) > 0 {
+		if c.Tier.Default == "" {
+			v.add("tenants.default_tier", "must be set when there are several tiers and none is named free")
+		} else if !hasKey(v.p.Tiers, c.Tier.Default) {
+			v.add("classification.tier.default", "tier %q is not in tiers (%s)", c.Tier.Default, strings.Join(sortedKeys(v.p.Tiers), ", "))
+		}
+	}
+}
+
+// valueSet returns the allowed values of a dimension, or nil when the dimension is open (tenant,
+// model).
+func (v *validator) valueSet(dim string) []string {
+	switch dim {
+	case DimFeature:
+		return v.p.FeatureNames()
+	case DimTier:
+		return v.p.TierNames()
+	case DimProvider:
+		return v.p.ProviderNames()
+	}
+	return nil
+}
+
+func (v *validator) classification() {
+	c := v.p.Classification
+	dims := []struct {
+		name string
+		d    Dimension
+	}{
+		{DimFeature, c.Feature}, {DimTenant, c.Tenant}, {DimTier, c.Tier}, {DimProvider, c.Provider}, {DimModel, c.Model},
+	}
+	for _, d := range dims {
+		for i, r := range d.d.Rules {
+			v.rule(fmt.Sprintf("classification.%s.rules[%d]", d.name, i), d.name, r)
+		}
+	}
+}
+
+func (v *validator) rule(path, dim string, r Rule) {
+	var sources []string
+	if r.Header != "" {
+		sources = append(sources, "header")
+	}
+	if r.PathPrefix != "" {
+		sources = append(sources, "path_prefix")
+	}
+	if r.PathRegex != "" {
+		sources = append(sources, "path_regex")
+	}
+	if r.Body != "" {
+		sources = append(sources, "body")
+	}
+	if r.Metadata != nil {
+		sources = append(sources, "metadata")
+	}
+	if r.Attribute != "" {
+		sources = append(sources, "attribute")
+	}
+	if r.TenantDirectory {
+		sources = append(sources, "tenant_directory")
+	}
+	if r.ModelMap {
+		sources = append(sources, "model_map")
+	}
+	switch len(sources) {
+	case 0:
+		v.add(path, "a rule needs exactly one source: header, path_prefix, path_regex, body, metadata, attribute, tenant_directory or model_map")
+		return
+	case 1:
+	default:
+		v.add(path, "a rule has exactly one source, this one has %s; split it into several rules", strings.Join(sources, " and "))
+		return
+	}
+	src := sources[0]
+	switch src {
+	case "header":
+		if !headerPattern.MatchString(r.Header) {
+			v.add(path+".header", "%q is not a lower-case header name (Envoy sends header names in lower case)", r.Header)
+		}
+		if (dim == DimTenant || dim == DimTier) && !r.Trusted {
+			v.add(path+".header", "header %q is supplied by the client, so a %s taken from it can be forged; take %s from trusted metadata or the tenant directory, or set trusted: true only if Envoy strips the client's copy (see envoy/identity.yaml)", r.Header, dim, dim)
+		}
+	case "path_prefix":
+		if !strings.HasPrefix(r.PathPrefix, "/") {
+			v.add(path+".path_prefix", "%q must start with /", r.PathPrefix)
+		}
+		if r.Value == "" {
+			v.add(path+".value", "a path_prefix rule must say which value it assigns")
+		}
+	case "path_regex":
+		if _, err := regexp.Compile(r.PathRegex); err != nil {
+			v.add(path+".path_regex", "invalid regular expression: %v", err)
+		}
+		if r.Value == "" {
+			v.add(path+".value", "a path_regex rule must say which value it assigns ($1 for the first group)")
+		}
+	case "body":
+		if strings.HasPrefix(r.Body, ".") || strings.HasSuffix(r.Body, ".") || strings.Contains(r.Body, "..") {
+			v.add(path+".body", "%q is not a dotted path like metadata.feature", r.Body)
+		}
+		if (dim == DimTenant || dim == DimTier) && !r.Trusted {
+			v.add(path+".body", "the request body is written by the client, so a %s taken from it can be forged; set trusted: true only if a trusted party writes this field", dim)
+		}
+	case "metadata":
+		if r.Metadata.Namespace == "" || r.Metadata.Key == "" {
+			v.add(path+".metadata", "needs both namespace and key")
+		}
+	case "tenant_directory":
+		if dim != DimTier {
+			v.add(path+".tenant_directory", "only tier rules can read the tenant directory")
+		}
+	case "model_map":
+		if dim != DimProvider {
+			v.add(path+".model_map", "only provider rules can use the model map")
+		}
+	}
+	if r.Trusted && src != "header" && src != "body" {
+		v.add(path+".trusted", "only header and body rules take trusted; %s is trusted already", src)
+	}
+	if r.Value != "" && src != "path_prefix" && src != "path_regex" {
+		v.add(path+".value", "value is only for path_prefix and path_regex rules (use map to translate values)")
+	}
+	set := v.valueSet(dim)
+	if set == nil {
+		return
+	}
+	if r.Value != "" && !strings.Contains(r.Value, "$") && !slices.Contains(set, r.Value) {
+		v.add(path+".value", "%s %q is not one of %s", dim, r.Value, strings.Join(set, ", "))
+	}
+	for _, from := range sortedKeys(r.Map) {
+		if to := r.Map[from]; !slices.Contains(set, to) {
+			v.add(path+".map."+from, "%s %q is not one of %s", dim, to, strings.Join(set, ", "))
+		}
+	}
+}
+
+func (v *validator) tenants() {
+	seen := map[string]int{}
+	for i, t := range v.p.Tenants.Directory {
+		path := fmt.Sprintf("tenants.directory[%d]", i)
+		if strings.TrimSpace(t.ID) == "" {
+			v.add(path+".id", "a tenant needs an id")
+		} else if j, dup := seen[t.ID]; dup {
+			v.add(path+".id", "tenant %q is already listed at tenants.directory[%d]", t.ID, j)
+		} else {
+			seen[t.ID] = i
+		}
+		if t.Tier == "" {
+			v.add(path+".tier", "a tenant needs a tier")
+		} else if !hasKey(v.p.Tiers, t.Tier) {
+			v.add(path+".tier", "tier %q is not in tiers (%s)", t.Tier, strings.Join(sortedKeys(v.p.Tiers), ", "))
+		}
+	}
+}
+
+func (v *validator) models() {
+	for i, m := range v.p.Models {
+		path := fmt.Sprintf("models[%d]", i)
+		if m.Match == "" {
+			v.add(path+".match", "needs a model name or glob such as deepseek-*")
+		}
+		if m.Provider != "" && !slices.Contains(v.p.ProviderNames(), m.Provider) {
+			v.add(path+".provider", "provider %q is not one of %s", m.Provider, strings.Join(v.p.ProviderNames(), ", "))
+		}
+		if m.BytesPerToken < 0 {
+			v.add(path+".bytes_per_token", "must not be negative")
+		}
+		if m.DefaultMaxTokens < 0 {
+			v.add(path+".default_max_tokens", "must not be negative")
+		}
+	}
+}
+
+func (v *validator) estimation() {
+	e := v.p.Estimation
+	if e.BytesPerToken <= 0 {
+		v.add("estimation.bytes_per_token", "must be positive")
+	}
+	if e.MinBytesPerToken <= 0 || e.MinBytesPerToken > e.MaxBytesPerToken {
+		v.add("estimation.min_bytes_per_token", "must be positive and at most max_bytes_per_token (%g)", e.MaxBytesPerToken)
+	}
+	if e.BytesPerToken < e.MinBytesPerToken || e.BytesPerToken > e.MaxBytesPerToken {
+		v.add("estimation.bytes_per_token", "%g is outside [min_bytes_per_token, max_bytes_per_token] = [%g, %g]", e.BytesPerToken, e.MinBytesPerToken, e.MaxBytesPerToken)
+	}
+	if e.LearnWeight <= 0 || e.LearnWeight > 1 {
+		v.add("estimation.learn_weight", "must be in (0, 1], got %g", e.LearnWeight)
+	}
+	for _, f := range []struct {
+		path string
+		n    int64
+	}{
+		{"estimation.default_max_tokens", e.DefaultMaxTokens}, {"estimation.image_tokens", e.ImageTokens},
+		{"estimation.audio_tokens", e.AudioTokens}, {"estimation.file_tokens", e.FileTokens}, {"estimation.max_tokens", e.MaxTokens},
+	} {
+		if f.n < 0 {
+			v.add(f.path, "must not be negative")
+		}
+	}
+}
+
+func (v *validator) body() {
+	for i, prefix := range v.p.Body.RequireValidJSON {
+		if !strings.HasPrefix(prefix, "/") {
+			v.add(fmt.Sprintf("body.require_valid_json[%d]", i), "%q must be a path prefix starting with /", prefix)
+		}
+	}
+	if v.needsBody() && (v.p.Envoy.RequestBodyMode == "NONE" || v.p.Envoy.RequestBodyMode == "STREAMED") {
+		v.add("envoy.request_body_mode", "%s cannot serve rules that read the request body: use BUFFERED (or BUFFERED_PARTIAL)", v.p.Envoy.RequestBodyMode)
+	}
+}
+
+// needsBody reports whether any classification rule reads the body.
+func (v *validator) needsBody() bool {
+	return v.p.RulesReadBody()
+}
+
+// RulesReadBody reports whether any classification rule reads a request body field.
+func (p *Policy) RulesReadBody() bool {
+	c := p.Classification
+	for _, d := range []Dimension{c.Feature, c.Tenant, c.Tier, c.Provider, c.Model} {
+		for _, r := range d.Rules {
+			if r.Body != "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (v *validator) templates() {
+	for _, name := range sortedKeys(v.p.Templates) {
+		v.name("templates."+name, name, "template")
+	}
+}
+
+// limitSet checks one limit set: its template chain and every value.
+func (v *validator) limitSet(path string, l Limits) {
+	_, chain := v.p.inherit(l)
+	if len(chain) > 0 {
+		last := chain[len(chain)-1]
+		if _, ok := v.p.Templates[last]; !ok {
+			v.add(path+".template", "template %q is not defined in templates%s", last, knownList(sortedKeys(v.p.Templates)))
+		} else if t := v.p.Templates[last]; t.Template != "" {
+			v.add(path+".template", "template chain %s loops", strings.Join(append(chain, t.Template), " → "))
+		}
+	}
+	nonNeg := func(key string, p *int64) {
+		if p != nil && *p < 0 {
+			v.add(path+"."+key, "must not be negative, got %d", *p)
+		}
+	}
+	nonNeg("max_concurrent", l.MaxConcurrent)
+	nonNeg("max_inflight_tokens", l.MaxInflightTokens)
+	nonNeg("queue_depth", l.QueueDepth)
+	nonNeg("tokens_per_minute", l.TokensPerMinute)
+	nonNeg("tokens_per_day", l.TokensPerDay)
+	nonNeg("requests_per_minute", l.RequestsPerMinute)
+	if l.MaxWait != nil && *l.MaxWait < 0 {
+		v.add(path+".max_wait", "must not be negative")
+	}
+	if l.Mode != nil {
+		v.oneOf(path+".mode", *l.Mode, modes)
+	}
+	if l.MaxDebt != nil && (*l.MaxDebt < 0 || *l.MaxDebt > 10) {
+		v.add(path+".max_debt", "must be in [0, 10] (a fraction of the budget's capacity), got %g", *l.MaxDebt)
+	}
+}
+
+func (v *validator) limitSets() {
+	for _, name := range sortedKeys(v.p.Templates) {
+		v.limitSet("templates."+name, v.p.Templates[name])
+	}
+	for _, name := range sortedKeys(v.p.Features) {
+		f := v.p.Features[name]
+		v.limitSet("features."+name, f.Limits)
+		if f.Ratio != nil && (*f.Ratio <= 0 || *f.Ratio > 1) {
+			v.add("features."+name+".ratio", "must be in (0, 1], got %g", *f.Ratio)
+		}
+		if d := f.Degrade; d != nil {
+			if !slices.Contains(v.p.ProviderNames(), d.Provider) {
+				v.add("features."+name+".degrade.provider", "provider %q is not in providers%s", d.Provider, knownList(v.p.ProviderNames()))
+			}
+			for i, r := range d.On {
+				v.oneOf(fmt.Sprintf("features.%s.degrade.on[%d]", name, i), r, degradeReasons)
+			}
+		}
+	}
+	for _, name := range sortedKeys(v.p.Tiers) {
+		v.limitSet("tiers."+name, v.p.Tiers[name])
+	}
+	for i, t := range v.p.Tenants.Directory {
+		if t.Limits != nil {
+			v.limitSet(fmt.Sprintf("tenants.directory[%d].limits", i), *t.Limits)
+		}
+	}
+}
+
+func (v *validator) providers() {
+	for _, name := range sortedKeys(v.p.Providers) {
+		pr := v.p.Providers[name]
+		path := "providers." + name
+		v.limitSet(path, pr.Limits)
+		if pr.Breaker != "" && !hasKey(v.p.Breakers, pr.Breaker) {
+			v.add(path+".breaker", "breaker %q is not defined in breakers%s", pr.Breaker, knownList(sortedKeys(v.p.Breakers)))
+		}
+		if pr.BreakerPerModel && pr.Breaker == "" {
+			v.add(path+".breaker_per_model", "needs a breaker")
+		}
+		if pr.Fallback == "" {
+			continue
+		}
+		if !hasKey(v.p.Providers, pr.Fallback) {
+			v.add(path+".fallback", "provider %q is not in providers%s", pr.Fallback, knownList(sortedKeys(v.p.Providers)))
+			continue
+		}
+		if pr.Breaker == "" {
+			v.add(path+".fallback", "a fallback is used while the breaker is open, but %s has no breaker", name)
+		}
+		chain := []string{name}
+		for cur := pr.Fallback; cur != ""; cur = v.p.Providers[cur].Fallback {
+			if slices.Contains(chain, cur) {
+				v.add(path+".fallback", "fallback chain %s loops", strings.Join(append(chain, cur), " → "))
+				break
+			}
+			chain = append(chain, cur)
+		}
+	}
+}
+
+func (v *validator) breakers() {
+	for _, name := range sortedKeys(v.p.Breakers) {
+		path := "breakers." + name
+		v.name(path, name, "breaker")
+		seen := []string{name}
+		for cur := v.p.Breakers[name].Base; cur != ""; cur = v.p.Breakers[cur].Base {
+			if !hasKey(v.p.Breakers, cur) {
+				v.add(path+".base", "breaker %q is not defined in breakers", cur)
+				break
+			}
+			if slices.Contains(seen, cur) {
+				v.add(path+".base", "breaker chain %s loops", strings.Join(append(seen, cur), " → "))
+				break
+			}
+			seen = append(seen, cur)
+		}
+		validateBreaker(v, path, v.p.Breakers[name])
+	}
+}
+
+// breakerChainBroken reports whether a problem was already recorded for path's base chain, so
+// its resolved values would be misleading.
+func (v *validator) breakerChainBroken(path string) bool {
+	for _, pr := range v.ps.list {
+		if pr.Path == path+".base" {
+			return true
+		}
+	}
+	return false
+}
+
+func (v *validator) families() {
+	names := map[string]int{}
+	for i, f := range v.p.Compartments {
+		path := fmt.Sprintf("compartments[%d]", i)
+		v.name(path+".name", f.Name, "compartment family")
+		if j, dup := names[f.Name]; dup {
+			v.add(path+".name", "family %q is already defined at compartments[%d]", f.Name, j)
+		}
+		names[f.Name] = i
+		if len(f.Key) == 0 {
+			v.add(path+".key", "needs at least one dimension (%s)", strings.Join(familyDims, ", "))
+		}
+		seen := map[string]bool{}
+		for j, d := range f.Key {
+			if !slices.Contains(familyDims, d) {
+				v.add(fmt.Sprintf("%s.key[%d]", path, j), "%q is not a dimension a compartment can be keyed by (%s)", d, strings.Join(familyDims, ", "))
+			}
+			if seen[d] {
+				v.add(fmt.Sprintf("%s.key[%d]", path, j), "dimension %q appears twice", d)
+			}
+			seen[d] = true
+		}
+		switch {
+		case f.LimitsFrom == "" && f.Limits == nil:
+			v.add(path, "needs limits_from (feature, tier, provider or tenant) or limits")
+		case f.LimitsFrom != "" && f.Limits != nil:
+			v.add(path+".limits", "limits and limits_from exclude each other")
+		case f.Limits != nil:
+			v.limitSet(path+".limits", *f.Limits)
+		default:
+			if !slices.Contains(familyDims, f.LimitsFrom) {
+				v.add(path+".limits_from", "%q is not one of %s", f.LimitsFrom, strings.Join(familyDims, ", "))
+			} else if !seen[f.LimitsFrom] {
+				v.add(path+".limits_from", "limits come from the %s of each instance, so %s must be in key", f.LimitsFrom, f.LimitsFrom)
+			}
+			if f.LimitsFrom == DimTier || f.LimitsFrom == DimTenant {
+				if len(v.p.Tiers) == 0 {
+					v.add(path+".limits_from", "limits from %s need tiers to be defined", f.LimitsFrom)
+				}
+			}
+		}
+		if f.ScaleBy != "" {
+			if f.ScaleBy != DimFeature {
+				v.add(path+".scale_by", "only feature has a ratio to scale by")
+			} else if !seen[DimFeature] {
+				v.add(path+".scale_by", "scaling by feature needs feature in key")
+			}
+		}
+		if f.Mode != "" {
+			v.oneOf(path+".mode", f.Mode, modes)
+		}
+		for _, dim := range sortedKeys(f.Where) {
+			set := v.valueSet(dim)
+			if !slices.Contains(familyDims, dim) {
+				v.add(path+".where."+dim, "%q is not a dimension (%s)", dim, strings.Join(familyDims, ", "))
+				continue
+			}
+			for j, val := range f.Where[dim] {
+				if set != nil && !slices.Contains(set, val) {
+					v.add(fmt.Sprintf("%s.where.%s[%d]", path, dim, j), "%s %q is not one of %s", dim, val, strings.Join(set, ", "))
+				}
+			}
+		}
+		if f.MaxInstances < 1 {
+			v.add(path+".max_instances", "must be at least 1")
+		}
+		if f.IdleTTL < 0 {
+			v.add(path+".idle_ttl", "must not be negative")
+		}
+	}
+	v.unusedLimits()
+}
+
+// unusedLimits refuses limits that no family reads: Resilience4j's classic pitfall of a setting
+// that silently does nothing.
+func (v *validator) unusedLimits() {
+	from := map[string]bool{}
+	for _, f := range v.p.Compartments {
+		from[f.LimitsFrom] = true
+	}
+	check := func(dim, path string, l Limits) {
+		if from[dim] || (dim == DimTier && from[DimTenant]) {
+			return
+		}
+		if l.MaxConcurrent != nil || l.MaxInflightTokens != nil || l.TokensPerMinute != nil || l.TokensPerDay != nil || l.RequestsPerMinute != nil {
+			v.add(path, "sets limits, but no compartment family takes limits_from: %s, so they would do nothing", dim)
+		}
+	}
+	for _, n := range sortedKeys(v.p.Features) {
+		check(DimFeature, "features."+n, v.p.Features[n].Limits)
+	}
+	for _, n := range sortedKeys(v.p.Providers) {
+		check(DimProvider, "providers."+n, v.p.Providers[n].Limits)
+	}
+	for _, n := range sortedKeys(v.p.Tiers) {
+		check(DimTier, "tiers."+n, v.p.Tiers[n])
+	}
+}
+
+func (v *validator) pools() {
+	inPool := map[string]string{}
+	for i, pl := range v.p.Pools {
+		path := fmt.Sprintf("pools[%d]", i)
+		v.name(path+".name", pl.Name, "pool")
+		if pl.MaxConcurrent < 1 {
+			v.add(path+".max_concurrent", "a pool needs a capacity of at least 1")
+		}
+		if len(pl.Members) < 2 {
+			v.add(path+".members", "a pool shares capacity between at least two compartments")
+		}
+		var guaranteed int64
+		family := ""
+		if len(pl.Members) > 64 {
+			v.add(path+".members", "a pool has at most 64 members")
+		}
+		for j, m := range pl.Members {
+			mp := fmt.Sprintf("%s.members[%d]", path, j)
+			fam, _, _ := strings.Cut(m.Compartment, "/")
+			if family == "" {
+				family = fam
+			} else if fam != family {
+				v.add(mp+".compartment", "%s is in family %s but the pool's first member is in %s: a request is in one compartment per family, so only one family's compartments can share a pool without counting a request twice", m.Compartment, fam, family)
+			}
+			if err := v.p.staticInstance(m.Compartment); err != "" {
+				v.add(mp+".compartment", "%s", err)
+			}
+			if other, dup := inPool[m.Compartment]; dup {
+				v.add(mp+".compartment", "%s is already a member of pool %s; a compartment belongs to one pool", m.Compartment, other)
+			}
+			inPool[m.Compartment] = pl.Name
+			if m.Guaranteed < 0 {
+				v.add(mp+".guaranteed", "must not be negative")
+			}
+			maxv := m.Max
+			if maxv == 0 {
+				maxv = pl.MaxConcurrent
+			}
+			if maxv < m.Guaranteed {
+				v.add(mp+".max", "max %d is below guaranteed %d", maxv, m.Guaranteed)
+			}
+			if maxv > pl.MaxConcurrent {
+				v.add(mp+".max", "max %d exceeds the pool's capacity %d", maxv, pl.MaxConcurrent)
+			}
+			guaranteed += m.Guaranteed
+		}
+		if guaranteed > pl.MaxConcurrent {
+			v.add(path+".members", "guaranteed shares add up to %d, more than the pool's capacity %d: a guarantee that cannot be met is not a guarantee", guaranteed, pl.MaxConcurrent)
+		}
+	}
+}
+
+// staticInstance checks that name ("family/v1/v2") names a compartment that exists regardless
+// of traffic: a family keyed only by feature, tier and provider, with values from their sets.
+func (p *Policy) staticInstance(name string) string {
+	parts := strings.Split(name, "/")
+	for _, f := range p.Compartments {
+		if f.Name != parts[0] {
+			continue
+		}
+		if len(parts)-1 != len(f.Key) {
+			return fmt.Sprintf("%s: family %s is keyed by %s, so its instances are named %s/<%s>", name, f.Name, strings.Join(f.Key, ", "), f.Name, strings.Join(f.Key, ">/<"))
+		}
+		for i, dim := range f.Key {
+			var set []string
+			switch dim {
+			case DimFeature:
+				set = p.FeatureNames()
+			case DimTier:
+				set = p.TierNames()
+			case DimProvider:
+				set = p.ProviderNames()
+			default:
+				return fmt.Sprintf("%s: instances keyed by %s come and go with traffic and cannot join a pool", name, dim)
+			}
+			if !slices.Contains(set, parts[i+1]) {
+				return fmt.Sprintf("%s: %s %q is not one of %s", name, dim, parts[i+1], strings.Join(set, ", "))
+			}
+		}
+		return ""
+	}
+	return fmt.Sprintf("%s: no compartment family named %q", name, parts[0])
+}
+
+// waits checks every limit set's max_wait against Envoy's message timeouts: a request queued
+// longer than message_timeout is answered 504 by Envoy unless the server extends the timeout,
+// which needs max_message_timeout.
+func (v *validator) waits() {
+	e := v.p.Envoy
+	check := func(path string, l Limits) {
+		r := v.p.Resolve(l)
+		if !r.HasMaxWait || r.MaxWait < e.MessageTimeout.D() {
+			return
+		}
+		// Allow a margin for the reply itself.
+		if e.MaxMessageTimeout == 0 {
+			v.add(path+".max_wait", "%s is not shorter than envoy.message_timeout (%s), and envoy.max_message_timeout is 0, so Envoy would answer 504 while the request waits; set envoy.max_message_timeout (and the filter's max_message_timeout) above %s, or lower max_wait", r.MaxWait, e.MessageTimeout, r.MaxWait)
+		} else if r.MaxWait >= e.MaxMessageTimeout.D() {
+			v.add(path+".max_wait", "%s is not shorter than envoy.max_message_timeout (%s): the server cannot keep Envoy waiting that long; raise max_message_timeout or lower max_wait", r.MaxWait, e.MaxMessageTimeout)
+		}
+	}
+	for _, n := range sortedKeys(v.p.Features) {
+		check("features."+n, v.p.Features[n].Limits)
+	}
+	for _, n := range sortedKeys(v.p.Tiers) {
+		check("tiers."+n, v.p.Tiers[n])
+	}
+	for _, n := range sortedKeys(v.p.Providers) {
+		check("providers."+n, v.p.Providers[n].Limits)
+	}
+	for i, t := range v.p.Tenants.Directory {
+		if t.Limits != nil {
+			check(fmt.Sprintf("tenants.directory[%d].limits", i), *t.Limits)
+		}
+	}
+	for i, f := range v.p.Compartments {
+		if f.Limits != nil {
+			check(fmt.Sprintf("compartments[%d].limits", i), *f.Limits)
+		}
+	}
+}
+
+func hasKey[V any](m map[string]V, k string) bool {
+	_, ok := m[k]
+	return ok
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func knownList(names []string) string {
+	if len(names) == 0 {
+		return " (none are defined)"
+	}
+	return " (" + strings.Join(names, ", ") + ")"
+}
