@@ -1,0 +1,513 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/breaker"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
+)
+
+// Reason is a stable refusal code, used alike in the x-bulkhead-reason header, metrics and
+// logs.
+type Reason string
+
+// Refusal reasons.
+const (
+	ReasonTokenBudget  Reason = "token_budget"
+	ReasonRateLimit    Reason = "rate_limit"
+	ReasonBulkheadFull Reason = "bulkhead_full"
+	ReasonCircuitOpen  Reason = "circuit_open"
+	ReasonBadRequest   Reason = "bad_request"
+	// ReasonCancelled: the client went away while the request was queued; nobody is left to
+	// answer.
+	ReasonCancelled Reason = "cancelled"
+)
+
+// Sentinel errors for each refusal reason; Decision.Err wraps one, for errors.Is.
+var (
+	ErrTokenBudget  = errors.New("token budget exhausted")
+	ErrRateLimit    = errors.New("request rate exceeded")
+	ErrBulkheadFull = bulkhead.ErrFull
+	ErrCircuitOpen  = breaker.ErrOpen
+	ErrBadRequest   = errors.New("bad request")
+	ErrCancelled    = context.Canceled
+)
+
+// Verdict is what to do with a request.
+type Verdict uint8
+
+// Verdicts.
+const (
+	// Reject refuses the request (ImmediateResponse).
+	Reject Verdict = iota
+	// Admit lets it through, possibly re-routed to another provider.
+	Admit
+)
+
+// Decision is the outcome of admission.
+type Decision struct {
+	Verdict Verdict
+	// Reason says why a request was refused, or why it was re-routed.
+	Reason Reason
+	// Compartment names the compartment (or provider breaker) that refused, or that made the
+	// request re-route.
+	Compartment string
+	// RetryAfter is when a retry can succeed: refill time, predicted queue wait or remaining
+	// open time.
+	RetryAfter time.Duration
+	// Dims are the request's final dimensions (Provider changes on re-route).
+	Dims Dims
+	// Rerouted reports that Dims.Provider differs from the classified provider.
+	Rerouted bool
+}
+
+// Err returns nil for an admission, else an error wrapping the reason's sentinel.
+func (d Decision) Err() error {
+	if d.Verdict == Admit {
+		return nil
+	}
+	var base error
+	switch d.Reason {
+	case ReasonTokenBudget:
+		base = ErrTokenBudget
+	case ReasonRateLimit:
+		base = ErrRateLimit
+	case ReasonCircuitOpen:
+		base = ErrCircuitOpen
+	case ReasonBadRequest:
+		base = ErrBadRequest
+	case ReasonCancelled:
+		base = ErrCancelled
+	default:
+		base = ErrBulkheadFull
+	}
+	return fmt.Errorf("%s: %w", d.Compartment, base)
+}
+
+// RetryAfterSeconds is RetryAfter rounded up to whole seconds, at least 1.
+func (d Decision) RetryAfterSeconds() int64 { return bulkhead.RetryAfterSeconds(d.RetryAfter) }
+
+// Message is the human sentence for a refusal: what happened and when to retry. It names only
+// the caller's own compartment and never another tenant or internal numbers.
+func (d Decision) Message() string {
+	secs := d.RetryAfterSeconds()
+	unit := "seconds"
+	if secs == 1 {
+		unit = "second"
+	}
+	switch d.Reason {
+	case ReasonTokenBudget:
+		return fmt.Sprintf("Token budget of %s is used up for now. Retry after %d %s.", d.Compartment, secs, unit)
+	case ReasonRateLimit:
+		return fmt.Sprintf("Too many requests for %s. Retry after %d %s.", d.Compartment, secs, unit)
+	case ReasonCircuitOpen:
+		return fmt.Sprintf("The upstream provider (%s) is failing and calls to it are paused. Retry after %d %s.", d.Compartment, secs, unit)
+	case ReasonBadRequest:
+		return "The request body is not a valid JSON object."
+	case ReasonCancelled:
+		return "The client went away while the request was queued."
+	}
+	return fmt.Sprintf("Compartment %s is at capacity. Retry after %d %s.", d.Compartment, secs, unit)
+}
+
+// Request is what admission needs to know about one request.
+type Request struct {
+	Dims     Dims
+	Estimate Estimate
+	// PromptBytes is the scanned prompt text size, for learning the bytes-per-token ratio.
+	PromptBytes int64
+}
+
+// maxCompartments bounds the compartments one request can be in (one per family).
+const maxCompartments = 8
+
+// Ticket is what an admitted request holds: slots, budget reservations and a breaker permit.
+// Done releases everything exactly once. The zero Ticket is ready for Admit; a Ticket is
+// meant to live inside the per-stream processor (no allocation per request). Admit and Done
+// may be called from different goroutines; Done is idempotent and never blocks.
+type Ticket struct {
+	engine *Engine
+	snap   *Snapshot
+	dims   Dims
+	est    Estimate
+	bytes  int64
+
+	n     int
+	insts [maxCompartments]*instance
+	set   [maxCompartments]*bulkhead.Compartment
+	held  [maxCompartments]int64
+	rpm   [maxCompartments]budget.Charge
+	tpm   [maxCompartments]budget.Charge
+	tpd   [maxCompartments]budget.Charge
+
+	brk    *breaker.Breaker
+	permit breaker.Permit
+
+	grantedAt time.Time
+	active    bool
+	done      atomic.Bool
+}
+
+// Admitted reports whether the ticket holds an admission not yet released.
+func (t *Ticket) Admitted() bool { return t.active && !t.done.Load() }
+
+// Compartments returns the names of the compartments the ticket holds slots in.
+func (t *Ticket) Compartments() []string {
+	out := make([]string, t.n)
+	for i := 0; i < t.n; i++ {
+		out[i] = t.insts[i].name
+	}
+	return out
+}
+
+// Remaining returns the tightest per-minute token budget among the ticket's compartments:
+// tokens left and time until it is full again. ok is false when no compartment has one.
+func (t *Ticket) Remaining() (tokens int64, reset time.Duration, ok bool) {
+	now := t.engine.clock.Now()
+	for i := 0; i < t.n; i++ {
+		w := t.insts[i].tpm
+		if w == nil {
+			continue
+		}
+		st := w.State(now)
+		if !ok || st.Remaining < tokens {
+			tokens, reset, ok = st.Remaining, st.ResetIn, true
+		}
+	}
+	return tokens, reset, ok
+}
+
+// Admit decides on request r under snapshot s, filling t on admission. It may block up to the
+// request's max_wait while queued; onQueue (may be nil) is called once before blocking with the
+// longest possible wait, so the caller can extend Envoy's message timeout. A refused request
+// holds nothing. When a provider's breaker is open and it has a fallback, or a feature's
+// degrade rule applies, admission is retried with the other provider (never in a loop).
+//
+// The path that admits without waiting does not allocate.
+func (e *Engine) Admit(ctx context.Context, s *Snapshot, r *Request, t *Ticket, onQueue func(time.Duration)) Decision {
+	dims := r.Dims
+	var visited uint64
+	var first Decision
+	for attempt := 0; attempt <= len(s.providers); attempt++ {
+		visited |= 1 << uint(dims.Provider)
+		d := e.tryAdmit(ctx, s, r, dims, t, onQueue)
+		if attempt > 0 && d.Verdict == Admit {
+			d.Rerouted, d.Reason, d.Compartment = true, first.Reason, first.Compartment
+			f := s.features[dims.Feature]
+			e.metrics.rerouted.WithLabelValues(f.name, s.providers[r.Dims.Provider].name, s.providers[dims.Provider].name, string(first.Reason)).Inc()
+		}
+		if d.Verdict == Admit || d.Reason == ReasonCancelled {
+			e.countDecision(s, d)
+			return d
+		}
+		if attempt == 0 {
+			first = d
+		}
+		next := s.rerouteTarget(dims, d.Reason)
+		if next < 0 || visited&(1<<uint(next)) != 0 {
+			e.countDecision(s, d)
+			return d
+		}
+		dims.Provider = next
+	}
+	e.countDecision(s, first)
+	return first
+}
+
+// rerouteTarget returns the provider to try after a refusal for reason, or -1.
+func (s *Snapshot) rerouteTarget(d Dims, reason Reason) int {
+	if reason == ReasonCircuitOpen {
+		return s.providers[d.Provider].fallback
+	}
+	if dg := s.features[d.Feature].degrade; dg != nil {
+		for _, on := range dg.On {
+			if Reason(on) == reason {
+				if i, ok := s.providerIdx[dg.Provider]; ok && i != d.Provider {
+					return i
+				}
+			}
+		}
+	}
+	return -1
+}
+
+func (e *Engine) countDecision(s *Snapshot, d Decision) {
+	f := s.features[d.Dims.Feature].stats
+	if d.Verdict == Admit {
+		f.admitted.Inc()
+		f.admittedN.Add(1)
+		return
+	}
+	i := reasonIndex(d.Reason)
+	f.rejected[i].Inc()
+	f.rejectedN[i].Add(1)
+}
+
+// tryAdmit runs the admission steps for one provider choice: rate limits, the provider's
+// breaker, token budgets, then concurrency. A failure at any step undoes the earlier ones.
+func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration)) Decision {
+	now := e.clock.Now()
+	t.engine, t.snap, t.dims, t.est, t.bytes = e, s, dims, r.Estimate, r.PromptBytes
+	t.n, t.brk, t.active = 0, nil, false
+	t.done.Store(false)
+	for _, f := range s.families {
+		if !f.applies(&dims) {
+			continue
+		}
+		var in *instance
+		if f.dyn != nil {
+			in = s.resolveDynamic(f, &dims, now)
+		} else {
+			in = f.instances[f.staticIndex(&dims)]
+		}
+		if in == nil {
+			continue
+		}
+		t.insts[t.n], t.set[t.n] = in, in.c
+		t.rpm[t.n], t.tpm[t.n], t.tpd[t.n] = budget.Charge{}, budget.Charge{}, budget.Charge{}
+		t.n++
+	}
+	refuse := func(reason Reason, in string, retry time.Duration) Decision {
+		t.undo(now)
+		return Decision{Verdict: Reject, Reason: reason, Compartment: in, RetryAfter: retry, Dims: dims}
+	}
+
+	// 1. Request rates.
+	for i := 0; i < t.n; i++ {
+		in := t.insts[i]
+		if in.rpm == nil {
+			continue
+		}
+		ch, ok, wait := in.rpm.Reserve(1, now)
+		if !ok {
+			if !in.limits.Shadow {
+				return refuse(ReasonRateLimit, in.name, wait)
+			}
+			e.metrics.countShadow(s.label(in), ReasonRateLimit)
+			ch = in.rpm.Take(1, now)
+		}
+		t.rpm[i] = ch
+	}
+
+	// 2. The provider's breaker.
+	if bs := s.providers[dims.Provider].breakers; bs != nil {
+		b := bs.For(dims.Model)
+		p, err := b.Acquire(now)
+		if err != nil {
+			retry := b.RemainingOpen(now)
+			if retry <= 0 {
+				retry = bs.cfg.WaitInOpen
+			}
+			return refuse(ReasonCircuitOpen, "provider/"+s.providers[dims.Provider].name, retry)
+		}
+		t.brk, t.permit = b, p
+	}
+
+	// 3. Token budgets, reserved at the estimate.
+	tokens := r.Estimate.Total
+	for i := 0; i < t.n; i++ {
+		in := t.insts[i]
+		for _, wb := range [2]struct {
+			w  *budget.Window
+			ch *budget.Charge
+		}{{in.tpm, &t.tpm[i]}, {in.tpd, &t.tpd[i]}} {
+			if wb.w == nil {
+				continue
+			}
+			ch, ok, wait := wb.w.Reserve(tokens, now)
+			if !ok {
+				if !in.limits.Shadow {
+					return refuse(ReasonTokenBudget, in.name, wait)
+				}
+				e.metrics.countShadow(s.label(in), ReasonTokenBudget)
+				ch = wb.w.Take(tokens, now)
+			}
+			*wb.ch = ch
+		}
+	}
+
+	// 4. Concurrency and in-flight tokens, possibly waiting.
+	want := bulkhead.Want{Tokens: tokens, Tenant: dims.Tenant, Now: now}
+	first := true
+	for i := 0; i < t.n; i++ {
+		l := t.insts[i].limits
+		if l.Shadow {
+			continue
+		}
+		want.Priority = max(want.Priority, l.Priority)
+		if l.HasMaxWait && (first || l.MaxWait < want.MaxWait) {
+			want.MaxWait, first = l.MaxWait, false
+		}
+	}
+	if err := e.sched.Acquire(ctx, t.set[:t.n], t.held[:t.n], want, onQueue); err != nil {
+		var rf *bulkhead.Refusal
+		if errors.As(err, &rf) {
+			reason := ReasonBulkheadFull
+			if rf.Cause == bulkhead.CauseCancelled {
+				reason = ReasonCancelled
+			}
+			return refuse(reason, rf.Compartment.Name(), rf.RetryAfter)
+		}
+		return refuse(ReasonBulkheadFull, "", 0)
+	}
+	t.grantedAt = e.clock.Now()
+	t.active = true
+	e.inflight.Add(1)
+	s.features[dims.Feature].stats.tokensReserved.Add(float64(tokens))
+	return Decision{Verdict: Admit, Dims: dims}
+}
+
+// undo returns everything a refused admission took.
+func (t *Ticket) undo(now time.Time) {
+	for i := 0; i < t.n; i++ {
+		in := t.insts[i]
+		if in.rpm != nil && t.rpm[i].Amount() > 0 {
+			in.rpm.Refund(t.rpm[i], now)
+		}
+		if in.tpm != nil && t.tpm[i].Amount() > 0 {
+			in.tpm.Refund(t.tpm[i], now)
+		}
+		if in.tpd != nil && t.tpd[i].Amount() > 0 {
+			in.tpd.Refund(t.tpd[i], now)
+		}
+		if in.family.dyn != nil {
+			in.c.Refs.Add(-1)
+		}
+	}
+	if t.brk != nil {
+		t.brk.Release(t.permit)
+		t.brk = nil
+	}
+	t.n = 0
+}
+
+// label is the metrics label of an instance: its name, or its family's "<family>/*" for
+// tenant-keyed instances unless tenant labels are enabled.
+func (s *Snapshot) label(in *instance) string {
+	if in.family.dyn != nil && !s.Policy.Admin.TenantLabel {
+		return in.family.name + "/*"
+	}
+	return in.name
+}
+
+// Outcome is what happened to an admitted request, reported once when its stream ends.
+type Outcome struct {
+	// Status is the upstream response status, 0 when the stream ended without response headers.
+	Status int
+	// TTFB is admission to response headers (0 without response headers).
+	TTFB time.Duration
+	// Duration is admission to the end of the stream.
+	Duration time.Duration
+	// Cancelled reports that the client went away before the response was complete.
+	Cancelled bool
+	// RetryAfter is the upstream retry-after on a 429 or 503.
+	RetryAfter time.Duration
+	// Usage is what the response reported.
+	Usage Usage
+}
+
+// Usage is the token use a response reported.
+type Usage struct {
+	Prompt, Completion, Total, Cached, Reasoning int64
+	// Known: the response reported complete usage.
+	Known bool
+	// PromptKnown: the prompt count was reported even if the completion count was not.
+	PromptKnown bool
+	// ContentBytes is the generated text seen, for a partial estimate when usage is unknown.
+	ContentBytes int64
+}
+
+// Settled is how a finished request was charged.
+type Settled struct {
+	// Prompt and Completion are the settled parts; Total their sum.
+	Prompt, Completion, Total int64
+	// Estimated reports that the numbers are a partial estimate, not reported usage.
+	Estimated bool
+}
+
+// Settle computes what a request with this outcome is charged: reported usage when known,
+// else a partial estimate — the prompt (reported or estimated) plus completion tokens estimated
+// from the content seen — for responses that started, the estimated prompt for a request
+// cancelled before any response, and nothing for a failure without usage (it was not served).
+func (t *Ticket) Settle(o Outcome) Settled {
+	u := o.Usage
+	if u.Known {
+		total := u.Total
+		if total == 0 {
+			total = u.Prompt + u.Completion
+		}
+		return Settled{Prompt: u.Prompt, Completion: total - u.Prompt, Total: total}
+	}
+	prompt := t.est.Prompt
+	if u.PromptKnown {
+		prompt = u.Prompt
+	}
+	switch {
+	case o.Status == 0 && o.Cancelled:
+		return Settled{Prompt: prompt, Total: prompt, Estimated: true}
+	case o.Status == 0 || (o.Status >= 400 && !u.PromptKnown):
+		return Settled{Estimated: true}
+	}
+	bpt := t.est.BytesPerToken
+	if bpt <= 0 {
+		bpt = 4
+	}
+	completion := int64(float64(u.ContentBytes)/bpt + 0.5)
+	return Settled{Prompt: prompt, Completion: completion, Total: prompt + completion, Estimated: true}
+}
+
+// Done releases everything the ticket holds and settles it against outcome o: slots back,
+// budgets corrected from the estimate to the real use, the breaker told how the call went, the
+// estimator taught the model's real prompt ratio. Idempotent; never blocks.
+func (t *Ticket) Done(o Outcome) Settled {
+	if !t.active || !t.done.CompareAndSwap(false, true) {
+		return Settled{}
+	}
+	e, s := t.engine, t.snap
+	now := e.clock.Now()
+	e.sched.Release(t.set[:t.n], t.held[:t.n], t.grantedAt, now)
+	settled := t.Settle(o)
+	for i := 0; i < t.n; i++ {
+		in := t.insts[i]
+		if in.tpm != nil {
+			in.tpm.Settle(t.tpm[i], settled.Total, now)
+		}
+		if in.tpd != nil {
+			in.tpd.Settle(t.tpd[i], settled.Total, now)
+		}
+		if in.family.dyn != nil {
+			in.c.Refs.Add(-1)
+			in.c.LastUsed.Store(now.UnixNano())
+		}
+	}
+	if t.brk != nil {
+		bs := s.providers[t.dims.Provider].breakers
+		settings := bs.settings
+		outcome, d, openFor := breakerOutcome(settings, o)
+		t.brk.Record(t.permit, outcome, d, now)
+		if openFor > 0 {
+			t.brk.OpenFor(openFor, now)
+		}
+	}
+	f := s.features[t.dims.Feature].stats
+	f.promptSettled.Add(float64(settled.Prompt))
+	f.completionSettled.Add(float64(settled.Completion))
+	if o.Usage.Known {
+		if t.est.Total > 0 {
+			f.estimateError.Observe(float64(settled.Total) / float64(t.est.Total))
+		}
+		// Learn from the text part only: media items have fixed costs of their own.
+		if text := o.Usage.Prompt - t.est.Media; t.bytes > 0 && text > 0 && s.estimation.learn {
+			e.est.learn(t.dims.Model, float64(t.bytes)/float64(text), s.startRatio(t.dims.Model), s.estimation)
+		}
+	} else if o.Status != 0 {
+		f.usageUnknown.Inc()
+	}
+	e.inflight.Add(-1)
+	return settled
+}

@@ -1,0 +1,223 @@
+package policy
+
+import (
+	"regexp"
+	"strings"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+)
+
+// Input is what classification reads from one request. The ext_proc processor implements it
+// over Envoy's messages; tests implement it over maps. Implementations should not allocate.
+type Input interface {
+	// Header returns a request header by lower-case name.
+	Header(name string) (string, bool)
+	// Path returns the request :path without its query string.
+	Path() string
+	// BodyField returns a JSON body field by dotted path; false without a (valid) body.
+	BodyField(path string) (string, bool)
+	// Metadata returns a value of Envoy dynamic metadata forwarded in metadata_context.
+	Metadata(namespace string, key []string) (string, bool)
+	// Attribute returns an ext_proc request attribute such as "source.address".
+	Attribute(name string) (string, bool)
+}
+
+// Dims are a request's classified dimensions. Feature, Tier and Provider index the
+// snapshot's name tables (Snapshot.FeatureName…); Tenant and Model are open-ended.
+type Dims struct {
+	Feature  int
+	Tier     int
+	Provider int
+	Tenant   string
+	Model    string
+}
+
+type ruleKind uint8
+
+const (
+	ruleHeader ruleKind = iota
+	rulePathPrefix
+	rulePathRegex
+	ruleBody
+	ruleMetadata
+	ruleAttribute
+	ruleTenantDirectory
+	ruleModelMap
+)
+
+type rule struct {
+	kind    ruleKind
+	name    string // header, body path, attribute
+	ns      string
+	key     []string
+	prefix  string
+	re      *regexp.Regexp
+	value   string
+	mapping map[string]string
+}
+
+type dimension struct {
+	rules []rule
+	def   string
+	// fold lower-cases values (trimming always happens).
+	fold bool
+}
+
+// classifier evaluates the compiled rules of one snapshot. Immutable.
+type classifier struct {
+	feature, tenant, tier, provider, model dimension
+	features, tiers, providers             []string
+	featureIdx, tierIdx, providerIdx       map[string]int
+	tenantTier                             map[string]int
+	models                                 []modelRule
+}
+
+type modelRule struct {
+	glob     string
+	provider int // -1 when the rule sets no provider
+	bpt      float64
+	maxOut   int64
+}
+
+func compileDimension(d config.Dimension, fold bool) dimension {
+	out := dimension{def: d.Default, fold: fold && !d.CaseSensitive}
+	for _, r := range d.Rules {
+		cr := rule{value: r.Value, mapping: r.Map}
+		switch {
+		case r.Header != "":
+			cr.kind, cr.name = ruleHeader, r.Header
+		case r.PathPrefix != "":
+			cr.kind, cr.prefix = rulePathPrefix, r.PathPrefix
+		case r.PathRegex != "":
+			cr.kind, cr.re = rulePathRegex, regexp.MustCompile(r.PathRegex)
+		case r.Body != "":
+			cr.kind, cr.name = ruleBody, r.Body
+		case r.Metadata != nil:
+			cr.kind, cr.ns, cr.key = ruleMetadata, r.Metadata.Namespace, strings.Split(r.Metadata.Key, ".")
+		case r.Attribute != "":
+			cr.kind, cr.name = ruleAttribute, r.Attribute
+		case r.TenantDirectory:
+			cr.kind = ruleTenantDirectory
+		case r.ModelMap:
+			cr.kind = ruleModelMap
+		}
+		out.rules = append(out.rules, cr)
+	}
+	return out
+}
+
+// normalise trims and (for folded dimensions) lower-cases v. Neither allocates when v is
+// already in normal form.
+func (d *dimension) normalise(v string) string {
+	v = strings.TrimSpace(v)
+	if d.fold {
+		v = strings.ToLower(v)
+	}
+	return v
+}
+
+// eval returns the first rule value that passes accept, or the default. ok reports whether a
+// rule (not the default) gave the value; unknown counts values rejected by accept.
+func (d *dimension) eval(in Input, c *classifier, dims *Dims, accept func(string) bool) (v string, ok bool, unknown int) {
+	for i := range d.rules {
+		r := &d.rules[i]
+		var got string
+		var found bool
+		switch r.kind {
+		case ruleHeader:
+			got, found = in.Header(r.name)
+		case rulePathPrefix:
+			if strings.HasPrefix(in.Path(), r.prefix) {
+				got, found = r.value, true
+			}
+		case rulePathRegex:
+			if m := r.re.FindStringSubmatchIndex(in.Path()); m != nil {
+				got = string(r.re.ExpandString(nil, r.value, in.Path(), m))
+				found = true
+			}
+		case ruleBody:
+			got, found = in.BodyField(r.name)
+		case ruleMetadata:
+			got, found = in.Metadata(r.ns, r.key)
+		case ruleAttribute:
+			got, found = in.Attribute(r.name)
+		case ruleTenantDirectory:
+			if t, ok := c.tenantTier[dims.Tenant]; ok {
+				return c.tiers[t], true, unknown
+			}
+		case ruleModelMap:
+			if p := c.providerForModel(dims.Model); p >= 0 {
+				return c.providers[p], true, unknown
+			}
+		}
+		if !found {
+			continue
+		}
+		got = d.normalise(got)
+		if got == "" {
+			continue
+		}
+		if mapped, ok := r.mapping[got]; ok {
+			got = mapped
+		}
+		if accept == nil || accept(got) {
+			return got, true, unknown
+		}
+		unknown++
+	}
+	return d.def, false, unknown
+}
+
+func (c *classifier) providerForModel(model string) int {
+	for i := range c.models {
+		if c.models[i].provider >= 0 && globMatch(c.models[i].glob, model) {
+			return c.models[i].provider
+		}
+	}
+	return -1
+}
+
+// modelRuleFor returns the first model rule matching model, or nil.
+func (c *classifier) modelRuleFor(model string) *modelRule {
+	for i := range c.models {
+		if globMatch(c.models[i].glob, model) {
+			return &c.models[i]
+		}
+	}
+	return nil
+}
+
+// globMatch matches s against a pattern where * matches any run of characters and ? one
+// character. It does not allocate.
+func globMatch(pattern, s string) bool {
+	px, sx := 0, 0
+	nextPx, nextSx := -1, -1
+	for px < len(pattern) || sx < len(s) {
+		if px < len(pattern) {
+			switch c := pattern[px]; c {
+			case '*':
+				nextPx, nextSx = px, sx+1
+				px++
+				continue
+			case '?':
+				if sx < len(s) {
+					px++
+					sx++
+					continue
+				}
+			default:
+				if sx < len(s) && s[sx] == c {
+					px++
+					sx++
+					continue
+				}
+			}
+		}
+		if nextSx > 0 && nextSx <= len(s) {
+			px, sx = nextPx, nextSx
+			continue
+		}
+		return false
+	}
+	return true
+}

@@ -1,0 +1,365 @@
+// Package policy is llm-bulkhead's domain: classification, token estimates, compartments,
+// budgets and breakers, combined by an Engine into one admission decision per request and one
+// settlement per outcome. It knows nothing of Envoy or gRPC.
+package policy
+
+import (
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+)
+
+// Clock tells the time. Policy code asks a Clock instead of calling time.Now, so tests can
+// use fixed instants.
+type Clock interface {
+	Now() time.Time
+}
+
+// SystemClock is the real clock.
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
+
+// Options configure an Engine.
+type Options struct {
+	// Clock defaults to SystemClock.
+	Clock Clock
+	// Registerer receives the engine's metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Engine holds the live policy and all state that outlives a policy reload: compartments,
+// budgets, breakers and estimates. Safe for concurrent use.
+type Engine struct {
+	clock   Clock
+	log     *slog.Logger
+	sched   *bulkhead.Scheduler
+	metrics *metrics
+	cur     atomic.Pointer[Snapshot]
+	gen     atomic.Uint64
+	// applyMu serialises Apply.
+	applyMu sync.Mutex
+	// inflight counts admitted requests not yet done.
+	inflight atomic.Int64
+	est      *estimator
+}
+
+// NewEngine builds an engine running policy p.
+func NewEngine(p *config.Policy, o Options) (*Engine, error) {
+	if o.Clock == nil {
+		o.Clock = SystemClock{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	e := &Engine{clock: o.Clock, log: o.Logger, sched: &bulkhead.Scheduler{Now: o.Clock.Now}}
+	e.est = newEstimator()
+	e.metrics = newMetrics(e, o.Registerer)
+	e.sched.OnWait = e.metrics.observeWait
+	if _, err := e.Apply(p); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Snapshot returns the live policy. A request should use one Snapshot from start to end.
+func (e *Engine) Snapshot() *Snapshot { return e.cur.Load() }
+
+// InFlight returns the number of admitted requests whose ticket is not done yet.
+func (e *Engine) InFlight() int64 { return e.inflight.Load() }
+
+// Now returns the engine clock's time.
+func (e *Engine) Now() time.Time { return e.clock.Now() }
+
+// Diff summarises what a reload changed, by compartment instance name.
+type Diff struct {
+	Added, Removed, Changed []string
+}
+
+// String formats the diff as one log-friendly line.
+func (d Diff) String() string {
+	part := func(label string, names []string) string {
+		if len(names) == 0 {
+			return label + ": none"
+		}
+		return label + ": " + strings.Join(names, ", ")
+	}
+	return part("added", d.Added) + "; " + part("removed", d.Removed) + "; " + part("changed", d.Changed)
+}
+
+// Apply builds a snapshot for p aside and swaps it in atomically. State (in-flight counts,
+// queued waiters, budget levels, breaker state) carries over for every compartment, budget and
+// breaker whose identity is unchanged; removed ones drain as their requests finish. p must be
+// validated (config.Load does that).
+func (e *Engine) Apply(p *config.Policy) (Diff, error) {
+	e.applyMu.Lock()
+	defer e.applyMu.Unlock()
+	prev := e.cur.Load()
+	s, err := buildSnapshot(e, p, prev, e.gen.Add(1))
+	if err != nil {
+		return Diff{}, err
+	}
+	e.sched.SetPools(s.poolSpecs)
+	for _, pl := range s.pendingLimits {
+		e.sched.SetLimits(pl.c, pl.l)
+	}
+	s.pendingLimits = nil
+	e.cur.Store(s)
+	s.applyBreakerStates(prev)
+	return diffSnapshots(prev, s), nil
+}
+
+func diffSnapshots(prev, next *Snapshot) Diff {
+	var d Diff
+	if prev == nil {
+		for _, in := range next.staticInstances() {
+			d.Added = append(d.Added, in.name)
+		}
+		return d
+	}
+	old := map[string]*instance{}
+	for _, in := range prev.staticInstances() {
+		old[in.name] = in
+	}
+	for _, in := range next.staticInstances() {
+		o, ok := old[in.name]
+		switch {
+		case !ok:
+			d.Added = append(d.Added, in.name)
+		case o.limits != in.limits:
+			d.Changed = append(d.Changed, in.name)
+		}
+		delete(old, in.name)
+	}
+	for name := range old {
+		d.Removed = append(d.Removed, name)
+	}
+	sort.Strings(d.Removed)
+	return d
+}
+
+// Snapshot is one immutable, compiled policy plus references to the live state it uses.
+// Safe for concurrent use.
+type Snapshot struct {
+	// Policy is the validated policy this snapshot was built from.
+	Policy *config.Policy
+	engine *Engine
+	gen    uint64
+	built  time.Time
+
+	features    []*featureEntry
+	tiers       []string
+	providers   []*providerEntry
+	featureIdx  map[string]int
+	tierIdx     map[string]int
+	providerIdx map[string]int
+
+	tenantOverrides map[string]config.Limits
+
+	classifier classifier
+	families   []*family
+	estimation estimationSettings
+
+	poolSpecs     []bulkhead.PoolSpec
+	pendingLimits []pendingLimit
+
+	// NeedsBodyForRules reports whether classification reads the request body.
+	NeedsBodyForRules bool
+	// TokenLimits reports whether any compartment limits tokens (so estimates matter).
+	TokenLimits bool
+}
+
+type pendingLimit struct {
+	c *bulkhead.Compartment
+	l bulkhead.Limits
+}
+
+// featureEntry is everything per feature the hot path needs, resolved once per snapshot.
+type featureEntry struct {
+	name    string
+	ratio   float64
+	degrade *config.Degrade
+	stats   *featureMetrics
+}
+
+// providerEntry is everything per provider the hot path needs.
+type providerEntry struct {
+	name     string
+	fallback int // -1 when none
+	breakers *breakerSet
+}
+
+// Gen returns the snapshot's generation (1 for the first policy, +1 per reload).
+func (s *Snapshot) Gen() uint64 { return s.gen }
+
+// FeatureName returns the name of feature index i.
+func (s *Snapshot) FeatureName(i int) string { return s.features[i].name }
+
+// TierName returns the name of tier index i.
+func (s *Snapshot) TierName(i int) string { return s.tiers[i] }
+
+// ProviderName returns the name of provider index i.
+func (s *Snapshot) ProviderName(i int) string { return s.providers[i].name }
+
+func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Snapshot, error) {
+	s := &Snapshot{Policy: p, engine: e, gen: gen, built: e.clock.Now()}
+	s.featureIdx, s.tierIdx, s.providerIdx = map[string]int{}, map[string]int{}, map[string]int{}
+	for i, name := range p.FeatureNames() {
+		f := &featureEntry{name: name, ratio: 1}
+		if fc, ok := p.Features[name]; ok {
+			if fc.Ratio != nil {
+				f.ratio = *fc.Ratio
+			}
+			f.degrade = fc.Degrade
+		}
+		f.stats = e.metrics.feature(name)
+		s.features = append(s.features, f)
+		s.featureIdx[name] = i
+	}
+	s.tiers = p.TierNames()
+	if len(s.tiers) == 0 {
+		// No tiers configured: every request is in one unnamed tier.
+		s.tiers = []string{p.Classification.Tier.Default}
+		if s.tiers[0] == "" {
+			s.tiers[0] = "none"
+		}
+	}
+	for i, name := range s.tiers {
+		s.tierIdx[name] = i
+	}
+	for i, name := range p.ProviderNames() {
+		s.providers = append(s.providers, &providerEntry{name: name, fallback: -1})
+		s.providerIdx[name] = i
+	}
+	for i, name := range p.ProviderNames() {
+		if fb := p.Providers[name].Fallback; fb != "" {
+			s.providers[i].fallback = s.providerIdx[fb]
+		}
+	}
+	s.tenantOverrides = map[string]config.Limits{}
+	for _, t := range p.Tenants.Directory {
+		if t.Limits != nil {
+			s.tenantOverrides[t.ID] = *t.Limits
+		}
+	}
+	s.buildClassifier()
+	s.estimation = newEstimationSettings(p.Estimation)
+	s.NeedsBodyForRules = p.RulesReadBody()
+	s.buildFamilies(prev)
+	for _, in := range s.staticInstances() {
+		if in.limits.MaxInflightTokens > 0 || in.limits.TokensPerMinute > 0 || in.limits.TokensPerDay > 0 {
+			s.TokenLimits = true
+		}
+	}
+	for _, f := range p.Compartments {
+		if f.Limits != nil || f.LimitsFrom == config.DimTenant || f.LimitsFrom == config.DimTier {
+			// Tenant- and tier-derived limits may carry token limits too.
+			for _, t := range p.Tiers {
+				r := p.Resolve(t)
+				if r.MaxInflightTokens > 0 || r.TokensPerMinute > 0 || r.TokensPerDay > 0 {
+					s.TokenLimits = true
+				}
+			}
+		}
+	}
+	if err := s.buildPools(); err != nil {
+		return nil, err
+	}
+	if err := s.buildBreakers(prev); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Snapshot) buildClassifier() {
+	p := s.Policy
+	c := &s.classifier
+	c.feature = compileDimension(p.Classification.Feature, true)
+	c.tenant = compileDimension(p.Classification.Tenant, false)
+	c.tier = compileDimension(p.Classification.Tier, true)
+	c.provider = compileDimension(p.Classification.Provider, true)
+	c.model = compileDimension(p.Classification.Model, true)
+	c.featureIdx, c.tierIdx, c.providerIdx = s.featureIdx, s.tierIdx, s.providerIdx
+	c.tiers = s.tiers
+	for _, pr := range s.providers {
+		c.providers = append(c.providers, pr.name)
+	}
+	for _, f := range s.features {
+		c.features = append(c.features, f.name)
+	}
+	c.tenantTier = map[string]int{}
+	for _, t := range p.Tenants.Directory {
+		c.tenantTier[t.ID] = s.tierIdx[t.Tier]
+	}
+	for _, m := range p.Models {
+		mr := modelRule{glob: strings.ToLower(m.Match), provider: -1, bpt: m.BytesPerToken, maxOut: m.DefaultMaxTokens}
+		if m.Provider != "" {
+			mr.provider = s.providerIdx[m.Provider]
+		}
+		c.models = append(c.models, mr)
+	}
+}
+
+func (s *Snapshot) buildPools() error {
+	byName := map[string]*instance{}
+	for _, in := range s.staticInstances() {
+		byName[in.name] = in
+	}
+	for _, pc := range s.Policy.Pools {
+		spec := bulkhead.PoolSpec{Name: pc.Name, Capacity: pc.MaxConcurrent}
+		for _, m := range pc.Members {
+			in := byName[m.Compartment]
+			if in == nil {
+				return fmt.Errorf("pool %s: compartment %s does not exist", pc.Name, m.Compartment)
+			}
+			maxv := m.Max
+			if maxv == 0 {
+				maxv = pc.MaxConcurrent
+			}
+			spec.Members = append(spec.Members, bulkhead.PoolMember{Compartment: in.c, Guaranteed: m.Guaranteed, Max: maxv})
+		}
+		s.poolSpecs = append(s.poolSpecs, spec)
+	}
+	return nil
+}
+
+// Classify computes the dimensions of the request in. It does not allocate unless a rule
+// uses a regular expression with expansion.
+func (s *Snapshot) Classify(in Input) Dims {
+	c := &s.classifier
+	var d Dims
+	fv, _, unknown := c.feature.eval(in, c, &d, func(v string) bool { _, ok := c.featureIdx[v]; return ok })
+	if unknown > 0 {
+		s.engine.metrics.unknownFeature.Add(float64(unknown))
+	}
+	d.Feature = c.featureIdx[fv]
+	d.Tenant, _, _ = c.tenant.eval(in, c, &d, nil)
+	d.Model, _, _ = c.model.eval(in, c, &d, nil)
+	tv, _, _ := c.tier.eval(in, c, &d, func(v string) bool { _, ok := c.tierIdx[v]; return ok })
+	d.Tier = c.tierIdx[tv]
+	pv, _, _ := c.provider.eval(in, c, &d, func(v string) bool { _, ok := c.providerIdx[v]; return ok })
+	d.Provider = c.providerIdx[pv]
+	return d
+}
+
+// Names is a request's dimensions as names, for headers, logs and metadata.
+type Names struct {
+	Feature, Tenant, Tier, Provider, Model string
+}
+
+// Names resolves d's indexes to names.
+func (s *Snapshot) Names(d Dims) Names {
+	return Names{Feature: s.features[d.Feature].name, Tenant: d.Tenant, Tier: s.tiers[d.Tier], Provider: s.providers[d.Provider].name, Model: d.Model}
+}

@@ -1,0 +1,141 @@
+package policy
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+)
+
+// RequestSize is what a body scan found about a request's size.
+type RequestSize struct {
+	// Scanned is false when there was no (valid) body: the estimate is then the default output
+	// alone.
+	Scanned      bool
+	PromptBytes  int64
+	Images       int
+	Audio        int
+	Files        int
+	MaxTokens    int64
+	HasMaxTokens bool
+	// N is the number of choices requested (1 when absent).
+	N int64
+}
+
+// Estimate is a request's token estimate before the response reports its real use.
+type Estimate struct {
+	// Prompt is the estimated input tokens (text by bytes per token, plus media items).
+	Prompt int64
+	// Media is the part of Prompt that images, audio and files account for.
+	Media int64
+	// Output is the requested or default output tokens times N.
+	Output int64
+	// Total is Prompt + Output, capped by estimation.max_tokens.
+	Total int64
+	// BytesPerToken is the ratio used for the prompt text.
+	BytesPerToken float64
+}
+
+type estimationSettings struct {
+	bpt, weight, minB, maxB            float64
+	defMax, image, audio, file, maxTok int64
+	learn                              bool
+}
+
+func newEstimationSettings(e config.Estimation) estimationSettings {
+	return estimationSettings{
+		bpt: e.BytesPerToken, weight: e.LearnWeight, minB: e.MinBytesPerToken, maxB: e.MaxBytesPerToken,
+		defMax: e.DefaultMaxTokens, image: e.ImageTokens, audio: e.AudioTokens, file: e.FileTokens,
+		maxTok: e.MaxTokens, learn: config.Bool(e.Learn),
+	}
+}
+
+// estimator keeps the learned bytes-per-token ratio of each model. It outlives reloads.
+// Safe for concurrent use.
+type estimator struct {
+	mu     sync.RWMutex
+	ratios map[string]*atomic.Uint64 // float64 bits
+}
+
+// maxLearnedModels bounds the learned table: model names come from clients.
+const maxLearnedModels = 1024
+
+func newEstimator() *estimator { return &estimator{ratios: map[string]*atomic.Uint64{}} }
+
+func (e *estimator) ratio(model string) (float64, bool) {
+	e.mu.RLock()
+	r := e.ratios[model]
+	e.mu.RUnlock()
+	if r == nil {
+		return 0, false
+	}
+	return math.Float64frombits(r.Load()), true
+}
+
+// learn folds one observation (bytes per real prompt token) into model's ratio.
+func (e *estimator) learn(model string, observed, start float64, st estimationSettings) {
+	observed = min(max(observed, st.minB), st.maxB)
+	e.mu.RLock()
+	r := e.ratios[model]
+	e.mu.RUnlock()
+	if r == nil {
+		e.mu.Lock()
+		if r = e.ratios[model]; r == nil {
+			if len(e.ratios) >= maxLearnedModels {
+				e.mu.Unlock()
+				return
+			}
+			r = &atomic.Uint64{}
+			r.Store(math.Float64bits(start))
+			e.ratios[model] = r
+		}
+		e.mu.Unlock()
+	}
+	for {
+		old := r.Load()
+		cur := math.Float64frombits(old)
+		next := cur + st.weight*(observed-cur)
+		next = min(max(next, st.minB), st.maxB)
+		if r.CompareAndSwap(old, math.Float64bits(next)) {
+			return
+		}
+	}
+}
+
+// startRatio is a model's configured bytes per token before any learning.
+func (s *Snapshot) startRatio(model string) float64 {
+	if mr := s.classifier.modelRuleFor(model); mr != nil && mr.bpt > 0 {
+		return mr.bpt
+	}
+	return s.estimation.bpt
+}
+
+// Estimate computes the token estimate of a request for model with size rs: prompt tokens from
+// text bytes (at the model's learned or configured ratio) and media items, plus requested output
+// (max_tokens, else the model's or the policy's default) times N.
+func (s *Snapshot) Estimate(model string, rs RequestSize) Estimate {
+	st := &s.estimation
+	bpt, ok := s.engine.est.ratio(model)
+	if !ok || !st.learn {
+		bpt = s.startRatio(model)
+	}
+	var est Estimate
+	est.BytesPerToken = bpt
+	if rs.Scanned {
+		est.Media = int64(rs.Images)*st.image + int64(rs.Audio)*st.audio + int64(rs.Files)*st.file
+		est.Prompt = int64(math.Ceil(float64(rs.PromptBytes)/bpt)) + est.Media
+	}
+	out := rs.MaxTokens
+	if !rs.HasMaxTokens || out <= 0 {
+		out = st.defMax
+		if mr := s.classifier.modelRuleFor(model); mr != nil && mr.maxOut > 0 {
+			out = mr.maxOut
+		}
+	}
+	n := max(rs.N, 1)
+	est.Output = min(out, st.maxTok) * min(n, 128)
+	est.Total = min(est.Prompt+est.Output, st.maxTok)
+	est.Prompt = min(est.Prompt, est.Total)
+	return est
+}

@@ -1,0 +1,485 @@
+package policy
+
+import (
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+)
+
+type dim uint8
+
+const (
+	dimFeature dim = iota
+	dimTenant
+	dimTier
+	dimProvider
+)
+
+func parseDim(s string) dim {
+	switch s {
+	case config.DimTenant:
+		return dimTenant
+	case config.DimTier:
+		return dimTier
+	case config.DimProvider:
+		return dimProvider
+	}
+	return dimFeature
+}
+
+// instance is one compartment of a family with the limits and budgets that go with it.
+// Immutable once built, apart from the state inside its compartment and windows.
+type instance struct {
+	name   string
+	family *family
+	c      *bulkhead.Compartment
+	limits config.Resolved
+	tpm    *budget.Window
+	tpd    *budget.Window
+	rpm    *budget.Window
+	// dynamic instances are reference counted for eviction.
+	dynamic bool
+	gen     uint64
+}
+
+// family is a compiled compartment family.
+type family struct {
+	name  string
+	key   []dim
+	cfg   config.Family
+	where [4][]bool // per dim, allowed value indexes (nil = any); tenant filter in whereTenant
+	// whereTenant lists allowed tenants (nil = any).
+	whereTenant []string
+
+	// Static families (no tenant in key) index instances by the key dims' values.
+	strides   []int
+	instances []*instance
+
+	// Dynamic families (tenant in key) create instances on demand.
+	dyn *dynStore
+}
+
+// dynKey identifies an instance of a tenant-keyed family.
+type dynKey struct {
+	tenant                  string
+	feature, tier, provider int
+}
+
+// dynStore holds the instances of one tenant-keyed family. It survives reloads that keep the
+// family's name and key; safe for concurrent use.
+type dynStore struct {
+	mu        sync.Mutex
+	instances map[dynKey]*instance
+	max       int
+	ttl       time.Duration
+	overflow  *instance
+}
+
+func (f *family) applies(d *Dims) bool {
+	for i, allowed := range f.where {
+		if allowed == nil {
+			continue
+		}
+		var idx int
+		switch dim(i) {
+		case dimFeature:
+			idx = d.Feature
+		case dimTier:
+			idx = d.Tier
+		case dimProvider:
+			idx = d.Provider
+		default:
+			continue
+		}
+		if idx < 0 || idx >= len(allowed) || !allowed[idx] {
+			return false
+		}
+	}
+	if f.whereTenant != nil && !slices.Contains(f.whereTenant, d.Tenant) {
+		return false
+	}
+	return true
+}
+
+// staticIndex returns the index of d's instance in a static family.
+func (f *family) staticIndex(d *Dims) int {
+	idx := 0
+	for i, k := range f.key {
+		var v int
+		switch k {
+		case dimFeature:
+			v = d.Feature
+		case dimTier:
+			v = d.Tier
+		case dimProvider:
+			v = d.Provider
+		}
+		idx += v * f.strides[i]
+	}
+	return idx
+}
+
+func (f *family) dynKeyOf(d *Dims) dynKey {
+	k := dynKey{tenant: d.Tenant, feature: -1, tier: -1, provider: -1}
+	for _, kd := range f.key {
+		switch kd {
+		case dimFeature:
+			k.feature = d.Feature
+		case dimTier:
+			k.tier = d.Tier
+		case dimProvider:
+			k.provider = d.Provider
+		}
+	}
+	return k
+}
+
+// instanceName names the instance of family f for the given key values.
+func instanceName(family string, values []string) string {
+	return family + "/" + strings.Join(values, "/")
+}
+
+// resolveDynamic returns (creating if needed) the instance of a tenant-keyed family for d,
+// holding a reference the caller must drop with unref.
+func (s *Snapshot) resolveDynamic(f *family, d *Dims, now time.Time) *instance {
+	st := f.dyn
+	key := f.dynKeyOf(d)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	in := st.instances[key]
+	if in == nil {
+		if len(st.instances) >= st.max && !s.evictOne(st, now) {
+			// Every instance is busy: new tenants share one overflow compartment rather than
+			// growing memory without bound.
+			in = st.overflow
+			in.c.Refs.Add(1)
+			return in
+		}
+		in = s.newDynamic(f, d)
+		st.instances[key] = in
+	} else if in.gen != s.gen {
+		in = s.refreshDynamic(f, in, d)
+		st.instances[key] = in
+	}
+	in.c.Refs.Add(1)
+	in.c.LastUsed.Store(now.UnixNano())
+	return in
+}
+
+// evictOne drops the least recently used instance that is idle (and idle for the TTL, when the
+// store is not full). It reports whether one went.
+func (s *Snapshot) evictOne(st *dynStore, now time.Time) bool {
+	var oldest dynKey
+	var oldestAt int64 = -1
+	for k, in := range st.instances {
+		if !s.engine.sched.Idle(in.c) {
+			continue
+		}
+		if at := in.c.LastUsed.Load(); oldestAt < 0 || at < oldestAt {
+			oldest, oldestAt = k, at
+		}
+	}
+	if oldestAt < 0 {
+		return false
+	}
+	delete(st.instances, oldest)
+	return true
+}
+
+// sweep evicts instances idle longer than the TTL. Called from the engine's maintenance.
+func (st *dynStore) sweep(sched *bulkhead.Scheduler, now time.Time) int {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	n := 0
+	for k, in := range st.instances {
+		if now.UnixNano()-in.c.LastUsed.Load() >= int64(st.ttl) && sched.Idle(in.c) {
+			delete(st.instances, k)
+			n++
+		}
+	}
+	return n
+}
+
+func (s *Snapshot) dynValues(f *family, d *Dims) []string {
+	vals := make([]string, 0, len(f.key))
+	for _, k := range f.key {
+		switch k {
+		case dimFeature:
+			vals = append(vals, s.features[d.Feature].name)
+		case dimTenant:
+			vals = append(vals, d.Tenant)
+		case dimTier:
+			vals = append(vals, s.tiers[d.Tier])
+		case dimProvider:
+			vals = append(vals, s.providers[d.Provider].name)
+		}
+	}
+	return vals
+}
+
+func (s *Snapshot) newDynamic(f *family, d *Dims) *instance {
+	in := &instance{name: instanceName(f.name, s.dynValues(f, d)), family: f, dynamic: true, gen: s.gen}
+	in.limits = s.limitsFor(f, d)
+	in.c = bulkhead.NewCompartment(in.name, compartmentLimits(in.limits))
+	s.attachBudgets(in, nil)
+	return in
+}
+
+// refreshDynamic returns a copy of in with this snapshot's limits. Instances are immutable once
+// published (requests in flight read them without locks); the compartment and budget windows
+// carry over and are reconfigured in place, under their own locks.
+func (s *Snapshot) refreshDynamic(f *family, in *instance, d *Dims) *instance {
+	fresh := &instance{name: in.name, family: f, c: in.c, dynamic: true, gen: s.gen}
+	fresh.limits = s.limitsFor(f, d)
+	s.engine.sched.SetLimits(fresh.c, compartmentLimits(fresh.limits))
+	s.attachBudgets(fresh, in)
+	return fresh
+}
+
+// limitsFor computes the limits of the instance of f that d falls in.
+func (s *Snapshot) limitsFor(f *family, d *Dims) config.Resolved {
+	p := s.Policy
+	var r config.Resolved
+	if f.cfg.Limits != nil {
+		r = p.Resolve(*f.cfg.Limits)
+	} else {
+		switch parseDim(f.cfg.LimitsFrom) {
+		case dimFeature:
+			r = p.Resolve(p.Features[s.features[d.Feature].name].Limits)
+		case dimTier:
+			r = p.Resolve(p.Tiers[s.tiers[d.Tier]])
+		case dimProvider:
+			r = p.Resolve(p.Providers[s.providers[d.Provider].name].Limits)
+		case dimTenant:
+			base := p.Tiers[s.tiers[d.Tier]]
+			if over, ok := s.tenantOverrides[d.Tenant]; ok {
+				base = config.Overlay(base, over)
+			}
+			r = p.Resolve(base)
+		}
+	}
+	if f.cfg.ScaleBy == config.DimFeature {
+		r = r.Scale(s.features[d.Feature].ratio)
+	}
+	switch f.cfg.Mode {
+	case "shadow":
+		r.Shadow = true
+	case "enforce":
+		r.Shadow = false
+	}
+	return r
+}
+
+func compartmentLimits(r config.Resolved) bulkhead.Limits {
+	return bulkhead.Limits{
+		MaxConcurrent: r.MaxConcurrent, MaxInflightTokens: r.MaxInflightTokens,
+		QueueDepth: r.QueueDepth, Priority: r.Priority, Shadow: r.Shadow,
+	}
+}
+
+// attachBudgets gives in its budget windows, reusing (and reconfiguring) those of prev when
+// prev is the same compartment from an earlier snapshot.
+func (s *Snapshot) attachBudgets(in, prev *instance) {
+	now := s.built
+	pick := func(old *budget.Window, capacity int64, window time.Duration) *budget.Window {
+		if capacity <= 0 {
+			return nil
+		}
+		if old != nil {
+			old.Reconfigure(capacity, window, in.limits.MaxDebt, now)
+			return old
+		}
+		return budget.New(capacity, window, in.limits.MaxDebt, now)
+	}
+	var otpm, otpd, orpm *budget.Window
+	if prev != nil {
+		otpm, otpd, orpm = prev.tpm, prev.tpd, prev.rpm
+	}
+	in.tpm = pick(otpm, in.limits.TokensPerMinute, time.Minute)
+	in.tpd = pick(otpd, in.limits.TokensPerDay, 24*time.Hour)
+	in.rpm = pick(orpm, in.limits.RequestsPerMinute, time.Minute)
+}
+
+// buildFamilies compiles the policy's families, carrying compartments and budgets over from
+// the previous snapshot where an instance keeps its name.
+func (s *Snapshot) buildFamilies(prev *Snapshot) {
+	p := s.Policy
+	oldStatic := map[string]*instance{}
+	oldDyn := map[string]*dynStore{}
+	if prev != nil {
+		for _, f := range prev.families {
+			for _, in := range f.instances {
+				if in != nil {
+					oldStatic[in.name] = in
+				}
+			}
+			if f.dyn != nil {
+				oldDyn[familyIdentity(f.cfg)] = f.dyn
+			}
+		}
+	}
+	for _, fc := range p.Compartments {
+		f := &family{name: fc.Name, cfg: fc}
+		for _, k := range fc.Key {
+			f.key = append(f.key, parseDim(k))
+		}
+		for d, vals := range fc.Where {
+			switch parseDim(d) {
+			case dimTenant:
+				f.whereTenant = vals
+			case dimFeature:
+				f.where[dimFeature] = s.allowed(s.featureIdx, vals)
+			case dimTier:
+				f.where[dimTier] = s.allowed(s.tierIdx, vals)
+			case dimProvider:
+				f.where[dimProvider] = s.allowed(s.providerIdx, vals)
+			}
+		}
+		if slices.Contains(f.key, dimTenant) {
+			st := oldDyn[familyIdentity(fc)]
+			if st == nil {
+				st = &dynStore{instances: map[dynKey]*instance{}}
+			}
+			f.dyn = st
+			overflow := s.buildOverflow(f, prev)
+			st.mu.Lock()
+			st.max, st.ttl, st.overflow = fc.MaxInstances, fc.IdleTTL.D(), overflow
+			st.mu.Unlock()
+		} else {
+			s.buildStatic(f, oldStatic)
+		}
+		s.families = append(s.families, f)
+	}
+}
+
+// familyIdentity is what must stay equal for a tenant-keyed family's instances to carry over.
+func familyIdentity(f config.Family) string {
+	return f.Name + "|" + strings.Join(f.Key, ",")
+}
+
+func (s *Snapshot) allowed(idx map[string]int, vals []string) []bool {
+	out := make([]bool, len(idx))
+	for _, v := range vals {
+		if i, ok := idx[v]; ok {
+			out[i] = true
+		}
+	}
+	return out
+}
+
+func (s *Snapshot) dimSize(k dim) int {
+	switch k {
+	case dimFeature:
+		return len(s.features)
+	case dimTier:
+		return len(s.tiers)
+	case dimProvider:
+		return len(s.providers)
+	}
+	return 1
+}
+
+func (s *Snapshot) buildStatic(f *family, old map[string]*instance) {
+	total := 1
+	f.strides = make([]int, len(f.key))
+	for i := len(f.key) - 1; i >= 0; i-- {
+		f.strides[i] = total
+		total *= s.dimSize(f.key[i])
+	}
+	f.instances = make([]*instance, total)
+	var d Dims
+	for idx := 0; idx < total; idx++ {
+		rem := idx
+		vals := make([]string, len(f.key))
+		for i, k := range f.key {
+			v := rem / f.strides[i]
+			rem %= f.strides[i]
+			switch k {
+			case dimFeature:
+				d.Feature, vals[i] = v, s.features[v].name
+			case dimTier:
+				d.Tier, vals[i] = v, s.tiers[v]
+			case dimProvider:
+				d.Provider, vals[i] = v, s.providers[v].name
+			}
+		}
+		if !f.applies(&d) {
+			continue
+		}
+		in := &instance{name: instanceName(f.name, vals), family: f, gen: s.gen}
+		in.limits = s.limitsFor(f, &d)
+		prev := old[in.name]
+		if prev != nil {
+			in.c = prev.c
+			s.pendingLimits = append(s.pendingLimits, pendingLimit{c: in.c, l: compartmentLimits(in.limits)})
+		} else {
+			in.c = bulkhead.NewCompartment(in.name, compartmentLimits(in.limits))
+		}
+		s.attachBudgets(in, prev)
+		f.instances[idx] = in
+	}
+}
+
+// buildOverflow makes the shared compartment new tenants use when a tenant-keyed family is at
+// max_instances with nothing idle to evict. It has the limits of the default tier.
+func (s *Snapshot) buildOverflow(f *family, prev *Snapshot) *instance {
+	d := Dims{Tenant: "", Tier: s.tierIdx[s.Policy.Classification.Tier.Default]}
+	name := f.name + "/_overflow"
+	in := &instance{name: name, family: f, gen: s.gen}
+	in.limits = s.limitsFor(f, &d)
+	var old *instance
+	if prev != nil {
+		for _, pf := range prev.families {
+			if pf.dyn != nil && familyIdentity(pf.cfg) == familyIdentity(f.cfg) {
+				pf.dyn.mu.Lock()
+				old = pf.dyn.overflow
+				pf.dyn.mu.Unlock()
+			}
+		}
+	}
+	if old != nil {
+		in.c = old.c
+		s.pendingLimits = append(s.pendingLimits, pendingLimit{c: in.c, l: compartmentLimits(in.limits)})
+	} else {
+		in.c = bulkhead.NewCompartment(name, compartmentLimits(in.limits))
+	}
+	s.attachBudgets(in, old)
+	return in
+}
+
+// staticInstances lists every static instance in family order, then name order.
+func (s *Snapshot) staticInstances() []*instance {
+	var out []*instance
+	for _, f := range s.families {
+		for _, in := range f.instances {
+			if in != nil {
+				out = append(out, in)
+			}
+		}
+	}
+	return out
+}
+
+// dynamicInstances lists the live instances of tenant-keyed families, sorted by name.
+func (s *Snapshot) dynamicInstances() []*instance {
+	var out []*instance
+	for _, f := range s.families {
+		if f.dyn == nil {
+			continue
+		}
+		f.dyn.mu.Lock()
+		for _, in := range f.dyn.instances {
+			out = append(out, in)
+		}
+		out = append(out, f.dyn.overflow)
+		f.dyn.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}

@@ -1,0 +1,165 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/breaker"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
+)
+
+// CompartmentView is a compartment's state for the admin API and dashboard.
+type CompartmentView struct {
+	Name              string       `json:"name"`
+	Family            string       `json:"family"`
+	Mode              string       `json:"mode"`
+	InFlight          int64        `json:"in_flight"`
+	MaxConcurrent     int64        `json:"max_concurrent"`
+	InFlightTokens    int64        `json:"in_flight_tokens"`
+	MaxInflightTokens int64        `json:"max_inflight_tokens"`
+	Queued            int          `json:"queued"`
+	QueueDepth        int64        `json:"queue_depth"`
+	MaxWait           string       `json:"max_wait,omitempty"`
+	Priority          int64        `json:"priority"`
+	Pool              string       `json:"pool,omitempty"`
+	Guaranteed        int64        `json:"guaranteed,omitempty"`
+	AvgHold           string       `json:"avg_hold,omitempty"`
+	Admitted          uint64       `json:"admitted"`
+	Refused           uint64       `json:"refused_full"`
+	ShadowRefusals    uint64       `json:"shadow_refusals"`
+	Budgets           []BudgetView `json:"budgets,omitempty"`
+}
+
+// BudgetView is one budget window of a compartment.
+type BudgetView struct {
+	Kind      string `json:"kind"` // tokens_per_minute, tokens_per_day, requests_per_minute
+	Capacity  int64  `json:"capacity"`
+	Used      int64  `json:"used"`
+	Remaining int64  `json:"remaining"`
+	ResetIn   string `json:"reset_in"`
+}
+
+// Compartments returns the state of every compartment: static ones in family order, then
+// tenant-keyed ones by name.
+func (e *Engine) Compartments() []CompartmentView {
+	s := e.Snapshot()
+	now := e.clock.Now()
+	var out []CompartmentView
+	for _, in := range append(s.staticInstances(), s.dynamicInstances()...) {
+		st := e.sched.Stats(in.c)
+		v := CompartmentView{
+			Name: in.name, Family: in.family.name, Mode: "enforce", InFlight: st.InFlight, MaxConcurrent: st.Limits.MaxConcurrent,
+			InFlightTokens: st.InFlightTokens, MaxInflightTokens: st.Limits.MaxInflightTokens, Queued: st.Queued,
+			QueueDepth: st.Limits.QueueDepth, Priority: st.Limits.Priority, Pool: st.Pool, Guaranteed: st.Guaranteed,
+			Admitted: st.Admitted, Refused: st.Refused, ShadowRefusals: st.ShadowRefusals,
+		}
+		if st.Limits.Shadow {
+			v.Mode = "shadow"
+		}
+		if st.Pool != "" {
+			v.MaxConcurrent = st.PoolMax
+		}
+		if in.limits.HasMaxWait {
+			v.MaxWait = in.limits.MaxWait.String()
+		}
+		if st.AvgHold > 0 {
+			v.AvgHold = st.AvgHold.Round(time.Millisecond).String()
+		}
+		if in.tpm != nil {
+			v.Budgets = append(v.Budgets, budgetView("tokens_per_minute", in.tpm.State(now)))
+		}
+		if in.tpd != nil {
+			v.Budgets = append(v.Budgets, budgetView("tokens_per_day", in.tpd.State(now)))
+		}
+		if in.rpm != nil {
+			v.Budgets = append(v.Budgets, budgetView("requests_per_minute", in.rpm.State(now)))
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+func budgetView(kind string, st budget.State) BudgetView {
+	return BudgetView{Kind: kind, Capacity: st.Capacity, Used: st.Used, Remaining: st.Remaining, ResetIn: st.ResetIn.Round(time.Millisecond).String()}
+}
+
+// BreakerView is a breaker's state for the admin API and dashboard.
+type BreakerView struct {
+	Name     string           `json:"name"`
+	Provider string           `json:"provider"`
+	Fallback string           `json:"fallback,omitempty"`
+	Snapshot breaker.Snapshot `json:"snapshot"`
+	Calls    breaker.Counts   `json:"calls"`
+}
+
+// Breakers returns the state of every breaker, by provider.
+func (e *Engine) Breakers() []BreakerView {
+	s := e.Snapshot()
+	now := e.clock.Now()
+	var out []BreakerView
+	for _, pr := range s.providers {
+		if pr.breakers == nil {
+			continue
+		}
+		fb := ""
+		if pr.fallback >= 0 {
+			fb = s.providers[pr.fallback].name
+		}
+		for _, b := range pr.breakers.all() {
+			out = append(out, BreakerView{Name: b.Name(), Provider: pr.name, Fallback: fb, Snapshot: b.Snapshot(now), Calls: b.Counts()})
+		}
+	}
+	return out
+}
+
+// ErrNoSuchBreaker is returned by ForceBreaker for an unknown name.
+var ErrNoSuchBreaker = errors.New("no such breaker")
+
+// ForceBreaker moves the named breaker to state (FORCED_OPEN, DISABLED, METRICS_ONLY, CLOSED,
+// OPEN or HALF_OPEN) on an operator's request.
+func (e *Engine) ForceBreaker(name string, state string) error {
+	to, err := breaker.ParseState(state)
+	if err != nil {
+		return err
+	}
+	s := e.Snapshot()
+	for _, pr := range s.providers {
+		if pr.breakers == nil {
+			continue
+		}
+		for _, b := range pr.breakers.all() {
+			if b.Name() == name {
+				if err := b.Transition(to, e.clock.Now()); err != nil {
+					return err
+				}
+				e.log.Warn("breaker state forced by an operator", "breaker", name, "state", to.String())
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("%w: %s", ErrNoSuchBreaker, name)
+}
+
+// FeatureDecisions counts one feature's admissions and refusals since the process started.
+type FeatureDecisions struct {
+	Feature  string            `json:"feature"`
+	Admitted uint64            `json:"admitted"`
+	Rejected map[string]uint64 `json:"rejected"`
+}
+
+// Decisions returns admission counts per feature of the live policy, in feature order.
+func (e *Engine) Decisions() []FeatureDecisions {
+	s := e.Snapshot()
+	out := make([]FeatureDecisions, 0, len(s.features))
+	for _, f := range s.features {
+		fd := FeatureDecisions{Feature: f.name, Admitted: f.stats.admittedN.Load(), Rejected: map[string]uint64{}}
+		for i, r := range reasons {
+			if n := f.stats.rejectedN[i].Load(); n > 0 {
+				fd.Rejected[string(r)] = n
+			}
+		}
+		out = append(out, fd)
+	}
+	return out
+}
