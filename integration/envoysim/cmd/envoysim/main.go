@@ -1,0 +1,178 @@
+// Command envoysim serves an HTTP listener that behaves like Envoy with the
+// ext_proc filter in front of one upstream, so requests can be tried
+// against an ext_proc server without running Envoy:
+//
+//	envoysim -extproc 127.0.0.1:9002 -upstream http://127.0.0.1:8080 -listen 127.0.0.1:10000 \
+//	    -request-body-mode BUFFERED -response-body-mode STREAMED
+//	curl -N http://127.0.0.1:10000/v1/chat/completions -d '{"model":"m","stream":true}'
+//
+// -filter-config reads an Envoy ExternalProcessor filter config (YAML or
+// JSON, the typed_config body of envoy.filters.http.ext_proc) instead of the
+// mode flags.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "envoysim:", err)
+		os.Exit(1)
+	}
+}
+
+// run parses args, serves until ctx is done, and reports the listening URL
+// on out.
+func run(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("envoysim", flag.ContinueOnError)
+	extproc := fs.String("extproc", "127.0.0.1:9002", "gRPC address of the ext_proc server")
+	upstream := fs.String("upstream", "http://127.0.0.1:8080", "base URL of the upstream")
+	listen := fs.String("listen", "127.0.0.1:10000", "HTTP listen address")
+	filterConfig := fs.String("filter-config", "", "Envoy ExternalProcessor config file (YAML or JSON); overrides the mode flags")
+	reqHdr := fs.String("request-header-mode", "SEND", "SEND or SKIP")
+	respHdr := fs.String("response-header-mode", "SEND", "SEND or SKIP")
+	reqBody := fs.String("request-body-mode", "NONE", "NONE, STREAMED, BUFFERED or BUFFERED_PARTIAL")
+	respBody := fs.String("response-body-mode", "NONE", "NONE, STREAMED, BUFFERED or BUFFERED_PARTIAL")
+	reqTrl := fs.String("request-trailer-mode", "SKIP", "SEND or SKIP")
+	respTrl := fs.String("response-trailer-mode", "SKIP", "SEND or SKIP")
+	msgTimeout := fs.Duration("message-timeout", envoysim.DefaultMessageTimeout, "message_timeout")
+	maxMsgTimeout := fs.Duration("max-message-timeout", 0, "max_message_timeout (0: overrides ignored)")
+	failOpen := fs.Bool("failure-mode-allow", false, "failure_mode_allow")
+	allowOverride := fs.Bool("allow-mode-override", false, "allow_mode_override")
+	statusOnError := fs.Int("status-on-error", envoysim.DefaultStatusOnError, "status_on_error")
+	observability := fs.Bool("observability-mode", false, "observability_mode")
+	bufferLimit := fs.Int("buffer-limit", envoysim.DefaultBufferLimit, "per_connection_buffer_limit_bytes")
+	graceful := fs.Bool("graceful-close", false, "runtime flag ext_proc_graceful_grpc_close: half-close instead of reset")
+	fwdNS := fs.String("forwarding-namespaces", "", "comma-separated metadata_options.forwarding_namespaces.untyped")
+	recvNS := fs.String("receiving-namespaces", "", "comma-separated metadata_options.receiving_namespaces.untyped")
+	reqAttrs := fs.String("request-attributes", "", "comma-separated request_attributes")
+	respAttrs := fs.String("response-attributes", "", "comma-separated response_attributes")
+	routeHeader := fs.String("route-header", "", "request header whose value selects an upstream from -routes")
+	routes := fs.String("routes", "", "comma-separated value=baseURL pairs for -route-header")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+
+	var cfg envoysim.FilterConfig
+	if *filterConfig != "" {
+		c, err := loadFilterConfig(*filterConfig)
+		if err != nil {
+			return err
+		}
+		cfg = c
+	} else {
+		var errs []error
+		parseH := func(s string) envoysim.HeaderMode {
+			m, err := envoysim.ParseHeaderMode(s)
+			errs = append(errs, err)
+			return m
+		}
+		parseB := func(s string) envoysim.BodyMode {
+			m, err := envoysim.ParseBodyMode(s)
+			errs = append(errs, err)
+			return m
+		}
+		cfg = envoysim.FilterConfig{
+			Mode: envoysim.ProcessingMode{
+				RequestHeader: parseH(*reqHdr), ResponseHeader: parseH(*respHdr),
+				RequestBody: parseB(*reqBody), ResponseBody: parseB(*respBody),
+				RequestTrailer: parseH(*reqTrl), ResponseTrailer: parseH(*respTrl),
+			},
+			MessageTimeout: *msgTimeout, MaxMessageTimeout: *maxMsgTimeout,
+			FailureModeAllow: *failOpen, AllowModeOverride: *allowOverride,
+			StatusOnError: *statusOnError, ObservabilityMode: *observability,
+			ForwardingNamespaces: splitList(*fwdNS), ReceivingNamespaces: splitList(*recvNS),
+			RequestAttributes: splitList(*reqAttrs), ResponseAttributes: splitList(*respAttrs),
+		}
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+	}
+	cfg.BufferLimit = *bufferLimit
+	cfg.GracefulClose = *graceful
+
+	sim, err := envoysim.New(*extproc, cfg)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = sim.Close() }()
+	proxy, err := envoysim.NewProxy(sim, *upstream, cfg)
+	if err != nil {
+		return err
+	}
+	if *routeHeader != "" {
+		proxy.Upstream().RouteHeader = *routeHeader
+		proxy.Upstream().Routes = map[string]string{}
+		for _, pair := range splitList(*routes) {
+			k, v, ok := strings.Cut(pair, "=")
+			if !ok {
+				return fmt.Errorf("-routes entry %q: want value=baseURL", pair)
+			}
+			proxy.Upstream().Routes[k] = v
+		}
+	}
+	srv, err := envoysim.ServeProxy(proxy, *listen)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "envoysim listening on %s (ext_proc %s, upstream %s)\n", srv.URL, *extproc, *upstream)
+	<-ctx.Done()
+	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = srv.Close(shutdown)
+	proxy.Upstream().CloseIdleConnections()
+	return err
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func loadFilterConfig(path string) (envoysim.FilterConfig, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return envoysim.FilterConfig{}, err
+	}
+	var v any
+	if err := yaml.Unmarshal(raw, &v); err != nil {
+		return envoysim.FilterConfig{}, fmt.Errorf("%s: %w", path, err)
+	}
+	js, err := json.Marshal(v)
+	if err != nil {
+		return envoysim.FilterConfig{}, fmt.Errorf("%s: %w", path, err)
+	}
+	p := &extprocfilterv3.ExternalProcessor{}
+	if err := protojson.Unmarshal(js, p); err != nil {
+		return envoysim.FilterConfig{}, fmt.Errorf("%s: %w", path, err)
+	}
+	c, err := envoysim.FromProto(p)
+	if err != nil {
+		return envoysim.FilterConfig{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}

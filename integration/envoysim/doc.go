@@ -1,0 +1,33 @@
+// Package envoysim is a test double of Envoy's HTTP ext_proc filter
+// (Envoy 1.37 behaviour): it plays Envoy's side of the
+// envoy.service.ext_proc.v3 protocol against a real gRPC ext_proc server,
+// so the server can be tested end to end without an Envoy binary.
+//
+// It has three faces:
+//
+//   - Sim.RoundTrip runs one scripted HTTP request through the filter and an
+//     Upstream, and returns a Result: what the client and the upstream saw,
+//     every message exchanged, how the gRPC stream ended and any protocol
+//     problem. Request.OnEvent hooks cancel at exact points (before a reply,
+//     while queued, mid-SSE) without sleeps.
+//   - Sim.OpenRaw gives an unscripted stream for protocol-edge tests.
+//   - NewProxy/ServeProxy is an HTTP listener that behaves like Envoy in
+//     front of one upstream, for real clients; cmd/envoysim wraps it.
+//
+// Usage:
+//
+//	sim, err := envoysim.New("127.0.0.1:9002", envoysim.FilterConfig{
+//		Mode: envoysim.ProcessingMode{RequestBody: envoysim.BodyBuffered, ResponseBody: envoysim.BodyStreamed},
+//	})
+//	...
+//	defer sim.Close()
+//	res, err := sim.RoundTrip(ctx, &envoysim.Request{
+//		Method: "POST", Path: "/v1/chat/completions", Body: []byte(`{"model":"m"}`),
+//	}, envoysim.Respond(200, envoysim.H("content-type", "application/json"), `{"usage":{}}`))
+//	// res.Status, res.Local, res.SentKinds(), res.Stream, res.CloseReason ...
+//
+// Where Envoy's source and the project's protocol notes differ, the
+// simulator follows the source (ext_proc.cc, processor_state.cc,
+// mutation_utils.cc); the differences are listed on the types and functions
+// that implement them.
+package envoysim
