@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,7 +45,7 @@ func (bs *breakerSet) For(model string) *breaker.Breaker {
 	if err != nil {
 		return bs.single
 	}
-	bs.models[model] = b
+	bs.models[strings.Clone(model)] = b
 	return b
 }
 

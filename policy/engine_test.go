@@ -328,7 +328,6 @@ func TestTokenBudgetRetryAfterAndSettlement(t *testing.T) {
 	e, clk := engine(t, seedPolicy)
 	batch := input{headers: map[string]string{"x-llm-feature": "batch_summarize", "x-tenant-id": "acme"}}
 	// 50 000 TPM admits ten 5 000-token requests...
-	var tickets []*policy.Ticket
 	for i := 0; i < 10; i++ {
 		d, tk := admit(t, e, batch, 5000)
 		if d.Verdict != policy.Admit {
@@ -336,7 +335,6 @@ func TestTokenBudgetRetryAfterAndSettlement(t *testing.T) {
 		}
 		// (finish each at once so concurrency is not what refuses)
 		tk.Done(policy.Outcome{Status: 200, Usage: policy.Usage{Prompt: 2500, Completion: 2500, Total: 5000, Known: true, PromptKnown: true}})
-		tickets = append(tickets, tk)
 		clk.Advance(time.Second)
 	}
 	// ...then refuses with the real time until enough budget ages out.
@@ -655,5 +653,49 @@ func BenchmarkAdmitDone(b *testing.B) {
 			b.Fatal(dec.Err())
 		}
 		tk.Done(o)
+	}
+}
+
+func TestTenantCompartmentsBoundedAndEvicted(t *testing.T) {
+	e, clk := engine(t, `
+classification:
+  tenant:
+    rules: [{header: x-tenant-id, trusted: true}]
+tiers:
+  free: {max_concurrent: 1}
+compartments:
+  - {name: tenant, key: [tenant], limits_from: tenant, max_instances: 2, idle_ttl: 1m}
+`)
+	tenant := func(id string) input { return input{headers: map[string]string{"x-tenant-id": id}} }
+	names := func() []string {
+		var out []string
+		for _, c := range e.Compartments() {
+			out = append(out, c.Name)
+		}
+		return out
+	}
+	// a and b hold their slots; c finds the store full with nothing idle: it shares the overflow.
+	_, a := admit(t, e, tenant("a"), 1)
+	_, b := admit(t, e, tenant("b"), 1)
+	d, c := admit(t, e, tenant("c"), 1)
+	if d.Verdict != policy.Admit || c.Compartments()[0] != "tenant/_overflow" {
+		t.Fatalf("c: %+v in %v", d, c.Compartments())
+	}
+	// a finishes; d evicts the least recently used idle instance (a).
+	a.Done(policy.Outcome{Status: 200})
+	clk.Advance(time.Second)
+	if _, dd := admit(t, e, tenant("d"), 1); dd.Compartments()[0] != "tenant/d" {
+		t.Fatalf("d in %v", dd.Compartments())
+	}
+	if got := strings.Join(names(), ","); got != "tenant/_overflow,tenant/b,tenant/d" {
+		t.Errorf("compartments %s", got)
+	}
+	b.Done(policy.Outcome{Status: 200})
+	c.Done(policy.Outcome{Status: 200})
+	// Idle for the TTL: swept when the next tenant arrives.
+	clk.Advance(2 * time.Minute)
+	admit(t, e, tenant("e"), 1)
+	if got := strings.Join(names(), ","); got != "tenant/_overflow,tenant/d,tenant/e" {
+		t.Errorf("after the TTL: %s (b idle for 2m should be gone; d still holds a slot)", got)
 	}
 }

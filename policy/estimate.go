@@ -2,6 +2,7 @@ package policy
 
 import (
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -88,7 +89,7 @@ func (e *estimator) learn(model string, observed, start float64, st estimationSe
 			}
 			r = &atomic.Uint64{}
 			r.Store(math.Float64bits(start))
-			e.ratios[model] = r
+			e.ratios[strings.Clone(model)] = r
 		}
 		e.mu.Unlock()
 	}

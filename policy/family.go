@@ -79,6 +79,7 @@ type dynStore struct {
 	max       int
 	ttl       time.Duration
 	overflow  *instance
+	lastSweep int64 // Unix nanoseconds
 }
 
 func (f *family) applies(d *Dims) bool {
@@ -154,6 +155,12 @@ func (s *Snapshot) resolveDynamic(f *family, d *Dims, now time.Time) *instance {
 	defer st.mu.Unlock()
 	in := st.instances[key]
 	if in == nil {
+		if now.UnixNano()-st.lastSweep >= int64(st.ttl/4) {
+			// Evicting idle instances is amortised over instance creation: a quarter of the TTL
+			// apart at most, one pass over the store each time.
+			st.lastSweep = now.UnixNano()
+			st.sweepLocked(s.engine.sched, now)
+		}
 		if len(st.instances) >= st.max && !s.evictOne(st, now) {
 			// Every instance is busy: new tenants share one overflow compartment rather than
 			// growing memory without bound.
@@ -162,6 +169,8 @@ func (s *Snapshot) resolveDynamic(f *family, d *Dims, now time.Time) *instance {
 			return in
 		}
 		in = s.newDynamic(f, d)
+		// The key outlives the request: it must not share memory with the request's message.
+		key.tenant = strings.Clone(key.tenant)
 		st.instances[key] = in
 	} else if in.gen != s.gen {
 		in = s.refreshDynamic(f, in, d)
@@ -192,10 +201,8 @@ func (s *Snapshot) evictOne(st *dynStore, now time.Time) bool {
 	return true
 }
 
-// sweep evicts instances idle longer than the TTL. Called from the engine's maintenance.
-func (st *dynStore) sweep(sched *bulkhead.Scheduler, now time.Time) int {
-	st.mu.Lock()
-	defer st.mu.Unlock()
+// sweepLocked evicts instances idle longer than the TTL; st.mu is held.
+func (st *dynStore) sweepLocked(sched *bulkhead.Scheduler, now time.Time) int {
 	n := 0
 	for k, in := range st.instances {
 		if now.UnixNano()-in.c.LastUsed.Load() >= int64(st.ttl) && sched.Idle(in.c) {
