@@ -1,0 +1,12 @@
+// Package llmapi reads the parts of LLM API traffic that admission control
+// needs: a few fields of a request body (model, output limit, streaming,
+// user, size of the prompt) and the token usage a response reports, for
+// OpenAI-compatible chat, completions, embeddings and Responses endpoints and
+// for Anthropic messages.
+//
+// Everything here runs on the per-request hot path, so the request side scans
+// the body in place without building a document tree, and the response side
+// is a push parser that consumes body chunks as Envoy streams them, split at
+// any byte, with memory bounded by a few kilobytes (plus a 32 KiB window when
+// the response is compressed).
+package llmapi

@@ -1,0 +1,316 @@
+package llmapi
+
+import (
+	"bytes"
+	"compress/gzip"
+	"compress/zlib"
+	"encoding/json"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"unicode/utf8"
+)
+
+// sampleFiles are the recorded response bodies in testdata, with the API and
+// content type each belongs to.
+var sampleFiles = []struct {
+	name, file  string
+	api         API
+	contentType string
+}{
+	{"openai chat sse", "openai_chat.sse", APIOpenAIChat, "text/event-stream"},
+	{"openai chat json", "openai_chat.json", APIOpenAIChat, "application/json"},
+	{"openai completions sse", "openai_completions.sse", APIOpenAICompletions, "text/event-stream; charset=utf-8"},
+	{"openai embeddings json", "openai_embeddings.json", APIOpenAIEmbeddings, "application/json"},
+	{"responses sse", "responses.sse", APIOpenAIResponses, "text/event-stream"},
+	{"responses json", "responses.json", APIOpenAIResponses, "application/json"},
+	{"anthropic sse", "anthropic.sse", APIAnthropicMessages, "text/event-stream"},
+	{"anthropic json", "anthropic.json", APIAnthropicMessages, "application/json"},
+}
+
+func readSample(tb testing.TB, file string) []byte {
+	tb.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", file))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
+var contentTypes = []string{"text/event-stream", "application/json", ""}
+
+// scanChunks runs a fresh scanner over chunks.
+func scanChunks(api API, contentType, contentEncoding string, chunks ...[]byte) (Usage, error) {
+	var s UsageScanner
+	s.Reset(api, contentType, contentEncoding)
+	for _, c := range chunks {
+		s.Write(c)
+	}
+	u := s.Finish()
+	return u, s.Err()
+}
+
+// splitRandom cuts data at random points chosen by seed.
+func splitRandom(data []byte, seed uint64) [][]byte {
+	r := rand.New(rand.NewPCG(seed, 7))
+	var out [][]byte
+	for len(data) > 0 {
+		n := 1 + r.IntN(min(len(data), 1+r.IntN(64)))
+		out = append(out, data[:n])
+		data = data[n:]
+	}
+	return out
+}
+
+func splitBytes(data []byte) [][]byte {
+	out := make([][]byte, len(data))
+	for i := range data {
+		out[i] = data[i : i+1]
+	}
+	return out
+}
+
+func gzipBytes(tb testing.TB, data []byte, level int) []byte {
+	tb.Helper()
+	var buf bytes.Buffer
+	w, err := gzip.NewWriterLevel(&buf, level)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	w.Name = "body.json"
+	w.Comment = "x"
+	w.Extra = []byte{1, 2, 3}
+	if _, err := w.Write(data); err != nil {
+		tb.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		tb.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func FuzzUsageScanner(f *testing.F) {
+	for _, s := range sampleFiles {
+		b := readSample(f, s.file)
+		for ct := range contentTypes {
+			f.Add(b, uint8(s.api), uint8(ct), uint64(1))
+		}
+	}
+	f.Add([]byte("data:{\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\r\n\r\n"), uint8(APIOpenAIChat), uint8(0), uint64(2))
+	f.Add([]byte("\xEF\xBB\xBFevent:message_start\rdata:{\"type\":\"message_start\",\r\ndata:\"message\":{\"usage\":{\"input_tokens\":3}}}\r\r"), uint8(APIAnthropicMessages), uint8(0), uint64(3))
+	f.Fuzz(func(t *testing.T, data []byte, apiByte, ctByte uint8, seed uint64) {
+		api := API(apiByte % 6)
+		ct := contentTypes[int(ctByte)%len(contentTypes)]
+		whole, err := scanChunks(api, ct, "", data)
+		if err != nil {
+			t.Fatalf("plain body reported %v", err)
+		}
+		if got, _ := scanChunks(api, ct, "", splitRandom(data, seed)...); got != whole {
+			t.Fatalf("split at random points: %+v, whole: %+v", got, whole)
+		}
+		if len(data) <= 4096 {
+			if got, _ := scanChunks(api, ct, "", splitBytes(data)...); got != whole {
+				t.Fatalf("byte by byte: %+v, whole: %+v", got, whole)
+			}
+		}
+		gz := gzipBytes(t, data, int(seed%10))
+		got, err := scanChunks(api, ct, "gzip", splitRandom(gz, seed)...)
+		if got != whole || err != nil {
+			t.Fatalf("gzip: %+v (%v), plain: %+v", got, err, whole)
+		}
+		if !utf8.Valid(data) {
+			return
+		}
+		want, comparable := refUsage(api, ct, data)
+		if comparable && want != whole {
+			t.Fatalf("scanner: %+v\nreference: %+v", whole, want)
+		}
+	})
+}
+
+func FuzzInflate(f *testing.F) {
+	for _, s := range sampleFiles {
+		b := readSample(f, s.file)
+		for _, level := range []int{gzip.NoCompression, gzip.BestSpeed, gzip.DefaultCompression, gzip.BestCompression, gzip.HuffmanOnly} {
+			f.Add(gzipBytes(f, b, level), uint64(level+2), false)
+		}
+		var z bytes.Buffer
+		w := zlib.NewWriter(&z)
+		w.Write(b)
+		w.Close()
+		f.Add(z.Bytes(), uint64(9), true)
+	}
+	two := append(gzipBytes(f, []byte("first "), 6), gzipBytes(f, []byte("second"), 0)...)
+	f.Add(two, uint64(4), false)
+	f.Fuzz(func(t *testing.T, data []byte, seed uint64, zl bool) {
+		format, enc := formatGzip, "gzip"
+		if zl {
+			format, enc = formatZlibOrRaw, "deflate"
+		}
+		got, err := inflateChunks(format, splitRandom(data, seed))
+		again, err2 := inflateChunks(format, [][]byte{data})
+		if !bytes.Equal(got, again) || (err == nil) != (err2 == nil) {
+			t.Fatalf("chunking changed the result: %d bytes (%v) vs %d bytes (%v)", len(got), err, len(again), err2)
+		}
+		var r io.Reader
+		var rerr error
+		if zl {
+			r, rerr = zlib.NewReader(bytes.NewReader(data))
+		} else {
+			r, rerr = gzip.NewReader(bytes.NewReader(data))
+		}
+		if rerr != nil {
+			return
+		}
+		want, rerr := io.ReadAll(r)
+		if rerr != nil {
+			return
+		}
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%s: got %d bytes (%v), compress/* decoded %d bytes", enc, len(got), err, len(want))
+		}
+	})
+}
+
+type collect struct{ b []byte }
+
+func (c *collect) plain(p []byte) { c.b = append(c.b, p...) }
+
+func inflateChunks(format uint8, chunks [][]byte) ([]byte, error) {
+	z := getInflater(format)
+	defer putInflater(z)
+	var c collect
+	for _, ch := range chunks {
+		if err := z.write(ch, &c); err != nil {
+			return c.b, err
+		}
+	}
+	return c.b, z.finish(&c)
+}
+
+func FuzzScanRequest(f *testing.F) {
+	f.Add([]byte(`{"model":"gpt-4o","max_tokens":10,"n":2,"stream":true,"stream_options":{"include_usage":true},"user":"u","messages":[{"role":"user","content":"hi \u00e9"}]}`), uint8(APIOpenAIChat))
+	f.Add([]byte(`{"model":"claude","max_tokens":"9","system":[{"type":"text","text":"s"}],"metadata":{"user_id":"x"},"messages":[{"role":"user","content":[{"type":"image","source":{}},{"type":"tool_result","content":[{"type":"text","text":"r"}]}]}]}`), uint8(APIAnthropicMessages))
+	f.Add([]byte(`{"input":[{"role":"user","content":[{"type":"input_text","text":"t"},{"type":"input_file"}]},{"type":"function_call_output","output":"o"}],"instructions":"i","max_output_tokens":-1}`), uint8(APIOpenAIResponses))
+	f.Add([]byte(`{"prompt":["a","b",[1,2]],"n":0,"model":null,"model":"m"}`), uint8(APIOpenAICompletions))
+	f.Add(chatBody(2048, 3), uint8(APIOpenAIChat))
+	f.Fuzz(func(t *testing.T, body []byte, apiByte uint8) {
+		api := API(apiByte % 6)
+		var got RequestFields
+		err := ScanRequest(api, body, &got)
+		want, werr := refScanRequest(api, body)
+		if errors.Is(err, ErrInvalidJSON) != errors.Is(werr, ErrInvalidJSON) {
+			t.Fatalf("invalid JSON: scanner %v, reference %v", err, werr)
+		}
+		if errors.Is(err, ErrInvalidJSON) || !utf8.Valid(body) {
+			return
+		}
+		if got != want {
+			t.Fatalf("scanner:   %+v\nreference: %+v", got, want)
+		}
+		if (err == nil) != (werr == nil) || (err != nil && err.Error() != werr.Error()) {
+			t.Fatalf("scanner error %v, reference error %v", err, werr)
+		}
+	})
+}
+
+func FuzzField(f *testing.F) {
+	f.Add([]byte(`{"metadata":{"feature":"chat","n":1.5e3,"ok":true}}`), "metadata.feature")
+	f.Add([]byte(`{"metadata":{"feature":"chat","n":1.5e3,"ok":true}}`), "metadata.n")
+	f.Add([]byte(`{"a":{"b":1},"a":{"c":"\u00e9"}}`), "a.c")
+	f.Add([]byte(`{"a":{"b":1},"a":{"c":"\u00e9"}}`), "a.b")
+	f.Add([]byte(`{"user":null}`), "user")
+	f.Fuzz(func(t *testing.T, body []byte, path string) {
+		got, ok := Field(body, path)
+		if !json.Valid(body) {
+			if ok {
+				t.Fatalf("Field on invalid JSON returned %q", got)
+			}
+			return
+		}
+		if !utf8.Valid(body) {
+			return
+		}
+		want, wok := refField(body, path)
+		if got != want || ok != wok {
+			t.Fatalf("Field(%q) = %q, %v; reference %q, %v", path, got, ok, want, wok)
+		}
+	})
+}
+
+var injections = []string{`,"stream_options":{"include_usage":true}`, `{"include_usage":true}`, `"include_usage":true`, `"include_usage":true,`, `true`}
+
+// oneSplice reports whether out is body with one known insertion added, or
+// with a null replaced by one: everything else byte for byte the same.
+func oneSplice(body, out []byte) bool {
+	p := 0
+	for p < len(body) && p < len(out) && body[p] == out[p] {
+		p++
+	}
+	for _, ins := range injections {
+		for _, removed := range []string{"", "null"} {
+			if len(out) != len(body)-len(removed)+len(ins) {
+				continue
+			}
+			for idx := max(0, p-len(ins)-len(removed)); idx <= p; idx++ {
+				if idx+len(removed) <= len(body) && idx+len(ins) <= len(out) &&
+					string(body[idx:idx+len(removed)]) == removed &&
+					string(out[idx:idx+len(ins)]) == ins &&
+					bytes.Equal(out[:idx], body[:idx]) &&
+					bytes.Equal(out[idx+len(ins):], body[idx+len(removed):]) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func FuzzInjectIncludeUsage(f *testing.F) {
+	f.Add([]byte(`{"stream":true}`), uint8(APIOpenAIChat))
+	f.Add([]byte(`{"stream":true,"stream_options":null}`), uint8(APIOpenAIChat))
+	f.Add([]byte(`{"stream":true,"stream_options":{}}`), uint8(APIOpenAICompletions))
+	f.Add([]byte(`{"stream":true,"stream_options":{"x":1}}`), uint8(APIOpenAIChat))
+	f.Add([]byte(`{"stream":true,"stream_options":{"include_usage":null}} `), uint8(APIOpenAIChat))
+	f.Add([]byte(`{"stream":true,"stream_options":{"include_usage":false}}`), uint8(APIOpenAIChat))
+	f.Add([]byte(` { "messages" : [ ] , "stream" : true } `), uint8(APIOpenAIChat))
+	f.Fuzz(func(t *testing.T, body []byte, apiByte uint8) {
+		api := API(apiByte % 6)
+		orig := bytes.Clone(body)
+		out, changed := InjectIncludeUsage(api, body)
+		if !bytes.Equal(body, orig) {
+			t.Fatal("input modified")
+		}
+		if want := refWantsInjection(api, body); changed != want {
+			t.Fatalf("changed = %v, want %v", changed, want)
+		}
+		if !changed {
+			if !bytes.Equal(out, body) {
+				t.Fatal("unchanged body differs")
+			}
+			return
+		}
+		if !json.Valid(out) {
+			t.Fatalf("output is not valid JSON: %s", out)
+		}
+		if !oneSplice(body, out) {
+			t.Fatalf("not a single splice of a known insertion:\n%s\n%s", body, out)
+		}
+		var gotV, wantV any
+		gotV, _ = decodeAny(out)
+		wantV, _ = decodeAny(body)
+		m := wantV.(map[string]any)
+		if so, ok := m["stream_options"].(map[string]any); ok {
+			so["include_usage"] = true
+		} else {
+			m["stream_options"] = map[string]any{"include_usage": true}
+		}
+		if !reflect.DeepEqual(gotV, wantV) {
+			t.Fatalf("content differs:\n got %v\nwant %v", gotV, wantV)
+		}
+	})
+}

@@ -1,0 +1,309 @@
+package llmapi
+
+import (
+	"fmt"
+	"strings"
+)
+
+// A response scan only cares about a handful of paths in each JSON document
+// (the usage numbers, the generated text, the event type). They are compiled
+// into a small tree of pathNodes so the streaming parser can tell, one key at
+// a time and without building anything, whether the value it is entering
+// matters.
+
+type nodeKind uint8
+
+const (
+	nodeNone   nodeKind = iota
+	nodeObject          // an object with interesting members
+	nodeArray           // an array whose elements are all the node elem
+	nodeNumber          // a usage count stored in a slot
+	nodeText            // a string whose unescaped length is generated content
+	nodeType            // the document's "type" string
+)
+
+// Usage slots. Group 0 is the top-level "usage" object; group 1 is the one
+// nested in an envelope: Anthropic's message_start "message.usage" or the
+// Responses API's "response.usage". Anthropic's cache_read_input_tokens shares
+// the cached slot; cache_creation_input_tokens has its own.
+const (
+	slotPrompt = iota
+	slotCompletion
+	slotTotal
+	slotCached
+	slotReasoning
+	slotCacheCreation
+	groupSize
+	numUsageSlots = 2 * groupSize
+)
+
+// maxKids bounds the interesting members of one object, and maxTrack the
+// nesting depth at which anything is still interesting; both are checked when
+// the trees are built.
+const (
+	maxKids  = 6
+	maxTrack = 8
+)
+
+type pathNode struct {
+	lens  uint64 // bit n set: some key is n bytes long (n < 64), a cheap filter
+	kind  nodeKind
+	slot  uint8
+	elem  uint8
+	keys  []string
+	kids  []uint8
+	clear uint32 // slots at or below this node, forgotten when its key repeats
+}
+
+// pathTree is a compiled set of paths. Node 0 means "not interesting" and node
+// 1 is the document's top-level value.
+type pathTree []pathNode
+
+// lookup returns the index among n's keys of key, or -1.
+func (n *pathNode) lookup(key []byte) int {
+	if len(key) >= 64 || n.lens&(1<<len(key)) == 0 {
+		return -1
+	}
+	for k, name := range n.keys {
+		if len(name) == len(key) && len(key) > 0 && name[0] == key[0] && name == string(key) {
+			return k
+		}
+	}
+	return -1
+}
+
+// compileTree builds a tree from paths written as dotted member names, "[]"
+// marking an array whose elements continue the path, and a suffix naming the
+// leaf: "=#N" a usage slot, "=$" generated text, "=@" the document type.
+func compileTree(paths ...string) (pathTree, error) {
+	t := pathTree{{}, {kind: nodeObject}}
+	for _, p := range paths {
+		path, leaf, ok := strings.Cut(p, "=")
+		if !ok {
+			return nil, fmt.Errorf("llmapi: path %q has no leaf", p)
+		}
+		cur := uint8(1)
+		segs := strings.Split(path, ".")
+		for si, seg := range segs {
+			name, isArray := strings.CutSuffix(seg, "[]")
+			last := si == len(segs)-1
+			var kind nodeKind
+			switch {
+			case isArray:
+				kind = nodeArray
+			case !last:
+				kind = nodeObject
+			case leaf == "$":
+				kind = nodeText
+			case leaf == "@":
+				kind = nodeType
+			default:
+				kind = nodeNumber
+			}
+			k := t[cur].lookup([]byte(name))
+			if k < 0 {
+				if len(t[cur].keys) == maxKids {
+					return nil, fmt.Errorf("llmapi: path %q: more than %d members under one object", p, maxKids)
+				}
+				if len(name) == 0 || len(name) >= 64 {
+					return nil, fmt.Errorf("llmapi: path %q: member names must be 1 to 63 bytes", p)
+				}
+				t = append(t, pathNode{kind: kind})
+				t[cur].lens |= 1 << len(name)
+				t[cur].keys = append(t[cur].keys, name)
+				t[cur].kids = append(t[cur].kids, uint8(len(t)-1))
+				k = len(t[cur].keys) - 1
+			}
+			cur = t[cur].kids[k]
+			if t[cur].kind != kind {
+				return nil, fmt.Errorf("llmapi: path %q conflicts with an earlier one", p)
+			}
+			if kind == nodeNumber {
+				var slot int
+				if _, err := fmt.Sscanf(leaf, "#%d", &slot); err != nil || slot < 0 || slot >= numUsageSlots {
+					return nil, fmt.Errorf("llmapi: path %q: bad slot", p)
+				}
+				t[cur].slot = uint8(slot)
+			}
+			if isArray {
+				elemKind := nodeObject
+				if last {
+					elemKind = nodeText
+				}
+				if t[cur].elem == 0 {
+					t = append(t, pathNode{kind: elemKind})
+					t[cur].elem = uint8(len(t) - 1)
+				}
+				cur = t[cur].elem
+			}
+		}
+	}
+	if len(t) > 255 {
+		return nil, fmt.Errorf("llmapi: too many path nodes")
+	}
+	if _, err := t.fillClear(1, 1); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// fillClear computes each node's clear mask and checks the depth bound.
+func (t pathTree) fillClear(n uint8, depth int) (uint32, error) {
+	node := &t[n]
+	var m uint32
+	switch node.kind {
+	case nodeNumber:
+		m = 1 << node.slot
+	case nodeObject, nodeArray:
+		if depth > maxTrack {
+			return 0, fmt.Errorf("llmapi: path nested deeper than %d levels", maxTrack)
+		}
+		kids := node.kids
+		if node.elem != 0 {
+			kids = append(kids[:len(kids):len(kids)], node.elem)
+		}
+		for _, k := range kids {
+			km, err := t.fillClear(k, depth+1)
+			if err != nil {
+				return 0, err
+			}
+			m |= km
+		}
+	}
+	node.clear = m
+	return m, nil
+}
+
+func usagePaths(prefix string, group int, prompt, completion, cached, reasoning string) []string {
+	o := group * groupSize
+	p := []string{
+		fmt.Sprintf("%s.%s=#%d", prefix, prompt, o+slotPrompt),
+		fmt.Sprintf("%s.%s=#%d", prefix, completion, o+slotCompletion),
+		fmt.Sprintf("%s.total_tokens=#%d", prefix, o+slotTotal),
+	}
+	if cached != "" {
+		p = append(p, fmt.Sprintf("%s.%s=#%d", prefix, cached, o+slotCached))
+	}
+	if reasoning != "" {
+		p = append(p, fmt.Sprintf("%s.%s=#%d", prefix, reasoning, o+slotReasoning))
+	}
+	return p
+}
+
+func anthropicUsagePaths(prefix string, group int) []string {
+	o := group * groupSize
+	return []string{
+		fmt.Sprintf("%s.input_tokens=#%d", prefix, o+slotPrompt),
+		fmt.Sprintf("%s.output_tokens=#%d", prefix, o+slotCompletion),
+		fmt.Sprintf("%s.cache_read_input_tokens=#%d", prefix, o+slotCached),
+		fmt.Sprintf("%s.cache_creation_input_tokens=#%d", prefix, o+slotCacheCreation),
+	}
+}
+
+func joinPaths(groups ...[]string) []string {
+	var out []string
+	for _, g := range groups {
+		out = append(out, g...)
+	}
+	return out
+}
+
+// The trees per API and framing. Generated text counts the unescaped bytes
+// of what the model wrote: message text, refusals, reasoning text and tool
+// call arguments; base64 payloads (audio, images) are not text and are left
+// out.
+var chatMessage = []string{"content=$", "refusal=$", "reasoning_content=$", "tool_calls[].function.arguments=$"}
+
+// Tree indexes.
+const (
+	treeOpenAIChat = iota
+	treeOpenAIEmbeddings
+	treeResponsesJSON
+	treeResponsesSSE
+	treeAnthropicJSON
+	treeAnthropicSSE
+	numTrees
+)
+
+var treeSpecs = [numTrees][]string{
+	treeOpenAIChat: joinPaths(
+		usagePaths("usage", 0, "prompt_tokens", "completion_tokens",
+			"prompt_tokens_details.cached_tokens", "completion_tokens_details.reasoning_tokens"),
+		[]string{"choices[].text=$"},
+		prefixed("choices[].message.", chatMessage),
+		prefixed("choices[].delta.", chatMessage),
+	),
+	treeOpenAIEmbeddings: usagePaths("usage", 0, "prompt_tokens", "completion_tokens", "", ""),
+	treeResponsesJSON: joinPaths(
+		usagePaths("usage", 0, "input_tokens", "output_tokens",
+			"input_tokens_details.cached_tokens", "output_tokens_details.reasoning_tokens"),
+		[]string{"output[].content[].text=$", "output[].content[].refusal=$", "output[].arguments=$"},
+	),
+	treeResponsesSSE: joinPaths(
+		[]string{"type=@", "delta=$"},
+		usagePaths("response.usage", 1, "input_tokens", "output_tokens",
+			"input_tokens_details.cached_tokens", "output_tokens_details.reasoning_tokens"),
+	),
+	treeAnthropicJSON: joinPaths(
+		anthropicUsagePaths("usage", 0),
+		[]string{"content[].text=$", "content[].thinking=$"},
+	),
+	treeAnthropicSSE: joinPaths(
+		[]string{"type=@", "delta.text=$", "delta.thinking=$", "delta.partial_json=$"},
+		anthropicUsagePaths("message.usage", 1),
+		anthropicUsagePaths("usage", 0),
+	),
+}
+
+// trees are compiled once. The specs are fixed, so treesErr can only be set
+// by a broken edit of this file, which every test run reports; a scanner
+// built on a failed tree reports the error through Err instead of crashing
+// the process.
+var trees, treesErr = compileTrees()
+
+func compileTrees() ([numTrees]pathTree, error) {
+	var out [numTrees]pathTree
+	for i, spec := range treeSpecs {
+		t, err := compileTree(spec...)
+		if err != nil {
+			return out, err
+		}
+		out[i] = t
+	}
+	return out, nil
+}
+
+// emptyTree matches nothing; it stands in for a tree that failed to compile.
+var emptyTree = pathTree{{}, {}}
+
+func prefixed(prefix string, paths []string) []string {
+	out := make([]string, len(paths))
+	for i, p := range paths {
+		out[i] = prefix + p
+	}
+	return out
+}
+
+// treeFor returns the paths a response of api in the given framing carries.
+// Unknown APIs are read as OpenAI chat, the format most gateways speak.
+func treeFor(api API, sse bool) pathTree {
+	i := treeOpenAIChat
+	switch api {
+	case APIOpenAIEmbeddings:
+		i = treeOpenAIEmbeddings
+	case APIOpenAIResponses:
+		i = treeResponsesJSON
+		if sse {
+			i = treeResponsesSSE
+		}
+	case APIAnthropicMessages:
+		i = treeAnthropicJSON
+		if sse {
+			i = treeAnthropicSSE
+		}
+	}
+	if trees[i] == nil {
+		return emptyTree
+	}
+	return trees[i]
+}

@@ -1,0 +1,591 @@
+package llmapi
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Errors returned by ScanRequest, checked with errors.Is. They are sentinel
+// values and safe for concurrent use.
+var (
+	// ErrInvalidJSON means the body is not a JSON object: invalid, truncated,
+	// empty, or a top-level value of another kind.
+	ErrInvalidJSON = errors.New("llmapi: request body is not a JSON object")
+	// ErrFieldType means a field admission reads has the wrong JSON type, such
+	// as "max_tokens": "9".
+	ErrFieldType = errors.New("llmapi: request field has the wrong type")
+	// ErrFieldValue means a field has the right type but an impossible value,
+	// such as a negative max_tokens.
+	ErrFieldValue = errors.New("llmapi: request field has an invalid value")
+)
+
+// RequestFields are the fields admission needs from a request body. The zero
+// value is ready to be filled by ScanRequest. A RequestFields is plain data:
+// safe for concurrent reads, not for concurrent writes.
+//
+// Model and User are copies, never views of the body, so they stay valid and
+// unchanged after the body is released or reused. Short values come from a
+// small process-wide intern table, which makes the common case (a handful of
+// model names, recurring users) free of allocations.
+type RequestFields struct {
+	Model string
+	// MaxTokens is the output limit: the largest of max_tokens,
+	// max_completion_tokens and max_output_tokens that are present, so that a
+	// request naming two of them is budgeted for the larger; 0 when absent.
+	MaxTokens    int64
+	HasMaxTokens bool
+	// N is the number of choices requested; 1 when absent.
+	N      int64
+	Stream bool
+	// HasStreamOptions reports a stream_options object.
+	HasStreamOptions bool
+	// IncludeUsage is stream_options.include_usage == true.
+	IncludeUsage bool
+	// User is OpenAI's "user", or Anthropic's metadata.user_id.
+	User string
+	// PromptBytes is the unescaped size in bytes of the text the model will
+	// read: messages[].content (a string, or the text of its parts, including
+	// text nested in tool results), tool call arguments, refusal and thinking
+	// text of earlier turns, system (string or blocks), prompt (string or array
+	// of strings), input (string, array of strings, or items with text content)
+	// and instructions. Base64 media, URLs and token-id arrays are not text and
+	// are not counted.
+	PromptBytes int64
+	// Images counts image parts (image_url, input_image, Anthropic image).
+	Images int
+	// Audio counts audio parts (input_audio, audio).
+	Audio int
+	// Files counts file and document parts (file, input_file, document).
+	Files int
+}
+
+// content accumulates what the text-bearing parts of a request hold.
+type content struct {
+	bytes                int64
+	images, audio, files int
+}
+
+func (c *content) add(o content) {
+	c.bytes += o.bytes
+	c.images += o.images
+	c.audio += o.audio
+	c.files += o.files
+}
+
+// rawString remembers where a string value sits in the body so that it is
+// decoded and copied once, after duplicates have been resolved.
+type rawString struct {
+	raw []byte
+	esc bool
+	set bool
+}
+
+func (r rawString) String() string {
+	if !r.set {
+		return ""
+	}
+	return internRaw(r.raw, r.esc)
+}
+
+// maxContentLevel bounds how far the content walker descends (message, part,
+// tool result, nested part, ...). Anything deeper is validated and skipped
+// without recursion, so hostile nesting costs neither stack nor time.
+const maxContentLevel = 6
+
+// fieldID names the fields ScanRequest checks, in the order their problems
+// are reported.
+type fieldID uint8
+
+const (
+	fModel fieldID = iota
+	fMaxTokens
+	fMaxCompletionTokens
+	fMaxOutputTokens
+	fN
+	fStream
+	fStreamOptions
+	fIncludeUsage
+	fUser
+	fMetadataUserID
+	fMessages
+	fSystem
+	fPrompt
+	fInput
+	fInstructions
+	numFields
+)
+
+var fieldInfo = [numFields]struct{ name, want string }{
+	fModel:               {"model", "a string"},
+	fMaxTokens:           {"max_tokens", "a non-negative integer"},
+	fMaxCompletionTokens: {"max_completion_tokens", "a non-negative integer"},
+	fMaxOutputTokens:     {"max_output_tokens", "a non-negative integer"},
+	fN:                   {"n", "a positive integer"},
+	fStream:              {"stream", "a boolean"},
+	fStreamOptions:       {"stream_options", "an object"},
+	fIncludeUsage:        {"stream_options.include_usage", "a boolean"},
+	fUser:                {"user", "a string"},
+	fMetadataUserID:      {"metadata.user_id", "a string"},
+	fMessages:            {"messages", "an array"},
+	fSystem:              {"system", "a string or an array"},
+	fPrompt:              {"prompt", "a string or an array"},
+	fInput:               {"input", "a string or an array"},
+	fInstructions:        {"instructions", "a string or an array"},
+}
+
+// Problems a field can have.
+const (
+	problemNone uint8 = iota
+	problemType
+	problemValue
+)
+
+// requestScan is the state of one ScanRequest call.
+type requestScan struct {
+	b    []byte
+	skip skipper
+	// problems holds, per field, what is wrong with its last occurrence: a
+	// repeated key replaces the earlier value, and so its problem.
+	problems [numFields]uint8
+}
+
+func (s *requestScan) problem(id fieldID, p uint8) { s.problems[id] = p }
+
+// err reports the problem of the first field, in fieldID order, that has one.
+func (s *requestScan) err() error {
+	for id, p := range s.problems {
+		switch p {
+		case problemType:
+			return fmt.Errorf("%w: %s must be %s", ErrFieldType, fieldInfo[id].name, fieldInfo[id].want)
+		case problemValue:
+			return fmt.Errorf("%w: %s must be %s", ErrFieldValue, fieldInfo[id].name, fieldInfo[id].want)
+		}
+	}
+	return nil
+}
+
+// ScanRequest fills f from a complete request body of the given API.
+//
+// It returns an error wrapping ErrInvalidJSON when the body is not a JSON
+// object (exactly when encoding/json would reject it, or it is not an object),
+// in which case f holds whatever was read before the problem. It returns an
+// error wrapping ErrFieldType or ErrFieldValue for the first field of the
+// wrong type or value; the other fields are still filled. null counts as
+// absent. Duplicate keys resolve as in encoding/json: the last one wins.
+//
+// The body is scanned once, in place, without recursion proportional to its
+// nesting, and without allocating except for the copies of Model and User
+// when they are not in the intern table yet. ScanRequest is safe for
+// concurrent use; f must not be shared with another writer.
+func ScanRequest(api API, body []byte, f *RequestFields) error {
+	*f = RequestFields{N: 1}
+	s := requestScan{b: body}
+	i := skipWS(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return ErrInvalidJSON
+	}
+	var (
+		model, user, metaUser                rawString
+		maxTokens, maxCompletion, maxOutput  int64
+		hasMax, hasMaxCompletion, hasMaxOut  bool
+		messages, system, prompt, input, ins content
+		keyBuf                               keyBuf
+	)
+	it := openObject(body, i)
+	ok := true
+	for {
+		key, esc, v, more := it.next()
+		if !more {
+			break
+		}
+		k, _ := decodeKey(&keyBuf, key, esc)
+		switch string(k) {
+		case "model":
+			v, ok = s.stringField(v, &model, fModel)
+		case "max_tokens":
+			v, ok = s.intField(v, &maxTokens, &hasMax, fMaxTokens, 0)
+		case "max_completion_tokens":
+			v, ok = s.intField(v, &maxCompletion, &hasMaxCompletion, fMaxCompletionTokens, 0)
+		case "max_output_tokens":
+			v, ok = s.intField(v, &maxOutput, &hasMaxOut, fMaxOutputTokens, 0)
+		case "n":
+			var has bool
+			v, ok = s.intField(v, &f.N, &has, fN, 1)
+			if !has {
+				f.N = 1
+			}
+		case "stream":
+			v, ok = s.boolField(v, &f.Stream, fStream)
+		case "stream_options":
+			v, ok = s.streamOptions(v, f)
+		case "user":
+			v, ok = s.stringField(v, &user, fUser)
+		case "metadata":
+			v, ok = s.metadata(v, &metaUser)
+		case "messages":
+			v, ok = s.textSource(v, &messages, fMessages, false)
+		case "system":
+			v, ok = s.textSource(v, &system, fSystem, true)
+		case "prompt":
+			v, ok = s.textSource(v, &prompt, fPrompt, true)
+		case "input":
+			v, ok = s.textSource(v, &input, fInput, true)
+		case "instructions":
+			v, ok = s.textSource(v, &ins, fInstructions, true)
+		default:
+			v, ok = s.skip.skip(body, v, 1)
+		}
+		if !ok {
+			break
+		}
+		it.i = v
+	}
+	f.Model = model.String()
+	switch {
+	case api == APIAnthropicMessages:
+		f.User = metaUser.String()
+	case api != APIUnknown:
+		f.User = user.String()
+	case user.set:
+		f.User = user.String()
+	default:
+		f.User = metaUser.String()
+	}
+	f.HasMaxTokens = hasMax || hasMaxCompletion || hasMaxOut
+	f.MaxTokens = max(maxTokens, maxCompletion, maxOutput)
+	var c content
+	c.add(messages)
+	c.add(system)
+	c.add(prompt)
+	c.add(input)
+	c.add(ins)
+	f.PromptBytes, f.Images, f.Audio, f.Files = c.bytes, c.images, c.audio, c.files
+	if !ok || it.bad || skipWS(body, it.i) != len(body) {
+		return ErrInvalidJSON
+	}
+	return s.err()
+}
+
+// stringField reads a string value into dst (null clears it).
+func (s *requestScan) stringField(i int, dst *rawString, id fieldID) (int, bool) {
+	b := s.b
+	s.problem(id, problemNone)
+	switch b[i] {
+	case '"':
+		end, _, esc, ok := scanString(b, i+1)
+		if !ok {
+			return end, false
+		}
+		*dst = rawString{raw: b[i+1 : end-1], esc: esc, set: true}
+		return end, true
+	case 'n':
+		*dst = rawString{}
+		return scanLiteral(b, i)
+	}
+	*dst = rawString{}
+	s.problem(id, problemType)
+	return s.skip.skip(b, i, 1)
+}
+
+// intField reads a non-negative integer no smaller than minimum (null clears
+// it).
+func (s *requestScan) intField(i int, dst *int64, has *bool, id fieldID, minimum int64) (int, bool) {
+	b := s.b
+	s.problem(id, problemNone)
+	*has = false
+	*dst = 0
+	switch c := b[i]; {
+	case c == '-' || (c >= '0' && c <= '9'):
+		n, ok := scanNumber(b, i)
+		if !ok {
+			return i, false
+		}
+		switch {
+		case !n.integer:
+			s.problem(id, problemType)
+		case n.negative && n.val != 0, n.overflow, int64(n.val) < minimum:
+			s.problem(id, problemValue)
+		default:
+			*dst, *has = int64(n.val), true
+		}
+		return n.end, true
+	case c == 'n':
+		return scanLiteral(b, i)
+	}
+	s.problem(id, problemType)
+	return s.skip.skip(b, i, 1)
+}
+
+// boolField reads true or false (null clears it).
+func (s *requestScan) boolField(i int, dst *bool, id fieldID) (int, bool) {
+	b := s.b
+	s.problem(id, problemNone)
+	*dst = false
+	switch b[i] {
+	case 't':
+		*dst = true
+		return scanLiteral(b, i)
+	case 'f', 'n':
+		return scanLiteral(b, i)
+	}
+	s.problem(id, problemType)
+	return s.skip.skip(b, i, 1)
+}
+
+func (s *requestScan) streamOptions(i int, f *RequestFields) (int, bool) {
+	b := s.b
+	f.HasStreamOptions, f.IncludeUsage = false, false
+	s.problem(fStreamOptions, problemNone)
+	s.problem(fIncludeUsage, problemNone)
+	switch b[i] {
+	case '{':
+	case 'n':
+		return scanLiteral(b, i)
+	default:
+		s.problem(fStreamOptions, problemType)
+		return s.skip.skip(b, i, 1)
+	}
+	f.HasStreamOptions = true
+	var kb keyBuf
+	it := openObject(b, i)
+	for {
+		key, esc, v, more := it.next()
+		if !more {
+			return it.i, !it.bad
+		}
+		var ok bool
+		if k, _ := decodeKey(&kb, key, esc); string(k) == "include_usage" {
+			v, ok = s.boolField(v, &f.IncludeUsage, fIncludeUsage)
+		} else {
+			v, ok = s.skip.skip(b, v, 2)
+		}
+		if !ok {
+			return v, false
+		}
+		it.i = v
+	}
+}
+
+// metadata reads Anthropic's metadata.user_id. Other shapes of metadata
+// (OpenAI uses it for arbitrary tags) are not an error.
+func (s *requestScan) metadata(i int, user *rawString) (int, bool) {
+	b := s.b
+	*user = rawString{}
+	s.problem(fMetadataUserID, problemNone)
+	if b[i] != '{' {
+		return s.skip.skip(b, i, 1)
+	}
+	var kb keyBuf
+	it := openObject(b, i)
+	for {
+		key, esc, v, more := it.next()
+		if !more {
+			return it.i, !it.bad
+		}
+		var ok bool
+		if k, _ := decodeKey(&kb, key, esc); string(k) == "user_id" {
+			v, ok = s.stringField(v, user, fMetadataUserID)
+		} else {
+			v, ok = s.skip.skip(b, v, 2)
+		}
+		if !ok {
+			return v, false
+		}
+		it.i = v
+	}
+}
+
+// textSource measures a top-level source of prompt text into dst, replacing
+// what an earlier duplicate of the same key contributed. Every source may be
+// an array; strings are allowed where the API allows them.
+func (s *requestScan) textSource(i int, dst *content, id fieldID, strings bool) (int, bool) {
+	*dst = content{}
+	s.problem(id, problemNone)
+	switch c := s.b[i]; {
+	case c == '[' || (c == '"' && strings):
+		return s.texts(i, 1, 1, dst)
+	case c == 'n':
+		return scanLiteral(s.b, i)
+	}
+	s.problem(id, problemType)
+	return s.skip.skip(s.b, i, 1)
+}
+
+// texts measures a value that holds text: a string, an object (a message,
+// part, block or item) or an array of those. Other values (numbers of
+// token-id prompts, nulls) are validated and ignored. depth counts the
+// containers around the value, level the content levels walked so far.
+func (s *requestScan) texts(i, depth, level int, dst *content) (int, bool) {
+	b := s.b
+	switch b[i] {
+	case '"':
+		end, n, _, ok := scanString(b, i+1)
+		dst.bytes += n
+		return end, ok
+	case '{':
+		if level > maxContentLevel {
+			break
+		}
+		return s.part(i, depth, level, dst)
+	case '[':
+		if level > maxContentLevel {
+			break
+		}
+		if depth+1 > maxDepth {
+			return i, false
+		}
+		i = skipWS(b, i+1)
+		if i < len(b) && b[i] == ']' {
+			return i + 1, true
+		}
+		for {
+			var ok bool
+			if i >= len(b) {
+				return i, false
+			}
+			if i, ok = s.texts(i, depth+1, level, dst); !ok {
+				return i, false
+			}
+			i = skipWS(b, i)
+			if i >= len(b) {
+				return i, false
+			}
+			switch b[i] {
+			case ',':
+				i = skipWS(b, i+1)
+				continue
+			case ']':
+				return i + 1, true
+			}
+			return i, false
+		}
+	}
+	return s.skip.skip(b, i, depth)
+}
+
+// Keys of a message, part, block or item that carry text, and the slots their
+// contributions are kept in so that a duplicate key replaces, not adds.
+const (
+	slotText = iota
+	slotRefusal
+	slotThinking
+	slotArguments
+	slotContent
+	slotOutput
+	slotToolCalls
+	slotFunction
+	numSlots
+)
+
+// mediaKind classifies a part by its "type".
+type mediaKind uint8
+
+const (
+	mediaNone mediaKind = iota
+	mediaImage
+	mediaAudio
+	mediaFile
+)
+
+func mediaOf(t []byte) mediaKind {
+	switch string(t) {
+	case "image_url", "input_image", "image":
+		return mediaImage
+	case "input_audio", "audio":
+		return mediaAudio
+	case "file", "input_file", "document":
+		return mediaFile
+	}
+	return mediaNone
+}
+
+// part measures one object of a content tree. Text keys are counted whatever
+// the object's type says, since the type may come after them and a part
+// without a known type still costs its text; media are counted by type.
+func (s *requestScan) part(i, depth, level int, dst *content) (int, bool) {
+	if depth+1 > maxDepth {
+		return i, false
+	}
+	b := s.b
+	var (
+		slots [numSlots]content
+		media mediaKind
+		kb    keyBuf
+	)
+	it := openObject(b, i)
+	for {
+		key, esc, v, more := it.next()
+		if !more {
+			break
+		}
+		k, _ := decodeKey(&kb, key, esc)
+		slot := -1
+		switch string(k) {
+		case "text":
+			slot = slotText
+		case "refusal":
+			slot = slotRefusal
+		case "thinking":
+			slot = slotThinking
+		case "arguments":
+			slot = slotArguments
+		case "content":
+			slot = slotContent
+		case "output":
+			slot = slotOutput
+		case "tool_calls":
+			slot = slotToolCalls
+		case "function":
+			slot = slotFunction
+		case "type":
+			media = mediaNone
+			if b[v] == '"' {
+				end, _, esc, ok := scanString(b, v+1)
+				if !ok {
+					return end, false
+				}
+				t, _ := decodeKey(&kb, b[v+1:end-1], esc)
+				media = mediaOf(t)
+				it.i = end
+				continue
+			}
+		}
+		var ok bool
+		if slot < 0 {
+			v, ok = s.skip.skip(b, v, depth+1)
+		} else {
+			slots[slot] = content{}
+			if slot <= slotArguments {
+				// Plain text keys: a string counts, anything else is ignored.
+				if b[v] == '"' {
+					var n int64
+					v, n, _, ok = scanString(b, v+1)
+					slots[slot].bytes = n
+				} else {
+					v, ok = s.skip.skip(b, v, depth+1)
+				}
+			} else {
+				v, ok = s.texts(v, depth+1, level+1, &slots[slot])
+			}
+		}
+		if !ok {
+			return v, false
+		}
+		it.i = v
+	}
+	if it.bad {
+		return it.i, false
+	}
+	for _, c := range slots {
+		dst.add(c)
+	}
+	switch media {
+	case mediaImage:
+		dst.images++
+	case mediaAudio:
+		dst.audio++
+	case mediaFile:
+		dst.files++
+	}
+	return it.i, true
+}

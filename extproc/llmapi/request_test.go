@@ -1,0 +1,487 @@
+package llmapi
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	// Nothing here starts goroutines (the gzip decoder is push-driven); this
+	// keeps it that way.
+	goleak.VerifyTestMain(m)
+}
+
+func TestAPIFromPath(t *testing.T) {
+	tests := []struct {
+		path string
+		want API
+	}{
+		{"/v1/chat/completions", APIOpenAIChat},
+		{"/v1/chat/completions?api-version=1", APIOpenAIChat},
+		{"/openai/v1/chat/completions", APIOpenAIChat},
+		{"/v1/chat/completions/", APIOpenAIChat},
+		{"/v1/completions", APIOpenAICompletions},
+		{"/v1/embeddings#frag", APIOpenAIEmbeddings},
+		{"/v1/responses", APIOpenAIResponses},
+		{"/api/v1/messages", APIAnthropicMessages},
+		{"/proxy/v1/x/v1/messages", APIAnthropicMessages},
+		{"/v1/messages/count_tokens", APIUnknown},
+		{"/v1/messages/batches", APIUnknown},
+		{"/v1/threads/abc/messages", APIUnknown},
+		{"/v1/responses/resp_123", APIUnknown},
+		{"/v1/models", APIUnknown},
+		{"/v2/chat/completions", APIUnknown},
+		{"/chat/completions", APIUnknown},
+		{"/v1/", APIUnknown},
+		{"", APIUnknown},
+		{"?/v1/messages", APIUnknown},
+	}
+	for _, tc := range tests {
+		t.Run(tc.path, func(t *testing.T) {
+			if got := APIFromPath(tc.path); got != tc.want {
+				t.Fatalf("APIFromPath(%q) = %v, want %v", tc.path, got, tc.want)
+			}
+		})
+	}
+	if n := testing.AllocsPerRun(100, func() { APIFromPath("/openai/v1/chat/completions?x=1") }); n != 0 {
+		t.Fatalf("%v allocations", n)
+	}
+}
+
+func TestAPIString(t *testing.T) {
+	tests := []struct {
+		api       API
+		name      string
+		anthropic bool
+	}{
+		{APIUnknown, "unknown", false},
+		{APIOpenAIChat, "openai.chat", false},
+		{APIOpenAICompletions, "openai.completions", false},
+		{APIOpenAIEmbeddings, "openai.embeddings", false},
+		{APIOpenAIResponses, "openai.responses", false},
+		{APIAnthropicMessages, "anthropic.messages", true},
+		{API(200), "unknown", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.api.String() != tc.name || tc.api.Anthropic() != tc.anthropic {
+				t.Fatalf("%d: %q %v", tc.api, tc.api.String(), tc.api.Anthropic())
+			}
+		})
+	}
+}
+
+func TestScanRequest(t *testing.T) {
+	tests := []struct {
+		name string
+		api  API
+		body string
+		want RequestFields
+		err  error
+	}{
+		{
+			name: "openai chat",
+			api:  APIOpenAIChat,
+			body: `{"model":"gpt-4o","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi\n\"there\""}],"max_completion_tokens":256,"n":2,"stream":true,"stream_options":{"include_usage":true},"user":"u-1"}`,
+			want: RequestFields{Model: "gpt-4o", MaxTokens: 256, HasMaxTokens: true, N: 2, Stream: true, HasStreamOptions: true, IncludeUsage: true, User: "u-1", PromptBytes: 9 + 10},
+		},
+		{
+			name: "openai chat multimodal parts and tool calls",
+			api:  APIOpenAIChat,
+			body: `{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"text","text":"What is this?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}},{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}},{"type":"file","file":{"file_data":"AAAA"}}]},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"q\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"42"},{"role":"assistant","content":[{"type":"refusal","refusal":"No."}]}]}`,
+			want: RequestFields{Model: "gpt-4o", N: 1, PromptBytes: 13 + 7 + 2 + 3, Images: 1, Audio: 1, Files: 1},
+		},
+		{
+			name: "openai completions with prompt array",
+			api:  APIOpenAICompletions,
+			body: `{"model":"gpt-3.5-turbo-instruct","prompt":["Say this","is a test",[1,2,3]],"max_tokens":7,"stream":false}`,
+			want: RequestFields{Model: "gpt-3.5-turbo-instruct", MaxTokens: 7, HasMaxTokens: true, N: 1, PromptBytes: 8 + 9},
+		},
+		{
+			name: "openai embeddings",
+			api:  APIOpenAIEmbeddings,
+			body: `{"model":"text-embedding-3-small","input":["caf\u00e9","tea"],"encoding_format":"float"}`,
+			want: RequestFields{Model: "text-embedding-3-small", N: 1, PromptBytes: 5 + 3},
+		},
+		{
+			name: "openai responses",
+			api:  APIOpenAIResponses,
+			body: `{"model":"gpt-4.1","instructions":"Talk like a pirate.","input":[{"role":"user","content":[{"type":"input_text","text":"Describe"},{"type":"input_image","image_url":"https://x/y.png"},{"type":"input_file","file_id":"f"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"sunny"}],"max_output_tokens":500,"stream":true,"user":"u"}`,
+			want: RequestFields{Model: "gpt-4.1", MaxTokens: 500, HasMaxTokens: true, N: 1, Stream: true, User: "u", PromptBytes: 19 + 8 + 2 + 5, Images: 1, Files: 1},
+		},
+		{
+			name: "openai responses with a string input",
+			api:  APIOpenAIResponses,
+			body: `{"model":"gpt-4.1","input":"Tell me a story."}`,
+			want: RequestFields{Model: "gpt-4.1", N: 1, PromptBytes: 16},
+		},
+		{
+			name: "anthropic messages",
+			api:  APIAnthropicMessages,
+			body: `{"model":"claude-sonnet-4-5","max_tokens":1024,"system":[{"type":"text","text":"You are terse.","cache_control":{"type":"ephemeral"}}],"metadata":{"user_id":"acct-9"},"user":"ignored","stream":true,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AAAA"}},{"type":"document","source":{"type":"text","data":"doc"}},{"type":"text","text":"Hello"}]},{"role":"assistant","content":[{"type":"thinking","thinking":"hmm","signature":"s"},{"type":"tool_use","id":"t","name":"f","input":{"text":"not prompt text"}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"result"},{"type":"image","source":{}}]}]}]}`,
+			want: RequestFields{Model: "claude-sonnet-4-5", MaxTokens: 1024, HasMaxTokens: true, N: 1, Stream: true, User: "acct-9", PromptBytes: 14 + 5 + 3 + 6, Images: 2, Files: 1},
+		},
+		{
+			name: "anthropic system string",
+			api:  APIAnthropicMessages,
+			body: `{"model":"claude","max_tokens":1,"system":"sys","messages":[{"role":"user","content":"hi"}]}`,
+			want: RequestFields{Model: "claude", MaxTokens: 1, HasMaxTokens: true, N: 1, PromptBytes: 5},
+		},
+		{
+			name: "unknown api prefers user, then metadata.user_id",
+			api:  APIUnknown,
+			body: `{"metadata":{"user_id":"m"}}`,
+			want: RequestFields{N: 1, User: "m"},
+		},
+		{
+			name: "largest output limit wins",
+			api:  APIOpenAIChat,
+			body: `{"max_tokens":100,"max_completion_tokens":300,"max_output_tokens":200}`,
+			want: RequestFields{MaxTokens: 300, HasMaxTokens: true, N: 1},
+		},
+		{
+			name: "zero max_tokens is present",
+			api:  APIOpenAIChat,
+			body: `{"max_tokens":0}`,
+			want: RequestFields{HasMaxTokens: true, N: 1},
+		},
+		{
+			name: "nulls are absent",
+			api:  APIOpenAIChat,
+			body: `{"model":null,"max_tokens":null,"n":null,"stream":null,"stream_options":null,"user":null,"messages":null}`,
+			want: RequestFields{N: 1},
+		},
+		{
+			name: "duplicate keys: the last wins",
+			api:  APIOpenAIChat,
+			body: `{"model":"a","model":"b","stream":true,"stream":false,"messages":[{"content":"xxxxxxxx"}],"messages":[{"content":"yy"}],"stream_options":{"include_usage":true},"stream_options":{}}`,
+			want: RequestFields{Model: "b", N: 1, HasStreamOptions: true, PromptBytes: 2},
+		},
+		{
+			name: "duplicate keys inside a message",
+			api:  APIOpenAIChat,
+			body: `{"messages":[{"content":"xxxxxxxx","content":"yy","type":"image_url","type":"text"}]}`,
+			want: RequestFields{N: 1, PromptBytes: 2},
+		},
+		{
+			name: "a wrong value replaced by a good one is no error",
+			api:  APIOpenAIChat,
+			body: `{"max_tokens":"9","max_tokens":9}`,
+			want: RequestFields{MaxTokens: 9, HasMaxTokens: true, N: 1},
+		},
+		{
+			name: "escaped keys and values",
+			api:  APIOpenAIChat,
+			body: `{"mod\u0065l":"gpt\u002d4","\u0075ser":"\u00fc","messages":[{"c\u006fntent":"\ud83d\ude00"}]}`,
+			want: RequestFields{Model: "gpt-4", User: "ü", N: 1, PromptBytes: 4},
+		},
+		{
+			name: "max_tokens string",
+			api:  APIOpenAIChat,
+			body: `{"model":"m","max_tokens":"9","stream":true}`,
+			want: RequestFields{Model: "m", N: 1, Stream: true},
+			err:  ErrFieldType,
+		},
+		{
+			name: "max_tokens fraction",
+			api:  APIOpenAIChat,
+			body: `{"max_tokens":9.5}`,
+			want: RequestFields{N: 1},
+			err:  ErrFieldType,
+		},
+		{
+			name: "negative max_tokens",
+			api:  APIOpenAIChat,
+			body: `{"max_tokens":-1,"model":"m"}`,
+			want: RequestFields{Model: "m", N: 1},
+			err:  ErrFieldValue,
+		},
+		{
+			name: "max_tokens beyond int64",
+			api:  APIOpenAIChat,
+			body: `{"max_tokens":92233720368547758070}`,
+			want: RequestFields{N: 1},
+			err:  ErrFieldValue,
+		},
+		{
+			name: "negative n",
+			api:  APIOpenAIChat,
+			body: `{"n":-3}`,
+			want: RequestFields{N: 1},
+			err:  ErrFieldValue,
+		},
+		{
+			name: "zero n",
+			api:  APIOpenAIChat,
+			body: `{"n":0}`,
+			want: RequestFields{N: 1},
+			err:  ErrFieldValue,
+		},
+		{
+			name: "model number",
+			api:  APIOpenAIChat,
+			body: `{"model":5,"user":"u"}`,
+			want: RequestFields{N: 1, User: "u"},
+			err:  ErrFieldType,
+		},
+		{
+			name: "stream string",
+			api:  APIOpenAIChat,
+			body: `{"stream":"true"}`,
+			want: RequestFields{N: 1},
+			err:  ErrFieldType,
+		},
+		{
+			name: "stream_options not an object",
+			api:  APIOpenAIChat,
+			body: `{"stream_options":true}`,
+			want: RequestFields{N: 1},
+			err:  ErrFieldType,
+		},
+		{
+			name: "include_usage not a boolean",
+			api:  APIOpenAIChat,
+			body: `{"stream_options":{"include_usage":1}}`,
+			want: RequestFields{N: 1, HasStreamOptions: true},
+			err:  ErrFieldType,
+		},
+		{
+			name: "messages not an array",
+			api:  APIOpenAIChat,
+			body: `{"messages":"hi","model":"m"}`,
+			want: RequestFields{Model: "m", N: 1},
+			err:  ErrFieldType,
+		},
+		{
+			name: "odd message shapes are ignored",
+			api:  APIOpenAIChat,
+			body: `{"messages":[1,null,"x",{"content":5},{"content":{"text":"t"}},[{"content":"deep"}]]}`,
+			want: RequestFields{N: 1, PromptBytes: 1 + 1 + 4},
+		},
+		{
+			name: "invalid UTF-8 is counted as bytes",
+			api:  APIOpenAIChat,
+			body: "{\"messages\":[{\"content\":\"\xff\xfe\"}]}",
+			want: RequestFields{N: 1, PromptBytes: 2},
+		},
+		{
+			name: "nesting at the limit",
+			api:  APIOpenAIChat,
+			body: `{"model":"m","x":` + strings.Repeat("[", maxDepth-1) + strings.Repeat("]", maxDepth-1) + `}`,
+			want: RequestFields{Model: "m", N: 1},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var got RequestFields
+			err := ScanRequest(tc.api, []byte(tc.body), &got)
+			if got != tc.want {
+				t.Errorf("got  %+v\nwant %+v", got, tc.want)
+			}
+			if !errors.Is(err, tc.err) || (err == nil) != (tc.err == nil) {
+				t.Errorf("err = %v, want %v", err, tc.err)
+			}
+			ref, rerr := refScanRequest(tc.api, []byte(tc.body))
+			if tc.name != "invalid UTF-8 is counted as bytes" && (ref != got || (rerr == nil) != (err == nil)) {
+				t.Errorf("reference: %+v (%v)", ref, rerr)
+			}
+		})
+	}
+}
+
+func TestScanRequestInvalid(t *testing.T) {
+	tests := map[string]string{
+		"empty":              ``,
+		"whitespace":         " \n\t",
+		"top-level array":    `[{"model":"m"}]`,
+		"top-level string":   `"model"`,
+		"top-level null":     `null`,
+		"truncated":          `{"model":"gpt-4o","messages":[{"role":"user","content":"hi`,
+		"truncated key":      `{"mod`,
+		"missing colon":      `{"model" "m"}`,
+		"trailing comma":     `{"model":"m",}`,
+		"trailing garbage":   `{"model":"m"} x`,
+		"two documents":      `{"model":"m"}{}`,
+		"bad literal":        `{"stream":tru}`,
+		"bad number":         `{"max_tokens":01}`,
+		"bad number 2":       `{"max_tokens":1.}`,
+		"bad escape":         `{"model":"\x"}`,
+		"bad unicode escape": `{"model":"\u12G4"}`,
+		"raw newline":        "{\"model\":\"a\nb\"}",
+		"single quotes":      `{'model':'m'}`,
+		"mismatched close":   `{"messages":[}`,
+		"too deep":           `{"x":` + strings.Repeat("[", maxDepth) + strings.Repeat("]", maxDepth) + `}`,
+		"too deep messages":  `{"messages":[{"content":[{"content":` + strings.Repeat("[", 20000) + `}]}]}`,
+		"unclosed deep":      strings.Repeat("[", 10000),
+		"deep objects":       `{"messages":` + strings.Repeat(`{"content":`, 10001) + `1` + strings.Repeat("}", 10001) + `}`,
+		"bom":                "\xEF\xBB\xBF{}",
+	}
+	for name, body := range tests {
+		t.Run(name, func(t *testing.T) {
+			var f RequestFields
+			if err := ScanRequest(APIOpenAIChat, []byte(body), &f); !errors.Is(err, ErrInvalidJSON) {
+				t.Fatalf("err = %v", err)
+			}
+		})
+	}
+}
+
+func TestScanRequestAllocations(t *testing.T) {
+	body := chatBody(1<<10, 9)
+	var f RequestFields
+	if err := ScanRequest(APIOpenAIChat, body, &f); err != nil {
+		t.Fatal(err)
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		if err := ScanRequest(APIOpenAIChat, body, &f); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations for a %d-byte body", allocs, len(body))
+	}
+	// Copies stay valid after the body is reused.
+	model, user := f.Model, f.User
+	for i := range body {
+		body[i] = 'x'
+	}
+	if model != "gpt-4o-2024-08-06" || user != "user-1234" {
+		t.Fatalf("model %q user %q changed with the body", model, user)
+	}
+}
+
+func TestField(t *testing.T) {
+	body := []byte(`{"model":"gpt-4o","user":"u\"1","n":2.50,"stream":true,"off":false,"none":null,` +
+		`"metadata":{"feature":"batch_summarize","tier":{"name":"pro"},"list":[1]},"metadata":{"feature":"chat"},"a.b":1,"":{"":"empty"}}`)
+	tests := []struct {
+		path string
+		want string
+		ok   bool
+	}{
+		{"model", "gpt-4o", true},
+		{"user", `u"1`, true},
+		{"n", "2.50", true},
+		{"stream", "true", true},
+		{"off", "false", true},
+		{"none", "", false},
+		{"metadata", "", false},
+		{"metadata.feature", "chat", true},
+		{"metadata.tier.name", "", false},
+		{"metadata.list", "", false},
+		{"missing", "", false},
+		{"model.x", "", false},
+		{"a.b", "", false},
+		{"", "", false},
+		{".", "empty", true}, // regression: a path of empty segments stopped after the first
+	}
+	for _, tc := range tests {
+		t.Run(tc.path, func(t *testing.T) {
+			got, ok := Field(body, tc.path)
+			if got != tc.want || ok != tc.ok {
+				t.Fatalf("Field(%q) = %q, %v; want %q, %v", tc.path, got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+	t.Run("invalid body", func(t *testing.T) {
+		if v, ok := Field([]byte(`{"model":"m"`), "model"); ok {
+			t.Fatalf("got %q", v)
+		}
+	})
+	t.Run("long escaped key", func(t *testing.T) {
+		key := strings.Repeat("k", 100)
+		b := []byte(`{"` + strings.Repeat(`\u006b`, 100) + `":"v"}`)
+		if v, ok := Field(b, key); !ok || v != "v" {
+			t.Fatalf("got %q, %v", v, ok)
+		}
+	})
+	t.Run("repeated values do not allocate", func(t *testing.T) {
+		Field(body, "metadata.feature")
+		if n := testing.AllocsPerRun(100, func() { Field(body, "metadata.feature") }); n != 0 {
+			t.Fatalf("%v allocations", n)
+		}
+	})
+}
+
+func TestInjectIncludeUsage(t *testing.T) {
+	tests := []struct {
+		name string
+		api  API
+		body string
+		want string // empty: unchanged
+	}{
+		{"adds stream_options", APIOpenAIChat, `{"model":"m","stream":true}`, `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`},
+		{"keeps whitespace", APIOpenAICompletions, "{ \"stream\" : true }\n", "{ \"stream\" : true ,\"stream_options\":{\"include_usage\":true}}\n"},
+		{"fills an empty stream_options", APIOpenAIChat, `{"stream":true,"stream_options":{}}`, `{"stream":true,"stream_options":{"include_usage":true}}`},
+		{"adds to stream_options", APIOpenAIChat, `{"stream_options":{"continuous_usage_stats":true},"stream":true}`, `{"stream_options":{"include_usage":true,"continuous_usage_stats":true},"stream":true}`},
+		{"replaces null stream_options", APIOpenAIChat, `{"stream":true,"stream_options":null}`, `{"stream":true,"stream_options":{"include_usage":true}}`},
+		{"replaces null include_usage", APIOpenAIChat, `{"stream":true,"stream_options":{"include_usage":null}}`, `{"stream":true,"stream_options":{"include_usage":true}}`},
+		{"changes the last of duplicates", APIOpenAIChat, `{"stream":true,"stream_options":{"include_usage":true},"stream_options":{}}`, `{"stream":true,"stream_options":{"include_usage":true},"stream_options":{"include_usage":true}}`},
+		{"already there", APIOpenAIChat, `{"stream":true,"stream_options":{"include_usage":true}}`, ``},
+		{"client said false", APIOpenAIChat, `{"stream":true,"stream_options":{"include_usage":false}}`, ``},
+		{"not streaming", APIOpenAIChat, `{"stream":false}`, ``},
+		{"stream absent", APIOpenAIChat, `{"model":"m"}`, ``},
+		{"stream not a boolean", APIOpenAIChat, `{"stream":"true"}`, ``},
+		{"last stream wins", APIOpenAIChat, `{"stream":true,"stream":false}`, ``},
+		{"stream_options of the wrong type", APIOpenAIChat, `{"stream":true,"stream_options":1}`, ``},
+		{"anthropic", APIAnthropicMessages, `{"stream":true}`, ``},
+		{"responses", APIOpenAIResponses, `{"stream":true}`, ``},
+		{"invalid JSON", APIOpenAIChat, `{"stream":true`, ``},
+		{"trailing garbage", APIOpenAIChat, `{"stream":true}x`, ``},
+		{"array", APIOpenAIChat, `[{"stream":true}]`, ``},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			in := []byte(tc.body)
+			out, changed := InjectIncludeUsage(tc.api, in)
+			if tc.want == "" {
+				if changed || string(out) != tc.body {
+					t.Fatalf("changed to %s", out)
+				}
+				return
+			}
+			if !changed || string(out) != tc.want {
+				t.Fatalf("got %s (%v)\nwant %s", out, changed, tc.want)
+			}
+			if string(in) != tc.body {
+				t.Fatal("input modified")
+			}
+		})
+	}
+}
+
+// TestConcurrentUse runs the stateless functions from many goroutines at once,
+// which the race detector checks together with the shared intern table.
+func TestConcurrentUse(t *testing.T) {
+	const workers = 8
+	done := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			model := strings.Repeat("m", w+1)
+			body := []byte(`{"model":"` + model + `","user":"u","metadata":{"feature":"f` + model + `"},"stream":true}`)
+			for range 500 {
+				var f RequestFields
+				if err := ScanRequest(APIOpenAIChat, body, &f); err != nil || f.Model != model {
+					done <- errors.New("ScanRequest: " + f.Model)
+					return
+				}
+				if v, ok := Field(body, "metadata.feature"); !ok || v != "f"+model {
+					done <- errors.New("Field: " + v)
+					return
+				}
+				if _, ok := InjectIncludeUsage(APIOpenAIChat, body); !ok {
+					done <- errors.New("InjectIncludeUsage")
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for range workers {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,393 @@
+package llmapi
+
+import (
+	"errors"
+	"strings"
+)
+
+// Usage is what a response reported about its token use. It is plain data,
+// safe for concurrent reads.
+type Usage struct {
+	// PromptTokens is the input the upstream billed. For Anthropic it is
+	// input_tokens + cache_read_input_tokens + cache_creation_input_tokens,
+	// because all three are input the model read.
+	PromptTokens int64
+	// CompletionTokens is the output, reasoning included.
+	CompletionTokens int64
+	// TotalTokens is the reported total, or PromptTokens+CompletionTokens when
+	// the response did not report one.
+	TotalTokens int64
+	// CachedTokens is the part of PromptTokens served from a prompt cache.
+	CachedTokens int64
+	// ReasoningTokens is the part of CompletionTokens spent reasoning.
+	ReasoningTokens int64
+	// Known reports that a complete usage (input and output counts) came in a
+	// well-formed document. When it is false the counts above are whatever
+	// partial numbers were seen, which may be none.
+	Known bool
+	// PromptKnown reports that PromptTokens came from a well-formed document,
+	// for example an Anthropic message_start seen before the stream ended
+	// without its message_delta.
+	PromptKnown bool
+	// ContentBytes is the unescaped size of the generated text seen (message
+	// text, refusals, reasoning text, tool call arguments), for estimating the
+	// output of a response that ended without usage.
+	ContentBytes int64
+}
+
+// Errors reported by UsageScanner.Err, checked with errors.Is. They do not
+// stop a scan from returning the usage seen before them.
+var (
+	// ErrUnsupportedEncoding means the response used a content-encoding other
+	// than identity, gzip or deflate; its body is not read.
+	ErrUnsupportedEncoding = errors.New("llmapi: unsupported content-encoding")
+	// ErrCorruptCompression means the compressed body could not be decoded
+	// (bad data, checksum mismatch, or a decoded size above the limit); what
+	// was decoded before the problem still counts.
+	ErrCorruptCompression = errors.New("llmapi: corrupt compressed response body")
+)
+
+// Framing of a response body.
+const (
+	modeSniff  uint8 = iota // decide from the first non-blank byte
+	modeJSON                // one JSON document
+	modeSSE                 // a text/event-stream of JSON documents
+	modeIgnore              // not readable (unsupported encoding)
+)
+
+// UsageScanner extracts usage from a response body delivered in chunks split
+// anywhere: inside an SSE line, inside "data:", inside a JSON string or
+// number. It never buffers the body: it keeps a few kilobytes of parser state,
+// plus a 32 KiB window while decoding a compressed body.
+//
+// The zero value is not ready; call Reset. A UsageScanner is not safe for
+// concurrent use: keep one per response stream. It can be reused for another
+// response after Reset.
+type UsageScanner struct {
+	api      API
+	mode     uint8
+	sse      bool
+	tree     pathTree
+	finished bool
+	closed   bool
+	inDoc    bool
+	err      error
+	dec      *inflater
+
+	tally  tally
+	result Usage
+
+	events sseParser
+	whole  docResult
+	doc    jsonStream
+}
+
+// tally merges the documents of one response.
+type tally struct {
+	vals        [groupSize]int64
+	has         uint32
+	known       bool
+	promptKnown bool
+	startSeen   bool // Anthropic: a valid message_start with input_tokens
+	outSeen     bool // Anthropic: a valid message_delta with output_tokens
+	content     int64
+}
+
+// Reset prepares the scanner for a response of api with the given
+// content-type and content-encoding header values. text/event-stream is read
+// as SSE and JSON types as one JSON document; anything else (or no header) is
+// decided by the first non-blank byte of the body. gzip, x-gzip and deflate
+// are decoded on the fly; another encoding makes the body unreadable, which
+// Err reports. Like every method of UsageScanner it is not safe for
+// concurrent use.
+func (s *UsageScanner) Reset(api API, contentType, contentEncoding string) {
+	s.Close()
+	*s = UsageScanner{api: api, err: treesErr}
+	mt, _, _ := strings.Cut(contentType, ";")
+	mt = strings.TrimSpace(mt)
+	switch {
+	case strings.EqualFold(mt, "text/event-stream"):
+		s.setMode(modeSSE)
+	case strings.EqualFold(mt, "application/json") || hasSuffixFold(mt, "+json"):
+		s.setMode(modeJSON)
+	}
+	switch enc := strings.TrimSpace(contentEncoding); {
+	case enc == "" || strings.EqualFold(enc, "identity"):
+	case strings.EqualFold(enc, "gzip") || strings.EqualFold(enc, "x-gzip"):
+		s.dec = getInflater(formatGzip)
+	case strings.EqualFold(enc, "deflate"):
+		s.dec = getInflater(formatZlibOrRaw)
+	default:
+		s.mode = modeIgnore
+		s.err = ErrUnsupportedEncoding
+	}
+}
+
+func hasSuffixFold(s, suffix string) bool {
+	return len(s) >= len(suffix) && strings.EqualFold(s[len(s)-len(suffix):], suffix)
+}
+
+func (s *UsageScanner) setMode(m uint8) {
+	s.mode = m
+	s.sse = m == modeSSE
+	s.tree = treeFor(s.api, s.sse)
+}
+
+// Write consumes the next chunk of the body. It does constant work per byte,
+// never blocks, does not allocate once the scanner is warm, and does not
+// retain chunk. Writes after Finish or Close are ignored. Not safe for
+// concurrent use.
+func (s *UsageScanner) Write(chunk []byte) {
+	if s.finished || s.closed || len(chunk) == 0 {
+		return
+	}
+	if s.dec != nil {
+		if err := s.dec.write(chunk, s); err != nil {
+			s.decodeFailed(err)
+		}
+		return
+	}
+	s.plain(chunk)
+}
+
+func (s *UsageScanner) decodeFailed(err error) {
+	if s.err == nil {
+		s.err = err
+	}
+	putInflater(s.dec)
+	s.dec = nil
+	s.mode = modeIgnore
+}
+
+// plain consumes decoded body bytes.
+func (s *UsageScanner) plain(p []byte) {
+	switch s.mode {
+	case modeSniff:
+		for len(p) > 0 && (p[0] == ' ' || p[0] == '\n' || p[0] == '\r' || p[0] == '\t') {
+			p = p[1:]
+		}
+		if len(p) == 0 {
+			return
+		}
+		if p[0] == '{' || p[0] == '[' {
+			s.setMode(modeJSON)
+		} else {
+			s.setMode(modeSSE)
+		}
+		s.plain(p)
+	case modeJSON:
+		if !s.inDoc {
+			s.inDoc = true
+			s.doc.begin(s.tree)
+		}
+		s.doc.feed(p)
+	case modeSSE:
+		s.events.feed(p, s)
+	}
+}
+
+// dataStart, data and dispatch make the scanner the sink of its SSE parser.
+func (s *UsageScanner) dataStart() {
+	s.inDoc = true
+	s.doc.begin(s.tree)
+}
+
+func (s *UsageScanner) data(p []byte) { s.doc.feed(p) }
+
+func (s *UsageScanner) dispatch(event []byte) {
+	s.inDoc = false
+	valid := s.doc.finish()
+	s.merge(valid, event, &s.doc.docResult)
+}
+
+// wholeEvent takes an event whose only data line is all of data. It parses it
+// in place, which is several times faster than streaming it, and reports
+// false, having done nothing, when the data is not valid JSON: the caller
+// then streams it as usual so that partial results come out the same however
+// the event was split.
+func (s *UsageScanner) wholeEvent(data, event []byte) bool {
+	d := &s.whole
+	*d = docResult{}
+	if !scanDoc(s.tree, data, d) {
+		return false
+	}
+	s.inDoc = false
+	s.merge(true, event, d)
+	return true
+}
+
+// Finish ends the body, whether it ended normally or was cut short, and
+// returns what was seen. It is idempotent: later calls return the same Usage.
+// It releases the decoder of a compressed body. Not safe for concurrent use.
+func (s *UsageScanner) Finish() Usage {
+	if s.finished {
+		return s.result
+	}
+	if s.dec != nil && !s.closed {
+		if err := s.dec.finish(s); err != nil {
+			s.decodeFailed(err)
+		}
+	}
+	switch s.mode {
+	case modeSSE:
+		s.events.end(s)
+	case modeJSON:
+		if s.inDoc {
+			s.inDoc = false
+			valid := s.doc.finish()
+			s.merge(valid, nil, &s.doc.docResult)
+		}
+	}
+	s.finished = true
+	s.result = s.tally.usage(s.api)
+	s.Close()
+	return s.result
+}
+
+// Close releases the decoder of a compressed body without reading further,
+// for a stream that ended early. It is idempotent and may be called before or
+// after Finish; Finish after Close reports what was seen before it. Not safe
+// for concurrent use.
+func (s *UsageScanner) Close() {
+	if s.dec != nil {
+		putInflater(s.dec)
+		s.dec = nil
+	}
+	s.closed = true
+}
+
+// Err reports why part of the body could not be read (an unsupported or
+// corrupt encoding), or nil. Malformed JSON or SSE is not an error here: it
+// shows as Usage.Known being false. Not safe for concurrent use.
+func (s *UsageScanner) Err() error { return s.err }
+
+// Event types that carry usage or generated text in the streaming formats.
+func responsesUsageEvent(t []byte) bool {
+	switch string(t) {
+	case "response.completed", "response.incomplete", "response.failed":
+		return true
+	}
+	return false
+}
+
+func responsesTextEvent(t []byte) bool {
+	switch string(t) {
+	case "response.output_text.delta", "response.refusal.delta",
+		"response.reasoning_text.delta", "response.reasoning_summary_text.delta",
+		"response.function_call_arguments.delta":
+		return true
+	}
+	return false
+}
+
+// merge folds the document just parsed into the tally. event is the SSE event
+// type; the document's own "type" member takes precedence over it, since
+// proxies drop event lines more often than they rewrite JSON.
+func (s *UsageScanner) merge(valid bool, event []byte, d *docResult) {
+	s.tally.add(s.api, s.sse, valid, d.typ(event), d.has, &d.vals, d.content)
+}
+
+var (
+	_ eventSink = (*UsageScanner)(nil)
+	_ plainSink = (*UsageScanner)(nil)
+)
+
+// add folds one document's findings into the tally. It is shared with the
+// tests' reference implementation so that both agree on the rules and differ
+// only in how documents are parsed.
+func (t *tally) add(api API, sse bool, valid bool, typ []byte, has uint32, vals *[numUsageSlots]int64, content int64) {
+	group := -1
+	text := true
+	anthropicStart, anthropicDelta := false, false
+	switch {
+	case !sse:
+		group = 0
+	case api == APIOpenAIResponses:
+		if responsesUsageEvent(typ) {
+			group = 1
+		}
+		text = responsesTextEvent(typ)
+	case api == APIAnthropicMessages:
+		switch string(typ) {
+		case "message_start":
+			group, anthropicStart = 1, true
+		case "message_delta":
+			group, anthropicDelta = 0, true
+		}
+		text = string(typ) == "content_block_delta"
+	default:
+		group = 0
+	}
+	if text {
+		t.content += content
+	}
+	if group < 0 {
+		return
+	}
+	g := has >> (group * groupSize) & (1<<groupSize - 1)
+	gv := vals[group*groupSize : (group+1)*groupSize]
+	hasPrompt := g&(1<<slotPrompt) != 0
+	hasCompletion := g&(1<<slotCompletion) != 0
+
+	if api == APIAnthropicMessages && sse {
+		if !valid && t.known {
+			return
+		}
+		t.take(g, gv)
+		if valid && anthropicStart && hasPrompt {
+			t.startSeen, t.promptKnown = true, true
+		}
+		if valid && anthropicDelta && hasCompletion {
+			t.outSeen = true
+		}
+		t.known = t.startSeen && t.outSeen
+		return
+	}
+
+	complete := hasPrompt && (hasCompletion || api == APIOpenAIEmbeddings)
+	switch {
+	case valid && complete:
+		t.vals = [groupSize]int64{}
+		t.has = 0
+		t.take(g, gv)
+		t.known, t.promptKnown = true, true
+	case !t.known:
+		t.take(g, gv)
+		if valid && hasPrompt {
+			t.promptKnown = true
+		}
+	}
+}
+
+// take copies the present slots of a group.
+func (t *tally) take(g uint32, gv []int64) {
+	for k := range groupSize {
+		if g&(1<<k) != 0 {
+			t.vals[k] = gv[k]
+			t.has |= 1 << k
+		}
+	}
+}
+
+func (t *tally) usage(api API) Usage {
+	u := Usage{
+		PromptTokens:     t.vals[slotPrompt],
+		CompletionTokens: t.vals[slotCompletion],
+		CachedTokens:     t.vals[slotCached],
+		ReasoningTokens:  t.vals[slotReasoning],
+		Known:            t.known,
+		PromptKnown:      t.promptKnown || t.known,
+		ContentBytes:     t.content,
+	}
+	if api == APIAnthropicMessages {
+		u.PromptTokens += t.vals[slotCached] + t.vals[slotCacheCreation]
+		u.TotalTokens = u.PromptTokens + u.CompletionTokens
+		return u
+	}
+	if t.has&(1<<slotTotal) != 0 {
+		u.TotalTokens = t.vals[slotTotal]
+	} else {
+		u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	}
+	return u
+}
