@@ -1,0 +1,142 @@
+// Command mockllm runs a fake OpenAI- and Anthropic-compatible LLM provider
+// with a latency model, a queueing capacity and injectable faults, for demos,
+// experiments and end-to-end tests of llm-bulkhead. See package mock for the
+// endpoints and the token accounting.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/cmd/mockllm/mock"
+)
+
+// config is everything the command line decides.
+type config struct {
+	listen   string
+	grace    time.Duration
+	logLevel slog.Level
+	opts     mock.Options
+}
+
+// parseFlags reads args (without the program name). Help goes to out.
+func parseFlags(args []string, out io.Writer) (config, error) {
+	cfg := config{opts: mock.Options{ProviderCapacity: map[string]int{}}}
+	fs := flag.NewFlagSet("mockllm", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprintf(out, `Usage: mockllm [flags]
+
+A fake OpenAI- and Anthropic-compatible LLM provider. Endpoints: POST
+/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses,
+/v1/messages (JSON and SSE), GET /v1/models; admin: GET /mockllm/requests,
+GET /mockllm/stats, GET|POST /mockllm/faults, POST /mockllm/reset,
+GET /mockllm/healthz.
+
+Per-request headers: x-mockllm-status, x-mockllm-retry-after,
+x-mockllm-delay-headers, x-mockllm-disconnect-after, x-mockllm-no-usage,
+x-mockllm-fail-rate, x-mockllm-gzip, x-mockllm-completion-tokens,
+x-mockllm-cached-tokens, x-mockllm-reasoning-tokens.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:8080", "address to listen on (host:port; port 0 picks a free one)")
+	fs.DurationVar(&cfg.grace, "grace", 10*time.Second, "on SIGINT/SIGTERM, how long requests in progress may run before their connections are closed")
+	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: DEBUG (one line per request), INFO, WARN or ERROR")
+	fs.Float64Var(&cfg.opts.TimeScale, "time-scale", 1, "multiplies every simulated delay; 0.01 runs 100x faster")
+	fs.Uint64Var(&cfg.opts.Seed, "seed", 1, "seed of the random jitter and fail-rate draws (same seed and request order, same run)")
+	fs.IntVar(&cfg.opts.Capacity, "capacity", 0, "requests processed at once by the whole provider; others wait FIFO (0: unlimited)")
+	fs.Func("provider-capacity", "`name=N`: requests processed at once for x-llm-provider value name, on top of -capacity (repeatable)", func(v string) error {
+		name, n, ok := strings.Cut(v, "=")
+		if !ok || name == "" {
+			return errors.New("want name=N")
+		}
+		c, err := strconv.Atoi(n)
+		if err != nil {
+			return err
+		}
+		cfg.opts.ProviderCapacity[name] = c
+		return nil
+	})
+	fs.Int64Var(&cfg.opts.DefaultCompletionTokens, "default-completion-tokens", mock.DefaultCompletionTokens, "completion tokens when the request gives no max_tokens/max_completion_tokens/max_output_tokens")
+	fs.DurationVar(&cfg.opts.Latency.Base, "base-latency", mock.DefaultBaseLatency, "fixed part of each request's latency")
+	fs.Float64Var(&cfg.opts.Latency.TokensPerSecond, "tokens-per-second", mock.DefaultTokensPerSecond, "latency grows by tokens/this seconds (tokens = prompt + completion)")
+	fs.Float64Var(&cfg.opts.Latency.JitterMin, "jitter-min", mock.DefaultJitterMin, "lower bound of the uniform factor applied to each latency")
+	fs.Float64Var(&cfg.opts.Latency.JitterMax, "jitter-max", mock.DefaultJitterMax, "upper bound of the uniform factor applied to each latency")
+	fs.Float64Var(&cfg.opts.Latency.TTFBFraction, "ttfb-fraction", mock.DefaultTTFBFraction, "share of a stream's latency before its first byte; the rest is spread over the chunks")
+	fs.IntVar(&cfg.opts.ChunkTokens, "chunk-tokens", mock.DefaultChunkTokens, "completion tokens per streamed content event")
+	fs.IntVar(&cfg.opts.EmbeddingDimensions, "embedding-dimensions", mock.DefaultEmbeddingDimensions, "embedding vector length when the request gives no dimensions")
+	fs.IntVar(&cfg.opts.RequestLogSize, "request-log", mock.DefaultRequestLogSize, "how many recent requests GET /mockllm/requests keeps")
+	fs.Func("fail", "fault `rule` for the whole run, e.g. provider=deepseek,rate=0.6,status=503; keys: provider, model (glob), status, rate, retry-after, delay-headers, disconnect-after, no-usage, gzip (repeatable; later rules refine earlier ones)", func(v string) error {
+		r, err := mock.ParseFaultRule(v)
+		if err != nil {
+			return err
+		}
+		cfg.opts.Faults = append(cfg.opts.Faults, r)
+		return nil
+	})
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	if cfg.grace < 0 {
+		return cfg, fmt.Errorf("-grace %v must not be negative", cfg.grace)
+	}
+	return cfg, nil
+}
+
+// run serves until ctx ends. ready, when not nil, is told the address
+// listened on.
+func run(ctx context.Context, args []string, stderr io.Writer, ready func(net.Addr)) error {
+	cfg, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	cfg.opts.Logger = logger
+	srv, err := mock.New(cfg.opts)
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", cfg.listen)
+	if err != nil {
+		return err
+	}
+	logger.Info("mockllm listening", "addr", l.Addr().String(), "time_scale", cfg.opts.TimeScale,
+		"seed", cfg.opts.Seed, "capacity", cfg.opts.Capacity, "fault_rules", len(cfg.opts.Faults))
+	if ready != nil {
+		ready(l.Addr())
+	}
+	err = srv.Run(ctx, l, cfg.grace)
+	logger.Info("mockllm stopped", "err", err)
+	return err
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.Stderr, nil)
+	switch {
+	case err == nil:
+	case errors.Is(err, flag.ErrHelp):
+	default:
+		fmt.Fprintln(os.Stderr, "mockllm:", err)
+		stop()
+		os.Exit(1)
+	}
+}

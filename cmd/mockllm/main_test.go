@@ -1,0 +1,200 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/cmd/mockllm/mock"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestParseFlags(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		check   func(t *testing.T, c config)
+		wantErr string
+	}{
+		{
+			name: "defaults",
+			check: func(t *testing.T, c config) {
+				if c.listen != "127.0.0.1:8080" || c.grace != 10*time.Second || c.opts.TimeScale != 1 || c.opts.Seed != 1 ||
+					c.opts.Capacity != 0 || c.opts.DefaultCompletionTokens != 256 || c.opts.Latency.Base != 200*time.Millisecond ||
+					c.opts.Latency.TTFBFraction != 0.2 || len(c.opts.Faults) != 0 {
+					t.Fatalf("defaults = %+v", c)
+				}
+			},
+		},
+		{
+			name: "everything set",
+			args: []string{
+				"-listen", "127.0.0.1:0", "-grace", "3s", "-log-level", "debug", "-time-scale", "0.01", "-seed", "9",
+				"-capacity", "8", "-provider-capacity", "deepseek=2", "-provider-capacity", "openai=5",
+				"-default-completion-tokens", "64", "-base-latency", "50ms", "-tokens-per-second", "2000",
+				"-jitter-min", "1", "-jitter-max", "1", "-ttfb-fraction", "0.5", "-chunk-tokens", "4",
+				"-embedding-dimensions", "16", "-request-log", "10",
+				"-fail", "provider=deepseek,rate=0.6,status=503", "-fail", "model=gpt-4*,no-usage=1",
+			},
+			check: func(t *testing.T, c config) {
+				o := c.opts
+				if c.listen != "127.0.0.1:0" || c.grace != 3*time.Second || c.logLevel.String() != "DEBUG" || o.TimeScale != 0.01 ||
+					o.Seed != 9 || o.Capacity != 8 || o.ProviderCapacity["deepseek"] != 2 || o.ProviderCapacity["openai"] != 5 ||
+					o.DefaultCompletionTokens != 64 || o.Latency.Base != 50*time.Millisecond || o.Latency.TokensPerSecond != 2000 ||
+					o.Latency.JitterMin != 1 || o.Latency.JitterMax != 1 || o.Latency.TTFBFraction != 0.5 || o.ChunkTokens != 4 ||
+					o.EmbeddingDimensions != 16 || o.RequestLogSize != 10 {
+					t.Fatalf("config = %+v", c)
+				}
+				want := []mock.FaultRule{
+					{Provider: "deepseek", Fault: mock.Fault{FailRate: 0.6, Status: 503}},
+					{Model: "gpt-4*", Fault: mock.Fault{NoUsage: true}},
+				}
+				if len(o.Faults) != 2 || o.Faults[0] != want[0] || o.Faults[1] != want[1] {
+					t.Fatalf("faults = %+v, want %+v", o.Faults, want)
+				}
+			},
+		},
+		{name: "bad fault rule", args: []string{"-fail", "provider=x,colour=red"}, wantErr: "colour"},
+		{name: "bad provider capacity", args: []string{"-provider-capacity", "deepseek"}, wantErr: "name=N"},
+		{name: "provider capacity not a number", args: []string{"-provider-capacity", "deepseek=two"}, wantErr: "invalid"},
+		{name: "stray argument", args: []string{"serve"}, wantErr: "unexpected arguments"},
+		{name: "negative grace", args: []string{"-grace", "-1s"}, wantErr: "grace"},
+		{name: "help", args: []string{"-h"}, wantErr: flag.ErrHelp.Error()},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := parseFlags(tt.args, io.Discard)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("parseFlags error = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("parseFlags: %v", err)
+			}
+			tt.check(t, c)
+		})
+	}
+}
+
+func TestHelpDocumentsEveryFlag(t *testing.T) {
+	var out bytes.Buffer
+	if _, err := parseFlags([]string{"-h"}, &out); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h returned %v", err)
+	}
+	for _, name := range []string{
+		"listen", "grace", "log-level", "time-scale", "seed", "capacity", "provider-capacity", "default-completion-tokens",
+		"base-latency", "tokens-per-second", "jitter-min", "jitter-max", "ttfb-fraction", "chunk-tokens",
+		"embedding-dimensions", "request-log", "fail", mock.HeaderStatus, mock.HeaderDisconnectAfter, "/mockllm/faults",
+	} {
+		if !strings.Contains(out.String(), name) {
+			t.Errorf("help does not mention %q", name)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger and the test to share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func TestRunServesUntilCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logs := &syncBuffer{}
+	addrs := make(chan net.Addr, 1)
+	ran := make(chan error, 1)
+	go func() {
+		ran <- run(ctx, []string{"-listen", "127.0.0.1:0", "-time-scale", "0.001", "-fail", "provider=broken,status=503"}, logs,
+			func(a net.Addr) { addrs <- a })
+	}()
+	var addr net.Addr
+	select {
+	case addr = <-addrs:
+	case err := <-ran:
+		t.Fatalf("run ended before listening: %v", err)
+	}
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	tests := []struct {
+		name       string
+		provider   string
+		wantStatus int
+	}{
+		{name: "healthy provider", provider: "fine", wantStatus: 200},
+		{name: "provider broken by -fail", provider: "broken", wantStatus: 503},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, err := http.NewRequest(http.MethodPost, "http://"+addr.String()+"/v1/chat/completions",
+				strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set(mock.ProviderHeader, tt.provider)
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tt.wantStatus {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tt.wantStatus)
+			}
+		})
+	}
+	cancel()
+	if err := <-ran; err != nil {
+		t.Fatalf("run after cancel: %v", err)
+	}
+	for _, want := range []string{`"msg":"mockllm listening"`, `"addr":"` + addr.String(), `"msg":"mockllm stopped"`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("logs lack %s:\n%s", want, logs)
+		}
+	}
+}
+
+func TestRunFailsFast(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr string
+	}{
+		{name: "invalid options", args: []string{"-listen", "127.0.0.1:0", "-capacity", "-1", "-ttfb-fraction", "2"}, wantErr: "ttfb fraction"},
+		{name: "unusable address", args: []string{"-listen", "127.0.0.1:notaport"}, wantErr: "notaport"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := run(context.Background(), tt.args, io.Discard, nil)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("run error = %v, want one containing %q", err, tt.wantErr)
+			}
+		})
+	}
+}

@@ -1,0 +1,236 @@
+package mock
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"time"
+)
+
+// Defaults applied to zero-valued fields of Options and LatencyModel; the
+// mockllm command uses them as its flag defaults.
+const (
+	DefaultBaseLatency         = 200 * time.Millisecond
+	DefaultTokensPerSecond     = 10000.0
+	DefaultJitterMin           = 0.9
+	DefaultJitterMax           = 1.3
+	DefaultTTFBFraction        = 0.2
+	DefaultCompletionTokens    = 256
+	DefaultEmbeddingDimensions = 64
+	DefaultRequestLogSize      = 256
+	DefaultMaxLoggedBodyBytes  = 64 << 10
+	DefaultMaxRequestBodyBytes = 16 << 20
+	DefaultChunkTokens         = 1
+)
+
+// Limits past which a request or an option is refused rather than obeyed.
+const (
+	maxCompletionTokens    = 1 << 17
+	maxEmbeddingDimensions = 4096
+	maxRequestLogSize      = 1 << 20
+	// maxTrackedLabels and maxTrackedProviders bound the counter maps and
+	// provider pools keyed by client-chosen values; later values share the
+	// overflowLabel entry.
+	maxTrackedLabels    = 1024
+	maxTrackedProviders = 64
+	overflowLabel       = "other"
+)
+
+// LatencyModel decides how long the fake provider takes to answer one request:
+//
+//	latency = (Base + tokens/TokensPerSecond s) × uniform(JitterMin, JitterMax)
+//
+// where tokens is the request's prompt plus completion tokens. A streamed
+// response sends its first byte after TTFBFraction of the latency and spreads
+// the rest evenly over its chunks, so the last event leaves at the full latency.
+// The zero value is the model of the seed incident: (0.2 s + tokens/10000 s) ×
+// uniform(0.9, 1.3) with the first byte at 20 %. Zero fields take those
+// defaults, which is why a first byte at exactly 0 % cannot be asked for (use a
+// tiny fraction instead).
+//
+// A LatencyModel is a plain value and safe for concurrent use.
+type LatencyModel struct {
+	// Base is the fixed part of every request's latency. Zero means 200 ms.
+	Base time.Duration
+	// TokensPerSecond is how fast the provider works through tokens. Zero means 10000.
+	TokensPerSecond float64
+	// JitterMin and JitterMax bound the uniform factor applied to the latency.
+	// Both zero mean 0.9 and 1.3; otherwise 0 < JitterMin ≤ JitterMax is required.
+	JitterMin float64
+	JitterMax float64
+	// TTFBFraction is the share of a streamed response's latency spent before
+	// its first byte. Zero means 0.2; otherwise it must lie in (0, 1].
+	TTFBFraction float64
+}
+
+// withDefaults returns m with every zero field replaced by its default.
+func (m LatencyModel) withDefaults() LatencyModel {
+	if m.Base == 0 {
+		m.Base = DefaultBaseLatency
+	}
+	if m.TokensPerSecond == 0 {
+		m.TokensPerSecond = DefaultTokensPerSecond
+	}
+	if m.JitterMin == 0 && m.JitterMax == 0 {
+		m.JitterMin, m.JitterMax = DefaultJitterMin, DefaultJitterMax
+	}
+	if m.TTFBFraction == 0 {
+		m.TTFBFraction = DefaultTTFBFraction
+	}
+	return m
+}
+
+// validate reports every nonsensical field of m (after defaults).
+func (m LatencyModel) validate() error {
+	var errs []error
+	if m.Base < 0 {
+		errs = append(errs, fmt.Errorf("latency base %v must not be negative", m.Base))
+	}
+	if !(m.TokensPerSecond > 0) || math.IsInf(m.TokensPerSecond, 0) {
+		errs = append(errs, fmt.Errorf("tokens per second %v must be a positive finite number", m.TokensPerSecond))
+	}
+	if !(m.JitterMin > 0) || !(m.JitterMax >= m.JitterMin) || math.IsInf(m.JitterMax, 0) {
+		errs = append(errs, fmt.Errorf("jitter range [%v, %v] must satisfy 0 < min ≤ max < +Inf", m.JitterMin, m.JitterMax))
+	}
+	if !(m.TTFBFraction > 0 && m.TTFBFraction <= 1) {
+		errs = append(errs, fmt.Errorf("ttfb fraction %v must lie in (0, 1]", m.TTFBFraction))
+	}
+	return errors.Join(errs...)
+}
+
+// Latency returns the unscaled latency for a request of tokens tokens, given
+// u, a uniform draw from [0, 1) that picks the jitter factor. Zero fields of m
+// take their defaults. Passing the draw in keeps the model a pure function, so
+// it can be checked against a table.
+func (m LatencyModel) Latency(tokens int64, u float64) time.Duration {
+	m = m.withDefaults()
+	jitter := m.JitterMin + (m.JitterMax-m.JitterMin)*u
+	seconds := (m.Base.Seconds() + float64(tokens)/m.TokensPerSecond) * jitter
+	return time.Duration(math.Round(seconds * float64(time.Second)))
+}
+
+// Options configures a Server. Every field's zero value is usable and is
+// documented on the field; New rejects values that make no sense.
+type Options struct {
+	// TimeScale multiplies every simulated delay (the latency model and the
+	// x-mockllm-delay-headers fault), so tests can run the same traffic shape
+	// a hundred times faster with 0.01. Zero means 1 (real time); negative is
+	// an error.
+	TimeScale float64
+	// Seed seeds the random generator behind the jitter and fail-rate draws.
+	// Every request draws exactly two numbers, so a sequential run with the
+	// same seed sees the same latencies and failures. Zero is a valid seed.
+	Seed uint64
+	// Latency is the latency model; see LatencyModel for its zero value.
+	Latency LatencyModel
+	// Capacity is how many requests the whole fake provider processes at once;
+	// the rest wait in FIFO order, which models a shared provider pool that
+	// queues when overloaded. Zero means unlimited.
+	Capacity int
+	// ProviderCapacity limits concurrent requests per x-llm-provider header
+	// value, on top of Capacity. Providers not listed are unlimited.
+	ProviderCapacity map[string]int
+	// DefaultCompletionTokens is the completion size when the request gives no
+	// max_tokens, max_completion_tokens or max_output_tokens. Zero means 256.
+	DefaultCompletionTokens int64
+	// ChunkTokens is how many completion tokens each streamed content event
+	// carries. Zero means 1, as the real APIs do.
+	ChunkTokens int
+	// EmbeddingDimensions is the vector length when the request gives no
+	// dimensions. Zero means 64 (kept small so tests stay fast).
+	EmbeddingDimensions int
+	// Faults are applied to every matching request from the start; they can be
+	// replaced at run time with Server.SetFaults or POST /mockllm/faults.
+	Faults []FaultRule
+	// RequestLogSize is how many of the most recent requests are kept for
+	// Server.Requests and GET /mockllm/requests. Zero means 256.
+	RequestLogSize int
+	// MaxLoggedBodyBytes caps the body stored per logged request, so a test
+	// sending 1 MiB bodies does not keep hundreds of megabytes alive. Zero
+	// means 64 KiB.
+	MaxLoggedBodyBytes int
+	// MaxRequestBodyBytes is the largest request body accepted; larger ones get
+	// 413 in the API's error format. Zero means 16 MiB.
+	MaxRequestBodyBytes int64
+	// Logger receives one debug line per request and warnings about failed
+	// writes. Nil discards them.
+	Logger *slog.Logger
+}
+
+// withDefaults returns o with every zero field replaced by its default.
+func (o Options) withDefaults() Options {
+	if o.TimeScale == 0 {
+		o.TimeScale = 1
+	}
+	o.Latency = o.Latency.withDefaults()
+	if o.DefaultCompletionTokens == 0 {
+		o.DefaultCompletionTokens = DefaultCompletionTokens
+	}
+	if o.ChunkTokens == 0 {
+		o.ChunkTokens = DefaultChunkTokens
+	}
+	if o.EmbeddingDimensions == 0 {
+		o.EmbeddingDimensions = DefaultEmbeddingDimensions
+	}
+	if o.RequestLogSize == 0 {
+		o.RequestLogSize = DefaultRequestLogSize
+	}
+	if o.MaxLoggedBodyBytes == 0 {
+		o.MaxLoggedBodyBytes = DefaultMaxLoggedBodyBytes
+	}
+	if o.MaxRequestBodyBytes == 0 {
+		o.MaxRequestBodyBytes = DefaultMaxRequestBodyBytes
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// validate reports every nonsensical field of o (after defaults) at once.
+func (o Options) validate() error {
+	var errs []error
+	if !(o.TimeScale > 0) || math.IsInf(o.TimeScale, 0) {
+		errs = append(errs, fmt.Errorf("time scale %v must be a positive finite number", o.TimeScale))
+	}
+	if err := o.Latency.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if o.Capacity < 0 {
+		errs = append(errs, fmt.Errorf("capacity %d must not be negative", o.Capacity))
+	}
+	for name, c := range o.ProviderCapacity {
+		if name == "" {
+			errs = append(errs, errors.New("provider capacity needs a provider name"))
+		}
+		if c < 0 {
+			errs = append(errs, fmt.Errorf("capacity %d of provider %q must not be negative", c, name))
+		}
+	}
+	if len(o.ProviderCapacity) > maxTrackedProviders {
+		errs = append(errs, fmt.Errorf("at most %d providers may have a capacity, got %d", maxTrackedProviders, len(o.ProviderCapacity)))
+	}
+	if o.DefaultCompletionTokens < 0 || o.DefaultCompletionTokens > maxCompletionTokens {
+		errs = append(errs, fmt.Errorf("default completion tokens %d must lie in [1, %d]", o.DefaultCompletionTokens, maxCompletionTokens))
+	}
+	if o.ChunkTokens < 0 {
+		errs = append(errs, fmt.Errorf("chunk tokens %d must not be negative", o.ChunkTokens))
+	}
+	if o.EmbeddingDimensions < 0 || o.EmbeddingDimensions > maxEmbeddingDimensions {
+		errs = append(errs, fmt.Errorf("embedding dimensions %d must lie in [1, %d]", o.EmbeddingDimensions, maxEmbeddingDimensions))
+	}
+	if o.RequestLogSize < 0 || o.RequestLogSize > maxRequestLogSize {
+		errs = append(errs, fmt.Errorf("request log size %d must lie in [1, %d]", o.RequestLogSize, maxRequestLogSize))
+	}
+	if o.MaxLoggedBodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("max logged body bytes %d must not be negative", o.MaxLoggedBodyBytes))
+	}
+	if o.MaxRequestBodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("max request body bytes %d must not be negative", o.MaxRequestBodyBytes))
+	}
+	if err := validateRules(o.Faults); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

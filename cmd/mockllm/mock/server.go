@@ -1,0 +1,546 @@
+// Package mock is a fake LLM provider speaking the OpenAI and Anthropic HTTP
+// APIs, for demos, experiments and end-to-end tests of llm-bulkhead.
+//
+// It serves POST /v1/chat/completions, /v1/completions, /v1/embeddings,
+// /v1/responses and /v1/messages (JSON and SSE) and GET /v1/models, with a
+// latency model (LatencyModel), a capacity that queues requests FIFO when the
+// fake provider is full, and faults injected by request header, by rule per
+// provider or model, or at run time (Fault, FaultRule). Every API response
+// carries x-mockllm-prompt-tokens, x-mockllm-completion-tokens and
+// x-mockllm-request-id, so a test can compare what a client settled with what
+// was reported. Responses always hold one choice, whatever n asks for.
+//
+// Token accounting is deterministic and reported exactly:
+//
+//	prompt_tokens     = ceil(B / 4) + T
+//	completion_tokens = x-mockllm-completion-tokens header, else
+//	                    max_completion_tokens / max_tokens / max_output_tokens, else
+//	                    Options.DefaultCompletionTokens (embeddings: 0)
+//
+// B is the number of UTF-8 bytes of text in the request, summed before
+// rounding: message content (strings, or the "text" of content parts),
+// Anthropic's system, the completions prompt, the embeddings input, and the
+// Responses API's instructions and input. T is the number of token ids when a
+// prompt or input is given as token arrays. The generated text is made of
+// BytesPerToken-byte words, one per visible completion token (completion
+// minus x-mockllm-reasoning-tokens).
+//
+// Admin endpoints, outside the APIs:
+//
+//	GET  /mockllm/requests  the most recent requests (RecordedRequest, oldest first)
+//	GET  /mockllm/stats     counters and occupancy (Stats)
+//	GET  /mockllm/faults    the fault rules in force: {"rules": [FaultRule...]}
+//	POST /mockllm/faults    replace them (same JSON; unknown keys are errors)
+//	POST /mockllm/reset     empty the request log and zero the counters
+//	GET  /mockllm/healthz   200 while serving
+package mock
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ProviderHeader is the request header naming the upstream provider; faults
+// and capacities can be set per value.
+const ProviderHeader = "x-llm-provider"
+
+// Server is the fake LLM provider. It is an http.Handler; Run serves it on a
+// listener. All its methods are safe for concurrent use.
+type Server struct {
+	opts   Options
+	log    *slog.Logger
+	faults atomic.Pointer[[]FaultRule]
+	rec    *recorder
+	pools  *pools
+	seq    atomic.Uint64
+
+	rngMu sync.Mutex
+	rng   *rand.Rand
+}
+
+var _ http.Handler = (*Server)(nil)
+
+// New builds a Server from opts, reporting every invalid option at once.
+func New(opts Options) (*Server, error) {
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, fmt.Errorf("mockllm options: %w", err)
+	}
+	s := &Server{
+		opts:  opts,
+		log:   opts.Logger,
+		rec:   newRecorder(opts.RequestLogSize, opts.MaxLoggedBodyBytes),
+		pools: newPools(opts.Capacity, opts.ProviderCapacity),
+		rng:   rand.New(rand.NewPCG(opts.Seed, 0x6d6f636b6c6c6d)),
+	}
+	rules := cloneRules(opts.Faults)
+	s.faults.Store(&rules)
+	return s, nil
+}
+
+// SetFaults replaces the fault rules applied to requests from now on. Rules
+// are validated first; on error the rules in force stay.
+func (s *Server) SetFaults(rules []FaultRule) error {
+	if err := validateRules(rules); err != nil {
+		return err
+	}
+	rules = cloneRules(rules)
+	s.faults.Store(&rules)
+	return nil
+}
+
+// Faults returns a copy of the fault rules in force.
+func (s *Server) Faults() []FaultRule {
+	return cloneRules(*s.faults.Load())
+}
+
+// Requests returns copies of the most recent requests, oldest first.
+func (s *Server) Requests() []RecordedRequest {
+	return s.rec.requests()
+}
+
+// Stats returns the counters and the current occupancy of the capacity pools.
+func (s *Server) Stats() Stats {
+	st := s.rec.stats()
+	st.Global, st.Providers = s.pools.stats()
+	return st
+}
+
+// Reset empties the request log and zeroes the counters. Fault rules and
+// requests in progress are left alone.
+func (s *Server) Reset() {
+	s.rec.reset()
+}
+
+// Run serves s on l until ctx ends, then shuts down gracefully: it stops
+// accepting, lets requests in progress finish for up to grace, and then
+// closes the connections still open (which ends their requests). It returns
+// nil after a clean shutdown and an error when serving failed or grace ran
+// out. Run closes l.
+func (s *Server) Run(ctx context.Context, l net.Listener, grace time.Duration) error {
+	hs := &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(l) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("mockllm: serving %s: %w", l.Addr(), err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	err := hs.Shutdown(sctx)
+	if err != nil {
+		err = errors.Join(fmt.Errorf("mockllm: requests still running after the %v grace period were cut: %w", grace, err), hs.Close())
+	}
+	if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
+		err = errors.Join(err, serr)
+	}
+	return err
+}
+
+// ServeHTTP routes to the API endpoints and the /mockllm admin endpoints.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p := r.URL.Path
+	switch {
+	case strings.HasPrefix(p, "/mockllm/"):
+		s.serveAdmin(w, r)
+	case p == "/v1/models":
+		s.serveModels(w, r)
+	default:
+		if a, ok := apiByPath[p]; ok {
+			s.serveAPI(w, r, a, p)
+			return
+		}
+		s.serveUnknown(w, r)
+	}
+}
+
+// newID returns the next request id.
+func (s *Server) newID() (id string, seq uint64) {
+	seq = s.seq.Add(1)
+	return "mock-" + strconv.FormatUint(seq, 10), seq
+}
+
+// draw takes the two random numbers every API request uses, fail roll first
+// and jitter second, so the sequence does not depend on which faults apply.
+func (s *Server) draw() (failRoll, jitter float64) {
+	s.rngMu.Lock()
+	defer s.rngMu.Unlock()
+	return s.rng.Float64(), s.rng.Float64()
+}
+
+// scale applies the time scale to a simulated delay.
+func (s *Server) scale(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * s.opts.TimeScale)
+}
+
+// exchange is one API request being answered. It belongs to the handler
+// goroutine.
+type exchange struct {
+	s     *Server
+	w     http.ResponseWriter
+	r     *http.Request
+	api   api
+	id    string
+	entry *RecordedRequest
+	usage usage
+}
+
+// setIDHeaders sets the request-id headers every response carries, using
+// each API's own header as well as the mockllm one.
+func (e *exchange) setIDHeaders() {
+	h := e.w.Header()
+	h.Set(HeaderRequestID, e.id)
+	if e.api.anthropic() {
+		h.Set("request-id", "req_"+e.id)
+	} else {
+		h.Set("x-request-id", "req_"+e.id)
+	}
+	e.setUsageHeaders()
+}
+
+// setUsageHeaders reports what usage says (or would say) in headers.
+func (e *exchange) setUsageHeaders() {
+	h := e.w.Header()
+	h.Set(HeaderPromptTokens, strconv.FormatInt(e.usage.Prompt, 10))
+	h.Set(HeaderCompletionTokens, strconv.FormatInt(e.usage.Completion, 10))
+}
+
+// errorBody renders an error in the called API's format.
+func (e *exchange) errorBody(status int, message string) ([]byte, error) {
+	if e.api.anthropic() {
+		return anthropicErrorBody(status, message, "req_"+e.id)
+	}
+	return openAIErrorBody(status, message)
+}
+
+// fail answers with an error in the API's format through out and records
+// the outcome.
+func (e *exchange) fail(out *output, status int, message, outcome string) {
+	body, err := e.errorBody(status, message)
+	if err != nil {
+		e.s.log.Warn("encoding an error body", "id", e.id, "err", err)
+		http.Error(e.w, message, status)
+		e.finish(status, outcome)
+		return
+	}
+	err = out.json(status, body)
+	switch {
+	case errors.Is(err, errDisconnected):
+		outcome = OutcomeDisconnect
+	case err != nil:
+		outcome = OutcomeClientGone
+	}
+	e.finish(status, outcome)
+}
+
+// reject answers an invalid request with a plain (never faulted) error.
+func (e *exchange) reject(status int, message string) {
+	e.fail(newOutput(e.w, false, 0), status, message, OutcomeRejected)
+}
+
+// finish records the outcome and logs the request.
+func (e *exchange) finish(status int, outcome string) {
+	e.s.rec.finished(e.entry, status, outcome, e.usage)
+	e.s.log.Debug("request", "id", e.id, "path", e.r.URL.Path, "provider", e.entry.Provider,
+		"model", e.entry.Model, "status", status, "outcome", outcome,
+		"prompt_tokens", e.usage.Prompt, "completion_tokens", e.usage.Completion)
+}
+
+// serveAPI answers one call to an API endpoint.
+func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, a api, pathLabel string) {
+	id, seq := s.newID()
+	body, readErr := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxRequestBodyBytes))
+	e := &exchange{s: s, w: w, r: r, api: a, id: id, entry: s.rec.received(id, r, pathLabel, body)}
+	e.setIDHeaders()
+
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		e.reject(http.StatusMethodNotAllowed, fmt.Sprintf("Method %s is not allowed for %s; use POST.", r.Method, r.URL.Path))
+		return
+	}
+	if readErr != nil {
+		if mbe := (*http.MaxBytesError)(nil); errors.As(readErr, &mbe) {
+			e.reject(http.StatusRequestEntityTooLarge, fmt.Sprintf("Request body exceeds %d bytes.", mbe.Limit))
+			return
+		}
+		e.finish(0, OutcomeClientGone)
+		return
+	}
+	p, err := parseRequest(a, body)
+	s.rec.parsed(e.entry, p.Model, p.Stream)
+	if err != nil {
+		e.reject(http.StatusBadRequest, err.Error())
+		return
+	}
+	overrides, err := parseTokenHeaders(r.Header)
+	if err != nil {
+		e.reject(http.StatusBadRequest, err.Error())
+		return
+	}
+	if e.usage, err = computeUsage(a, p, overrides, s.opts.DefaultCompletionTokens); err != nil {
+		e.usage = usage{}
+		e.reject(http.StatusBadRequest, err.Error())
+		return
+	}
+	provider := r.Header.Get(ProviderHeader)
+	f, err := applyFaultHeaders(mergeRules(*s.faults.Load(), provider, p.Model), r.Header)
+	if err != nil {
+		e.reject(http.StatusBadRequest, err.Error())
+		return
+	}
+	e.setUsageHeaders()
+	failRoll, jitter := s.draw()
+	if f.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(f.RetryAfter))
+	}
+	out := newOutput(w, f.Gzip && acceptsGzip(r.Header.Values("Accept-Encoding")), f.DisconnectAfter)
+	ctx := r.Context()
+	delay := s.scale(time.Duration(f.DelayHeaders))
+
+	if status := f.failStatus(failRoll); status != 0 {
+		// A failing provider answers fast and without queueing, as real
+		// overloaded providers do; only an injected header delay applies.
+		if err := sleepUntil(ctx, time.Now().Add(delay)); err != nil {
+			e.finish(0, OutcomeClientGone)
+			return
+		}
+		e.fail(out, status, defaultErrorMessage(status), OutcomeFault)
+		return
+	}
+
+	release, err := s.pools.acquire(ctx, provider)
+	if err != nil {
+		e.finish(0, OutcomeClientGone)
+		return
+	}
+	defer release()
+
+	resp := &response{
+		objectID: "mock" + strconv.FormatUint(seq, 10), model: p.Model, created: time.Now().Unix(),
+		usage: e.usage, withUsage: !f.NoUsage, includeUsage: p.IncludeUsage, parsed: p,
+		dims: s.opts.EmbeddingDimensions,
+	}
+	start := time.Now().Add(delay)
+	latency := s.scale(s.opts.Latency.Latency(e.usage.total(), jitter))
+	if p.Stream {
+		err = s.stream(ctx, out, streamRendererFor(a, resp), e.usage, start, latency)
+	} else {
+		err = s.whole(ctx, out, bodyRendererFor(a, resp), start, latency)
+	}
+	switch {
+	case err == nil:
+		e.finish(out.status, OutcomeOK)
+	case errors.Is(err, errDisconnected):
+		e.finish(out.status, OutcomeDisconnect)
+	default:
+		e.finish(out.status, OutcomeClientGone)
+	}
+}
+
+// bodyRendererFor returns the JSON renderer of endpoint a.
+func bodyRendererFor(a api, r *response) bodyRenderer {
+	switch a {
+	case apiChat:
+		return chatRenderer{r}
+	case apiCompletions:
+		return completionsRenderer{r}
+	case apiEmbeddings:
+		return embeddingsRenderer{r}
+	case apiResponses:
+		return &responsesRenderer{r: r}
+	default:
+		return messagesRenderer{r}
+	}
+}
+
+// streamRendererFor returns the SSE renderer of endpoint a; embeddings
+// never stream (parseRequest clears their stream flag).
+func streamRendererFor(a api, r *response) streamRenderer {
+	switch a {
+	case apiChat:
+		return chatRenderer{r}
+	case apiCompletions:
+		return completionsRenderer{r}
+	case apiResponses:
+		return &responsesRenderer{r: r}
+	default:
+		return messagesRenderer{r}
+	}
+}
+
+// whole answers with one JSON body once the whole latency has passed, as a
+// non-streaming provider does.
+func (s *Server) whole(ctx context.Context, out *output, rend bodyRenderer, start time.Time, latency time.Duration) error {
+	if err := sleepUntil(ctx, start.Add(latency)); err != nil {
+		return err
+	}
+	body, err := rend.body()
+	if err != nil {
+		return fmt.Errorf("encoding the response: %w", err)
+	}
+	return out.json(http.StatusOK, body)
+}
+
+// stream answers with SSE: headers and the preamble at TTFBFraction of the
+// latency, content events evenly spread until the full latency, then the
+// trailer events at once.
+func (s *Server) stream(ctx context.Context, out *output, rend streamRenderer, u usage, start time.Time, latency time.Duration) error {
+	ttfb := time.Duration(float64(latency) * s.opts.Latency.TTFBFraction)
+	pre, err := rend.preamble()
+	if err != nil {
+		return fmt.Errorf("encoding the stream: %w", err)
+	}
+	if err := sleepUntil(ctx, start.Add(ttfb)); err != nil {
+		return err
+	}
+	out.start(http.StatusOK, contentTypeSSE, -1)
+	if err := out.flush(); err != nil {
+		return err
+	}
+	for _, ev := range pre {
+		if err := out.event(ev.name, ev.data, false); err != nil {
+			return err
+		}
+	}
+	visible := u.visible()
+	n := chunkCount(visible, s.opts.ChunkTokens)
+	rest := float64(latency - ttfb)
+	for i := range n {
+		at := ttfb + time.Duration(rest*float64(i+1)/float64(n))
+		if err := sleepUntil(ctx, start.Add(at)); err != nil {
+			return err
+		}
+		ev, err := rend.delta(chunkText(i, visible, s.opts.ChunkTokens))
+		if err != nil {
+			return fmt.Errorf("encoding the stream: %w", err)
+		}
+		if err := out.event(ev.name, ev.data, false); err != nil {
+			return err
+		}
+	}
+	if err := sleepUntil(ctx, start.Add(latency)); err != nil {
+		return err
+	}
+	tr, err := rend.trailer()
+	if err != nil {
+		return fmt.Errorf("encoding the stream: %w", err)
+	}
+	for i, ev := range tr {
+		if err := out.event(ev.name, ev.data, i == len(tr)-1); err != nil {
+			return err
+		}
+	}
+	return out.finish()
+}
+
+// serveModels answers GET /v1/models.
+func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
+	id, _ := s.newID()
+	e := &exchange{s: s, w: w, r: r, api: apiChat, id: id, entry: s.rec.received(id, r, r.URL.Path, nil)}
+	e.setIDHeaders()
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		e.reject(http.StatusMethodNotAllowed, fmt.Sprintf("Method %s is not allowed for %s; use GET.", r.Method, r.URL.Path))
+		return
+	}
+	body, err := modelsBody()
+	if err != nil {
+		e.reject(http.StatusInternalServerError, "encoding the model list failed")
+		return
+	}
+	outcome := OutcomeOK
+	if err := newOutput(w, false, 0).json(http.StatusOK, body); err != nil {
+		outcome = OutcomeClientGone
+	}
+	e.finish(http.StatusOK, outcome)
+}
+
+// serveUnknown answers any other path the way the OpenAI API does.
+func (s *Server) serveUnknown(w http.ResponseWriter, r *http.Request) {
+	id, _ := s.newID()
+	e := &exchange{s: s, w: w, r: r, api: apiChat, id: id, entry: s.rec.received(id, r, overflowLabel, nil)}
+	e.setIDHeaders()
+	e.reject(http.StatusNotFound, fmt.Sprintf("Invalid URL (%s %s)", r.Method, r.URL.Path))
+}
+
+// faultsDoc is the JSON shape of GET and POST /mockllm/faults.
+type faultsDoc struct {
+	Rules []FaultRule `json:"rules"`
+}
+
+// serveAdmin answers the /mockllm endpoints.
+func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
+	route := r.Method + " " + r.URL.Path
+	switch route {
+	case "GET /mockllm/requests":
+		writeAdminJSON(w, http.StatusOK, s.Requests())
+	case "GET /mockllm/stats":
+		writeAdminJSON(w, http.StatusOK, s.Stats())
+	case "GET /mockllm/faults":
+		writeAdminJSON(w, http.StatusOK, faultsDoc{Rules: s.Faults()})
+	case "POST /mockllm/faults":
+		var doc faultsDoc
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&doc); err != nil {
+			writeAdminJSON(w, http.StatusBadRequest, adminError{Error: "fault rules: " + err.Error()})
+			return
+		}
+		if dec.More() {
+			writeAdminJSON(w, http.StatusBadRequest, adminError{Error: "fault rules: trailing data after the JSON object"})
+			return
+		}
+		if err := s.SetFaults(doc.Rules); err != nil {
+			writeAdminJSON(w, http.StatusBadRequest, adminError{Error: err.Error()})
+			return
+		}
+		writeAdminJSON(w, http.StatusOK, faultsDoc{Rules: s.Faults()})
+	case "POST /mockllm/reset":
+		s.Reset()
+		w.WriteHeader(http.StatusNoContent)
+	case "GET /mockllm/healthz":
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok\n")
+	default:
+		switch r.URL.Path {
+		case "/mockllm/requests", "/mockllm/stats", "/mockllm/faults", "/mockllm/reset", "/mockllm/healthz":
+			writeAdminJSON(w, http.StatusMethodNotAllowed, adminError{Error: "method " + r.Method + " not allowed on " + r.URL.Path})
+		default:
+			writeAdminJSON(w, http.StatusNotFound, adminError{Error: "no admin endpoint " + r.URL.Path})
+		}
+	}
+}
+
+// adminError is the body of a failed admin call.
+type adminError struct {
+	Error string `json:"error"`
+}
+
+// writeAdminJSON writes v as an admin response.
+func writeAdminJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", contentTypeJSON)
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}
