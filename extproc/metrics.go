@@ -1,0 +1,74 @@
+package extproc
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy"
+)
+
+// Message kinds, indexing the per-kind latency histograms.
+const (
+	msgRequestHeaders = iota
+	msgRequestBody
+	msgRequestTrailers
+	msgResponseHeaders
+	msgResponseBody
+	msgResponseTrailers
+	msgKinds
+)
+
+var msgNames = [msgKinds]string{"request_headers", "request_body", "request_trailers", "response_headers", "response_body", "response_trailers"}
+
+// metrics are the adapter's own metrics: streams, per-message handling time, panics.
+type metrics struct {
+	streams     prometheus.Counter
+	passthrough prometheus.Counter
+	panics      prometheus.Counter
+	overrides   prometheus.Counter
+	endedEarly  *prometheus.CounterVec
+	handle      [msgKinds]prometheus.Observer
+}
+
+func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
+	ns := policy.Namespace
+	m := &metrics{
+		streams: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "extproc_streams_total",
+			Help: "ext_proc streams opened by Envoy (one per HTTP request)."}),
+		passthrough: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "extproc_passthrough_streams_total",
+			Help: "Streams let through untouched because their first message was not request headers."}),
+		panics: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "extproc_panics_total",
+			Help: "Panics recovered while handling a message; the request continued without the processor."}),
+		overrides: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "extproc_message_timeout_overrides_total",
+			Help: "override_message_timeout replies sent to keep Envoy waiting for a queued request."}),
+		endedEarly: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "extproc_streams_ended_early_total",
+			Help: "Admitted requests whose stream ended before the last expected message, by how (reset, half_close, error, send_failed)."}, []string{"how"}),
+	}
+	hist := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "extproc_message_duration_seconds",
+		Help:    "Time to handle one ext_proc message, by message type (queueing for a slot included).",
+		Buckets: []float64{5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2, 0.1, 1, 10}}, []string{"type"})
+	for i, n := range msgNames {
+		m.handle[i] = hist.WithLabelValues(n)
+	}
+	active := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "extproc_streams_active",
+		Help: "ext_proc streams open now."}, func() float64 { return float64(s.ActiveStreams()) })
+	if reg != nil {
+		reg.MustRegister(m.streams, m.passthrough, m.panics, m.overrides, m.endedEarly, hist, active)
+	}
+	return m
+}
+
+func (m *metrics) observe(kind int, d time.Duration) { m.handle[kind].Observe(d.Seconds()) }
+
+func endName(e end) string {
+	switch e {
+	case endReset:
+		return "reset"
+	case endHalfClosed:
+		return "half_close"
+	case endSendFailed:
+		return "send_failed"
+	}
+	return "error"
+}

@@ -1,0 +1,612 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unsafe"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/llm-bulkhead/llm-bulkhead/extproc/llmapi"
+	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+)
+
+// attributesKey is where Envoy puts request and response attributes.
+const attributesKey = "envoy.filters.http.ext_proc"
+
+// end says how a stream ended.
+type end uint8
+
+const (
+	endReset end = iota + 1
+	endHalfClosed
+	endError
+	endSendFailed
+)
+
+type bodyMode = extprocfilterv3.ProcessingMode_BodySendMode
+
+// processor owns one stream's request: what Envoy said, what the policy decided and what the
+// request holds. It is used only by its stream's goroutine, so it needs no locks.
+type processor struct {
+	srv    *Server
+	stream extprocv3.ExternalProcessor_ProcessServer
+	ctx    context.Context
+	snap   *policy.Snapshot
+
+	started     bool
+	passthrough bool
+	reqBodyMode bodyMode
+	resBodyMode bodyMode
+
+	requestID string
+	headers   []*corev3.HeaderValue
+	path      string
+	api       llmapi.API
+	metadata  *corev3.Metadata
+	attrs     *structpb.Struct
+	body      []byte
+	bodyOK    bool
+	fields    llmapi.RequestFields
+
+	decided    bool
+	decision   policy.Decision
+	estimate   policy.Estimate
+	ticket     policy.Ticket
+	admittedAt time.Time
+	// overrideFor is the message count at which a message-timeout override was last sent:
+	// Envoy honours one override per state.
+	overrideFor int
+	messages    int
+
+	respStarted bool
+	status      int
+	ttfb        time.Duration
+	retryAfter  time.Duration
+	reading     bool
+	scanner     llmapi.UsageScanner
+	pending     []byte // a response chunk to scan after its reply went out
+	final       bool
+	outcome     policy.Outcome
+	settled     policy.Settled
+
+	// onQueueFn is p.onQueue bound once, so admission does not allocate a method value.
+	onQueueFn func(time.Duration)
+}
+
+func newProcessor(s *Server, stream extprocv3.ExternalProcessor_ProcessServer) *processor {
+	p := &processor{srv: s, stream: stream, ctx: stream.Context(), overrideFor: -1}
+	p.onQueueFn = p.onQueue
+	return p
+}
+
+var _ policy.Input = (*processor)(nil)
+
+// handle answers one message. It returns nil only when a request was abandoned while queued
+// (the stream is gone and there is nobody to answer).
+func (p *processor) handle(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	p.messages++
+	if !p.started {
+		p.started = true
+		p.modes(req.ProtocolConfig)
+		if _, ok := req.Request.(*extprocv3.ProcessingRequest_RequestHeaders); !ok {
+			// Not a request we can judge (Envoy sends request headers first unless their mode is
+			// SKIP): let the whole stream through.
+			p.passthrough = true
+			p.srv.metrics.passthrough.Inc()
+			return passthroughReply(req)
+		}
+	}
+	start := time.Now()
+	var resp *extprocv3.ProcessingResponse
+	var kind int
+	switch v := req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		kind = msgRequestHeaders
+		resp = p.onRequestHeaders(req, v.RequestHeaders)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		kind = msgRequestBody
+		resp = p.onRequestBody(v.RequestBody)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		kind = msgRequestTrailers
+		resp = passthroughReply(req)
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		kind = msgResponseHeaders
+		resp = p.onResponseHeaders(v.ResponseHeaders)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		kind = msgResponseBody
+		resp = p.onResponseBody(v.ResponseBody)
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		kind = msgResponseTrailers
+		resp = passthroughReply(req)
+		p.complete()
+		resp.DynamicMetadata = p.metadataStruct()
+	default:
+		return passthroughReply(req)
+	}
+	p.srv.metrics.observe(kind, time.Since(start))
+	return resp
+}
+
+// modes records the body modes Envoy uses, from protocol_config (sent on the first message
+// since Envoy 1.30), else from the policy's declaration of the filter.
+func (p *processor) modes(pc *extprocv3.ProtocolConfiguration) {
+	if pc != nil {
+		p.reqBodyMode, p.resBodyMode = pc.RequestBodyMode, pc.ResponseBodyMode
+		return
+	}
+	e := p.srv.engine.Snapshot().Policy.Envoy
+	p.reqBodyMode = parseBodyMode(e.RequestBodyMode)
+	p.resBodyMode = parseBodyMode(e.ResponseBodyMode)
+}
+
+func parseBodyMode(s string) bodyMode {
+	return bodyMode(extprocfilterv3.ProcessingMode_BodySendMode_value[s])
+}
+
+func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
+	p.snap = p.srv.engine.Snapshot()
+	p.headers = h.GetHeaders().GetHeaders()
+	path, _ := p.Header(":path")
+	if i := strings.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	p.path = path
+	p.api = llmapi.APIFromPath(path)
+	p.requestID, _ = p.Header(HeaderRequestID)
+	p.metadata = req.MetadataContext
+	p.attrs = req.Attributes[attributesKey]
+
+	bodyComing := !h.EndOfStream && p.reqBodyMode != extprocfilterv3.ProcessingMode_NONE
+	if bodyComing && p.reqBodyMode == extprocfilterv3.ProcessingMode_BUFFERED && p.wantBody() {
+		// Decide when the whole body is here: it tells model, size and stream.
+		return headersReply(true, nil)
+	}
+	resp := p.decide(true)
+	if resp == nil || !p.decided {
+		return resp
+	}
+	env := p.snap.Policy.Envoy
+	if bodyComing && env.AllowModeOverride && p.reqBodyMode == extprocfilterv3.ProcessingMode_BUFFERED {
+		// Decided without the body: tell Envoy not to buffer and send it. Both body modes must be
+		// given, or Envoy would take the response body mode as NONE.
+		resp.ModeOverride = p.override(extprocfilterv3.ProcessingMode_NONE, p.resBodyMode)
+		p.reqBodyMode = extprocfilterv3.ProcessingMode_NONE
+	}
+	return resp
+}
+
+func (p *processor) override(req, res bodyMode) *extprocfilterv3.ProcessingMode {
+	return &extprocfilterv3.ProcessingMode{
+		RequestHeaderMode:   extprocfilterv3.ProcessingMode_SEND,
+		ResponseHeaderMode:  extprocfilterv3.ProcessingMode_SEND,
+		RequestBodyMode:     req,
+		ResponseBodyMode:    res,
+		RequestTrailerMode:  extprocfilterv3.ProcessingMode_SKIP,
+		ResponseTrailerMode: extprocfilterv3.ProcessingMode_SKIP,
+	}
+}
+
+// wantBody reports whether deciding needs the request body.
+func (p *processor) wantBody() bool {
+	s := p.snap
+	if s.NeedsBodyForRules || s.TokenLimits {
+		return true
+	}
+	b := s.Policy.Body
+	if config.Bool(b.InjectIncludeUsage) && (p.api == llmapi.APIOpenAIChat || p.api == llmapi.APIOpenAICompletions) {
+		return true
+	}
+	return p.requiresValidJSON()
+}
+
+func (p *processor) requiresValidJSON() bool {
+	for _, prefix := range p.snap.Policy.Body.RequireValidJSON {
+		if strings.HasPrefix(p.path, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *processor) onRequestBody(b *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
+	if p.decided || p.snap == nil || p.reqBodyMode != extprocfilterv3.ProcessingMode_BUFFERED {
+		return bodyReply(true, nil)
+	}
+	p.body = b.Body
+	return p.decide(false)
+}
+
+// decide classifies, estimates and admits the request, answering in the message type of the
+// phase (request headers or request body).
+func (p *processor) decide(atHeaders bool) *extprocv3.ProcessingResponse {
+	p.decided = true
+	s, e := p.snap, p.srv.engine
+	size := policy.RequestSize{N: 1}
+	if !atHeaders {
+		err := llmapi.ScanRequest(p.api, p.body, &p.fields)
+		switch {
+		case err == nil:
+			p.bodyOK = true
+		case errors.Is(err, llmapi.ErrInvalidJSON):
+			e.ClassifyError("invalid_json")
+			p.srv.log.Debug("request body is not a JSON object; classifying from headers and defaults", "request_id", p.requestID, "bytes", len(p.body))
+			if p.requiresValidJSON() {
+				d := policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonBadRequest}
+				p.decision = d
+				return p.refuse(d)
+			}
+		default:
+			// A known field has the wrong type or value: the rest of the body is still usable.
+			p.bodyOK = true
+			reason := "field_value"
+			if errors.Is(err, llmapi.ErrFieldType) {
+				reason = "field_type"
+			}
+			e.ClassifyError(reason)
+			p.srv.log.Debug("request body field has a wrong type or value", "request_id", p.requestID, "err", err.Error())
+		}
+		if p.bodyOK {
+			f := &p.fields
+			size = policy.RequestSize{Scanned: true, PromptBytes: f.PromptBytes, Images: f.Images, Audio: f.Audio,
+				Files: f.Files, MaxTokens: f.MaxTokens, HasMaxTokens: f.HasMaxTokens, N: f.N}
+		}
+	}
+	dims := s.Classify(p)
+	p.estimate = s.Estimate(dims.Model, size)
+	r := policy.Request{Dims: dims, Estimate: p.estimate, PromptBytes: size.PromptBytes}
+	d := e.Admit(p.ctx, s, &r, &p.ticket, p.onQueueFn)
+	p.decision = d
+	if d.Verdict != policy.Admit {
+		if d.Reason == policy.ReasonCancelled {
+			return nil
+		}
+		p.srv.log.Debug("request refused", "request_id", p.requestID, "reason", string(d.Reason), "compartment", d.Compartment)
+		return p.refuse(d)
+	}
+	p.admittedAt = e.Now()
+	return p.admitReply(atHeaders)
+}
+
+// refuse answers with the degradation contract's ImmediateResponse.
+func (p *processor) refuse(d policy.Decision) *extprocv3.ProcessingResponse {
+	p.final = true
+	return immediateReply(d, p.api, p.metadataStruct())
+}
+
+// admitReply lets the request continue with the server's header (and body) mutations.
+func (p *processor) admitReply(atHeaders bool) *extprocv3.ProcessingResponse {
+	s, d := p.snap, p.decision
+	names := s.Names(d.Dims)
+	set := []*corev3.HeaderValueOption{
+		setHeader(HeaderFeature, names.Feature),
+		setHeader(HeaderCompartment, strings.Join(p.ticket.Compartments(), ",")),
+	}
+	common := &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set}}
+	mut := common.HeaderMutation
+	if sent, _ := p.Header(HeaderProvider); sent != names.Provider {
+		// Routes pick the upstream by x-llm-provider: set it to the provider the request was
+		// classified to (e.g. by the model map) or re-routed to, and make Envoy route again.
+		mut.SetHeaders = append(mut.SetHeaders, setHeader(HeaderProvider, names.Provider))
+		common.ClearRouteCache = true
+	}
+	if config.Bool(s.Policy.Body.StripAcceptEncoding) && p.resBodyMode != extprocfilterv3.ProcessingMode_NONE {
+		// The response must be readable to settle usage: ask the upstream not to compress it.
+		mut.RemoveHeaders = append(mut.RemoveHeaders, "accept-encoding")
+	}
+	if !atHeaders && p.bodyOK && config.Bool(s.Policy.Body.InjectIncludeUsage) {
+		if nb, changed := llmapi.InjectIncludeUsage(p.api, p.body); changed {
+			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: nb}}
+			if _, ok := p.Header("content-length"); ok {
+				mut.SetHeaders = append(mut.SetHeaders, setHeader("content-length", strconv.Itoa(len(nb))))
+			}
+		}
+	}
+	if atHeaders {
+		return headersReply(true, common)
+	}
+	return bodyReply(true, common)
+}
+
+// onQueue runs when admission queues the request: when the wait may outlast Envoy's message
+// timeout, it asks Envoy (once per state, as Envoy allows) to wait longer, within
+// max_message_timeout.
+func (p *processor) onQueue(maxWait time.Duration) {
+	env := p.snap.Policy.Envoy
+	limit := env.MaxMessageTimeout.D()
+	if limit <= 0 || p.overrideFor == p.messages {
+		return
+	}
+	want := maxWait + env.MessageTimeout.D()
+	if maxWait < env.MessageTimeout.D()/2 {
+		return
+	}
+	p.overrideFor = p.messages
+	resp := &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(min(want, limit))}
+	if err := p.stream.Send(resp); err == nil {
+		p.srv.metrics.overrides.Inc()
+	}
+}
+
+func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
+	if !p.ticket.Admitted() {
+		return headersReply(false, nil)
+	}
+	p.respStarted = true
+	p.headers = h.GetHeaders().GetHeaders()
+	st, _ := p.Header(":status")
+	p.status, _ = strconv.Atoi(st)
+	p.ttfb = p.srv.engine.Now().Sub(p.admittedAt)
+	if ra, ok := p.Header("retry-after"); ok {
+		p.retryAfter = parseRetryAfter(ra, p.srv.engine.Now())
+	}
+	resp := headersReply(false, nil)
+	var set []*corev3.HeaderValueOption
+	pol := p.snap.Policy.Responses
+	if pol.CompartmentHeader {
+		set = append(set, setHeader(HeaderCompartment, strings.Join(p.ticket.Compartments(), ",")))
+	}
+	if pol.RateLimitHeaders {
+		if left, reset, ok := p.ticket.Remaining(); ok {
+			set = append(set, setHeader(HeaderRemainingTokens, strconv.FormatInt(max(left, 0), 10)),
+				setHeader(HeaderResetTokens, formatReset(reset)))
+		}
+	}
+	if len(set) > 0 {
+		resp.GetResponseHeaders().Response = &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set}}
+	}
+
+	bodyComing := !h.EndOfStream && p.resBodyMode != extprocfilterv3.ProcessingMode_NONE
+	p.reading = bodyComing && p.status >= 200 && p.status < 300
+	if p.reading {
+		ct, _ := p.Header("content-type")
+		ce, _ := p.Header("content-encoding")
+		p.scanner.Reset(p.api, ct, ce)
+	} else if bodyComing && p.snap.Policy.Envoy.AllowModeOverride {
+		// Nothing to read in an error response: ask Envoy not to send its body at all.
+		resp.ModeOverride = p.override(p.reqBodyMode, extprocfilterv3.ProcessingMode_NONE)
+		bodyComing = false
+	}
+	if !bodyComing {
+		// No body will reach us: the response is complete as far as the server can see.
+		p.complete()
+		resp.DynamicMetadata = p.metadataStruct()
+	}
+	return resp
+}
+
+func (p *processor) onResponseBody(b *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
+	resp := bodyReply(false, nil)
+	if !p.ticket.Admitted() {
+		return resp
+	}
+	if !b.EndOfStream {
+		if p.reading {
+			// Reply first, read after: the client's stream must not wait for the scan.
+			p.pending = b.Body
+		}
+		return resp
+	}
+	if p.reading {
+		p.scanner.Write(b.Body)
+	}
+	p.complete()
+	resp.DynamicMetadata = p.metadataStruct()
+	return resp
+}
+
+// afterSend does the work that must not delay a reply.
+func (p *processor) afterSend(resp *extprocv3.ProcessingResponse) {
+	if p.pending != nil {
+		p.scanner.Write(p.pending)
+		p.pending = nil
+	}
+	if _, ok := resp.Response.(*extprocv3.ProcessingResponse_ImmediateResponse); ok {
+		p.final = true
+	}
+}
+
+// complete settles a request whose response finished normally.
+func (p *processor) complete() {
+	if p.final {
+		return
+	}
+	p.final = true
+	p.settle(false)
+}
+
+// ended handles the stream ending (Envoy reset or half-closed it, or Send failed).
+func (p *processor) ended(how end) {
+	if p.final || !p.ticket.Admitted() {
+		return
+	}
+	p.final = true
+	// A response that started but did not finish was cut short, most likely by the client. A
+	// stream that ends with no response at all may be a client cancel or an upstream failure
+	// (Envoy does not send local replies to the processor); the breaker's no_response_as says
+	// which it counts as.
+	p.settle(p.respStarted)
+	p.srv.metrics.endedEarly.WithLabelValues(endName(how)).Inc()
+}
+
+// finish runs when Process returns, whatever the reason: nothing may stay held.
+func (p *processor) finish() {
+	if p.ticket.Admitted() {
+		p.final = true
+		p.settle(p.respStarted)
+	}
+	p.scanner.Close()
+}
+
+func (p *processor) settle(cancelled bool) {
+	o := policy.Outcome{Status: p.status, Cancelled: cancelled, RetryAfter: p.retryAfter}
+	if p.respStarted {
+		o.TTFB = p.ttfb
+	}
+	o.Duration = p.srv.engine.Now().Sub(p.admittedAt)
+	if p.reading {
+		if p.pending != nil {
+			p.scanner.Write(p.pending)
+			p.pending = nil
+		}
+		u := p.scanner.Finish()
+		o.Usage = policy.Usage{Prompt: u.PromptTokens, Completion: u.CompletionTokens, Total: u.TotalTokens,
+			Cached: u.CachedTokens, Reasoning: u.ReasoningTokens, Known: u.Known, PromptKnown: u.PromptKnown, ContentBytes: u.ContentBytes}
+	}
+	p.outcome = o
+	p.settled = p.ticket.Done(o)
+}
+
+// metadataStruct is the dynamic metadata the server leaves for Envoy's access log and other
+// filters, under the policy's namespace: classification, decision and, once settled, usage.
+func (p *processor) metadataStruct() *structpb.Struct {
+	if p.snap == nil || !p.decided {
+		return nil
+	}
+	d := p.decision
+	names := p.snap.Names(d.Dims)
+	fields := map[string]*structpb.Value{
+		"feature":          structpb.NewStringValue(names.Feature),
+		"tenant":           structpb.NewStringValue(names.Tenant),
+		"tier":             structpb.NewStringValue(names.Tier),
+		"provider":         structpb.NewStringValue(names.Provider),
+		"model":            structpb.NewStringValue(names.Model),
+		"estimated_tokens": structpb.NewNumberValue(float64(p.estimate.Total)),
+	}
+	switch {
+	case d.Verdict != policy.Admit:
+		fields["decision"] = structpb.NewStringValue("rejected")
+		fields["reason"] = structpb.NewStringValue(string(d.Reason))
+		fields["compartment"] = structpb.NewStringValue(d.Compartment)
+	default:
+		decision := "admitted"
+		if d.Rerouted {
+			decision = "rerouted"
+			fields["reason"] = structpb.NewStringValue(string(d.Reason))
+		}
+		fields["decision"] = structpb.NewStringValue(decision)
+		fields["compartment"] = structpb.NewStringValue(strings.Join(p.ticket.Compartments(), ","))
+	}
+	if p.final && d.Verdict == policy.Admit {
+		st, u := p.settled, p.outcome.Usage
+		fields["prompt_tokens"] = structpb.NewNumberValue(float64(st.Prompt))
+		fields["completion_tokens"] = structpb.NewNumberValue(float64(st.Completion))
+		fields["total_tokens"] = structpb.NewNumberValue(float64(st.Total))
+		fields["cached_tokens"] = structpb.NewNumberValue(float64(u.Cached))
+		fields["reasoning_tokens"] = structpb.NewNumberValue(float64(u.Reasoning))
+		fields["usage_reported"] = structpb.NewBoolValue(u.Known)
+	}
+	return &structpb.Struct{Fields: map[string]*structpb.Value{
+		p.snap.Policy.Envoy.MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: fields}),
+	}}
+}
+
+// Header implements policy.Input over the current message's headers. The value aliases the
+// message's bytes (protobuf gives every message its own), so reading does not allocate; code
+// that keeps a value beyond the request must copy it.
+func (p *processor) Header(name string) (string, bool) {
+	for _, h := range p.headers {
+		if h.Key == name {
+			if len(h.RawValue) > 0 {
+				return unsafe.String(unsafe.SliceData(h.RawValue), len(h.RawValue)), true
+			}
+			return h.Value, true
+		}
+	}
+	return "", false
+}
+
+// Path implements policy.Input.
+func (p *processor) Path() string { return p.path }
+
+// BodyField implements policy.Input.
+func (p *processor) BodyField(path string) (string, bool) {
+	if !p.bodyOK {
+		return "", false
+	}
+	// The scan already read the common fields: do not walk a large body again for them.
+	switch path {
+	case "model":
+		return p.fields.Model, p.fields.Model != ""
+	case "user":
+		if p.api != llmapi.APIAnthropicMessages {
+			return p.fields.User, p.fields.User != ""
+		}
+	}
+	return llmapi.Field(p.body, path)
+}
+
+// Metadata implements policy.Input over metadata_context (Envoy-forwarded, trusted).
+func (p *processor) Metadata(namespace string, key []string) (string, bool) {
+	st := p.metadata.GetFilterMetadata()[namespace]
+	if st == nil || len(key) == 0 {
+		return "", false
+	}
+	for i, k := range key {
+		v := st.GetFields()[k]
+		if v == nil {
+			return "", false
+		}
+		if i == len(key)-1 {
+			return scalar(v)
+		}
+		st = v.GetStructValue()
+		if st == nil {
+			return "", false
+		}
+	}
+	return "", false
+}
+
+// Attribute implements policy.Input over the request attributes.
+func (p *processor) Attribute(name string) (string, bool) {
+	v := p.attrs.GetFields()[name]
+	if v == nil {
+		return "", false
+	}
+	return scalar(v)
+}
+
+func scalar(v *structpb.Value) (string, bool) {
+	switch k := v.Kind.(type) {
+	case *structpb.Value_StringValue:
+		return k.StringValue, true
+	case *structpb.Value_NumberValue:
+		return strconv.FormatFloat(k.NumberValue, 'f', -1, 64), true
+	case *structpb.Value_BoolValue:
+		return strconv.FormatBool(k.BoolValue), true
+	}
+	return "", false
+}
+
+// parseRetryAfter reads a retry-after header: delay seconds or an HTTP date.
+func parseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if secs, err := strconv.ParseFloat(v, 64); err == nil {
+		if secs <= 0 || secs > 86400 {
+			return 0
+		}
+		return time.Duration(secs * float64(time.Second))
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		if d := t.Sub(now); d > 0 && d <= 24*time.Hour {
+			return d
+		}
+	}
+	return 0
+}
+
+// formatReset writes a duration the way OpenAI's x-ratelimit-reset-* headers do ("6m0s" →
+// "6m0s", "1.5s"), rounded to milliseconds.
+func formatReset(d time.Duration) string {
+	return d.Round(time.Millisecond).String()
+}

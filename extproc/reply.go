@@ -1,0 +1,161 @@
+package extproc
+
+import (
+	"strconv"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/llm-bulkhead/llm-bulkhead/extproc/llmapi"
+	"github.com/llm-bulkhead/llm-bulkhead/policy"
+)
+
+// Header names the server reads and writes. They are part of the product's contract.
+const (
+	HeaderFeature     = "x-bulkhead-feature"
+	HeaderCompartment = "x-bulkhead-compartment"
+	HeaderReason      = "x-bulkhead-reason"
+	HeaderProvider    = "x-llm-provider"
+	HeaderRetryAfter  = "retry-after"
+	HeaderRequestID   = "x-request-id"
+	// HeaderRemainingTokens and HeaderResetTokens mirror OpenAI's rate-limit headers for the
+	// tightest per-minute token budget of the request's compartments.
+	HeaderRemainingTokens = "x-ratelimit-remaining-tokens"
+	HeaderResetTokens     = "x-ratelimit-reset-tokens"
+)
+
+// passthroughReply is the reply of the matching type that lets a message continue unchanged.
+func passthroughReply(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	switch req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return headersReply(true, nil)
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return headersReply(false, nil)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return bodyReply(true, nil)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return bodyReply(false, nil)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
+	}
+	return nil
+}
+
+func headersReply(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
+	hr := &extprocv3.HeadersResponse{Response: common}
+	if request {
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: hr}}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: hr}}
+}
+
+func bodyReply(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
+	br := &extprocv3.BodyResponse{Response: common}
+	if request {
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
+}
+
+func setHeader(key, value string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: key, RawValue: []byte(value)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
+}
+
+// refusalStatus is the HTTP status of a refusal in the API family the client called: 429 for
+// budgets and rates, 503 when there is no capacity (Anthropic's overloaded is 529), 400 for a
+// body that cannot be read.
+func refusalStatus(r policy.Reason, api llmapi.API) int {
+	switch r {
+	case policy.ReasonTokenBudget, policy.ReasonRateLimit:
+		return 429
+	case policy.ReasonBadRequest:
+		return 400
+	}
+	if api.Anthropic() {
+		return 529
+	}
+	return 503
+}
+
+// refusalBody writes the error JSON in the format of the API the client called, so the
+// client's own SDK raises its usual error types.
+func refusalBody(d policy.Decision, api llmapi.API) []byte {
+	msg := d.Message()
+	if api.Anthropic() {
+		typ := "overloaded_error"
+		switch d.Reason {
+		case policy.ReasonTokenBudget, policy.ReasonRateLimit:
+			typ = "rate_limit_error"
+		case policy.ReasonBadRequest:
+			typ = "invalid_request_error"
+		}
+		b := []byte(`{"type":"error","error":{"type":`)
+		b = strconv.AppendQuote(b, typ)
+		b = append(b, `,"message":`...)
+		b = appendJSONString(b, msg)
+		return append(b, "}}"...)
+	}
+	typ := "server_overloaded"
+	switch d.Reason {
+	case policy.ReasonTokenBudget, policy.ReasonRateLimit:
+		typ = "rate_limit_exceeded"
+	case policy.ReasonBadRequest:
+		typ = "invalid_request_error"
+	}
+	b := []byte(`{"error":{"message":`)
+	b = appendJSONString(b, msg)
+	b = append(b, `,"type":`...)
+	b = strconv.AppendQuote(b, typ)
+	b = append(b, `,"code":`...)
+	b = strconv.AppendQuote(b, string(d.Reason))
+	return append(b, `,"param":null}}`...)
+}
+
+// appendJSONString appends s as a JSON string. Messages are plain ASCII sentences, but names
+// inside them come from configuration and may hold anything.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
+
+// immediateReply refuses a request with the degradation contract's status, headers and body.
+func immediateReply(d policy.Decision, api llmapi.API, md *structpb.Struct) *extprocv3.ProcessingResponse {
+	headers := []*corev3.HeaderValueOption{
+		setHeader("content-type", "application/json"),
+		setHeader(HeaderReason, string(d.Reason)),
+	}
+	if d.Compartment != "" {
+		headers = append(headers, setHeader(HeaderCompartment, d.Compartment))
+	}
+	if d.Reason != policy.ReasonBadRequest {
+		headers = append(headers, setHeader(HeaderRetryAfter, strconv.FormatInt(d.RetryAfterSeconds(), 10)))
+	}
+	return &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
+			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(refusalStatus(d.Reason, api))},
+			Headers: &extprocv3.HeaderMutation{SetHeaders: headers},
+			Body:    refusalBody(d, api),
+			Details: "llm_bulkhead_" + string(d.Reason),
+		}},
+		DynamicMetadata: md,
+	}
+}

@@ -1,0 +1,113 @@
+// Package extproc is llm-bulkhead's Envoy adapter: the gRPC ext_proc service, one processor per
+// stream, translating Envoy's messages into policy calls and policy decisions back into
+// replies. It holds no policy of its own.
+package extproc
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"runtime/debug"
+	"sync/atomic"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy"
+)
+
+// Options configure a Server.
+type Options struct {
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the server's metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+}
+
+// Server implements Envoy's ExternalProcessor service over a policy Engine. Safe for
+// concurrent use: each stream gets its own processor.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	engine  *policy.Engine
+	log     *slog.Logger
+	metrics *metrics
+	active  atomic.Int64
+}
+
+var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
+
+// NewServer returns a Server deciding with engine.
+func NewServer(engine *policy.Engine, o Options) *Server {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	s := &Server{engine: engine, log: o.Logger}
+	s.metrics = newMetrics(s, o.Registerer)
+	return s
+}
+
+// ActiveStreams returns the number of Process streams currently open.
+func (s *Server) ActiveStreams() int64 { return s.active.Load() }
+
+// Process serves one ext_proc stream: one HTTP request as Envoy sees it. It replies to every
+// message with exactly one response of the matching type and releases whatever the request
+// holds exactly once, however the stream ends.
+func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	s.active.Add(1)
+	defer s.active.Add(-1)
+	s.metrics.streams.Inc()
+
+	p := newProcessor(s, stream)
+	defer p.finish()
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			// Envoy is done with the stream (reset, half-close or error): nobody is listening, so
+			// the status returned does not matter.
+			p.ended(endReason(err))
+			return nil
+		}
+		resp := p.safeHandle(req)
+		if resp == nil {
+			// The request was abandoned while queued (the stream is gone): nothing to send.
+			return nil
+		}
+		if err := stream.Send(resp); err != nil {
+			p.ended(endSendFailed)
+			return nil
+		}
+		p.afterSend(resp)
+	}
+}
+
+// endReason classifies how Envoy ended the stream, for the outcome and metrics.
+func endReason(err error) end {
+	if errors.Is(err, io.EOF) {
+		return endHalfClosed
+	}
+	if status.Code(err) == codes.Canceled {
+		return endReset
+	}
+	return endError
+}
+
+// safeHandle runs handle, turning a panic into a pass-through reply of the matching type so
+// the request continues without the processor (fail-open for that request only).
+func (p *processor) safeHandle(req *extprocv3.ProcessingRequest) (resp *extprocv3.ProcessingResponse) {
+	if p.passthrough {
+		return passthroughReply(req)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			p.srv.metrics.panics.Inc()
+			p.srv.log.Error("panic while processing a message; the request continues without the processor",
+				"request_id", p.requestID, "panic", r, "stack", string(debug.Stack()))
+			p.passthrough = true
+			resp = passthroughReply(req)
+		}
+	}()
+	return p.handle(req)
+}
