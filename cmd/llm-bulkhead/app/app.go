@@ -1,0 +1,343 @@
+// Package app assembles the llm-bulkhead server: policy loading and reloading, the policy
+// engine, the ext_proc gRPC service with gRPC health, and the admin HTTP listener. The
+// llm-bulkhead command runs it; tests and the demo programs start it in-process.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/llm-bulkhead/llm-bulkhead/examples"
+	"github.com/llm-bulkhead/llm-bulkhead/extproc"
+	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+)
+
+// Options configure an App. Zero values take the policy's settings.
+type Options struct {
+	// ConfigPath is the policy file; empty runs the embedded examples/policy.yaml.
+	ConfigPath string
+	// GRPCAddr and AdminAddr override the policy's server.grpc_addr and server.admin_addr.
+	GRPCAddr  string
+	AdminAddr string
+	// LogLevel overrides the policy's server.log_level.
+	LogLevel string
+	// Env is the environment for LLM_BULKHEAD_ overrides and the admin token; nil uses
+	// os.Environ().
+	Env []string
+	// LogOutput receives JSON logs; nil means os.Stderr.
+	LogOutput io.Writer
+	// Clock defaults to the system clock.
+	Clock policy.Clock
+	// Watch reloads the policy file when it changes on disk (and on SIGHUP, see Run).
+	Watch bool
+}
+
+// App is a running llm-bulkhead server. Safe for concurrent use.
+type App struct {
+	opts     Options
+	log      *slog.Logger
+	level    *slog.LevelVar
+	registry *prometheus.Registry
+	engine   *policy.Engine
+	extproc  *extproc.Server
+	grpc     *grpc.Server
+	health   *health.Server
+	admin    *http.Server
+	grpcLn   net.Listener
+	adminLn  net.Listener
+	metrics  *appMetrics
+
+	policyName string
+	draining   atomic.Bool
+	ready      atomic.Bool
+	reloadMu   sync.Mutex
+	current    atomic.Pointer[config.Policy]
+	adminToken string
+
+	serveErr chan error
+	stopOnce sync.Once
+	watcher  *watcher
+}
+
+// ConfigError is a policy that cannot be loaded; the process exits with status 2 for it.
+type ConfigError struct{ Err error }
+
+func (e *ConfigError) Error() string { return e.Err.Error() }
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// LoadPolicy loads the policy at path (the embedded default when path is empty) with env
+// overrides.
+func LoadPolicy(path string, env []string) (*config.Policy, string, error) {
+	if path == "" {
+		p, err := config.Load(examples.DefaultPolicyName, examples.DefaultPolicy, env)
+		return p, examples.DefaultPolicyName, err
+	}
+	p, err := config.LoadFile(path, env)
+	return p, path, err
+}
+
+// New loads the policy and builds the server without listening yet.
+func New(o Options) (*App, error) {
+	if o.Env == nil {
+		o.Env = os.Environ()
+	}
+	if o.LogOutput == nil {
+		o.LogOutput = os.Stderr
+	}
+	a := &App{opts: o, level: new(slog.LevelVar), registry: prometheus.NewRegistry(), serveErr: make(chan error, 2)}
+	a.log = slog.New(slog.NewJSONHandler(o.LogOutput, &slog.HandlerOptions{Level: a.level}))
+
+	p, name, err := LoadPolicy(o.ConfigPath, o.Env)
+	if err != nil {
+		return nil, &ConfigError{Err: err}
+	}
+	a.policyName = name
+	if err := a.setLevel(p); err != nil {
+		return nil, &ConfigError{Err: err}
+	}
+	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a.metrics = newAppMetrics(a.registry)
+	eng, err := policy.NewEngine(p, policy.Options{Clock: o.Clock, Registerer: a.registry, Logger: a.log})
+	if err != nil {
+		return nil, &ConfigError{Err: fmt.Errorf("%s: %w", name, err)}
+	}
+	a.engine = eng
+	a.current.Store(p)
+	a.adminToken = lookupEnv(o.Env, p.Admin.TokenEnv)
+	a.extproc = extproc.NewServer(eng, extproc.Options{Logger: a.log, Registerer: a.registry})
+
+	// Envoy sends a buffered body in one message; leave room for headers and metadata.
+	maxMsg := int(p.Envoy.MaxRequestBody) + 1<<20
+	a.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(maxMsg), grpc.MaxSendMsgSize(maxMsg))
+	extprocv3.RegisterExternalProcessorServer(a.grpc, a.extproc)
+	a.health = health.NewServer()
+	healthpb.RegisterHealthServer(a.grpc, a.health)
+	a.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	a.health.SetServingStatus(extprocv3.ExternalProcessor_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+	a.admin = &http.Server{Handler: a.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	return a, nil
+}
+
+func (a *App) setLevel(p *config.Policy) error {
+	lv := p.Server.LogLevel
+	if a.opts.LogLevel != "" {
+		lv = a.opts.LogLevel
+	}
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(lv)); err != nil {
+		return fmt.Errorf("log level %q is not one of debug, info, warn, error", lv)
+	}
+	a.level.Set(l)
+	return nil
+}
+
+func lookupEnv(env []string, name string) string {
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
+			return v
+		}
+	}
+	return ""
+}
+
+// Engine returns the policy engine.
+func (a *App) Engine() *policy.Engine { return a.engine }
+
+// ExtProc returns the ext_proc service.
+func (a *App) ExtProc() *extproc.Server { return a.extproc }
+
+// Registry returns the Prometheus registry served at /metrics.
+func (a *App) Registry() *prometheus.Registry { return a.registry }
+
+// Logger returns the server's logger.
+func (a *App) Logger() *slog.Logger { return a.log }
+
+// GRPCAddr returns the ext_proc listen address once Start has run.
+func (a *App) GRPCAddr() string { return a.grpcLn.Addr().String() }
+
+// AdminAddr returns the admin listen address once Start has run.
+func (a *App) AdminAddr() string { return a.adminLn.Addr().String() }
+
+// Start listens on both addresses and serves in the background.
+func (a *App) Start() error {
+	p := a.current.Load()
+	grpcAddr, adminAddr := p.Server.GRPCAddr, p.Server.AdminAddr
+	if a.opts.GRPCAddr != "" {
+		grpcAddr = a.opts.GRPCAddr
+	}
+	if a.opts.AdminAddr != "" {
+		adminAddr = a.opts.AdminAddr
+	}
+	var err error
+	if a.grpcLn, err = net.Listen("tcp", grpcAddr); err != nil {
+		return fmt.Errorf("ext_proc listener: %w", err)
+	}
+	if a.adminLn, err = net.Listen("tcp", adminAddr); err != nil {
+		a.grpcLn.Close()
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	go func() { a.serveErr <- a.grpc.Serve(a.grpcLn) }()
+	go func() {
+		if err := a.admin.Serve(a.adminLn); !errors.Is(err, http.ErrServerClosed) {
+			a.serveErr <- err
+		}
+	}()
+	if a.opts.Watch && a.opts.ConfigPath != "" {
+		w, err := newWatcher(a.opts.ConfigPath, 250*time.Millisecond, a.log, func() { a.Reload("file changed") })
+		if err != nil {
+			a.log.Error("cannot watch the policy file; reload with SIGHUP instead", "file", a.opts.ConfigPath, "err", err)
+		} else {
+			a.watcher = w
+		}
+	}
+	a.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	a.health.SetServingStatus(extprocv3.ExternalProcessor_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	a.ready.Store(true)
+	a.log.Info("llm-bulkhead listening", "grpc_addr", a.GRPCAddr(), "admin_addr", a.AdminAddr(),
+		"policy", a.policyName, "generation", a.engine.Snapshot().Gen(),
+		"compartments", len(a.engine.Compartments()))
+	return nil
+}
+
+// Errors reports a listener that stopped serving unexpectedly.
+func (a *App) Errors() <-chan error { return a.serveErr }
+
+// Ready reports whether the server takes traffic: a policy is loaded and it is not draining.
+// It never depends on breaker state.
+func (a *App) Ready() bool { return a.ready.Load() && !a.draining.Load() }
+
+// Reload re-reads the policy file and swaps the new policy in if it is valid; otherwise the
+// running policy stays and every problem is logged and counted.
+func (a *App) Reload(why string) error {
+	a.reloadMu.Lock()
+	defer a.reloadMu.Unlock()
+	p, name, err := LoadPolicy(a.opts.ConfigPath, a.opts.Env)
+	if err == nil {
+		err = a.checkFixed(p)
+	}
+	if err != nil {
+		a.metrics.reloads.WithLabelValues("error").Inc()
+		a.metrics.reloadErrors.Inc()
+		var problems config.Errors
+		if errors.As(err, &problems) {
+			for _, pr := range problems {
+				a.log.Error("policy reload refused; keeping the running policy", "why", why, "problem", pr.String())
+			}
+		} else {
+			a.log.Error("policy reload refused; keeping the running policy", "why", why, "err", err)
+		}
+		return err
+	}
+	diff, err := a.engine.Apply(p)
+	if err != nil {
+		a.metrics.reloads.WithLabelValues("error").Inc()
+		a.metrics.reloadErrors.Inc()
+		a.log.Error("policy reload refused; keeping the running policy", "why", why, "err", err)
+		return err
+	}
+	a.current.Store(p)
+	if err := a.setLevel(p); err != nil {
+		a.log.Error("log level unchanged", "err", err)
+	}
+	a.metrics.reloads.WithLabelValues("success").Inc()
+	a.metrics.lastReload.SetToCurrentTime()
+	a.log.Info("policy reloaded", "why", why, "policy", name, "generation", a.engine.Snapshot().Gen(), "diff", diff.String())
+	return nil
+}
+
+// checkFixed refuses reloads that change settings only a restart can apply.
+func (a *App) checkFixed(p *config.Policy) error {
+	cur := a.current.Load()
+	var problems []string
+	if a.opts.GRPCAddr == "" && p.Server.GRPCAddr != cur.Server.GRPCAddr {
+		problems = append(problems, "server.grpc_addr")
+	}
+	if a.opts.AdminAddr == "" && p.Server.AdminAddr != cur.Server.AdminAddr {
+		problems = append(problems, "server.admin_addr")
+	}
+	if p.Envoy.MaxRequestBody != cur.Envoy.MaxRequestBody {
+		problems = append(problems, "envoy.max_request_body")
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s changed: these take effect only on restart", strings.Join(problems, ", "))
+	}
+	return nil
+}
+
+// Shutdown drains: it reports not ready (gRPC health NOT_SERVING, /readyz 503), stops accepting
+// new streams, lets in-flight streams finish for up to the policy's drain_grace (or until ctx
+// ends), then cuts the rest (their requests release what they hold) and closes the admin
+// listener.
+func (a *App) Shutdown(ctx context.Context) {
+	a.stopOnce.Do(func() {
+		a.draining.Store(true)
+		a.health.Shutdown()
+		if a.watcher != nil {
+			a.watcher.Close()
+		}
+		grace := a.current.Load().Server.DrainGrace.D()
+		a.log.Info("draining", "in_flight", a.engine.InFlight(), "streams", a.extproc.ActiveStreams(), "grace", grace.String())
+		done := make(chan struct{})
+		go func() {
+			a.grpc.GracefulStop()
+			close(done)
+		}()
+		timer := time.NewTimer(grace)
+		defer timer.Stop()
+		select {
+		case <-done:
+		case <-timer.C:
+			a.log.Warn("drain grace over; closing the remaining streams", "streams", a.extproc.ActiveStreams())
+			a.grpc.Stop()
+			<-done
+		case <-ctx.Done():
+			a.grpc.Stop()
+			<-done
+		}
+		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := a.admin.Shutdown(shut); err != nil {
+			a.admin.Close()
+		}
+		a.log.Info("stopped", "in_flight", a.engine.InFlight())
+	})
+}
+
+// Run starts the server and serves until ctx ends (SIGTERM or SIGINT in the command), then
+// drains and returns. Each value received on reload (SIGHUP in the command) reloads the policy.
+func (a *App) Run(ctx context.Context, reload <-chan os.Signal) error {
+	if err := a.Start(); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			a.Shutdown(context.Background())
+			return nil
+		case <-reload:
+			_ = a.Reload("SIGHUP")
+		case err := <-a.serveErr:
+			a.log.Error("a listener stopped serving", "err", err)
+			a.Shutdown(context.Background())
+			return err
+		}
+	}
+}

@@ -1,0 +1,180 @@
+package app
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+)
+
+// Summary describes an effective policy: what `validate` prints.
+type Summary struct {
+	p            *config.Policy
+	compartments []policy.CompartmentView
+	breakers     []policy.BreakerView
+}
+
+// Summarize builds the policy aside (as a reload would, without serving it) and describes it.
+// An error means the policy validated but cannot be built.
+func Summarize(p *config.Policy) (*Summary, error) {
+	eng, err := policy.NewEngine(p, policy.Options{Logger: discardLogger()})
+	if err != nil {
+		return nil, err
+	}
+	return &Summary{p: p, compartments: eng.Compartments(), breakers: eng.Breakers()}, nil
+}
+
+// Line is a one-line summary.
+func (s *Summary) Line() string {
+	p := s.p
+	return fmt.Sprintf("%d features, %d tiers, %d tenants in the directory, %d providers, %d compartment families (%d compartments at start), %d pools, %d breakers",
+		len(p.FeatureNames()), len(p.Tiers), len(p.Tenants.Directory), len(p.ProviderNames()), len(p.Compartments), len(s.compartments), len(p.Pools), len(s.breakers))
+}
+
+// Explain prints the effective policy with inheritance resolved: classification, every
+// compartment's limits, tenant-keyed families' templates, pools, breakers and Envoy settings.
+func (s *Summary) Explain(w io.Writer) {
+	p := s.p
+	fmt.Fprintln(w, "\nClassification (first rule that gives a value wins, then the default):")
+	c := p.Classification
+	for _, d := range []struct {
+		name string
+		dim  config.Dimension
+	}{{"feature", c.Feature}, {"tenant", c.Tenant}, {"tier", c.Tier}, {"provider", c.Provider}, {"model", c.Model}} {
+		var rules []string
+		for _, r := range d.dim.Rules {
+			rules = append(rules, describeRule(r))
+		}
+		rules = append(rules, fmt.Sprintf("default %q", d.dim.Default))
+		fmt.Fprintf(w, "  %-9s %s\n", d.name+":", strings.Join(rules, " → "))
+	}
+
+	fmt.Fprintln(w, "\nCompartments (limits resolved; 0 = no limit):")
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  NAME\tMODE\tMAX_CONCURRENT\tMAX_WAIT\tQUEUE\tPRIORITY\tINFLIGHT_TOKENS\tTPM\tTPD\tRPM\tPOOL")
+	for _, cv := range s.compartments {
+		var tpm, tpd, rpm int64
+		for _, b := range cv.Budgets {
+			switch b.Kind {
+			case "tokens_per_minute":
+				tpm = b.Capacity
+			case "tokens_per_day":
+				tpd = b.Capacity
+			case "requests_per_minute":
+				rpm = b.Capacity
+			}
+		}
+		wait := cv.MaxWait
+		if wait == "" {
+			wait = "-"
+		}
+		pool := cv.Pool
+		if pool != "" {
+			pool = fmt.Sprintf("%s (guaranteed %d)", pool, cv.Guaranteed)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", cv.Name, cv.Mode, cv.MaxConcurrent, wait, cv.QueueDepth,
+			cv.Priority, cv.MaxInflightTokens, tpm, tpd, rpm, pool)
+	}
+	tw.Flush()
+	for _, f := range p.Compartments {
+		for _, k := range f.Key {
+			if k == config.DimTenant {
+				fmt.Fprintf(w, "  %s/<tenant>: created per tenant from the tenant's tier (limits_from %s), at most %d, idle ones evicted after %s\n",
+					f.Name, f.LimitsFrom, f.MaxInstances, f.IdleTTL)
+				for _, t := range p.TierNames() {
+					r := p.Resolve(p.Tiers[t])
+					fmt.Fprintf(w, "      tier %-12s max_concurrent %d, max_wait %s, tokens_per_minute %d\n", t, r.MaxConcurrent, waitString(r), r.TokensPerMinute)
+				}
+			}
+		}
+	}
+	if len(p.Tenants.Directory) > 0 {
+		fmt.Fprintln(w, "\nTenant directory:")
+		for _, t := range p.Tenants.Directory {
+			extra := ""
+			if t.Limits != nil {
+				extra = " (with its own limit overrides)"
+			}
+			fmt.Fprintf(w, "  %s → %s%s\n", t.ID, t.Tier, extra)
+		}
+		fmt.Fprintf(w, "  anyone else → %s\n", p.Tenants.DefaultTier)
+	}
+	if len(p.Models) > 0 {
+		fmt.Fprintln(w, "\nModel map:")
+		for _, m := range p.Models {
+			fmt.Fprintf(w, "  %s → %s\n", m.Match, orDash(m.Provider))
+		}
+	}
+	if len(s.breakers) > 0 {
+		fmt.Fprintln(w, "\nBreakers:")
+		names := make([]string, 0, len(p.Providers))
+		for n := range p.Providers {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			pr := p.Providers[n]
+			if pr.Breaker == "" {
+				continue
+			}
+			b := p.ResolveBreaker(pr.Breaker)
+			fmt.Fprintf(w, "  %s (%s): %s window %d, minimum %d calls, open at %g%% failures or %g%% slow calls (> %s %s), open %s, %d probes",
+				n, pr.Breaker, b.SlidingWindowType, b.SlidingWindowSize, b.MinimumCalls, b.FailureRateThreshold, b.SlowCallRateThreshold,
+				b.SlowCallDuration, b.SlowCallMeasure, b.WaitInOpen, b.PermittedCallsInHalfOpen)
+			if pr.Fallback != "" {
+				fmt.Fprintf(w, ", falls back to %s", pr.Fallback)
+			}
+			fmt.Fprintln(w)
+		}
+	}
+	e := p.Envoy
+	fmt.Fprintf(w, "\nEnvoy filter: request_body_mode %s, response_body_mode %s, message_timeout %s, max_message_timeout %s, allow_mode_override %v, failure_mode_allow %v\n",
+		e.RequestBodyMode, e.ResponseBodyMode, e.MessageTimeout, e.MaxMessageTimeout, e.AllowModeOverride, e.FailureModeAllow)
+}
+
+func waitString(r config.Resolved) string {
+	if !r.HasMaxWait {
+		return "-"
+	}
+	return r.MaxWait.String()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func describeRule(r config.Rule) string {
+	var s string
+	switch {
+	case r.Header != "":
+		s = "header " + r.Header
+		if r.Trusted {
+			s += " (trusted)"
+		}
+	case r.PathPrefix != "":
+		s = fmt.Sprintf("path prefix %s = %s", r.PathPrefix, r.Value)
+	case r.PathRegex != "":
+		s = fmt.Sprintf("path ~ %s = %s", r.PathRegex, r.Value)
+	case r.Body != "":
+		s = "body " + r.Body
+	case r.Metadata != nil:
+		s = "metadata " + r.Metadata.Namespace + ":" + r.Metadata.Key
+	case r.Attribute != "":
+		s = "attribute " + r.Attribute
+	case r.TenantDirectory:
+		s = "tenant directory"
+	case r.ModelMap:
+		s = "model map"
+	}
+	if len(r.Map) > 0 {
+		s += " (mapped)"
+	}
+	return s
+}

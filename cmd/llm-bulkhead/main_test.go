@@ -1,0 +1,198 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func write(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+const broken = `features:
+  default:
+    max_concurent: 3
+`
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name       string
+		args       []string
+		wantCode   int
+		wantOut    string
+		wantErrOut string
+	}{
+		{"built-in policy", []string{"validate"}, 0, "<embedded examples/policy.yaml>: OK — 5 features, 3 tiers", ""},
+		{"explain", []string{"validate", "--explain"}, 0, "tier_feature/free/chat", ""},
+		{"broken file names file, line and key", []string{"validate", "--config", write(t, broken)}, 2, "",
+			`policy.yaml:3: features.default.max_concurent: unknown key "max_concurent" (did you mean "max_concurrent"?)`},
+		{"missing file", []string{"validate", "--config", "/nonexistent/p.yaml"}, 2, "", "/nonexistent/p.yaml: cannot read policy file"},
+		{"bad flag", []string{"validate", "--nope"}, 2, "", "flag provided but not defined"},
+		{"unknown command", []string{"frobnicate"}, 2, "", `unknown command "frobnicate"`},
+		{"version", []string{"version"}, 0, "llm-bulkhead ", ""},
+		{"envoy-config", []string{"envoy-config", "--address", "llm-bulkhead:9002"}, 0, "max_message_timeout: 10s", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			code := run(context.Background(), tt.args, nil, &out, &errOut, nil)
+			if code != tt.wantCode {
+				t.Fatalf("exit %d, want %d\nstdout: %s\nstderr: %s", code, tt.wantCode, out.String(), errOut.String())
+			}
+			if !strings.Contains(out.String(), tt.wantOut) {
+				t.Errorf("stdout %q does not contain %q", out.String(), tt.wantOut)
+			}
+			if !strings.Contains(errOut.String(), tt.wantErrOut) {
+				t.Errorf("stderr %q does not contain %q", errOut.String(), tt.wantErrOut)
+			}
+		})
+	}
+}
+
+func TestServeInvalidPolicyExits2(t *testing.T) {
+	var errOut bytes.Buffer
+	code := run(context.Background(), []string{"serve", "--config", write(t, broken), "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"}, nil, &bytes.Buffer{}, &errOut, nil)
+	if code != 2 {
+		t.Fatalf("exit %d, want 2", code)
+	}
+	if !strings.Contains(errOut.String(), "features.default.max_concurent") {
+		t.Errorf("stderr does not name the key: %s", errOut.String())
+	}
+}
+
+func TestServeAddressInUseExits1(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	code := run(context.Background(), []string{"--grpc-addr", ln.Addr().String(), "--admin-addr", "127.0.0.1:0"}, nil, &bytes.Buffer{}, &bytes.Buffer{}, nil)
+	if code != 1 {
+		t.Fatalf("exit %d, want 1", code)
+	}
+}
+
+// freeAddr reserves a loopback port for a server started by run.
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// TestServeLifecycle: serve logs where it listens and which policy it runs, reports SERVING on
+// gRPC health and ready on /readyz, reloads on SIGHUP, and on SIGTERM drains and exits 0.
+func TestServeLifecycle(t *testing.T) {
+	grpcAddr, adminAddr := freeAddr(t), freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	hup := make(chan os.Signal, 1)
+	logs := &syncBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "--grpc-addr", grpcAddr, "--admin-addr", adminAddr, "--log-level", "debug"}, []string{}, &bytes.Buffer{}, logs, hup)
+	}()
+	waitUntil(t, func() bool { return strings.Contains(logs.String(), "llm-bulkhead listening") })
+	var line map[string]any
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "llm-bulkhead listening") {
+			_ = json.Unmarshal([]byte(l), &line)
+		}
+	}
+	if line["grpc_addr"] != grpcAddr || line["admin_addr"] != adminAddr || line["policy"] != "<embedded examples/policy.yaml>" {
+		t.Errorf("start log line = %v", line)
+	}
+
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	health := healthpb.NewHealthClient(conn)
+	resp, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "envoy.service.ext_proc.v3.ExternalProcessor"})
+	if err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health = %v, %v", resp, err)
+	}
+	if code := httpStatus(t, "http://"+adminAddr+"/readyz"); code != 200 {
+		t.Errorf("/readyz = %d", code)
+	}
+	if code := httpStatus(t, "http://"+adminAddr+"/healthz"); code != 200 {
+		t.Errorf("/healthz = %d", code)
+	}
+
+	hup <- os.Interrupt
+	waitUntil(t, func() bool { return strings.Contains(logs.String(), "policy reloaded") })
+
+	cancel() // SIGTERM
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit %d after SIGTERM, want 0", code)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+	if !strings.Contains(logs.String(), "draining") {
+		t.Errorf("no drain in the log:\n%s", logs.String())
+	}
+}
+
+func httpStatus(t *testing.T, url string) int {
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
