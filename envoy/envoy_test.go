@@ -1,0 +1,182 @@
+package envoy_test
+
+import (
+	"encoding/json"
+	"testing"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	yaml "go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead/app"
+	"github.com/llm-bulkhead/llm-bulkhead/envoy"
+	"github.com/llm-bulkhead/llm-bulkhead/examples"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+)
+
+// validator is implemented by every generated Envoy message (protoc-gen-validate).
+type validator interface{ ValidateAll() error }
+
+// unmarshalYAML reads YAML into an Envoy proto the way Envoy does: YAML → JSON → proto3 JSON,
+// rejecting unknown fields, then runs the proto's validation rules.
+func unmarshalYAML(t *testing.T, data []byte, m proto.Message) {
+	t.Helper()
+	var v any
+	if err := yaml.Unmarshal(data, &v); err != nil {
+		t.Fatalf("YAML: %v", err)
+	}
+	js, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (protojson.UnmarshalOptions{}).Unmarshal(js, m); err != nil {
+		t.Fatalf("not a valid %s: %v", m.ProtoReflect().Descriptor().FullName(), err)
+	}
+	if err := m.(validator).ValidateAll(); err != nil {
+		t.Fatalf("%s fails Envoy's validation rules: %v", m.ProtoReflect().Descriptor().FullName(), err)
+	}
+}
+
+func bootstrapFilters(t *testing.T) (*hcmv3.HttpConnectionManager, *bootstrapv3.Bootstrap) {
+	t.Helper()
+	var b bootstrapv3.Bootstrap
+	unmarshalYAML(t, envoy.Bootstrap, &b)
+	l := b.GetStaticResources().GetListeners()
+	if len(l) != 1 {
+		t.Fatalf("%d listeners", len(l))
+	}
+	var hcm hcmv3.HttpConnectionManager
+	if err := l[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(&hcm); err != nil {
+		t.Fatal(err)
+	}
+	return &hcm, &b
+}
+
+func extProcOf(t *testing.T, hcm *hcmv3.HttpConnectionManager) *extprocfilterv3.ExternalProcessor {
+	t.Helper()
+	for _, f := range hcm.GetHttpFilters() {
+		if f.GetName() == "envoy.filters.http.ext_proc" {
+			var ep extprocfilterv3.ExternalProcessor
+			if err := f.GetTypedConfig().UnmarshalTo(&ep); err != nil {
+				t.Fatal(err)
+			}
+			return &ep
+		}
+	}
+	t.Fatal("no ext_proc filter")
+	return nil
+}
+
+func TestBootstrapIsValidEnvoyConfig(t *testing.T) {
+	hcm, b := bootstrapFilters(t)
+	filters := hcm.GetHttpFilters()
+	if last := filters[len(filters)-1].GetName(); last != "envoy.filters.http.router" {
+		t.Errorf("the router must be the last filter, got %s", last)
+	}
+	clusters := map[string]*clusterv3.Cluster{}
+	for _, c := range b.GetStaticResources().GetClusters() {
+		clusters[c.GetName()] = c
+	}
+	for _, name := range []string{"llm_bulkhead", "deepseek", "qwen", "local"} {
+		if clusters[name] == nil {
+			t.Errorf("cluster %s missing", name)
+		}
+	}
+	// Every provider of the policy has a route keyed by x-llm-provider (or the default route).
+	p, err := config.Load("policy.yaml", examples.DefaultPolicy, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	routed := map[string]bool{}
+	for _, r := range hcm.GetRouteConfig().GetVirtualHosts()[0].GetRoutes() {
+		hs := r.GetMatch().GetHeaders()
+		if len(hs) == 0 {
+			routed[p.Classification.Provider.Default] = true
+			continue
+		}
+		if hs[0].GetName() == "x-llm-provider" {
+			routed[hs[0].GetStringMatch().GetExact()] = true
+		}
+	}
+	for _, name := range p.ProviderNames() {
+		if !routed[name] {
+			t.Errorf("provider %s has no route", name)
+		}
+	}
+	if got := b.GetStaticResources().GetListeners()[0].GetPerConnectionBufferLimitBytes().GetValue(); int64(got) < int64(p.Envoy.MaxRequestBody) {
+		t.Errorf("listener buffer limit %d is below the policy's max_request_body %d: Envoy would answer 413", got, p.Envoy.MaxRequestBody)
+	}
+}
+
+// TestShippedFilterMatchesPolicy: the filter in envoy.yaml is the one `llm-bulkhead
+// envoy-config` prints for the example policy.
+func TestShippedFilterMatchesPolicy(t *testing.T) {
+	hcm, _ := bootstrapFilters(t)
+	shipped := extProcOf(t, hcm)
+
+	p, err := config.Load("policy.yaml", examples.DefaultPolicy, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := app.EnvoyConfig(p, "llm_bulkhead", "llm-bulkhead:9002")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var generated struct {
+		HTTPFilters []any `yaml:"http_filters"`
+		Clusters    []any `yaml:"clusters"`
+	}
+	if err := yaml.Unmarshal(out, &generated); err != nil {
+		t.Fatal(err)
+	}
+	wrapped, _ := yaml.Marshal(map[string]any{"stat_prefix": "x", "route_config": map[string]any{}, "http_filters": generated.HTTPFilters})
+	var ghcm hcmv3.HttpConnectionManager
+	unmarshalYAML(t, wrapped, &ghcm)
+	if gen := extProcOf(t, &ghcm); !proto.Equal(gen, shipped) {
+		t.Errorf("envoy/envoy.yaml's ext_proc filter differs from `llm-bulkhead envoy-config`:\nshipped:   %v\ngenerated: %v", shipped, gen)
+	}
+	for _, c := range generated.Clusters {
+		cy, _ := yaml.Marshal(c)
+		var cl clusterv3.Cluster
+		unmarshalYAML(t, cy, &cl)
+	}
+}
+
+func TestIdentityChainIsValid(t *testing.T) {
+	var chain struct {
+		HTTPFilters []any `yaml:"http_filters"`
+	}
+	if err := yaml.Unmarshal(envoy.Identity, &chain); err != nil {
+		t.Fatal(err)
+	}
+	wrapped, _ := yaml.Marshal(map[string]any{"stat_prefix": "x", "route_config": map[string]any{}, "http_filters": chain.HTTPFilters})
+	var hcm hcmv3.HttpConnectionManager
+	unmarshalYAML(t, wrapped, &hcm)
+	ep := extProcOf(t, &hcm)
+	ns := ep.GetMetadataOptions().GetForwardingNamespaces().GetUntyped()
+	if len(ns) != 1 || ns[0] != "envoy.filters.http.jwt_authn" {
+		t.Errorf("ext_proc forwards %v, want the jwt_authn namespace", ns)
+	}
+	names := []string{}
+	for _, f := range hcm.GetHttpFilters() {
+		names = append(names, f.GetName())
+	}
+	want := []string{"envoy.filters.http.jwt_authn", "envoy.filters.http.header_mutation", "envoy.filters.http.ext_proc", "envoy.filters.http.router"}
+	if len(names) != len(want) {
+		t.Fatalf("filters %v", names)
+	}
+	for i := range want {
+		if names[i] != want[i] {
+			t.Fatalf("filter order %v, want %v (identity must be settled before ext_proc runs)", names, want)
+		}
+	}
+}
