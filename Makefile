@@ -1,0 +1,63 @@
+# llm-bulkhead — run `make help` for the targets.
+GO       ?= go
+PKGS     ?= ./...
+FUZZTIME ?= 10s
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS  := -X main.version=$(VERSION)
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build llm-bulkhead, mockllm, envoysim and storm into bin/
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/llm-bulkhead ./cmd/mockllm ./integration/envoysim/cmd/envoysim ./integration/cmd/storm
+
+.PHONY: run
+run: ## Run the server with the built-in policy (ext_proc on 127.0.0.1:9002, admin on 127.0.0.1:9090)
+	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/llm-bulkhead serve
+
+.PHONY: test
+test: ## Run every test with the race detector, then each fuzz target for FUZZTIME
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	$(MAKE) --no-print-directory fuzz
+
+.PHONY: test-race
+test-race: ## Run every test with the race detector (no fuzzing)
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+.PHONY: fuzz
+fuzz: ## Run each fuzz target for FUZZTIME (default 10s)
+	@set -e; for pkg in $$($(GO) list ./...); do \
+	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
+	  for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/func //'); do \
+	    echo "fuzz $$pkg $$f"; \
+	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg >/dev/null || { $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; exit 1; }; \
+	  done; \
+	done
+
+.PHONY: lint
+lint: ## go vet and staticcheck
+	$(GO) vet $(PKGS)
+	$(GO) run $(STATICCHECK) $(PKGS)
+
+.PHONY: bench
+bench: ## Benchmarks: hot paths, and llm-bulkhead against a no-op ext_proc server under the same load
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./policy/... ./extproc/...
+	$(GO) run ./integration/cmd/bench
+
+.PHONY: demo
+demo: ## The seed scenario in miniature: chat and a batch storm through envoysim, llm-bulkhead and mockllm
+	$(GO) run ./integration/cmd/storm --demo
+
+.PHONY: storm
+storm: ## The seed's storm experiment, four configurations, results in results/storm
+	$(GO) run ./integration/cmd/storm --fast --out results/storm
+
+.PHONY: clean
+clean: ## Remove build outputs and results
+	rm -rf bin/ results/
