@@ -171,6 +171,12 @@ func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 		// Decide when the whole body is here: it tells model, size and stream.
 		return headersReply(true, nil)
 	}
+	if h.EndOfStream && p.requiresValidJSON() && (p.method() == "POST" || p.method() == "PUT" || p.method() == "PATCH") {
+		// An LLM call without a body on a route that requires a JSON one.
+		p.decided = true
+		p.decision = policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonBadRequest}
+		return p.refuse(p.decision)
+	}
 	resp := p.decide(true)
 	if resp == nil || !p.decided {
 		return resp
@@ -525,6 +531,11 @@ func (p *processor) Header(name string) (string, bool) {
 	return "", false
 }
 
+func (p *processor) method() string {
+	m, _ := p.Header(":method")
+	return m
+}
+
 // Path implements policy.Input.
 func (p *processor) Path() string { return p.path }
 
@@ -592,7 +603,7 @@ func scalar(v *structpb.Value) (string, bool) {
 func parseRetryAfter(v string, now time.Time) time.Duration {
 	v = strings.TrimSpace(v)
 	if secs, err := strconv.ParseFloat(v, 64); err == nil {
-		if secs <= 0 || secs > 86400 {
+		if !(secs > 0 && secs <= 86400) { // also refuses NaN
 			return 0
 		}
 		return time.Duration(secs * float64(time.Second))

@@ -35,6 +35,9 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	active  atomic.Int64
+
+	// beforeHandle, set only by tests, runs before each message is handled.
+	beforeHandle func(*extprocv3.ProcessingRequest)
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
@@ -109,5 +112,8 @@ func (p *processor) safeHandle(req *extprocv3.ProcessingRequest) (resp *extprocv
 			resp = passthroughReply(req)
 		}
 	}()
+	if p.srv.beforeHandle != nil {
+		p.srv.beforeHandle(req)
+	}
 	return p.handle(req)
 }

@@ -152,3 +152,86 @@ func TestInvalidBody(t *testing.T) {
 		}
 	}
 }
+
+const badBodyPolicy = `
+envoy: {max_message_timeout: 10s}
+body: {require_valid_json: [/strict/]}
+classification:
+  feature:
+    rules:
+      - header: x-llm-feature
+      - body: metadata.feature
+features:
+  chat: {max_concurrent: 50}
+  default: {max_concurrent: 50, tokens_per_minute: 100000000}
+`
+
+// TestBadBodies: every kind of broken body has a defined outcome — classified from headers and
+// defaults and admitted, or 400 where the route requires valid JSON — never a panic, a hang or
+// a wrong class; and each is counted.
+func TestBadBodies(t *testing.T) {
+	s := start(t, harness.Options{PolicyPath: writePolicy(t, badBodyPolicy), NoMock: true})
+	deep := strings.Repeat(`{"a":`, 10_000) + "1" + strings.Repeat("}", 10_000)
+	big := `{"model":"m","metadata":{"feature":"chat"},"messages":[{"role":"user","content":"` + strings.Repeat("x", 1<<20) + `"}]}`
+	tests := []struct {
+		name        string
+		body        string
+		wantFeature string // from the body when it could be read, else the header/default
+		valid       bool   // a JSON object, as a strict route requires
+	}{
+		{"invalid JSON", `{"model": "m", "messages": [}`, "default", false},
+		{"truncated JSON", `{"model":"m","metadata":{"feature":"chat"},"messages":[{"role":"user","content":"hel`, "default", false},
+		{"top-level array", `[{"model":"m"}]`, "default", false},
+		{"top-level string", `"hello"`, "default", false},
+		{"wrong type max_tokens", `{"model":"m","max_tokens":"9","metadata":{"feature":"chat"},"messages":[]}`, "chat", true},
+		{"negative max_tokens", `{"model":"m","max_tokens":-5,"metadata":{"feature":"chat"},"messages":[]}`, "chat", true},
+		{"absurd max_tokens", `{"model":"m","max_tokens":99999999999999,"metadata":{"feature":"chat"},"messages":[]}`, "chat", true},
+		{"10 000-deep nesting", deep, "default", true},
+		{"1 MiB body", big, "chat", true},
+		{"invalid UTF-8", "{\"model\":\"m\",\"metadata\":{\"feature\":\"chat\"},\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", "chat", true},
+		{"duplicate keys", `{"metadata":{"feature":"nope"},"metadata":{"feature":"chat"},"messages":[]}`, "chat", true},
+		{"empty body", ``, "default", false},
+	}
+	up := envoysim.Respond(200, envoysim.Headers{{Key: "content-type", Value: "application/json"}}, `{"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req := &envoysim.Request{Method: "POST", Path: "/v1/chat/completions",
+				Headers: envoysim.Headers{{Key: "content-type", Value: "application/json"}}, Body: []byte(tt.body)}
+			r, err := s.Sim.RoundTrip(context.Background(), req, up)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Status != 200 || r.Upstream == nil {
+				t.Fatalf("status %d: %s", r.Status, r.Body)
+			}
+			if got := upstreamHeader(r, "x-bulkhead-feature"); got != tt.wantFeature {
+				t.Errorf("feature %q, want %q", got, tt.wantFeature)
+			}
+			if string(r.Upstream.Body) != tt.body {
+				t.Errorf("the body changed on its way upstream")
+			}
+			// Where the route requires valid JSON, the unreadable ones are refused.
+			req.Path = "/strict/v1/chat/completions"
+			r, err = s.Sim.RoundTrip(context.Background(), req, up)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.valid != (r.Status == 200) || (!tt.valid && header(r, "x-bulkhead-reason") != "bad_request") {
+				t.Errorf("strict route: status %d", r.Status)
+			}
+		})
+	}
+	waitFor(t, func() bool { return s.App.Engine().InFlight() == 0 })
+	mfs, _ := s.App.Registry().Gather()
+	counts := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() == "llm_bulkhead_classify_errors_total" {
+			for _, m := range mf.GetMetric() {
+				counts[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if counts["invalid_json"] < 7 || counts["field_type"] < 1 || counts["field_value"] < 1 {
+		t.Errorf("classify_errors_total %v", counts)
+	}
+}

@@ -3,6 +3,7 @@ package policy
 import (
 	"regexp"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
@@ -188,7 +189,7 @@ func (c *classifier) modelRuleFor(model string) *modelRule {
 }
 
 // globMatch matches s against a pattern where * matches any run of characters and ? one
-// character. It does not allocate.
+// character (one UTF-8 sequence; an invalid byte counts as one). It does not allocate.
 func globMatch(pattern, s string) bool {
 	px, sx := 0, 0
 	nextPx, nextSx := -1, -1
@@ -201,8 +202,9 @@ func globMatch(pattern, s string) bool {
 				continue
 			case '?':
 				if sx < len(s) {
+					_, size := utf8.DecodeRuneInString(s[sx:])
 					px++
-					sx++
+					sx += size
 					continue
 				}
 			default:

@@ -314,8 +314,11 @@ func (v *validator) body() {
 			v.add(fmt.Sprintf("body.require_valid_json[%d]", i), "%q must be a path prefix starting with /", prefix)
 		}
 	}
-	if v.needsBody() && (v.p.Envoy.RequestBodyMode == "NONE" || v.p.Envoy.RequestBodyMode == "STREAMED") {
-		v.add("envoy.request_body_mode", "%s cannot serve rules that read the request body: use BUFFERED (or BUFFERED_PARTIAL)", v.p.Envoy.RequestBodyMode)
+	if len(v.p.Body.RequireValidJSON) > 0 && v.p.Envoy.RequestBodyMode != "BUFFERED" {
+		v.add("body.require_valid_json", "checking bodies needs envoy.request_body_mode BUFFERED, not %s", v.p.Envoy.RequestBodyMode)
+	}
+	if v.needsBody() && v.p.Envoy.RequestBodyMode != "BUFFERED" {
+		v.add("envoy.request_body_mode", "%s cannot serve rules that read the request body: use BUFFERED (in other modes the request leaves Envoy before the whole body is seen, or Envoy ignores header changes made after it)", v.p.Envoy.RequestBodyMode)
 	}
 }
 

@@ -1,0 +1,4 @@
+package policy
+
+// GlobMatch exposes the model-map glob to tests.
+var GlobMatch = globMatch

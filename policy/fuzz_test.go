@@ -1,0 +1,85 @@
+package policy_test
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy"
+)
+
+// FuzzClassify runs the rule evaluator on arbitrary header, path, body and metadata values: it
+// never panics, and every dimension comes out as one of the configured values.
+func FuzzClassify(f *testing.F) {
+	e, _ := engine(f, strings.Replace(classifyPolicy, "classification_defaults_unused: null\n", `
+  default: {}
+compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+  - {name: tenant, key: [tenant], limits_from: tenant}
+  - {name: provider, key: [provider], limits_from: provider}
+`, 1)+`
+`)
+	s := e.Snapshot()
+	f.Add("chat", "/v1/embeddings", "summarise", "acme", "globex", "deepseek", "deepseek-chat")
+	f.Add(" CHAT ", "/v1/chat/completions?x=1", "", "", "", "QWEN", "qwen-2-x")
+	f.Add("\x00", "", "\xff", "\t", "", "", "*")
+	f.Fuzz(func(t *testing.T, feature, path, bodyFeature, jwtTenant, headerTenant, provider, model string) {
+		in := input{
+			headers: map[string]string{"x-llm-feature": feature, "x-tenant-id": headerTenant, "x-llm-provider": provider},
+			path:    path,
+			body:    map[string]string{"metadata.feature": bodyFeature, "model": model},
+			md:      map[string]map[string]string{"envoy.filters.http.jwt_authn": {"payload.tenant": jwtTenant}},
+		}
+		d := s.Classify(in)
+		n := s.Names(d)
+		switch n.Feature {
+		case "default", "chat", "embedding", "batch_summarize":
+		default:
+			t.Fatalf("feature %q is not configured", n.Feature)
+		}
+		switch n.Tier {
+		case "enterprise", "pro", "free":
+		default:
+			t.Fatalf("tier %q", n.Tier)
+		}
+		switch n.Provider {
+		case "deepseek", "qwen", "local":
+		default:
+			t.Fatalf("provider %q", n.Provider)
+		}
+		if n.Tier == "enterprise" && n.Tenant != "acme" {
+			t.Fatalf("tenant %q got enterprise", n.Tenant)
+		}
+	})
+}
+
+// FuzzGlob compares the model-map glob with a regular-expression reference.
+func FuzzGlob(f *testing.F) {
+	f.Add("deepseek-*", "deepseek-chat")
+	f.Add("qwen-?-*", "qwen-2-72b")
+	f.Add("*a*b*", "xaxxbx")
+	f.Add("", "")
+	f.Fuzz(func(t *testing.T, pattern, s string) {
+		if !utf8.ValidString(pattern) || !utf8.ValidString(s) {
+			return // the reference (a regular expression) only speaks UTF-8
+		}
+		var re strings.Builder
+		re.WriteString("^")
+		for _, c := range pattern {
+			switch c {
+			case '*':
+				re.WriteString("(?s:.*)")
+			case '?':
+				re.WriteString("(?s:.)")
+			default:
+				re.WriteString(regexp.QuoteMeta(string(c)))
+			}
+		}
+		re.WriteString("$")
+		want := regexp.MustCompile(re.String()).MatchString(s)
+		if got := policy.GlobMatch(pattern, s); got != want {
+			t.Fatalf("GlobMatch(%q, %q) = %v, want %v", pattern, s, got, want)
+		}
+	})
+}
