@@ -699,3 +699,22 @@ compartments:
 		t.Errorf("after the TTL: %s (b idle for 2m should be gone; d still holds a slot)", got)
 	}
 }
+
+func TestSettlementAfterReload(t *testing.T) {
+	e, clk := engine(t, "features: {default: {tokens_per_minute: 10000}}\n")
+	_, tk := admit(t, e, input{}, 6000)
+	// The budget is lowered while the request runs; it settles against the carried-over window.
+	p, err := config.Load("v2.yaml", []byte("features: {default: {tokens_per_minute: 5000}}\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Second)
+	tk.Done(policy.Outcome{Status: 200, Usage: policy.Usage{Prompt: 1000, Completion: 1000, Total: 2000, Known: true, PromptKnown: true}})
+	b := e.Compartments()[0].Budgets[0]
+	if b.Capacity != 5000 || b.Used != 2000 || b.Remaining != 3000 {
+		t.Fatalf("after settling across a reload: %+v", b)
+	}
+}

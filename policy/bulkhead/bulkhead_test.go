@@ -396,7 +396,7 @@ func TestRandomisedInvariants(t *testing.T) {
 			}
 		})
 		rng := rand.New(rand.NewPCG(1, 2))
-		var granted, refused atomic.Int64
+		var granted, refused, late atomic.Int64
 		var wg sync.WaitGroup
 		for i := 0; i < 2000; i++ {
 			// A random, canonically ordered subset of compartments.
@@ -425,7 +425,12 @@ func TestRandomisedInvariants(t *testing.T) {
 				defer cancel()
 				held := make([]int64, len(set))
 				w := bulkhead.Want{Tokens: tokens, Tenant: tenant, MaxWait: wait, Now: time.Now()}
-				if err := s.Acquire(ctx, set, held, w, nil); err != nil {
+				began := time.Now()
+				err := s.Acquire(ctx, set, held, w, nil)
+				if waited := time.Since(began); waited > wait {
+					late.Add(1) // every waiter is answered by its deadline
+				}
+				if err != nil {
 					refused.Add(1)
 					return
 				}
@@ -441,6 +446,9 @@ func TestRandomisedInvariants(t *testing.T) {
 		wg.Wait()
 		if v := violations.Load(); v > 0 {
 			t.Fatalf("%d grants exceeded a limit", v)
+		}
+		if n := late.Load(); n > 0 {
+			t.Fatalf("%d waiters were answered after their max wait", n)
 		}
 		if granted.Load() == 0 || refused.Load() == 0 {
 			t.Fatalf("granted %d, refused %d: the test did not exercise both paths", granted.Load(), refused.Load())

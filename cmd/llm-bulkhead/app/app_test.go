@@ -1,0 +1,165 @@
+package app_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead/app"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func policyWith(concurrent int) string {
+	return fmt.Sprintf("features:\n  default: {max_concurrent: %d}\n", concurrent)
+}
+
+func startApp(t *testing.T, path string) *app.App {
+	t.Helper()
+	a, err := app.New(app.Options{ConfigPath: path, GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{},
+		LogOutput: io.Discard, Watch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Shutdown(context.Background()) })
+	return a
+}
+
+func waitGen(t *testing.T, a *app.App, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Engine().Snapshot().Gen() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("generation %d, want %d", a.Engine().Snapshot().Gen(), want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func limit(a *app.App) int64 { return a.Engine().Compartments()[0].MaxConcurrent }
+
+func reloadErrors(t *testing.T, a *app.App) float64 {
+	mfs, err := a.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "llm_bulkhead_config_reload_errors_total" {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return -1
+}
+
+// TestWatchSeesEveryKindOfWrite: in-place writes, delete and recreate, an editor's
+// write-then-rename, a broken file (kept out, counted) and the good write after it.
+func TestWatchSeesEveryKindOfWrite(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "policy.yaml")
+	write := func(p, body string) {
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(path, policyWith(1))
+	a := startApp(t, path)
+
+	write(path, policyWith(2))
+	waitGen(t, a, 2)
+
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	write(path, policyWith(3))
+	waitGen(t, a, 3)
+
+	tmp := filepath.Join(dir, ".policy.yaml.swp")
+	write(tmp, policyWith(4))
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	waitGen(t, a, 4)
+	if limit(a) != 4 {
+		t.Fatalf("limit %d", limit(a))
+	}
+
+	write(path, "features: {default: {max_concurrent: -1}}\n")
+	deadline := time.Now().Add(10 * time.Second)
+	for reloadErrors(t, a) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("a broken file was not counted as a reload error")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if a.Engine().Snapshot().Gen() != 4 || limit(a) != 4 || !a.Ready() {
+		t.Fatal("a broken file replaced the running policy")
+	}
+	write(path, policyWith(5))
+	waitGen(t, a, 5)
+}
+
+// TestWatchSymlinkSwap: Kubernetes mounts a ConfigMap as policy.yaml → ..data/policy.yaml with
+// ..data a symlink to a timestamped directory, and updates it by swapping that symlink.
+func TestWatchSymlinkSwap(t *testing.T) {
+	dir := t.TempDir()
+	mkver := func(name string, concurrent int) {
+		if err := os.Mkdir(filepath.Join(dir, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name, "policy.yaml"), []byte(policyWith(concurrent)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mkver("..2026_01_01", 1)
+	if err := os.Symlink("..2026_01_01", filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("..data/policy.yaml", filepath.Join(dir, "policy.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	a := startApp(t, filepath.Join(dir, "policy.yaml"))
+
+	mkver("..2026_01_02", 7)
+	if err := os.Symlink("..2026_01_02", filepath.Join(dir, "..data_tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "..2026_01_01")); err != nil {
+		t.Fatal(err)
+	}
+	waitGen(t, a, 2)
+	if limit(a) != 7 {
+		t.Fatalf("limit %d after the swap", limit(a))
+	}
+}
+
+// TestReloadRefusesRestartOnlySettings: listener addresses cannot change on reload.
+func TestReloadRefusesRestartOnlySettings(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(path, []byte(policyWith(1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a, err := app.New(app.Options{ConfigPath: path, Env: []string{}, LogOutput: io.Discard, GRPCAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(policyWith(1)+"server: {admin_addr: 127.0.0.1:1}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Reload("test"); err == nil {
+		t.Fatal("a changed admin address was accepted on reload")
+	}
+}
