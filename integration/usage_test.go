@@ -186,3 +186,46 @@ func TestIncludeUsageInjected(t *testing.T) {
 		t.Errorf("accept-encoding %q reached the upstream: a compressed response would hide usage", h)
 	}
 }
+
+// TestGzipResponseUsage: when the policy lets accept-encoding through and the provider
+// compresses, usage is still read, decoding the stream on the fly.
+func TestGzipResponseUsage(t *testing.T) {
+	s := start(t, harness.Options{PolicyPath: writePolicy(t, usagePolicy+"body: {strip_accept_encoding: false}\n"), Mock: mock.Options{TimeScale: 0.01}})
+	for _, stream := range []bool{false, true} {
+		body := fmt.Sprintf(`{"model":"gpt-4o-mini","stream":%v,"max_tokens":30,"messages":[{"role":"user","content":"compress this answer"}]}`, stream)
+		r, err := s.Do(context.Background(), &envoysim.Request{Method: "POST", Path: "/v1/chat/completions",
+			Headers: envoysim.Headers{{Key: "content-type", Value: "application/json"}, {Key: "accept-encoding", Value: "gzip"}, {Key: "x-mockllm-gzip", Value: "1"}},
+			Body:    []byte(body)})
+		if err != nil || r.Status != 200 {
+			t.Fatalf("%v %v", r, err)
+		}
+		if header(r, "content-encoding") != "gzip" {
+			t.Fatalf("the response was not compressed: %v", r.Headers)
+		}
+		want := mockHeader(t, r, "x-mockllm-prompt-tokens") + mockHeader(t, r, "x-mockllm-completion-tokens")
+		if got := int64(metadataNumber(t, r, "total_tokens")); got != want {
+			t.Errorf("stream=%v: settled %d from a gzip body, mockllm reported %d", stream, got, want)
+		}
+	}
+}
+
+// TestRateLimitHeaders: admitted responses tell the client its compartments and the tightest
+// token budget left, as OpenAI's own headers do.
+func TestRateLimitHeaders(t *testing.T) {
+	s := start(t, harness.Options{Mock: mock.Options{TimeScale: 0.01}})
+	req := chatRequest("chat")
+	req.Headers = append(req.Headers, envoysim.Header{Key: "x-tenant-id", Value: "globex"})
+	r, err := s.Do(context.Background(), req)
+	if err != nil || r.Status != 200 {
+		t.Fatalf("%v %v", r, err)
+	}
+	// globex is pro: tier_feature/pro/chat has 150 000 × 0.4 = 60 000 tokens a minute, the
+	// tightest of its budgets.
+	left, err := strconv.ParseInt(header(r, "x-ratelimit-remaining-tokens"), 10, 64)
+	if err != nil || left <= 0 || left >= 60000 {
+		t.Errorf("x-ratelimit-remaining-tokens %q", header(r, "x-ratelimit-remaining-tokens"))
+	}
+	if header(r, "x-ratelimit-reset-tokens") == "" || !strings.Contains(header(r, "x-bulkhead-compartment"), "tier_feature/pro/chat") {
+		t.Errorf("headers %v", r.Headers)
+	}
+}
