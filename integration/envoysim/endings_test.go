@@ -160,7 +160,7 @@ func TestObservabilityMode(t *testing.T) {
 			_ = srv.Send(&extprocv3.ProcessingResponse{})
 		}
 	})
-	s := newSim(t, ts.addr, FilterConfig{ObservabilityMode: true, DeferredCloseTimeout: 20 * time.Millisecond,
+	s := newSim(t, ts.addr, FilterConfig{ObservabilityMode: true, DeferredCloseTimeout: time.Second,
 		Mode: ProcessingMode{ResponseBody: BodyStreamed}})
 	res := roundTrip(t, s, &Request{}, &StaticResponse{Status: 200, Chunks: []Chunk{{Data: []byte("a")}, {Data: []byte("b")}}})
 	end := ts.nextEnd(t)
