@@ -1,0 +1,358 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
+)
+
+// Config is what one benchmark run measures and how long it takes.
+type Config struct {
+	// Out is the directory for report.md, report.json, the profiles and the raw Go benchmark
+	// output.
+	Out string
+	// Concurrency lists the load levels (concurrent streams).
+	Concurrency []int
+	// Reps is how many times each server runs at each level; the servers alternate.
+	Reps int
+	// Warmup and Duration are each run's unmeasured and measured parts.
+	Warmup, Duration time.Duration
+	// MessageTimeout is the simulator's message_timeout during the loads.
+	MessageTimeout time.Duration
+	// Held is the number of streams held open for the memory measurement (0: skip it);
+	// HeldReps how many times each server is measured, each in a fresh process.
+	Held     int
+	HeldReps int
+	// HeldTimeout bounds the time to open all held streams; Settle is how long the server is
+	// left alone before each memory measurement (and the warm-up before the idle one).
+	HeldTimeout time.Duration
+	Settle      time.Duration
+	// ProfileSeconds is the length of the CPU profiles of both servers (0: no profile), taken
+	// at ProfileConcurrency, each server in a fresh process of this program (CmdServeBulkhead,
+	// CmdServeNoop) serving net/http/pprof.
+	ProfileSeconds     int
+	ProfileConcurrency int
+	// Micro runs MicroBenchmarks with `go test`, MicroBenchtime and MicroCount times.
+	Micro          bool
+	MicroBenchtime string
+	MicroCount     int
+	// BulkheadBinary is a prebuilt llm-bulkhead binary; empty builds one with `go build`.
+	BulkheadBinary string
+	// BulkheadInProcess runs llm-bulkhead for the load and memory measurements from Self
+	// (CmdServeBulkhead, the same app package) instead of the binary, skipping the build.
+	BulkheadInProcess bool
+	// Self is the command line prefix that runs this program, for its child subcommands.
+	Self []string
+	// Command is the command line recorded in the report.
+	Command string
+}
+
+// Side names used in samples and tables.
+const (
+	SideNoop     = "no-op"
+	SideBulkhead = "llm-bulkhead"
+)
+
+// startTimeout bounds a server's start.
+const startTimeout = time.Minute
+
+// Run measures and writes the report. progress receives one line per step.
+func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+		return nil, err
+	}
+	rep := newReport(cfg)
+	logf := func(format string, args ...any) {
+		fmt.Fprintf(progress, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+	}
+
+	body, err := ChatBody(BodySize)
+	if err != nil {
+		return nil, err
+	}
+	req := ChatRequest(body)
+	filter, err := FilterConfig(cfg.MessageTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("filter from the example policy: %w", err)
+	}
+	rep.Filter = describeFilter(filter)
+
+	bulkheadArgv := []string{}
+	if cfg.BulkheadInProcess {
+		bulkheadArgv = append(append(bulkheadArgv, cfg.Self...), CmdServeBulkhead)
+		rep.BulkheadCommand = "this program's " + CmdServeBulkhead + " (cmd/llm-bulkhead/app in-process)"
+	} else {
+		bin := cfg.BulkheadBinary
+		if bin == "" {
+			tmp, err := os.MkdirTemp("", "llm-bulkhead-bench-")
+			if err != nil {
+				return nil, err
+			}
+			defer os.RemoveAll(tmp)
+			logf("building llm-bulkhead")
+			if bin, err = BuildServer(ctx, tmp); err != nil {
+				return nil, err
+			}
+		}
+		bulkheadArgv = []string{bin, "serve", "--watch=false"}
+		rep.BulkheadCommand = "llm-bulkhead serve (binary from go build ./cmd/llm-bulkhead)"
+	}
+	specs := map[string]Spec{
+		SideNoop: {Name: SideNoop, Argv: append(append([]string{}, cfg.Self...), CmdServeNoop), Env: ServerEnv(), ReadyMsg: ReadyMessage},
+		SideBulkhead: {Name: SideBulkhead, Argv: append(bulkheadArgv, "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"),
+			Env: ServerEnv(), ReadyMsg: readyFor(cfg.BulkheadInProcess)},
+	}
+
+	if len(cfg.Concurrency) > 0 {
+		if err := runLoads(ctx, cfg, rep, specs, req, filter, logf); err != nil {
+			return rep, err
+		}
+	}
+	if cfg.Held > 0 {
+		if err := runMemory(ctx, cfg, rep, specs, req, filter, logf); err != nil {
+			return rep, err
+		}
+	}
+	if cfg.ProfileSeconds > 0 {
+		for _, side := range []string{SideBulkhead, SideNoop} {
+			logf("profiling %s at %d streams for %ds", side, cfg.ProfileConcurrency, cfg.ProfileSeconds)
+			cmd := CmdServeBulkhead
+			if side == SideNoop {
+				cmd = CmdServeNoop
+			}
+			spec := Spec{Name: side, Env: ServerEnv(), ReadyMsg: ReadyMessage,
+				Argv: append(append([]string{}, cfg.Self...), cmd, "--pprof-addr", "127.0.0.1:0")}
+			pr, err := profile(ctx, cfg, spec, req, filter)
+			if err != nil {
+				return rep, fmt.Errorf("profile of %s: %w", side, err)
+			}
+			rep.Profiles = append(rep.Profiles, pr)
+		}
+	}
+	if cfg.Micro {
+		logf("running the Go micro-benchmarks (benchtime %s, count %d)", cfg.MicroBenchtime, cfg.MicroCount)
+		micro, raw, err := RunGoBench(ctx, MicroBenchmarks, cfg.MicroBenchtime, cfg.MicroCount)
+		if werr := os.WriteFile(filepath.Join(cfg.Out, "gobench.txt"), []byte(raw), 0o644); werr != nil && err == nil {
+			err = werr
+		}
+		if err != nil {
+			return rep, err
+		}
+		rep.Micro = micro
+	}
+	rep.finish()
+	if err := rep.write(cfg.Out); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+func readyFor(inProcess bool) string {
+	if inProcess {
+		return ReadyMessage
+	}
+	return BinaryReadyMessage
+}
+
+func (c Config) validate() error {
+	var errs []error
+	if c.Out == "" {
+		errs = append(errs, errors.New("an output directory is required"))
+	}
+	for _, n := range c.Concurrency {
+		if n < 1 {
+			errs = append(errs, fmt.Errorf("concurrency %d: must be at least 1", n))
+		}
+	}
+	if len(c.Concurrency) > 0 && (c.Reps < 1 || c.Duration <= 0 || c.Warmup < 0) {
+		errs = append(errs, errors.New("load runs need reps ≥ 1, a positive duration and a non-negative warm-up"))
+	}
+	if c.MessageTimeout <= 0 {
+		errs = append(errs, errors.New("message timeout must be positive"))
+	}
+	if c.Held < 0 || (c.Held > 0 && (c.HeldReps < 1 || c.HeldTimeout <= 0 || c.Settle <= 0)) {
+		errs = append(errs, errors.New("held streams need held ≥ 0, held reps ≥ 1, a positive timeout and a positive settle time"))
+	}
+	if c.ProfileSeconds < 0 || (c.ProfileSeconds > 0 && c.ProfileConcurrency < 1) {
+		errs = append(errs, errors.New("the profile needs seconds ≥ 0 and a concurrency ≥ 1"))
+	}
+	if c.Micro && (c.MicroCount < 1 || c.MicroBenchtime == "") {
+		errs = append(errs, errors.New("micro-benchmarks need a count ≥ 1 and a benchtime"))
+	}
+	if len(c.Self) == 0 {
+		errs = append(errs, errors.New("the program's own command line (Self) is required for the no-op server"))
+	}
+	return errors.Join(errs...)
+}
+
+// runLoads starts both servers once and runs every level Reps times, alternating which
+// server goes first so neither always runs on a machine the other just warmed or loaded.
+func runLoads(ctx context.Context, cfg Config, rep *Report, specs map[string]Spec, req *envoysim.Request, filter envoysim.FilterConfig, logf func(string, ...any)) error {
+	type side struct {
+		name string
+		proc *Process
+		sim  *envoysim.Sim
+	}
+	var sides []*side
+	defer func() {
+		for _, s := range sides {
+			if s.sim != nil {
+				_ = s.sim.Close()
+			}
+			_ = s.proc.Stop()
+		}
+	}()
+	for _, name := range []string{SideNoop, SideBulkhead} {
+		p, err := StartProcess(specs[name], startTimeout)
+		if err != nil {
+			return err
+		}
+		s := &side{name: name, proc: p}
+		sides = append(sides, s)
+		if s.sim, err = envoysim.New(p.GRPCAddr, filter); err != nil {
+			return err
+		}
+		res, err := s.sim.RoundTrip(ctx, req, SSEUpstream())
+		if err != nil {
+			return err
+		}
+		if err := Check(res, name == SideBulkhead); err != nil {
+			return fmt.Errorf("first request through %s: %w", name, err)
+		}
+		logf("%s listening on %s (pid %d)", name, p.GRPCAddr, p.Pid())
+	}
+	up := SSEUpstream()
+	for _, conc := range cfg.Concurrency {
+		for r := range cfg.Reps {
+			order := []*side{sides[0], sides[1]}
+			if r%2 == 1 {
+				order[0], order[1] = order[1], order[0]
+			}
+			for _, s := range order {
+				l := Load{Sim: s.sim, Request: req, Upstream: up, Concurrency: conc, Warmup: cfg.Warmup,
+					Duration: cfg.Duration, Admitted: s.name == SideBulkhead, Pid: s.proc.Pid()}
+				smp, err := l.Run(ctx)
+				if err != nil {
+					return err
+				}
+				if err := s.proc.Alive(); err != nil {
+					return err
+				}
+				smp.Server, smp.Rep = s.name, r+1
+				rep.Samples = append(rep.Samples, smp)
+				logf("%-12s c=%-4d rep %d/%d: %8.0f streams/s  p50 %7.0fµs  p99 %8.0fµs  server %5.1fµs CPU/stream  errors %d",
+					s.name, conc, r+1, cfg.Reps, smp.Rate, smp.P50, smp.P99, smp.ServerCPU, smp.Errors)
+			}
+		}
+	}
+	for _, s := range sides {
+		if rss, err := RSS(s.proc.Pid()); err == nil {
+			rep.AfterLoadRSS = append(rep.AfterLoadRSS, NamedBytes{Server: s.name, Bytes: rss})
+		}
+	}
+	return nil
+}
+
+// runMemory measures each server HeldReps times, each time in a fresh process.
+func runMemory(ctx context.Context, cfg Config, rep *Report, specs map[string]Spec, req *envoysim.Request, filter envoysim.FilterConfig, logf func(string, ...any)) error {
+	for r := range cfg.HeldReps {
+		for _, name := range []string{SideBulkhead, SideNoop} {
+			logf("%s: holding %d streams (rep %d/%d)", name, cfg.Held, r+1, cfg.HeldReps)
+			m, err := holdOnce(ctx, cfg, specs[name], req, filter)
+			if err != nil {
+				return fmt.Errorf("held streams, %s: %w", name, err)
+			}
+			rep.Memory = append(rep.Memory, m)
+			logf("%-12s idle %s RSS / %s heap, %d held %s RSS / %s heap: %s RSS per stream",
+				name, mib(float64(m.IdleRSS)), mib(m.IdleHeap), m.Held, mib(float64(m.HeldRSS)), mib(m.HeldHeap), kib(m.RSSPerStream))
+		}
+	}
+	return nil
+}
+
+func holdOnce(ctx context.Context, cfg Config, spec Spec, req *envoysim.Request, filter envoysim.FilterConfig) (Memory, error) {
+	p, err := StartProcess(spec, startTimeout)
+	if err != nil {
+		return Memory{}, err
+	}
+	sim, err := envoysim.New(p.GRPCAddr, filter)
+	if err != nil {
+		_ = p.Stop()
+		return Memory{}, err
+	}
+	m, err := Hold(ctx, p, sim, req, cfg.Held, spec.Name == SideBulkhead, cfg.Settle, cfg.HeldTimeout)
+	_ = sim.Close()
+	if serr := p.Stop(); err == nil {
+		err = serr
+	}
+	return m, err
+}
+
+func profile(ctx context.Context, cfg Config, spec Spec, req *envoysim.Request, filter envoysim.FilterConfig) (Profile, error) {
+	p, err := StartProcess(spec, startTimeout)
+	if err != nil {
+		return Profile{}, err
+	}
+	defer func() { _ = p.Stop() }()
+	sim, err := envoysim.New(p.GRPCAddr, filter)
+	if err != nil {
+		return Profile{}, err
+	}
+	defer sim.Close()
+	l := Load{Sim: sim, Request: req, Upstream: SSEUpstream(), Concurrency: cfg.ProfileConcurrency,
+		Warmup: cfg.Warmup, Admitted: spec.Name == SideBulkhead, Pid: p.Pid()}
+	return ProfileUnderLoad(ctx, p, l, cfg.ProfileSeconds, cfg.Out)
+}
+
+// Machine describes where the benchmark ran.
+type Machine struct {
+	GOOS      string `json:"goos"`
+	GOARCH    string `json:"goarch"`
+	CPUs      int    `json:"cpus"`
+	CPUModel  string `json:"cpu_model"`
+	GoVersion string `json:"go_version"`
+	// LoadAvgStart and LoadAvgEnd are /proc/loadavg's 1, 5 and 15 minute averages.
+	LoadAvgStart string `json:"loadavg_start"`
+	LoadAvgEnd   string `json:"loadavg_end"`
+}
+
+func machine() Machine {
+	m := Machine{GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), LoadAvgStart: loadAvg()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return m
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func describeFilter(f envoysim.FilterConfig) string {
+	return fmt.Sprintf("request body %s, response body %s, message_timeout %s, max_message_timeout %s, allow_mode_override %t, buffer limit %s",
+		f.Mode.RequestBody, f.Mode.ResponseBody, f.MessageTimeout, f.MaxMessageTimeout, f.AllowModeOverride, mib(float64(f.BufferLimit)))
+}
