@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -22,6 +23,9 @@ import (
 
 // attributesKey is where Envoy puts request and response attributes.
 const attributesKey = "envoy.filters.http.ext_proc"
+
+// scanners recycles usage scanners between streams.
+var scanners = sync.Pool{New: func() any { return new(llmapi.UsageScanner) }}
 
 // end says how a stream ended.
 type end uint8
@@ -58,11 +62,13 @@ type processor struct {
 	bodyOK    bool
 	fields    llmapi.RequestFields
 
-	decided    bool
-	decision   policy.Decision
-	estimate   policy.Estimate
-	ticket     policy.Ticket
-	admittedAt time.Time
+	decided  bool
+	decision policy.Decision
+	// compartments joins the ticket's compartment names, computed once at admission.
+	compartments string
+	estimate     policy.Estimate
+	ticket       policy.Ticket
+	admittedAt   time.Time
 	// overrideFor is the message count at which a message-timeout override was last sent:
 	// Envoy honours one override per state.
 	overrideFor int
@@ -73,11 +79,13 @@ type processor struct {
 	ttfb        time.Duration
 	retryAfter  time.Duration
 	reading     bool
-	scanner     llmapi.UsageScanner
-	pending     []byte // a response chunk to scan after its reply went out
-	final       bool
-	outcome     policy.Outcome
-	settled     policy.Settled
+	// scanner is taken from scanners when the response is read, so streams that never reach
+	// a response (refused, queued, held) do not carry its 2.5 KiB.
+	scanner *llmapi.UsageScanner
+	pending []byte // a response chunk to scan after its reply went out
+	final   bool
+	outcome policy.Outcome
+	settled policy.Settled
 
 	// onQueueFn is p.onQueue bound once, so admission does not allocate a method value.
 	onQueueFn func(time.Duration)
@@ -127,9 +135,11 @@ func (p *processor) handle(req *extprocv3.ProcessingRequest) *extprocv3.Processi
 		resp = p.onResponseBody(v.ResponseBody)
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
 		kind = msgResponseTrailers
-		resp = passthroughReply(req)
 		p.complete()
-		resp.DynamicMetadata = p.metadataStruct()
+		resp = &extprocv3.ProcessingResponse{
+			Response:        &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}},
+			DynamicMetadata: p.metadataStruct(),
+		}
 	default:
 		return passthroughReply(req)
 	}
@@ -169,7 +179,7 @@ func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	bodyComing := !h.EndOfStream && p.reqBodyMode != extprocfilterv3.ProcessingMode_NONE
 	if bodyComing && p.reqBodyMode == extprocfilterv3.ProcessingMode_BUFFERED && p.wantBody() {
 		// Decide when the whole body is here: it tells model, size and stream.
-		return headersReply(true, nil)
+		return continueRequestHeaders
 	}
 	if h.EndOfStream && p.requiresValidJSON() && (p.method() == "POST" || p.method() == "PUT" || p.method() == "PATCH") {
 		// An LLM call without a body on a route that requires a JSON one.
@@ -226,7 +236,7 @@ func (p *processor) requiresValidJSON() bool {
 
 func (p *processor) onRequestBody(b *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
 	if p.decided || p.snap == nil || p.reqBodyMode != extprocfilterv3.ProcessingMode_BUFFERED {
-		return bodyReply(true, nil)
+		return continueRequestBody
 	}
 	p.body = b.Body
 	return p.decide(false)
@@ -293,16 +303,16 @@ func (p *processor) refuse(d policy.Decision) *extprocv3.ProcessingResponse {
 func (p *processor) admitReply(atHeaders bool) *extprocv3.ProcessingResponse {
 	s, d := p.snap, p.decision
 	names := s.Names(d.Dims)
-	set := []*corev3.HeaderValueOption{
-		setHeader(HeaderFeature, names.Feature),
-		setHeader(HeaderCompartment, strings.Join(p.ticket.Compartments(), ",")),
-	}
+	parts := p.srv.parts(s)
+	p.compartments = strings.Join(p.ticket.Compartments(), ",")
+	set := make([]*corev3.HeaderValueOption, 0, 4)
+	set = append(set, parts.featureHeader[d.Dims.Feature], setHeader(HeaderCompartment, p.compartments))
 	common := &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set}}
 	mut := common.HeaderMutation
 	if sent, _ := p.Header(HeaderProvider); sent != names.Provider {
 		// Routes pick the upstream by x-llm-provider: set it to the provider the request was
 		// classified to (e.g. by the model map) or re-routed to, and make Envoy route again.
-		mut.SetHeaders = append(mut.SetHeaders, setHeader(HeaderProvider, names.Provider))
+		mut.SetHeaders = append(mut.SetHeaders, parts.provHeader[d.Dims.Provider])
 		common.ClearRouteCache = true
 	}
 	if config.Bool(s.Policy.Body.StripAcceptEncoding) && p.resBodyMode != extprocfilterv3.ProcessingMode_NONE {
@@ -345,7 +355,7 @@ func (p *processor) onQueue(maxWait time.Duration) {
 
 func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
 	if !p.ticket.Admitted() {
-		return headersReply(false, nil)
+		return continueResponseHeaders
 	}
 	p.respStarted = true
 	p.headers = h.GetHeaders().GetHeaders()
@@ -359,7 +369,7 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 	var set []*corev3.HeaderValueOption
 	pol := p.snap.Policy.Responses
 	if pol.CompartmentHeader {
-		set = append(set, setHeader(HeaderCompartment, strings.Join(p.ticket.Compartments(), ",")))
+		set = append(set, setHeader(HeaderCompartment, p.compartments))
 	}
 	if pol.RateLimitHeaders {
 		if left, reset, ok := p.ticket.Remaining(); ok {
@@ -376,6 +386,7 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 	if p.reading {
 		ct, _ := p.Header("content-type")
 		ce, _ := p.Header("content-encoding")
+		p.scanner = scanners.Get().(*llmapi.UsageScanner)
 		p.scanner.Reset(p.api, ct, ce)
 	} else if bodyComing && p.snap.Policy.Envoy.AllowModeOverride {
 		// Nothing to read in an error response: ask Envoy not to send its body at all.
@@ -391,21 +402,21 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 }
 
 func (p *processor) onResponseBody(b *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
-	resp := bodyReply(false, nil)
 	if !p.ticket.Admitted() {
-		return resp
+		return continueResponseBody
 	}
 	if !b.EndOfStream {
 		if p.reading {
 			// Reply first, read after: the client's stream must not wait for the scan.
 			p.pending = b.Body
 		}
-		return resp
+		return continueResponseBody
 	}
 	if p.reading {
 		p.scanner.Write(b.Body)
 	}
 	p.complete()
+	resp := bodyReply(false, nil)
 	resp.DynamicMetadata = p.metadataStruct()
 	return resp
 }
@@ -450,7 +461,11 @@ func (p *processor) finish() {
 		p.final = true
 		p.settle(p.respStarted)
 	}
-	p.scanner.Close()
+	if p.scanner != nil {
+		p.scanner.Close()
+		scanners.Put(p.scanner)
+		p.scanner = nil
+	}
 }
 
 func (p *processor) settle(cancelled bool) {
@@ -479,28 +494,26 @@ func (p *processor) metadataStruct() *structpb.Struct {
 		return nil
 	}
 	d := p.decision
-	names := p.snap.Names(d.Dims)
-	fields := map[string]*structpb.Value{
-		"feature":          structpb.NewStringValue(names.Feature),
-		"tenant":           structpb.NewStringValue(names.Tenant),
-		"tier":             structpb.NewStringValue(names.Tier),
-		"provider":         structpb.NewStringValue(names.Provider),
-		"model":            structpb.NewStringValue(names.Model),
-		"estimated_tokens": structpb.NewNumberValue(float64(p.estimate.Total)),
-	}
+	parts := p.srv.parts(p.snap)
+	fields := make(map[string]*structpb.Value, 16)
+	fields["feature"] = parts.featureValue[d.Dims.Feature]
+	fields["tenant"] = structpb.NewStringValue(d.Dims.Tenant)
+	fields["tier"] = parts.tierValue[d.Dims.Tier]
+	fields["provider"] = parts.provValue[d.Dims.Provider]
+	fields["model"] = structpb.NewStringValue(d.Dims.Model)
+	fields["estimated_tokens"] = structpb.NewNumberValue(float64(p.estimate.Total))
 	switch {
 	case d.Verdict != policy.Admit:
-		fields["decision"] = structpb.NewStringValue("rejected")
-		fields["reason"] = structpb.NewStringValue(string(d.Reason))
+		fields["decision"] = valRejected
+		fields["reason"] = reasonValue(d.Reason)
 		fields["compartment"] = structpb.NewStringValue(d.Compartment)
 	default:
-		decision := "admitted"
+		fields["decision"] = valAdmitted
 		if d.Rerouted {
-			decision = "rerouted"
-			fields["reason"] = structpb.NewStringValue(string(d.Reason))
+			fields["decision"] = valRerouted
+			fields["reason"] = reasonValue(d.Reason)
 		}
-		fields["decision"] = structpb.NewStringValue(decision)
-		fields["compartment"] = structpb.NewStringValue(strings.Join(p.ticket.Compartments(), ","))
+		fields["compartment"] = structpb.NewStringValue(p.compartments)
 	}
 	if p.final && d.Verdict == policy.Admit {
 		st, u := p.settled, p.outcome.Usage

@@ -26,21 +26,34 @@ const (
 	HeaderResetTokens     = "x-ratelimit-reset-tokens"
 )
 
-// passthroughReply is the reply of the matching type that lets a message continue unchanged.
+// Plain CONTINUE replies, one of each type, shared by every stream: most messages need nothing
+// more, and a message that is never changed after it is built may be marshalled by many
+// streams at once. Code that adds to a reply builds its own with headersReply or bodyReply.
+var (
+	continueRequestHeaders   = headersReply(true, nil)
+	continueResponseHeaders  = headersReply(false, nil)
+	continueRequestBody      = bodyReply(true, nil)
+	continueResponseBody     = bodyReply(false, nil)
+	continueRequestTrailers  = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
+	continueResponseTrailers = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
+)
+
+// passthroughReply is the shared reply of the matching type that lets a message continue
+// unchanged. It must not be modified.
 func passthroughReply(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
 	switch req.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
-		return headersReply(true, nil)
+		return continueRequestHeaders
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		return headersReply(false, nil)
+		return continueResponseHeaders
 	case *extprocv3.ProcessingRequest_RequestBody:
-		return bodyReply(true, nil)
+		return continueRequestBody
 	case *extprocv3.ProcessingRequest_ResponseBody:
-		return bodyReply(false, nil)
+		return continueResponseBody
 	case *extprocv3.ProcessingRequest_RequestTrailers:
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
+		return continueRequestTrailers
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
+		return continueResponseTrailers
 	}
 	return nil
 }

@@ -35,6 +35,8 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	active  atomic.Int64
+	// replyParts caches reply pieces of the live policy snapshot.
+	replyParts atomic.Pointer[replyParts]
 
 	// beforeHandle, set only by tests, runs before each message is handled.
 	beforeHandle func(*extprocv3.ProcessingRequest)

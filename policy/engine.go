@@ -204,6 +204,16 @@ type providerEntry struct {
 // Gen returns the snapshot's generation (1 for the first policy, +1 per reload).
 func (s *Snapshot) Gen() uint64 { return s.gen }
 
+// Features, Tiers and Providers return how many values each dimension has: indexes of Dims
+// run from 0 to these counts.
+func (s *Snapshot) Features() int { return len(s.features) }
+
+// Tiers returns the number of tiers.
+func (s *Snapshot) Tiers() int { return len(s.tiers) }
+
+// Providers returns the number of providers.
+func (s *Snapshot) Providers() int { return len(s.providers) }
+
 // FeatureName returns the name of feature index i.
 func (s *Snapshot) FeatureName(i int) string { return s.features[i].name }
 
