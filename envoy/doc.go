@@ -1,6 +1,7 @@
 // Package envoy holds the Envoy configuration shipped with llm-bulkhead: a complete bootstrap
 // (envoy.yaml, used by examples/docker-compose.yaml) and the trusted-identity filter chain
-// (identity.yaml). Its tests parse both with Envoy's own protos (go-control-plane), check the
+// (identity.yaml) and charging settled token use to Envoy's rate limit service
+// (ratelimit.yaml). Its tests parse both with Envoy's own protos (go-control-plane), check the
 // ext_proc filter against the example policy, and read it into the Envoy simulator's filter
 // settings, so the configuration users deploy is the one the tests exercise.
 package envoy
@@ -16,3 +17,8 @@ var Bootstrap []byte
 //
 //go:embed identity.yaml
 var Identity []byte
+
+// RateLimit is ratelimit.yaml.
+//
+//go:embed ratelimit.yaml
+var RateLimit []byte

@@ -5,11 +5,13 @@ import (
 	"testing"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
@@ -178,5 +180,21 @@ func TestIdentityChainIsValid(t *testing.T) {
 		if names[i] != want[i] {
 			t.Fatalf("filter order %v, want %v (identity must be settled before ext_proc runs)", names, want)
 		}
+	}
+}
+
+func TestRateLimitSnippetIsValid(t *testing.T) {
+	var vh routev3.VirtualHost
+	unmarshalYAML(t, envoy.RateLimit, &vh)
+	var rl ratelimitv3.RateLimitPerRoute
+	if err := vh.GetTypedPerFilterConfig()["envoy.filters.http.ratelimit"].UnmarshalTo(&rl); err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.ValidateAll(); err != nil {
+		t.Fatal(err)
+	}
+	last := rl.GetRateLimits()[1]
+	if !last.GetApplyOnStreamDone() || last.GetHitsAddend().GetFormat() != "%DYNAMIC_METADATA(llm_bulkhead:total_tokens)%" {
+		t.Errorf("stream-done action %v", last)
 	}
 }
