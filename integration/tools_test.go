@@ -3,6 +3,8 @@ package integration_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -218,4 +220,50 @@ func TestDashboard(t *testing.T) {
 	if t.Failed() {
 		t.Logf("DOM:\n%s", html)
 	}
+}
+
+// TestGrafanaDashboard: every query of the shipped Grafana dashboard is valid PromQL (checked by
+// promtool as recording rules) and uses only documented metrics.
+func TestGrafanaDashboard(t *testing.T) {
+	data, err := os.ReadFile("../examples/grafana-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(data, &dash); err != nil {
+		t.Fatal(err)
+	}
+	doc, _ := os.ReadFile("../docs/metrics.md")
+	metricRef := regexp.MustCompile(`llm_bulkhead_[a-z0-9_]+`)
+	var rules strings.Builder
+	rules.WriteString("groups:\n  - name: dashboard\n    rules:\n")
+	n := 0
+	for _, p := range dash.Panels {
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, tg := range p.Targets {
+			for _, m := range metricRef.FindAllString(tg.Expr, -1) {
+				base := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(m, "_bucket"), "_sum"), "_count")
+				if !strings.Contains(string(doc), "`"+base+"`") {
+					t.Errorf("panel %q uses %s, which docs/metrics.md does not list", p.Title, m)
+				}
+			}
+			n++
+			fmt.Fprintf(&rules, "      - record: dashboard:query%d\n        expr: %q\n", n, tg.Expr)
+		}
+	}
+	promtool := tool(t, "promtool")
+	path := filepath.Join(t.TempDir(), "dashboard-rules.yaml")
+	if err := os.WriteFile(path, []byte(rules.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(t, nil, promtool, "check", "rules", path)
 }
