@@ -10,6 +10,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy/breaker"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
 // Reason is a stable refusal code, used alike in the x-bulkhead-reason header, metrics and
@@ -124,7 +125,7 @@ type Request struct {
 }
 
 // maxCompartments bounds the compartments one request can be in (one per family).
-const maxCompartments = 8
+const maxCompartments = config.MaxFamilies
 
 // Ticket is what an admitted request holds: slots, budget reservations and a breaker permit.
 // Done releases everything exactly once. The zero Ticket is ready for Admit; a Ticket is

@@ -268,22 +268,7 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 	s.estimation = newEstimationSettings(p.Estimation)
 	s.NeedsBodyForRules = p.RulesReadBody()
 	s.buildFamilies(prev)
-	for _, in := range s.staticInstances() {
-		if in.limits.MaxInflightTokens > 0 || in.limits.TokensPerMinute > 0 || in.limits.TokensPerDay > 0 {
-			s.TokenLimits = true
-		}
-	}
-	for _, f := range p.Compartments {
-		if f.Limits != nil || f.LimitsFrom == config.DimTenant || f.LimitsFrom == config.DimTier {
-			// Tenant- and tier-derived limits may carry token limits too.
-			for _, t := range p.Tiers {
-				r := p.Resolve(t)
-				if r.MaxInflightTokens > 0 || r.TokensPerMinute > 0 || r.TokensPerDay > 0 {
-					s.TokenLimits = true
-				}
-			}
-		}
-	}
+	s.TokenLimits = p.AnyTokenLimits()
 	if err := s.buildPools(); err != nil {
 		return nil, err
 	}

@@ -292,3 +292,35 @@ func deref[T any](p *T) T {
 	}
 	return *p
 }
+
+// AnyTokenLimits reports whether any limit set of the policy limits tokens (in-flight tokens or a
+// token budget), so that request bodies must be read for estimates.
+func (p *Policy) AnyTokenLimits() bool {
+	sets := make([]Limits, 0, len(p.Features)+len(p.Tiers)+len(p.Providers)+len(p.Tenants.Directory)+len(p.Compartments))
+	for _, f := range p.Features {
+		sets = append(sets, f.Limits)
+	}
+	for _, t := range p.Tiers {
+		sets = append(sets, t)
+	}
+	for _, pr := range p.Providers {
+		sets = append(sets, pr.Limits)
+	}
+	for _, t := range p.Tenants.Directory {
+		if t.Limits != nil {
+			sets = append(sets, *t.Limits)
+		}
+	}
+	for _, f := range p.Compartments {
+		if f.Limits != nil {
+			sets = append(sets, *f.Limits)
+		}
+	}
+	for _, l := range sets {
+		r := p.Resolve(l)
+		if r.MaxInflightTokens > 0 || r.TokensPerMinute > 0 || r.TokensPerDay > 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -101,6 +101,9 @@ func (v *validator) sets() {
 	for _, n := range sortedKeys(v.p.Providers) {
 		v.name("providers."+n, n, "provider")
 	}
+	if len(v.p.Providers) > MaxProviders {
+		v.add("providers", "%d providers, at most %d", len(v.p.Providers), MaxProviders)
+	}
 	c := v.p.Classification
 	if len(v.p.Features) > 0 && !hasKey(v.p.Features, c.Feature.Default) {
 		v.add("classification.feature.default", "feature %q is not in features (%s); every request needs a feature with limits", c.Feature.Default, strings.Join(sortedKeys(v.p.Features), ", "))
@@ -471,7 +474,17 @@ func (v *validator) breakerChainBroken(path string) bool {
 	return false
 }
 
+// MaxFamilies is the most compartment families a policy may have (a request takes one slot per
+// family, held in a fixed-size ticket).
+const MaxFamilies = 8
+
+// MaxProviders is the most providers a policy may have.
+const MaxProviders = 64
+
 func (v *validator) families() {
+	if len(v.p.Compartments) > MaxFamilies {
+		v.add("compartments", "%d families, at most %d: every request takes a slot in each, so more would only add cost", len(v.p.Compartments), MaxFamilies)
+	}
 	names := map[string]int{}
 	for i, f := range v.p.Compartments {
 		path := fmt.Sprintf("compartments[%d]", i)
