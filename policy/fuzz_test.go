@@ -1,12 +1,16 @@
 package policy_test
 
 import (
+	"context"
+	"io"
+	"log/slog"
 	"regexp"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
 // FuzzClassify runs the rule evaluator on arbitrary header, path, body and metadata values: it
@@ -81,5 +85,35 @@ func FuzzGlob(f *testing.F) {
 		if got := policy.GlobMatch(pattern, s); got != want {
 			t.Fatalf("GlobMatch(%q, %q) = %v, want %v", pattern, s, got, want)
 		}
+	})
+}
+
+// FuzzEngine: any policy that loads builds an engine (or is refused with an error), and a
+// request through it is admitted or refused and released without a panic.
+func FuzzEngine(f *testing.F) {
+	f.Add([]byte(seedPolicy), "chat", "acme")
+	f.Add([]byte(breakerPolicy), "default", "")
+	f.Add([]byte("features: {default: {max_concurrent: 1, tokens_per_minute: 5}}\ncompartments: [{name: t, key: [tenant, feature], limits: {max_concurrent: 2}}]\n"), "x", "t1")
+	f.Fuzz(func(t *testing.T, yaml []byte, feature, tenant string) {
+		p, err := config.Load("fuzz.yaml", yaml, nil)
+		if err != nil {
+			return
+		}
+		e, err := policy.NewEngine(p, policy.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			return
+		}
+		s := e.Snapshot()
+		in := input{headers: map[string]string{"x-llm-feature": feature, "x-tenant-id": tenant}, path: "/v1/chat/completions"}
+		d := s.Classify(in)
+		r := policy.Request{Dims: d, Estimate: s.Estimate(d.Model, policy.RequestSize{Scanned: true, PromptBytes: 100, N: 1})}
+		var tk policy.Ticket
+		if dec := e.Admit(context.Background(), s, &r, &tk, nil); dec.Verdict == policy.Admit {
+			tk.Done(policy.Outcome{Status: 200})
+		}
+		if e.InFlight() != 0 {
+			t.Fatalf("in flight %d after release", e.InFlight())
+		}
+		_ = e.Compartments()
 	})
 }
