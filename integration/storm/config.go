@@ -1,0 +1,295 @@
+package storm
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	yaml "go.yaml.in/yaml/v3"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+)
+
+// Configuration is one way of running the scenario: with or without the storm, through
+// llm-bulkhead with a policy or straight through the simulator.
+type Configuration struct {
+	// Name is a short identifier used on the command line and in file names.
+	Name string `json:"name"`
+	// Label is the configuration's row title in the table.
+	Label string `json:"label"`
+	// Storm runs the batch job; without it only chat users send.
+	Storm bool `json:"storm"`
+	// PolicyPath is the policy llm-bulkhead runs. Empty means pass-through: the simulator
+	// forwards every request without calling an ext_proc server (all processing skipped), so
+	// nothing is classified, queued or refused on the way.
+	PolicyPath string `json:"policy,omitempty"`
+	// Shadow runs the policy in shadow mode: every compartment family gets mode: shadow and every
+	// breaker state METRICS_ONLY, so the server counts what it would refuse and refuses nothing.
+	Shadow bool `json:"shadow,omitempty"`
+}
+
+// PassThrough reports whether the configuration runs without an ext_proc server.
+func (c Configuration) PassThrough() bool { return c.PolicyPath == "" }
+
+// Names of the standard configurations.
+const (
+	ConfigBaseline       = "baseline"
+	ConfigBaselinePolicy = "baseline-policy"
+	ConfigNoPolicy       = "no-policy"
+	ConfigPolicy         = "policy"
+	ConfigShadow         = "shadow"
+	ConfigPooled         = "pooled"
+)
+
+// StandardConfigurations returns the experiment's configurations in table order: the chat-only
+// baseline without and with the example policy, then under the storm: no policy, the example
+// policy, the example policy in shadow mode, and the pooled policy. policyPath and pooledPath
+// are examples/policy.yaml and examples/policy-pooled.yaml.
+func StandardConfigurations(policyPath, pooledPath string) []Configuration {
+	return []Configuration{
+		{Name: ConfigBaseline, Label: "no storm, no policy (baseline)"},
+		{Name: ConfigBaselinePolicy, Label: "no storm, example policy", PolicyPath: policyPath},
+		{Name: ConfigNoPolicy, Label: "(a) storm, no policy", Storm: true},
+		{Name: ConfigPolicy, Label: "(b) storm, example policy", Storm: true, PolicyPath: policyPath},
+		{Name: ConfigShadow, Label: "(c) storm, example policy in shadow mode", Storm: true, PolicyPath: policyPath, Shadow: true},
+		{Name: ConfigPooled, Label: "(d) storm, pooled policy", Storm: true, PolicyPath: pooledPath},
+	}
+}
+
+// DefaultConfigurationNames are the configurations a plain run executes: everything but the
+// chat-only run under the policy, which only separates the proxy's own cost.
+var DefaultConfigurationNames = []string{ConfigBaseline, ConfigNoPolicy, ConfigPolicy, ConfigShadow, ConfigPooled}
+
+// SelectConfigurations returns the configurations of all named in names, in the order of all.
+func SelectConfigurations(all []Configuration, names []string) ([]Configuration, error) {
+	var out []Configuration
+	var unknown []string
+	for _, n := range names {
+		if !slices.ContainsFunc(all, func(c Configuration) bool { return c.Name == n }) {
+			unknown = append(unknown, n)
+		}
+	}
+	if len(unknown) > 0 {
+		known := make([]string, len(all))
+		for i, c := range all {
+			known[i] = c.Name
+		}
+		return nil, fmt.Errorf("unknown configuration %s (known: %s)", strings.Join(unknown, ", "), strings.Join(known, ", "))
+	}
+	for _, c := range all {
+		if slices.Contains(names, c.Name) {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// Variant says how DerivePolicy changes a policy.
+type Variant struct {
+	// Shadow sets mode: shadow on every compartment family and state: METRICS_ONLY on every
+	// breaker, so nothing is refused and everything is counted.
+	Shadow bool
+	// TimeScale multiplies every wait and breaker duration (1 or 0: unchanged).
+	TimeScale float64
+}
+
+// scaledKeys are the policy keys holding durations that must follow the time scale: queue waits
+// and breaker timings. Token and request budgets are per minute and stay as they are (see the
+// package documentation); server and Envoy timeouts bound the processor's own work, which is not
+// simulated.
+var scaledKeys = map[string]bool{
+	"max_wait":              true,
+	"slow_call_duration":    true,
+	"wait_in_open":          true,
+	"max_wait_in_open":      true,
+	"max_wait_in_half_open": true,
+}
+
+// breakerDefaults are the breaker durations that apply when a breaker without a base leaves them
+// unset (config.Breaker's documented defaults); DerivePolicy writes them scaled.
+var breakerDefaults = []struct {
+	key string
+	d   time.Duration
+}{{"slow_call_duration", 60 * time.Second}, {"wait_in_open", 60 * time.Second}}
+
+// scaledSections are the top-level sections whose durations DerivePolicy scales.
+var scaledSections = []string{"templates", "features", "tiers", "providers", "breakers", "tenants", "compartments"}
+
+// DerivePolicy returns a copy of the policy file src changed as v says, keeping everything else
+// (comments included), and checks that the result loads. name is used in messages.
+func DerivePolicy(name string, src []byte, v Variant) ([]byte, error) {
+	if v.TimeScale < 0 || math.IsNaN(v.TimeScale) || math.IsInf(v.TimeScale, 0) {
+		return nil, fmt.Errorf("time scale %v must be a positive finite number", v.TimeScale)
+	}
+	var root yaml.Node
+	if err := yaml.Unmarshal(src, &root); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if root.Kind != yaml.DocumentNode || len(root.Content) != 1 || root.Content[0].Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("%s: a policy file must be a YAML mapping of sections", name)
+	}
+	doc := root.Content[0]
+	if v.TimeScale != 0 && v.TimeScale != 1 {
+		if err := scaleDurations(doc, v.TimeScale); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	if v.Shadow {
+		if err := shadow(doc); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	var out bytes.Buffer
+	fmt.Fprintf(&out, "# Derived from %s by the storm experiment (shadow %v, time scale %v).\n", name, v.Shadow, orOne(v.TimeScale))
+	enc := yaml.NewEncoder(&out)
+	enc.SetIndent(2)
+	if err := enc.Encode(&root); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	if _, err := config.Load(name+" (derived)", out.Bytes(), []string{}); err != nil {
+		return nil, fmt.Errorf("derived policy does not load: %w", err)
+	}
+	return out.Bytes(), nil
+}
+
+func orOne(f float64) float64 {
+	if f == 0 {
+		return 1
+	}
+	return f
+}
+
+// scaleDurations multiplies the durations under scaledKeys in the limit-bearing sections, and
+// writes scaled defaults into breakers that rely on them.
+func scaleDurations(doc *yaml.Node, scale float64) error {
+	var errs []error
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		switch n.Kind {
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k, val := n.Content[i], n.Content[i+1]
+				p := path + "." + k.Value
+				if scaledKeys[k.Value] && val.Kind == yaml.ScalarNode {
+					d, err := time.ParseDuration(strings.TrimSpace(val.Value))
+					if err != nil {
+						errs = append(errs, fmt.Errorf("%s: %q is not a duration", p[1:], val.Value))
+						continue
+					}
+					val.Value = scaleDuration(d, scale).String()
+					val.Tag, val.Style = "!!str", 0
+					continue
+				}
+				walk(val, p)
+			}
+		case yaml.SequenceNode:
+			for i, c := range n.Content {
+				walk(c, fmt.Sprintf("%s[%d]", path, i))
+			}
+		}
+	}
+	for _, sec := range scaledSections {
+		if n := mapValue(doc, sec); n != nil {
+			walk(n, "."+sec)
+		}
+	}
+	if brs := mapValue(doc, "breakers"); brs != nil && brs.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(brs.Content); i += 2 {
+			b := brs.Content[i+1]
+			if b.Kind != yaml.MappingNode || mapValue(b, "base") != nil {
+				continue
+			}
+			for _, def := range breakerDefaults {
+				if mapValue(b, def.key) == nil {
+					setScalar(b, def.key, scaleDuration(def.d, scale).String())
+				}
+			}
+			if t := mapValue(b, "sliding_window_type"); t != nil && strings.EqualFold(t.Value, "TIME_BASED") {
+				// A time-based window is measured in seconds.
+				if sz := mapValue(b, "sliding_window_size"); sz != nil {
+					var n int
+					if _, err := fmt.Sscan(sz.Value, &n); err == nil {
+						sz.Value = fmt.Sprint(max(1, int(math.Round(float64(n)*scale))))
+					}
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// scaleDuration multiplies d by scale, keeping at least a millisecond so that a configured wait
+// never turns into "refuse at once".
+func scaleDuration(d time.Duration, scale float64) time.Duration {
+	out := time.Duration(math.Round(float64(d) * scale))
+	if d > 0 && out < time.Millisecond {
+		out = time.Millisecond
+	}
+	return out.Round(time.Microsecond)
+}
+
+// shadow sets every family's mode to shadow and every breaker's state to METRICS_ONLY.
+func shadow(doc *yaml.Node) error {
+	fams := mapValue(doc, "compartments")
+	if fams == nil {
+		// The default family (feature) applies; spell it out so it can carry a mode.
+		fams = &yaml.Node{Kind: yaml.SequenceNode, Content: []*yaml.Node{{Kind: yaml.MappingNode}}}
+		setScalar(fams.Content[0], "name", config.DimFeature)
+		seq := &yaml.Node{Kind: yaml.SequenceNode, Content: []*yaml.Node{{Kind: yaml.ScalarNode, Value: config.DimFeature}}}
+		fams.Content[0].Content = append(fams.Content[0].Content, &yaml.Node{Kind: yaml.ScalarNode, Value: "key"}, seq)
+		setScalar(fams.Content[0], "limits_from", config.DimFeature)
+		doc.Content = append(doc.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: "compartments"}, fams)
+	}
+	if fams.Kind != yaml.SequenceNode {
+		return errors.New("compartments must be a list")
+	}
+	for _, f := range fams.Content {
+		if f.Kind != yaml.MappingNode {
+			return errors.New("every compartment family must be a mapping")
+		}
+		setScalar(f, "mode", "shadow")
+	}
+	if brs := mapValue(doc, "breakers"); brs != nil {
+		if brs.Kind != yaml.MappingNode {
+			return errors.New("breakers must be a mapping")
+		}
+		for i := 1; i < len(brs.Content); i += 2 {
+			if brs.Content[i].Kind == yaml.MappingNode {
+				setScalar(brs.Content[i], "state", "METRICS_ONLY")
+			}
+		}
+	}
+	return nil
+}
+
+// mapValue returns the value of key in mapping n, or nil.
+func mapValue(n *yaml.Node, key string) *yaml.Node {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
+
+// setScalar sets key to a string scalar in mapping n, replacing any value it had.
+func setScalar(n *yaml.Node, key, value string) {
+	v := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: value}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			n.Content[i+1] = v
+			return
+		}
+	}
+	n.Content = append(n.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: key}, v)
+}

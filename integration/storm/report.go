@@ -1,0 +1,467 @@
+package storm
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// TargetRatio is the design's target: chat P99 under the storm within this multiple of chat
+// P99 without the storm.
+const TargetRatio = 1.3
+
+// RunSummary is the headline numbers of one run. Latencies are simulated seconds; a nil
+// percentile means there was nothing to measure.
+type RunSummary struct {
+	// ChatRequests counts chat requests; ChatOK, ChatRefused and ChatErrors split them.
+	ChatRequests int `json:"chat_requests"`
+	ChatOK       int `json:"chat_ok"`
+	ChatRefused  int `json:"chat_refused"`
+	ChatErrors   int `json:"chat_errors"`
+	// ChatP50, ChatP90 and ChatP99 count every failed chat request at the scenario's
+	// ChatTimeout, as the seed counted its timeouts.
+	ChatP50 *float64 `json:"chat_p50"`
+	ChatP90 *float64 `json:"chat_p90"`
+	ChatP99 *float64 `json:"chat_p99"`
+	// ChatServedP99 is the P99 of answered chat requests only.
+	ChatServedP99 *float64 `json:"chat_served_p99"`
+	// ChatStormP99 is the P99 (failures counted as above) of chat requests started while the
+	// batch job ran.
+	ChatStormP99 *float64 `json:"chat_storm_p99"`
+	// BatchDocuments is how many documents the job had; BatchDone how many it got summarised;
+	// BatchAttempts how many requests it sent for them.
+	BatchDocuments int `json:"batch_documents"`
+	BatchDone      int `json:"batch_done"`
+	BatchAttempts  int `json:"batch_attempts"`
+	// BatchP99 is the P99 of a finished document's time from its first attempt to its answer.
+	BatchP99 *float64 `json:"batch_p99"`
+	// Refused counts refused requests per feature and reason.
+	Refused map[string]map[string]int `json:"refused"`
+	// Errors counts failed requests that were not refusals, per feature and kind.
+	Errors map[string]map[string]int `json:"errors"`
+	// Shadow counts what shadow-mode compartments would have refused, per reason, summed over
+	// compartments.
+	Shadow map[string]int `json:"shadow,omitempty"`
+}
+
+// summarizeRun computes a run's headline numbers.
+func summarizeRun(res *RunResult, sc Scenario) RunSummary {
+	penalty := sc.ChatTimeout.Seconds()
+	s := RunSummary{ChatRequests: len(res.Chat), BatchDocuments: sc.BatchDocuments(), Refused: res.Refusals, Errors: res.Errors}
+	var all, served, storm []float64
+	for _, c := range res.Chat {
+		lat := c.Latency
+		switch c.Outcome {
+		case OutcomeOK:
+			s.ChatOK++
+			served = append(served, c.Latency)
+		case OutcomeRefused:
+			s.ChatRefused++
+			lat = penalty
+		default:
+			s.ChatErrors++
+			lat = penalty
+		}
+		all = append(all, lat)
+		if res.StormStart != nil && c.Start >= *res.StormStart && c.Start <= *res.StormEnd {
+			storm = append(storm, lat)
+		}
+	}
+	s.ChatP50, s.ChatP90, s.ChatP99 = percentileOpt(all, 50), percentileOpt(all, 90), percentileOpt(all, 99)
+	s.ChatServedP99 = percentileOpt(served, 99)
+	s.ChatStormP99 = percentileOpt(storm, 99)
+	var done []float64
+	for _, b := range res.Batch {
+		s.BatchAttempts += b.Attempts
+		if b.Outcome == OutcomeOK {
+			s.BatchDone++
+			done = append(done, b.Latency)
+		}
+	}
+	s.BatchP99 = percentileOpt(done, 99)
+	if res.Engine != nil && len(res.Engine.ShadowRejections) > 0 {
+		s.Shadow = map[string]int{}
+		for reason, byComp := range res.Engine.ShadowRejections {
+			for _, n := range byComp {
+				s.Shadow[reason] += n
+			}
+		}
+	}
+	return s
+}
+
+// ConfigSummary is one configuration over all its repetitions: the median of each run's
+// number, with the spread.
+type ConfigSummary struct {
+	Configuration
+	Runs           int  `json:"runs"`
+	ChatRequests   Stat `json:"chat_requests"`
+	ChatRefused    Stat `json:"chat_refused"`
+	ChatErrors     Stat `json:"chat_errors"`
+	ChatP50        Stat `json:"chat_p50"`
+	ChatP90        Stat `json:"chat_p90"`
+	ChatP99        Stat `json:"chat_p99"`
+	ChatServedP99  Stat `json:"chat_served_p99"`
+	ChatStormP99   Stat `json:"chat_storm_p99"`
+	BatchDocuments int  `json:"batch_documents"`
+	BatchDone      Stat `json:"batch_done"`
+	BatchAttempts  Stat `json:"batch_attempts"`
+	BatchP99       Stat `json:"batch_p99"`
+	// Refused is per feature and reason; a run without such refusals counts 0.
+	Refused map[string]map[string]Stat `json:"refused"`
+	// Errors is per feature and kind: failures that were not refusals (timeouts, resets).
+	Errors map[string]map[string]Stat `json:"errors"`
+	// Shadow is per reason, summed over compartments.
+	Shadow             map[string]Stat `json:"shadow,omitempty"`
+	BreakerOpenings    Stat            `json:"breaker_openings"`
+	UpstreamPeakQueued Stat            `json:"upstream_peak_queued"`
+	StallMillis        Stat            `json:"stall_ms"`
+}
+
+// Report is the outcome of Run: the setting, every run, and a summary per configuration.
+type Report struct {
+	Machine          machine          `json:"machine"`
+	LoadAverageStart string           `json:"load_average_start,omitempty"`
+	LoadAverageEnd   string           `json:"load_average_end,omitempty"`
+	StartedAt        time.Time        `json:"started_at"`
+	WallSeconds      float64          `json:"wall_seconds"`
+	TimeScale        float64          `json:"time_scale"`
+	Seed             uint64           `json:"seed"`
+	Capacity         int              `json:"capacity"`
+	Repeat           int              `json:"repeat"`
+	Scenario         Scenario         `json:"scenario"`
+	Configurations   []*ConfigSummary `json:"configurations"`
+	Runs             []*RunResult     `json:"runs"`
+}
+
+func newReport(o Options) *Report {
+	r := &Report{Machine: thisMachine(), LoadAverageStart: loadAverage(), StartedAt: time.Now().UTC().Round(time.Second),
+		TimeScale: o.scale(), Seed: o.Seed, Capacity: o.Capacity, Repeat: o.repeat(), Scenario: o.scenario()}
+	for _, c := range o.Configurations {
+		r.Configurations = append(r.Configurations, &ConfigSummary{Configuration: c})
+	}
+	return r
+}
+
+// summarize fills the per-configuration summaries from the runs.
+func (r *Report) summarize() {
+	for _, cs := range r.Configurations {
+		var runs []*RunResult
+		for _, run := range r.Runs {
+			if run.Configuration == cs.Name {
+				runs = append(runs, run)
+			}
+		}
+		cs.Runs = len(runs)
+		num := func(f func(RunSummary) float64) Stat {
+			xs := make([]float64, len(runs))
+			for i, run := range runs {
+				xs[i] = f(run.Summary)
+			}
+			return Summarize(xs)
+		}
+		opt := func(f func(RunSummary) *float64) Stat {
+			xs := make([]*float64, len(runs))
+			for i, run := range runs {
+				xs[i] = f(run.Summary)
+			}
+			return summarizeOpt(xs)
+		}
+		cs.ChatRequests = num(func(s RunSummary) float64 { return float64(s.ChatRequests) })
+		cs.ChatRefused = num(func(s RunSummary) float64 { return float64(s.ChatRefused) })
+		cs.ChatErrors = num(func(s RunSummary) float64 { return float64(s.ChatErrors) })
+		cs.ChatP50 = opt(func(s RunSummary) *float64 { return s.ChatP50 })
+		cs.ChatP90 = opt(func(s RunSummary) *float64 { return s.ChatP90 })
+		cs.ChatP99 = opt(func(s RunSummary) *float64 { return s.ChatP99 })
+		cs.ChatServedP99 = opt(func(s RunSummary) *float64 { return s.ChatServedP99 })
+		cs.ChatStormP99 = opt(func(s RunSummary) *float64 { return s.ChatStormP99 })
+		if cs.Storm {
+			cs.BatchDocuments = r.Scenario.BatchWorkers * r.Scenario.BatchPerWorker
+			cs.BatchDone = num(func(s RunSummary) float64 { return float64(s.BatchDone) })
+			cs.BatchAttempts = num(func(s RunSummary) float64 { return float64(s.BatchAttempts) })
+			cs.BatchP99 = opt(func(s RunSummary) *float64 { return s.BatchP99 })
+		}
+		perFeature := func(get func(RunSummary) map[string]map[string]int) map[string]map[string]Stat {
+			out := map[string]map[string]Stat{}
+			for _, f := range keys2(runs, get) {
+				out[f] = map[string]Stat{}
+				for _, reason := range keys(runs, func(s RunSummary) map[string]int { return get(s)[f] }) {
+					out[f][reason] = num(func(s RunSummary) float64 { return float64(get(s)[f][reason]) })
+				}
+			}
+			return out
+		}
+		cs.Refused = perFeature(func(s RunSummary) map[string]map[string]int { return s.Refused })
+		cs.Errors = perFeature(func(s RunSummary) map[string]map[string]int { return s.Errors })
+		if shadow := keys(runs, func(s RunSummary) map[string]int { return s.Shadow }); len(shadow) > 0 {
+			cs.Shadow = map[string]Stat{}
+			for _, reason := range shadow {
+				cs.Shadow[reason] = num(func(s RunSummary) float64 { return float64(s.Shadow[reason]) })
+			}
+		}
+		xs := make([]float64, len(runs))
+		for i, run := range runs {
+			if run.Engine != nil {
+				xs[i] = float64(run.Engine.BreakerOpenings)
+			}
+		}
+		cs.BreakerOpenings = Summarize(xs)
+		for i, run := range runs {
+			xs[i] = float64(run.UpstreamPeakQueued)
+		}
+		cs.UpstreamPeakQueued = Summarize(xs)
+		for i, run := range runs {
+			xs[i] = run.StallMillis
+		}
+		cs.StallMillis = Summarize(xs)
+	}
+}
+
+// keys returns the sorted union of the keys of f's map over the runs' summaries.
+func keys(runs []*RunResult, f func(RunSummary) map[string]int) []string {
+	set := map[string]bool{}
+	for _, run := range runs {
+		for k := range f(run.Summary) {
+			set[k] = true
+		}
+	}
+	return sortedSet(set)
+}
+
+func keys2(runs []*RunResult, f func(RunSummary) map[string]map[string]int) []string {
+	set := map[string]bool{}
+	for _, run := range runs {
+		for k := range f(run.Summary) {
+			set[k] = true
+		}
+	}
+	return sortedSet(set)
+}
+
+func sortedSet(set map[string]bool) []string {
+	out := make([]string, 0, len(set))
+	for k := range set {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Config returns the summary of the named configuration, or nil.
+func (r *Report) Config(name string) *ConfigSummary {
+	for _, c := range r.Configurations {
+		if c.Name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// Ratio returns the median chat P99 of configuration name divided by that of the baseline
+// (the chat-only run without a policy); ok is false when either is missing.
+func (r *Report) Ratio(name string) (ratio float64, ok bool) {
+	b, c := r.Config(ConfigBaseline), r.Config(name)
+	if b == nil || c == nil || b.ChatP99.N == 0 || c.ChatP99.N == 0 || b.ChatP99.Median <= 0 {
+		return 0, false
+	}
+	return c.ChatP99.Median / b.ChatP99.Median, true
+}
+
+// seconds formats a latency statistic: the median and, over several runs, the range.
+func seconds(s Stat) string {
+	if s.N == 0 {
+		return "—"
+	}
+	if s.N == 1 || s.Min == s.Max {
+		return fmt.Sprintf("%.2f", s.Median)
+	}
+	return fmt.Sprintf("%.2f (%.2f–%.2f)", s.Median, s.Min, s.Max)
+}
+
+// count formats a count statistic like seconds.
+func count(s Stat) string {
+	if s.N == 0 {
+		return "—"
+	}
+	if s.N == 1 || s.Min == s.Max {
+		return trimFloat(s.Median)
+	}
+	return fmt.Sprintf("%s (%s–%s)", trimFloat(s.Median), trimFloat(s.Min), trimFloat(s.Max))
+}
+
+func trimFloat(f float64) string {
+	return strings.TrimSuffix(strings.TrimRight(fmt.Sprintf("%.1f", f), "0"), ".")
+}
+
+// shortFeature names features compactly in the table.
+func shortFeature(f string) string {
+	if f == FeatureBatch {
+		return "batch"
+	}
+	return f
+}
+
+// refusedCell describes the refusals of a configuration, other failures, and for shadow mode
+// what would have been refused.
+func refusedCell(cs *ConfigSummary) string {
+	byFeature := func(m map[string]map[string]Stat) string {
+		var parts []string
+		for _, f := range sortedKeys(m) {
+			var rs []string
+			for _, reason := range sortedKeys(m[f]) {
+				rs = append(rs, reason+" "+count(m[f][reason]))
+			}
+			parts = append(parts, shortFeature(f)+": "+strings.Join(rs, ", "))
+		}
+		return strings.Join(parts, "; ")
+	}
+	out := byFeature(cs.Refused)
+	if out == "" {
+		out = "none"
+	}
+	if len(cs.Shadow) > 0 {
+		var rs []string
+		for _, reason := range sortedKeys(cs.Shadow) {
+			rs = append(rs, reason+" "+count(cs.Shadow[reason]))
+		}
+		out += "; would refuse: " + strings.Join(rs, ", ")
+	}
+	if errs := byFeature(cs.Errors); errs != "" {
+		out += "; failed without refusal: " + errs
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Markdown renders the results table, as in the seed's section 8, with a line on the design
+// target below it. Latencies are simulated seconds; each cell is the median over the
+// repetitions with the range in brackets.
+func (r *Report) Markdown() string {
+	var b strings.Builder
+	docs := r.Scenario.BatchWorkers * r.Scenario.BatchPerWorker
+	fmt.Fprintf(&b, "| configuration | chat P50 (s) | chat P90 (s) | chat P99 (s) | chat failed | batch P99 (s) | batch done (of %d) | refused (x-bulkhead-reason) |\n", docs)
+	b.WriteString("|---|---|---|---|---|---|---|---|\n")
+	for _, cs := range r.Configurations {
+		failed := Stat{}
+		if cs.Runs > 0 {
+			var xs []float64
+			for _, run := range r.Runs {
+				if run.Configuration == cs.Name {
+					xs = append(xs, float64(run.Summary.ChatRefused+run.Summary.ChatErrors))
+				}
+			}
+			failed = Summarize(xs)
+		}
+		batchDone := "—"
+		if cs.Storm {
+			batchDone = count(cs.BatchDone)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s of %s | %s | %s | %s |\n", cs.Label,
+			seconds(cs.ChatP50), seconds(cs.ChatP90), seconds(cs.ChatP99), count(failed), count(cs.ChatRequests),
+			seconds(cs.BatchP99), batchDone, refusedCell(cs))
+	}
+	var lines []string
+	for _, cs := range r.Configurations {
+		if !cs.Storm {
+			continue
+		}
+		if ratio, ok := r.Ratio(cs.Name); ok {
+			verdict := "met"
+			if ratio > TargetRatio {
+				verdict = "missed"
+			}
+			lines = append(lines, fmt.Sprintf("%s %.2f× (%s)", cs.Name, ratio, verdict))
+		}
+	}
+	if len(lines) > 0 {
+		fmt.Fprintf(&b, "\nChat P99 under the storm ÷ chat P99 of the baseline (target ≤ %.1f×): %s.\n", TargetRatio, strings.Join(lines, ", "))
+	}
+	var stalls []string
+	for _, cs := range r.Configurations {
+		if cs.StallMillis.N > 0 {
+			stalls = append(stalls, cs.Name+" "+count(Stat{Median: math.Round(cs.StallMillis.Median), Min: math.Round(cs.StallMillis.Min),
+				Max: math.Round(cs.StallMillis.Max), N: cs.StallMillis.N}))
+		}
+	}
+	if len(stalls) > 0 {
+		fmt.Fprintf(&b, "\nLongest stall of the process per run (a 10 ms tick coming late; wall-clock ms, ×%v in simulated time): %s.\n",
+			trimFloat(1/r.TimeScale), strings.Join(stalls, ", "))
+	}
+	return b.String()
+}
+
+// Files written by WriteFiles.
+const (
+	FileTable = "table.md"
+	FileChart = "chat-latency.svg"
+	FileJSON  = "results.json"
+)
+
+// WriteFiles writes the table (with a header naming the setting), the chart and the raw numbers
+// into dir, creating it.
+func (r *Report) WriteFiles(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var md strings.Builder
+	fmt.Fprintf(&md, "# Storm experiment results\n\n%s\n\n", r.Setting())
+	md.WriteString(r.Markdown())
+	fmt.Fprintf(&md, "\n![chat latency distribution](%s)\n", FileChart)
+	js, err := json.MarshalIndent(r, "", " ")
+	if err != nil {
+		return err
+	}
+	for name, data := range map[string][]byte{FileTable: []byte(md.String()), FileChart: r.SVG(), FileJSON: append(js, '\n')} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Setting describes the run in one paragraph: machine, scale, capacity, repetitions, seed.
+func (r *Report) Setting() string {
+	load := ""
+	if r.LoadAverageStart != "" {
+		load = fmt.Sprintf(", load average %s at the start and %s at the end", r.LoadAverageStart, r.LoadAverageEnd)
+	}
+	return fmt.Sprintf("%d runs per configuration (median, range in brackets), time scale %v, upstream capacity %d, seed %d; "+
+		"%s/%s, %d CPUs, %s%s; %.0f s of wall time. Latencies in simulated seconds; failed chat requests count as %v.",
+		r.Repeat, r.TimeScale, r.Capacity, r.Seed, r.Machine.OS, r.Machine.Arch, r.Machine.CPUs, r.Machine.GoVersion, load,
+		r.WallSeconds, r.Scenario.ChatTimeout)
+}
+
+// chatLatencies returns every chat latency of a configuration over all its runs, failures
+// counted at the chat timeout, sorted.
+func (r *Report) chatLatencies(name string) []float64 {
+	var out []float64
+	penalty := r.Scenario.ChatTimeout.Seconds()
+	for _, run := range r.Runs {
+		if run.Configuration != name {
+			continue
+		}
+		for _, s := range run.Chat {
+			if s.Outcome == OutcomeOK {
+				out = append(out, s.Latency)
+			} else {
+				out = append(out, penalty)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}

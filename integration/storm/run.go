@@ -1,0 +1,747 @@
+package storm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/cmd/mockllm/mock"
+	"github.com/llm-bulkhead/llm-bulkhead/extproc"
+	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
+	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
+	"github.com/llm-bulkhead/llm-bulkhead/policy"
+)
+
+// Options configure Run. The zero value of each field is documented on it.
+type Options struct {
+	// Scenario is the traffic; DefaultScenario is the seed's. Scenario.Storm is overridden per
+	// configuration.
+	Scenario Scenario
+	// Configurations run in this order within each repetition. Required.
+	Configurations []Configuration
+	// TimeScale multiplies every simulated duration (0 means 1: real time).
+	TimeScale float64
+	// Seed fixes the users' think times and mockllm's latency draws; a configuration's
+	// repetition r uses Seed+r, so every configuration sees the same traffic in a repetition.
+	Seed uint64
+	// Capacity is how many requests the mock LLM serves at once (the shared upstream pool); the
+	// rest wait in FIFO order. 0 means unlimited.
+	Capacity int
+	// Repeat is how many times each configuration runs (0 means 1).
+	Repeat int
+	// Progress, when set, is called every ProgressInterval of wall time during a run, from one
+	// goroutine, with what happened since the previous call.
+	Progress func(Tick)
+	// ProgressInterval is the wall time between Progress calls (0 means one second).
+	ProgressInterval time.Duration
+	// RunDone, when set, is called after each run with its result.
+	RunDone func(*RunResult)
+	// Logs receives the server's JSON logs (nil: discarded).
+	Logs io.Writer
+}
+
+func (o Options) scale() float64 {
+	if o.TimeScale == 0 {
+		return 1
+	}
+	return o.TimeScale
+}
+
+func (o Options) repeat() int { return max(o.Repeat, 1) }
+
+// ErrOptions marks an error of Run caused by its Options; check with errors.Is.
+var ErrOptions = errors.New("invalid options")
+
+// scenario is the scenario with Storm set when any configuration runs the storm, so that the
+// batch job's settings are checked and reported only when it runs.
+func (o Options) scenario() Scenario {
+	sc := o.Scenario
+	sc.Storm = slices.ContainsFunc(o.Configurations, func(c Configuration) bool { return c.Storm })
+	return sc
+}
+
+// validate reports every nonsensical option at once.
+func (o Options) validate() error {
+	var errs []error
+	if err := o.scenario().Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(o.Configurations) == 0 {
+		errs = append(errs, errors.New("no configuration to run"))
+	}
+	seen := map[string]bool{}
+	for _, c := range o.Configurations {
+		if c.Name == "" || seen[c.Name] {
+			errs = append(errs, fmt.Errorf("configuration names must be unique and not empty (%q)", c.Name))
+		}
+		seen[c.Name] = true
+		if c.Shadow && c.PassThrough() {
+			errs = append(errs, fmt.Errorf("configuration %s: shadow mode needs a policy", c.Name))
+		}
+	}
+	if s := o.scale(); !(s > 0) || math.IsInf(s, 0) {
+		errs = append(errs, fmt.Errorf("time scale %v must be a positive finite number", o.TimeScale))
+	}
+	if o.Capacity < 0 {
+		errs = append(errs, fmt.Errorf("capacity %d must not be negative", o.Capacity))
+	}
+	if o.Repeat < 0 {
+		errs = append(errs, fmt.Errorf("repeat %d must not be negative", o.Repeat))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", ErrOptions, errors.Join(errs...))
+	}
+	return nil
+}
+
+// Outcomes of a request as its client saw it.
+const (
+	OutcomeOK      = "ok"
+	OutcomeRefused = "refused"
+	OutcomeError   = "error"
+)
+
+// Sample is one chat request, or one batch document (all its attempts), as the client saw it.
+// Times are simulated seconds.
+type Sample struct {
+	Tenant string `json:"tenant"`
+	// Start is when the (first) request was sent, since the run began.
+	Start float64 `json:"start"`
+	// Latency is from Start to the answer of the last attempt.
+	Latency float64 `json:"latency"`
+	// Outcome is ok, refused or error (of the last attempt).
+	Outcome string `json:"outcome"`
+	// Reason is the x-bulkhead-reason of a refusal or the kind of an error.
+	Reason string `json:"reason,omitempty"`
+	// Attempts counts the requests sent for a batch document.
+	Attempts int `json:"attempts,omitempty"`
+}
+
+// EngineCounts is what llm-bulkhead itself counted during a run.
+type EngineCounts struct {
+	// Decisions are the engine's admissions and refusals per feature.
+	Decisions []policy.FeatureDecisions `json:"decisions"`
+	// ShadowRejections counts what shadow-mode compartments would have refused, per compartment
+	// and reason; a request over the limit of two compartments counts in both.
+	ShadowRejections map[string]map[string]int `json:"shadow_rejections,omitempty"`
+	// BreakerOpenings counts breaker transitions to OPEN.
+	BreakerOpenings int `json:"breaker_openings"`
+	// Rerouted counts requests sent to another provider instead of being refused.
+	Rerouted int `json:"rerouted"`
+}
+
+// RunResult is one run of one configuration.
+type RunResult struct {
+	Configuration string `json:"configuration"`
+	Repetition    int    `json:"repetition"`
+	Seed          uint64 `json:"seed"`
+	// WallSeconds is how long the run took in real time, stack start and stop included.
+	WallSeconds float64 `json:"wall_seconds"`
+	// StormStart and StormEnd bracket the batch job (simulated seconds; absent without storm).
+	StormStart *float64 `json:"storm_start,omitempty"`
+	StormEnd   *float64 `json:"storm_end,omitempty"`
+	Chat       []Sample `json:"chat"`
+	Batch      []Sample `json:"batch,omitempty"`
+	// Admitted counts, per feature, requests that reached the upstream.
+	Admitted map[string]int `json:"admitted"`
+	// Answered counts, per feature, requests answered successfully.
+	Answered map[string]int `json:"answered"`
+	// Refusals counts refused requests per feature and x-bulkhead-reason.
+	Refusals map[string]map[string]int `json:"refusals"`
+	// Errors counts failed requests that were not refusals, per feature and kind.
+	Errors map[string]map[string]int `json:"errors"`
+	// UpstreamPeakInFlight and UpstreamPeakQueued are the most requests the mock LLM was
+	// serving and holding in its queue at once (sampled every 10 ms of wall time).
+	UpstreamPeakInFlight int `json:"upstream_peak_in_flight"`
+	UpstreamPeakQueued   int `json:"upstream_peak_queued"`
+	// StallMillis is the longest a 10 ms wall-clock tick of the sampler came late, in
+	// milliseconds of wall time: how long the process was kept from running (machine load,
+	// garbage collection). Multiplied by 1/TimeScale it is the simulated delay a request could
+	// have suffered from it.
+	StallMillis float64 `json:"stall_ms"`
+	// Engine is nil for pass-through configurations.
+	Engine  *EngineCounts `json:"engine,omitempty"`
+	Summary RunSummary    `json:"summary"`
+}
+
+// Tick reports what happened during one Options.ProgressInterval of a run.
+type Tick struct {
+	Configuration string
+	Repetition    int
+	// At is the simulated time of the tick since the run began.
+	At time.Duration
+	// Features holds the chat and batch counts since the previous tick.
+	Features []FeatureTick
+	// UpstreamInFlight and UpstreamQueued are the mock LLM's occupancy at the tick.
+	UpstreamInFlight, UpstreamQueued int
+}
+
+// FeatureTick counts one feature's requests during a tick.
+type FeatureTick struct {
+	Feature string
+	// Admitted counts requests forwarded upstream (admitted by the server, or passed through).
+	Admitted int
+	// Refused counts refusals by reason; Errors other failures.
+	Refused map[string]int
+	Errors  int
+	// Answered counts requests answered successfully; Slowest is the longest of their
+	// latencies in simulated seconds.
+	Answered int
+	Slowest  float64
+}
+
+// Run executes every configuration opts.Repeat times and returns the report. Cancelling ctx
+// stops the experiment between and within runs and returns ctx's error.
+func Run(ctx context.Context, opts Options) (*Report, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "storm-policies-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	paths, err := derivePolicies(dir, opts)
+	if err != nil {
+		return nil, err
+	}
+	rep := newReport(opts)
+	started := time.Now()
+	for r := range opts.repeat() {
+		for _, c := range opts.Configurations {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			res, err := runOne(ctx, opts, c, paths[c.Name], r)
+			if err != nil {
+				return nil, fmt.Errorf("%s (repetition %d): %w", c.Name, r+1, err)
+			}
+			if opts.RunDone != nil {
+				opts.RunDone(res)
+			}
+			rep.Runs = append(rep.Runs, res)
+		}
+	}
+	rep.WallSeconds = time.Since(started).Seconds()
+	rep.LoadAverageEnd = loadAverage()
+	rep.summarize()
+	return rep, nil
+}
+
+// derivePolicies writes the policy each configuration runs, scaled to the experiment's time,
+// into dir, and returns the paths by configuration name.
+func derivePolicies(dir string, opts Options) (map[string]string, error) {
+	out := map[string]string{}
+	for i, c := range opts.Configurations {
+		if c.PassThrough() {
+			continue
+		}
+		src, err := os.ReadFile(c.PolicyPath)
+		if err != nil {
+			return nil, fmt.Errorf("configuration %s: %w", c.Name, err)
+		}
+		b, err := DerivePolicy(c.PolicyPath, src, Variant{Shadow: c.Shadow, TimeScale: opts.scale()})
+		if err != nil {
+			return nil, fmt.Errorf("configuration %s: %w", c.Name, err)
+		}
+		p := filepath.Join(dir, fmt.Sprintf("%02d-%s.yaml", i, c.Name))
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			return nil, err
+		}
+		out[c.Name] = p
+	}
+	return out, nil
+}
+
+// run is the state of one run. Its counters are guarded by mu.
+type run struct {
+	opts  Options
+	sc    Scenario
+	cfg   Configuration
+	rep   int
+	seed  uint64
+	scale float64
+	stack *harness.Stack
+	t0    time.Time
+
+	mu        sync.Mutex
+	chat      []Sample
+	batch     []Sample
+	admitted  map[string]int
+	answered  map[string]int
+	refusals  map[string]map[string]int
+	errs      map[string]map[string]int
+	tick      map[string]*FeatureTick
+	peakIn    int
+	peakQueue int
+	stall     time.Duration
+	stormEnd  time.Time
+}
+
+func runOne(ctx context.Context, opts Options, c Configuration, policyPath string, rep int) (*RunResult, error) {
+	wall := time.Now()
+	r := &run{
+		opts: opts, sc: opts.Scenario, cfg: c, rep: rep, seed: opts.Seed + uint64(rep), scale: opts.scale(),
+		admitted: map[string]int{}, answered: map[string]int{}, refusals: map[string]map[string]int{}, errs: map[string]map[string]int{},
+		tick: map[string]*FeatureTick{},
+	}
+	r.sc.Storm = c.Storm
+	ho := harness.Options{
+		PolicyPath: policyPath,
+		Env:        []string{},
+		Mock:       mock.Options{TimeScale: r.scale, Seed: r.seed, Capacity: opts.Capacity},
+		Logs:       opts.Logs,
+	}
+	if c.PassThrough() {
+		// The server runs (the harness always starts one) but the filter never calls it.
+		ho.Filter = func(f *envoysim.FilterConfig) {
+			f.Mode = envoysim.ProcessingMode{RequestHeader: envoysim.HeaderSkip, ResponseHeader: envoysim.HeaderSkip}
+		}
+	}
+	st, err := harness.Start(ho)
+	if err != nil {
+		return nil, err
+	}
+	running := true
+	defer func() {
+		if running {
+			st.Close()
+		}
+	}()
+	r.stack = st
+	if !c.PassThrough() {
+		// Open the gRPC connection now, so the first request does not pay for it.
+		raw, err := st.Sim.OpenRaw(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("connecting to the server: %w", err)
+		}
+		raw.Reset()
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var bg sync.WaitGroup
+	bg.Go(func() { r.sample(runCtx) })
+
+	r.t0 = time.Now()
+	var wg sync.WaitGroup
+	user := 0
+	for _, share := range r.sc.Chat {
+		for range share.Users {
+			u, tenant := user, share.Tenant
+			wg.Go(func() { r.chatUser(ctx, u, tenant) })
+			user++
+		}
+	}
+	var stormStart time.Time
+	if r.sc.Storm {
+		wg.Go(func() { stormStart = r.storm(ctx) })
+	}
+	wg.Wait()
+	cancel()
+	bg.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+
+	res := &RunResult{
+		Configuration: c.Name, Repetition: rep, Seed: r.seed,
+		Chat: r.chat, Batch: r.batch, Admitted: r.admitted, Answered: r.answered, Refusals: r.refusals, Errors: r.errs,
+		UpstreamPeakInFlight: r.peakIn, UpstreamPeakQueued: r.peakQueue,
+		StallMillis: float64(r.stall.Microseconds()) / 1000,
+	}
+	if !stormStart.IsZero() {
+		s, e := r.sim(stormStart), r.sim(r.stormEnd)
+		res.StormStart, res.StormEnd = &s, &e
+	}
+	sort.Slice(res.Chat, func(i, j int) bool { return res.Chat[i].Start < res.Chat[j].Start })
+	sort.Slice(res.Batch, func(i, j int) bool { return res.Batch[i].Start < res.Batch[j].Start })
+	if !c.PassThrough() {
+		res.Engine = engineCounts(st)
+	}
+	running = false
+	st.Close()
+	res.Summary = summarizeRun(res, r.sc)
+	res.WallSeconds = time.Since(wall).Seconds()
+	return res, nil
+}
+
+// sim converts a wall-clock instant to simulated seconds since the run began.
+func (r *run) sim(t time.Time) float64 { return t.Sub(r.t0).Seconds() / r.scale }
+
+// simSince is the simulated time elapsed since the run began.
+func (r *run) simSince() time.Duration {
+	return time.Duration(float64(time.Since(r.t0)) / r.scale)
+}
+
+// sleep waits d of simulated time; it returns false when ctx ended first.
+func (r *run) sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(time.Duration(float64(d) * r.scale))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// uniform returns a duration uniformly drawn from [lo, hi).
+func uniform(rng *rand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(rng.Float64()*float64(hi-lo))
+}
+
+// chatUser sends chat requests with think times until the scenario's duration is over.
+func (r *run) chatUser(ctx context.Context, u int, tenant string) {
+	rng := rand.New(rand.NewPCG(r.seed, uint64(u)))
+	name := fmt.Sprintf("user-%02d", u)
+	body, err := RequestBody(r.sc.Model, name, r.sc.ChatTokens, r.seed<<8+uint64(u))
+	if err != nil {
+		r.record(FeatureChat, Sample{Tenant: tenant, Outcome: OutcomeError, Reason: "body"}, true)
+		return
+	}
+	if !r.sleep(ctx, uniform(rng, 0, r.sc.ThinkMax)) {
+		return
+	}
+	for r.simSince() < r.sc.Duration {
+		reqCtx, cancel := context.WithTimeout(ctx, time.Duration(float64(r.sc.ChatTimeout)*r.scale))
+		res, err := r.send(reqCtx, FeatureChat, tenant, body)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		s := r.sampleOf(res, err, tenant)
+		r.record(FeatureChat, s, true)
+		think := uniform(rng, r.sc.ThinkMin, r.sc.ThinkMax)
+		if r.simSince()+think >= r.sc.Duration || !r.sleep(ctx, think) {
+			return
+		}
+	}
+}
+
+// storm runs the batch job from the scenario's start time and returns when it started.
+func (r *run) storm(ctx context.Context) time.Time {
+	if !r.sleep(ctx, r.sc.StormAt) {
+		return time.Time{}
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range r.sc.BatchWorkers {
+		wg.Go(func() {
+			slots := make(chan struct{}, r.sc.BatchWorkerConcurrency)
+			var docs sync.WaitGroup
+			for d := range r.sc.BatchPerWorker {
+				select {
+				case slots <- struct{}{}:
+				case <-ctx.Done():
+					docs.Wait()
+					return
+				}
+				doc := w*r.sc.BatchPerWorker + d
+				docs.Go(func() {
+					defer func() { <-slots }()
+					r.document(ctx, doc)
+				})
+			}
+			docs.Wait()
+		})
+	}
+	wg.Wait()
+	return start
+}
+
+// document summarises one document: it sends the request and, when refused and the scenario
+// says so, waits the retry-after and tries again until the run is over.
+func (r *run) document(ctx context.Context, doc int) {
+	tenant := r.sc.BatchTenant
+	body, err := RequestBody(r.sc.Model, fmt.Sprintf("export-doc-%02d", doc), r.sc.BatchTokens, r.seed<<16+uint64(doc)+1<<12)
+	if err != nil {
+		r.recordDoc(Sample{Tenant: tenant, Outcome: OutcomeError, Reason: "body"})
+		return
+	}
+	first := time.Now()
+	// A batch request is never hung up on before the run is over and every answer is in.
+	limit := time.Duration(float64(r.sc.Duration+r.sc.ChatTimeout) * r.scale)
+	for attempt := 1; ; attempt++ {
+		reqCtx, cancel := context.WithTimeout(ctx, limit)
+		res, err := r.send(reqCtx, FeatureBatch, tenant, body)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		s := r.sampleOf(res, err, tenant)
+		outcome, reason, retry := s.Outcome, s.Reason, retryAfter(res)
+		r.record(FeatureBatch, s, false)
+		done := outcome == OutcomeOK || outcome == OutcomeError || !r.sc.BatchRetry ||
+			r.simSince()+retry >= r.sc.Duration
+		if done {
+			s = Sample{Tenant: tenant, Start: r.sim(first), Latency: time.Since(first).Seconds() / r.scale,
+				Outcome: outcome, Reason: reason, Attempts: attempt}
+			r.recordDoc(s)
+			return
+		}
+		if !r.sleep(ctx, retry) {
+			return
+		}
+	}
+}
+
+// retryAfter returns a refusal's retry-after, read as simulated seconds (the server computes it
+// from scaled waits, rounded up to whole seconds), at least one second.
+func retryAfter(res *envoysim.Result) time.Duration {
+	if res == nil {
+		return time.Second
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(res.Headers.Get(extproc.HeaderRetryAfter)))
+	if err != nil || n < 1 {
+		return time.Second
+	}
+	return time.Duration(n) * time.Second
+}
+
+// send runs one chat/completions request through the simulator to the mock LLM.
+func (r *run) send(ctx context.Context, feature, tenant string, body []byte) (*envoysim.Result, error) {
+	req := &envoysim.Request{
+		Method: "POST",
+		Path:   "/v1/chat/completions",
+		Headers: envoysim.Headers{
+			{Key: "content-type", Value: "application/json"},
+			{Key: headerFeature, Value: feature},
+			{Key: headerTenant, Value: tenant},
+		},
+		Body: body,
+		OnEvent: func(e envoysim.Event) envoysim.Action {
+			if e.Kind == envoysim.EventUpstreamCalled {
+				r.countAdmitted(feature)
+			}
+			return envoysim.Proceed
+		},
+	}
+	return r.stack.Do(ctx, req)
+}
+
+// sampleOf turns a result into a sample (start and latency in simulated seconds).
+func (r *run) sampleOf(res *envoysim.Result, err error, tenant string) Sample {
+	if err != nil || res == nil {
+		now := r.sim(time.Now())
+		return Sample{Tenant: tenant, Start: now, Outcome: OutcomeError, Reason: "simulator"}
+	}
+	outcome, reason := Classify(res)
+	return Sample{
+		Tenant: tenant, Start: r.sim(res.Started), Latency: res.Completed.Sub(res.Started).Seconds() / r.scale,
+		Outcome: outcome, Reason: reason,
+	}
+}
+
+// Classify tells what the client got: an answer (ok), a refusal by llm-bulkhead (refused, with
+// its x-bulkhead-reason) or any other failure (error, with its kind).
+func Classify(res *envoysim.Result) (outcome, reason string) {
+	switch {
+	case res.Canceled:
+		return OutcomeError, "timeout"
+	case res.Local == envoysim.LocalImmediate:
+		if reason := res.Headers.Get(extproc.HeaderReason); reason != "" {
+			return OutcomeRefused, reason
+		}
+		return OutcomeError, fmt.Sprintf("immediate_%d", res.Status)
+	case res.Local != envoysim.NotLocal:
+		return OutcomeError, res.Local.String()
+	case res.Reset:
+		return OutcomeError, "reset"
+	case res.Status < 200 || res.Status > 299:
+		return OutcomeError, fmt.Sprintf("status_%d", res.Status)
+	}
+	return OutcomeOK, ""
+}
+
+func (r *run) countAdmitted(feature string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.admitted[feature]++
+	r.tickFor(feature).Admitted++
+}
+
+// tickFor returns the current tick's counts of feature; r.mu must be held.
+func (r *run) tickFor(feature string) *FeatureTick {
+	ft := r.tick[feature]
+	if ft == nil {
+		ft = &FeatureTick{Feature: feature, Refused: map[string]int{}}
+		r.tick[feature] = ft
+	}
+	return ft
+}
+
+// record counts one request's outcome; keep adds it to the chat samples.
+func (r *run) record(feature string, s Sample, keep bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ft := r.tickFor(feature)
+	switch s.Outcome {
+	case OutcomeRefused:
+		inc(r.refusals, feature, s.Reason)
+		ft.Refused[s.Reason]++
+	case OutcomeError:
+		inc(r.errs, feature, s.Reason)
+		ft.Errors++
+	default:
+		r.answered[feature]++
+		ft.Answered++
+		ft.Slowest = max(ft.Slowest, s.Latency)
+	}
+	if keep {
+		r.chat = append(r.chat, s)
+	}
+}
+
+func (r *run) recordDoc(s Sample) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.batch = append(r.batch, s)
+	r.stormEnd = time.Now()
+}
+
+func inc(m map[string]map[string]int, a, b string) {
+	if m[a] == nil {
+		m[a] = map[string]int{}
+	}
+	m[a][b]++
+}
+
+// sample watches the mock LLM's pool for its peaks and the process for stalls, and reports
+// progress every ProgressInterval.
+func (r *run) sample(ctx context.Context) {
+	const period = 10 * time.Millisecond
+	fast := time.NewTicker(period)
+	defer fast.Stop()
+	last := time.Now()
+	every := r.opts.ProgressInterval
+	if every <= 0 {
+		every = time.Second
+	}
+	next := time.Now().Add(every)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-fast.C:
+			now := time.Now()
+			late := now.Sub(last) - period
+			last = now
+			g := r.stack.Mock.Stats().Global
+			r.mu.Lock()
+			r.stall = max(r.stall, late)
+			r.peakIn = max(r.peakIn, g.InFlight)
+			r.peakQueue = max(r.peakQueue, g.Queued)
+			var t *Tick
+			if r.opts.Progress != nil && !now.Before(next) {
+				next = next.Add(every)
+				t = r.takeTick(g)
+			}
+			r.mu.Unlock()
+			if t != nil {
+				r.opts.Progress(*t)
+			}
+		}
+	}
+}
+
+// takeTick returns the counts since the previous tick and starts a new one; r.mu must be held.
+func (r *run) takeTick(g mock.PoolStats) *Tick {
+	t := &Tick{Configuration: r.cfg.Name, Repetition: r.rep, At: r.simSince(),
+		UpstreamInFlight: g.InFlight, UpstreamQueued: g.Queued}
+	for _, f := range []string{FeatureChat, FeatureBatch} {
+		if ft := r.tick[f]; ft != nil {
+			t.Features = append(t.Features, *ft)
+		} else {
+			t.Features = append(t.Features, FeatureTick{Feature: f, Refused: map[string]int{}})
+		}
+	}
+	r.tick = map[string]*FeatureTick{}
+	return t
+}
+
+// engineCounts reads the server's own decisions and metrics.
+func engineCounts(st *harness.Stack) *EngineCounts {
+	ec := &EngineCounts{Decisions: st.App.Engine().Decisions(), ShadowRejections: map[string]map[string]int{}}
+	mfs, err := st.App.Registry().Gather()
+	if err != nil {
+		return ec
+	}
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "llm_bulkhead_shadow_rejections_total":
+			for _, m := range mf.GetMetric() {
+				var comp, reason string
+				for _, l := range m.GetLabel() {
+					switch l.GetName() {
+					case "compartment":
+						comp = l.GetValue()
+					case "reason":
+						reason = l.GetValue()
+					}
+				}
+				if n := int(m.GetCounter().GetValue()); n > 0 {
+					if ec.ShadowRejections[reason] == nil {
+						ec.ShadowRejections[reason] = map[string]int{}
+					}
+					ec.ShadowRejections[reason][comp] += n
+				}
+			}
+		case "llm_bulkhead_breaker_transitions_total":
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "to" && l.GetValue() == "OPEN" {
+						ec.BreakerOpenings += int(m.GetCounter().GetValue())
+					}
+				}
+			}
+		case "llm_bulkhead_rerouted_total":
+			for _, m := range mf.GetMetric() {
+				ec.Rerouted += int(m.GetCounter().GetValue())
+			}
+		}
+	}
+	return ec
+}
+
+// loadAverage returns the 1-minute load average, or "" where /proc/loadavg does not exist.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// machine describes where the experiment ran.
+type machine struct {
+	OS         string `json:"os"`
+	Arch       string `json:"arch"`
+	CPUs       int    `json:"cpus"`
+	GoVersion  string `json:"go_version"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+}
+
+func thisMachine() machine {
+	return machine{OS: runtime.GOOS, Arch: runtime.GOARCH, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
+		GOMAXPROCS: runtime.GOMAXPROCS(0)}
+}

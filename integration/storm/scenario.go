@@ -1,0 +1,224 @@
+package storm
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Feature names the scenario sends in x-llm-feature; they match the example policies.
+const (
+	FeatureChat  = "chat"
+	FeatureBatch = "batch_summarize"
+)
+
+// Request headers the scenario sets.
+const (
+	headerFeature = "x-llm-feature"
+	headerTenant  = "x-tenant-id"
+)
+
+// TenantShare gives Users of the chat users to one tenant.
+type TenantShare struct {
+	Tenant string `json:"tenant"`
+	Users  int    `json:"users"`
+}
+
+// Tokens sizes one request: Prompt tokens of text (Prompt×4 bytes, the estimate's and mockllm's
+// bytes-per-token) and Completion tokens asked for with max_tokens, which mockllm generates.
+type Tokens struct {
+	Prompt     int `json:"prompt"`
+	Completion int `json:"completion"`
+}
+
+// Total is the request's size in the seed's latency model.
+func (t Tokens) Total() int { return t.Prompt + t.Completion }
+
+// Scenario is the traffic of one run, in simulated time. DefaultScenario returns the seed's;
+// a Scenario is a plain value.
+type Scenario struct {
+	// Duration is how long chat users keep sending and the batch job keeps retrying. It must be
+	// shorter than a minute (see the package documentation on budgets).
+	Duration time.Duration `json:"duration"`
+	// Chat lists the chat users per tenant.
+	Chat []TenantShare `json:"chat"`
+	// ChatTokens sizes every chat request.
+	ChatTokens Tokens `json:"chat_tokens"`
+	// ThinkMin and ThinkMax bound a chat user's uniform pause between the end of one request and
+	// the start of the next. A user's first request comes after a uniform pause in [0, ThinkMax).
+	ThinkMin time.Duration `json:"think_min"`
+	ThinkMax time.Duration `json:"think_max"`
+	// ChatTimeout is how long a chat user waits for an answer; a request that fails in any way
+	// (timeout, refusal, error) counts at this latency in the chat percentiles, as the seed
+	// counted its timeouts at 30 s.
+	ChatTimeout time.Duration `json:"chat_timeout"`
+	// Storm turns the batch job on; StormAt is when it starts.
+	Storm   bool          `json:"storm"`
+	StormAt time.Duration `json:"storm_at"`
+	// BatchWorkers workers each summarise BatchPerWorker documents, one request per document,
+	// for tenant BatchTenant.
+	BatchWorkers   int    `json:"batch_workers"`
+	BatchPerWorker int    `json:"batch_per_worker"`
+	BatchTenant    string `json:"batch_tenant"`
+	// BatchWorkerConcurrency is how many of its documents a worker has in flight at once: equal
+	// to BatchPerWorker, every document is sent at once (the seed's 50 concurrent requests);
+	// 1 makes each worker sequential (the seed script's loop, at most BatchWorkers in flight).
+	BatchWorkerConcurrency int `json:"batch_worker_concurrency"`
+	// BatchTokens sizes every batch request.
+	BatchTokens Tokens `json:"batch_tokens"`
+	// BatchRetry makes the batch job honour refusals: it waits the retry-after it was given and
+	// sends the document again, until Duration. Without it a refused document is dropped, as in
+	// the seed's script.
+	BatchRetry bool `json:"batch_retry"`
+	// Model is the model of every request; the example policies map it to a provider.
+	Model string `json:"model"`
+}
+
+// DefaultScenario returns the seed's experiment: 30 chat users (22 of enterprise tenant acme, 8
+// of pro tenant globex) sending 2K-token requests with 7–21 s pauses for 30 s, and from 5 s on
+// acme's export: 10 workers × 5 documents of 5K tokens, all sent at once (50 in flight), which
+// honours refusals' retry-after.
+func DefaultScenario() Scenario {
+	return Scenario{
+		Duration:               30 * time.Second,
+		Chat:                   []TenantShare{{Tenant: "acme", Users: 22}, {Tenant: "globex", Users: 8}},
+		ChatTokens:             Tokens{Prompt: 1500, Completion: 500},
+		ThinkMin:               7 * time.Second,
+		ThinkMax:               21 * time.Second,
+		ChatTimeout:            30 * time.Second,
+		Storm:                  true,
+		StormAt:                5 * time.Second,
+		BatchWorkers:           10,
+		BatchPerWorker:         5,
+		BatchTenant:            "acme",
+		BatchWorkerConcurrency: 5,
+		BatchTokens:            Tokens{Prompt: 4000, Completion: 1000},
+		BatchRetry:             true,
+		Model:                  "deepseek-chat",
+	}
+}
+
+// MarshalJSON writes the durations as Go duration strings ("30s") rather than nanoseconds.
+func (s Scenario) MarshalJSON() ([]byte, error) {
+	type plain Scenario
+	return json.Marshal(struct {
+		plain
+		Duration    string `json:"duration"`
+		ThinkMin    string `json:"think_min"`
+		ThinkMax    string `json:"think_max"`
+		ChatTimeout string `json:"chat_timeout"`
+		StormAt     string `json:"storm_at"`
+	}{plain(s), s.Duration.String(), s.ThinkMin.String(), s.ThinkMax.String(), s.ChatTimeout.String(), s.StormAt.String()})
+}
+
+// ChatUsers is the number of chat users.
+func (s Scenario) ChatUsers() int {
+	n := 0
+	for _, t := range s.Chat {
+		n += t.Users
+	}
+	return n
+}
+
+// BatchDocuments is the number of documents the batch job summarises (0 without a storm).
+func (s Scenario) BatchDocuments() int {
+	if !s.Storm {
+		return 0
+	}
+	return s.BatchWorkers * s.BatchPerWorker
+}
+
+// Validate reports every nonsensical field at once.
+func (s Scenario) Validate() error {
+	var errs []error
+	if s.Duration <= 0 || s.Duration >= time.Minute {
+		errs = append(errs, fmt.Errorf("duration %v must be positive and shorter than a minute (token budgets count per minute and cannot be time-scaled)", s.Duration))
+	}
+	if len(s.Chat) == 0 {
+		errs = append(errs, errors.New("at least one chat tenant is needed"))
+	}
+	for _, t := range s.Chat {
+		if t.Tenant == "" || t.Users <= 0 {
+			errs = append(errs, fmt.Errorf("chat tenant %q with %d users: need a name and at least one user", t.Tenant, t.Users))
+		}
+	}
+	if s.ChatTokens.Prompt <= 0 || s.ChatTokens.Completion <= 0 || s.BatchTokens.Prompt <= 0 || s.BatchTokens.Completion <= 0 {
+		errs = append(errs, errors.New("prompt and completion tokens must be positive"))
+	}
+	if s.ThinkMin < 0 || s.ThinkMax <= s.ThinkMin {
+		errs = append(errs, fmt.Errorf("think time range [%v, %v) is empty", s.ThinkMin, s.ThinkMax))
+	}
+	if s.ChatTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("chat timeout %v must be positive", s.ChatTimeout))
+	}
+	if s.Storm {
+		if s.StormAt < 0 || s.StormAt >= s.Duration {
+			errs = append(errs, fmt.Errorf("storm start %v must lie within the run's %v", s.StormAt, s.Duration))
+		}
+		if s.BatchWorkers <= 0 || s.BatchPerWorker <= 0 {
+			errs = append(errs, fmt.Errorf("%d batch workers × %d documents: both must be positive", s.BatchWorkers, s.BatchPerWorker))
+		}
+		if s.BatchWorkerConcurrency <= 0 || s.BatchWorkerConcurrency > s.BatchPerWorker {
+			errs = append(errs, fmt.Errorf("batch worker concurrency %d must lie in [1, %d]", s.BatchWorkerConcurrency, s.BatchPerWorker))
+		}
+		if s.BatchTenant == "" {
+			errs = append(errs, errors.New("the batch job needs a tenant"))
+		}
+	}
+	if s.Model == "" {
+		errs = append(errs, errors.New("a model is needed"))
+	}
+	return errors.Join(errs...)
+}
+
+// words is the vocabulary of generated prompts; every word with its space is 4 to 9 bytes.
+var words = strings.Fields("the storm filled our shared pool while chat users waited behind a " +
+	"batch export of three thousand documents summary report incident bulkhead compartment " +
+	"token budget latency queue tenant enterprise provider breaker refusal retry")
+
+// PromptText returns exactly tokens×4 bytes of plain ASCII words, different for different
+// seeds, so that prompt bytes / 4 (the server's estimate and mockllm's count) is tokens.
+func PromptText(tokens int, seed uint64) string {
+	n := tokens * 4
+	if n <= 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.Grow(n)
+	x := seed*0x9e3779b97f4a7c15 + 1
+	for b.Len() < n {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		w := words[x%uint64(len(words))]
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(w)
+	}
+	return b.String()[:n]
+}
+
+// chatBody is an OpenAI chat/completions request body.
+type chatBody struct {
+	Model     string        `json:"model"`
+	MaxTokens int           `json:"max_tokens"`
+	User      string        `json:"user,omitempty"`
+	Messages  []chatMessage `json:"messages"`
+}
+
+type chatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// RequestBody returns an OpenAI chat/completions body for model with a user message of t.Prompt
+// tokens and max_tokens t.Completion.
+func RequestBody(model, user string, t Tokens, seed uint64) ([]byte, error) {
+	return json.Marshal(chatBody{
+		Model: model, MaxTokens: t.Completion, User: user,
+		Messages: []chatMessage{{Role: "user", Content: PromptText(t.Prompt, seed)}},
+	})
+}
