@@ -82,9 +82,13 @@ type dynStore struct {
 	lastSweep int64 // Unix nanoseconds
 }
 
-func (f *family) applies(d *Dims) bool {
+func (f *family) applies(d *Dims) bool { return f.matches(d, false) }
+
+// matches checks d against the family's where filters; keyOnly checks only the dimensions in
+// the family's key (when building instances, the others are not known yet).
+func (f *family) matches(d *Dims, keyOnly bool) bool {
 	for i, allowed := range f.where {
-		if allowed == nil {
+		if allowed == nil || (keyOnly && !slices.Contains(f.key, dim(i))) {
 			continue
 		}
 		var idx int
@@ -102,7 +106,7 @@ func (f *family) applies(d *Dims) bool {
 			return false
 		}
 	}
-	if f.whereTenant != nil && !slices.Contains(f.whereTenant, d.Tenant) {
+	if f.whereTenant != nil && !keyOnly && !slices.Contains(f.whereTenant, d.Tenant) {
 		return false
 	}
 	return true
@@ -416,7 +420,7 @@ func (s *Snapshot) buildStatic(f *family, old map[string]*instance) {
 				d.Provider, vals[i] = v, s.providers[v].name
 			}
 		}
-		if !f.applies(&d) {
+		if !f.matches(&d, true) {
 			continue
 		}
 		in := &instance{name: instanceName(f.name, vals), family: f, gen: s.gen}
