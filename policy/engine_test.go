@@ -718,3 +718,28 @@ func TestSettlementAfterReload(t *testing.T) {
 		t.Fatalf("after settling across a reload: %+v", b)
 	}
 }
+
+// TestWhereFilterOnDimensionOutsideKey is the regression test for instances of a family keyed
+// by feature and filtered by provider being dropped when the first provider was not allowed.
+func TestWhereFilterOnDimensionOutsideKey(t *testing.T) {
+	e, _ := engine(t, `
+classification:
+  provider:
+    rules: [{header: x-llm-provider}]
+features: {default: {}}
+providers: {aaa: {}, zzz: {}, default: {}}
+compartments:
+  - name: paid
+    key: [feature]
+    where: {provider: [zzz]}
+    limits: {tokens_per_minute: 1000}
+`)
+	d, tk := admit(t, e, input{headers: map[string]string{"x-llm-provider": "zzz"}}, 10)
+	if d.Verdict != policy.Admit || strings.Join(tk.Compartments(), ",") != "paid/default" {
+		t.Fatalf("zzz: %+v in %v", d, tk.Compartments())
+	}
+	_, tk = admit(t, e, input{headers: map[string]string{"x-llm-provider": "aaa"}}, 10)
+	if len(tk.Compartments()) != 0 {
+		t.Errorf("aaa is not filtered out: %v", tk.Compartments())
+	}
+}
