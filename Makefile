@@ -1,7 +1,7 @@
 # llm-bulkhead — run `make help` for the targets.
 GO       ?= go
 PKGS     ?= ./...
-FUZZTIME ?= 10s
+FUZZTIME ?= 5s
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X main.version=$(VERSION)
@@ -31,7 +31,7 @@ test-race: ## Run every test with the race detector (no fuzzing)
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 
 .PHONY: fuzz
-fuzz: ## Run each fuzz target for FUZZTIME (default 10s)
+fuzz: ## Run each fuzz target for FUZZTIME (default 5s)
 	@set -e; for pkg in $$($(GO) list ./...); do \
 	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
 	  for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/func //'); do \

@@ -289,6 +289,14 @@ func (p *processor) decide(atHeaders bool) *extprocv3.ProcessingResponse {
 		p.srv.log.Debug("request refused", "request_id", p.requestID, "reason", string(d.Reason), "compartment", d.Compartment)
 		return p.refuse(d)
 	}
+	if p.ctx.Err() != nil {
+		// Envoy gave up on this stream while we decided (its message timeout, or the client
+		// left): nobody will read the reply, and the provider was never called — release as a
+		// cancel, which the breaker ignores.
+		p.final = true
+		p.ticket.Done(policy.Outcome{Cancelled: true})
+		return nil
+	}
 	p.admittedAt = e.Now()
 	return p.admitReply(atHeaders)
 }
