@@ -7,7 +7,8 @@
 //	curl -N http://127.0.0.1:10000/v1/chat/completions -d '{"model":"m","stream":true}'
 //
 // -filter-config reads an Envoy ExternalProcessor filter config (YAML or
-// JSON, the typed_config body of envoy.filters.http.ext_proc) instead of the
+// JSON: the typed_config body of envoy.filters.http.ext_proc, with or without its
+// "@type", or the output of `llm-bulkhead envoy-config`) instead of the
 // mode flags.
 package main
 
@@ -162,6 +163,7 @@ func loadFilterConfig(path string) (envoysim.FilterConfig, error) {
 	if err := yaml.Unmarshal(raw, &v); err != nil {
 		return envoysim.FilterConfig{}, fmt.Errorf("%s: %w", path, err)
 	}
+	v = extProcConfig(v)
 	js, err := json.Marshal(v)
 	if err != nil {
 		return envoysim.FilterConfig{}, fmt.Errorf("%s: %w", path, err)
@@ -175,4 +177,32 @@ func loadFilterConfig(path string) (envoysim.FilterConfig, error) {
 		return envoysim.FilterConfig{}, fmt.Errorf("%s: %w", path, err)
 	}
 	return c, nil
+}
+
+// extProcConfig accepts the ExternalProcessor message itself, a typed_config with its "@type",
+// or a document with http_filters (as `llm-bulkhead envoy-config` prints), and returns the
+// ExternalProcessor part.
+func extProcConfig(v any) any {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return v
+	}
+	if filters, ok := m["http_filters"].([]any); ok {
+		for _, f := range filters {
+			fm, _ := f.(map[string]any)
+			if fm["name"] == "envoy.filters.http.ext_proc" {
+				return extProcConfig(fm["typed_config"])
+			}
+		}
+	}
+	if _, ok := m["@type"]; ok {
+		c := make(map[string]any, len(m))
+		for k, val := range m {
+			if k != "@type" {
+				c[k] = val
+			}
+		}
+		return c
+	}
+	return m
 }
