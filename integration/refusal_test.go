@@ -210,51 +210,65 @@ func TestSDKErrorTypes(t *testing.T) {
 	}
 }
 
-// TestSDKRetryHonoursRetryAfter: the SDK's own retry waits for our retry-after. With the only
+// TestSDKRetryHonoursRetryAfter: the SDKs' own retry waits for our retry-after. With the only
 // slot held and a slot held 2 s on average, a refusal says retry-after: 2; the SDK must not
 // retry before then (its own backoff would retry after about half a second), and its retry
 // after 2 s gets through: one refusal, one admission.
 func TestSDKRetryHonoursRetryAfter(t *testing.T) {
-	clk := newManualClock()
-	s := start(t, harness.Options{PolicyPath: writePolicy(t, sdkPolicy), Clock: clk, Mock: mock.Options{TimeScale: 0.01}})
-	url, err := s.ProxyURL()
-	if err != nil {
-		t.Fatal(err)
+	sdks := map[string]func(ctx context.Context, url string) error{
+		"openai": func(ctx context.Context, url string) error {
+			c := openai.NewClient(option.WithBaseURL(url+"/v1"), option.WithAPIKey("k"), option.WithMaxRetries(3), option.WithHeader("x-llm-feature", "full"))
+			_, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "gpt-4o", MaxTokens: openai.Int(5),
+				Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
+			return err
+		},
+		"anthropic": func(ctx context.Context, url string) error {
+			c := anthropic.NewClient(anthropicoption.WithBaseURL(url), anthropicoption.WithAPIKey("k"), anthropicoption.WithMaxRetries(3),
+				anthropicoption.WithHeader("x-llm-feature", "full"))
+			_, err := c.Messages.New(ctx, anthropic.MessageNewParams{Model: "claude-sonnet-4-5", MaxTokens: 5,
+				Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("hi"))}})
+			return err
+		},
 	}
-	ctx := context.Background()
-	hold := func() *gate {
-		g := newGate()
-		go func() { _, _ = s.Sim.RoundTrip(ctx, chatRequest("full"), g) }()
-		<-g.arrived
-		return g
-	}
-	// Teach the compartment that a slot is held 2 s.
-	g := hold()
-	clk.Advance(2 * time.Second)
-	g.release <- struct{}{}
-	waitFor(t, func() bool { return s.App.Engine().InFlight() == 0 })
+	for name, call := range sdks {
+		t.Run(name, func(t *testing.T) {
+			clk := newManualClock()
+			s := start(t, harness.Options{PolicyPath: writePolicy(t, sdkPolicy), Clock: clk, Mock: mock.Options{TimeScale: 0.01}})
+			url, err := s.ProxyURL()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			hold := func() *gate {
+				g := newGate()
+				go func() { _, _ = s.Sim.RoundTrip(ctx, chatRequest("full"), g) }()
+				<-g.arrived
+				return g
+			}
+			// Teach the compartment that a slot is held 2 s.
+			g := hold()
+			clk.Advance(2 * time.Second)
+			g.release <- struct{}{}
+			waitFor(t, func() bool { return s.App.Engine().InFlight() == 0 })
 
-	g = hold()
-	before := decisions(t, s, "full")
-	c := openai.NewClient(option.WithBaseURL(url+"/v1"), option.WithAPIKey("k"), option.WithMaxRetries(3), option.WithHeader("x-llm-feature", "full"))
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "gpt-4o", MaxTokens: openai.Int(5),
-			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
-		done <- err
-	}()
-	waitFor(t, func() bool { return decisions(t, s, "full").rejected == before.rejected+1 })
-	time.Sleep(1200 * time.Millisecond)
-	if n := decisions(t, s, "full").rejected - before.rejected; n != 1 {
-		t.Fatalf("%d refusals within 1.2 s: the SDK retried before retry-after", n)
-	}
-	g.release <- struct{}{}
-	if err := <-done; err != nil {
-		t.Fatalf("the SDK's retry did not get through: %v", err)
-	}
-	after := decisions(t, s, "full")
-	if after.rejected-before.rejected != 1 || after.admitted-before.admitted != 1 {
-		t.Errorf("refused %d, admitted %d; want 1 and 1 (the retry)", after.rejected-before.rejected, after.admitted-before.admitted)
+			g = hold()
+			before := decisions(t, s, "full")
+			done := make(chan error, 1)
+			go func() { done <- call(ctx, url) }()
+			waitFor(t, func() bool { return decisions(t, s, "full").rejected == before.rejected+1 })
+			time.Sleep(1200 * time.Millisecond)
+			if n := decisions(t, s, "full").rejected - before.rejected; n != 1 {
+				t.Fatalf("%d refusals within 1.2 s: the SDK retried before retry-after", n)
+			}
+			g.release <- struct{}{}
+			if err := <-done; err != nil {
+				t.Fatalf("the SDK's retry did not get through: %v", err)
+			}
+			after := decisions(t, s, "full")
+			if after.rejected-before.rejected != 1 || after.admitted-before.admitted != 1 {
+				t.Errorf("refused %d, admitted %d; want 1 and 1 (the retry)", after.rejected-before.rejected, after.admitted-before.admitted)
+			}
+		})
 	}
 }
 
