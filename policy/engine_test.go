@@ -743,3 +743,26 @@ compartments:
 		t.Errorf("aaa is not filtered out: %v", tk.Compartments())
 	}
 }
+
+func TestClassifyFromAttributesAndMetadataNumbers(t *testing.T) {
+	e, _ := engine(t, `
+classification:
+  feature:
+    rules:
+      - attribute: xds.route_name
+        map: {chat-route: chat}
+  tenant:
+    rules:
+      - metadata: {namespace: auth, key: claims.org}
+features: {default: {}, chat: {}}
+`)
+	s := e.Snapshot()
+	n := s.Names(s.Classify(input{attrs: map[string]string{"xds.route_name": "chat-route"}, md: map[string]map[string]string{"auth": {"claims.org": "org-42"}}}))
+	if n.Feature != "chat" || n.Tenant != "org-42" {
+		t.Errorf("names %+v", n)
+	}
+	// An unmapped attribute value is not a feature: the default applies.
+	if n := s.Names(s.Classify(input{attrs: map[string]string{"xds.route_name": "other-route"}})); n.Feature != "default" {
+		t.Errorf("unmapped attribute gave feature %q", n.Feature)
+	}
+}
