@@ -210,6 +210,96 @@ func anthropicStream(n int) (body []byte, events [][]byte) {
 	return body, events
 }
 
+// padding returns the random letters and digits that OpenAI streams carry in
+// an "obfuscation" member to hide the length of each chunk's text.
+func padding(r *rand.Rand) string {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 1+r.IntN(15))
+	for i := range b {
+		b[i] = alphabet[r.IntN(len(alphabet))]
+	}
+	return string(b)
+}
+
+// chatStreamCurrent is chatStream the way chat completions streams look now:
+// a service_tier, and obfuscation padding that differs in every chunk.
+func chatStreamCurrent(n int) (body []byte, events [][]byte) {
+	r := rand.New(rand.NewPCG(10, 11))
+	for range n {
+		events = append(events, fmt.Appendf(nil, `data: {"id":"chatcmpl-C3xBvQ9nJ2kLmP4rT8sWuY6zA1dE","object":"chat.completion.chunk","created":1754303561,"model":"gpt-4.1-mini-2025-04-14","service_tier":"default","system_fingerprint":"fp_6f2eabb9a5","choices":[{"index":0,"delta":{"content":" %s"},"logprobs":null,"finish_reason":null}],"usage":null,"obfuscation":%q}`+"\n\n",
+			proseWords[r.IntN(len(proseWords))], padding(r)))
+	}
+	events = append(events,
+		[]byte(`data: {"id":"chatcmpl-C3xBvQ9nJ2kLmP4rT8sWuY6zA1dE","object":"chat.completion.chunk","created":1754303561,"model":"gpt-4.1-mini-2025-04-14","service_tier":"default","system_fingerprint":"fp_6f2eabb9a5","choices":[],"usage":{"prompt_tokens":1017,"completion_tokens":5000,"total_tokens":6017,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"obfuscation":"Xq"}`+"\n\n"),
+		[]byte("data: [DONE]\n\n"))
+	for _, e := range events {
+		body = append(body, e...)
+	}
+	return body, events
+}
+
+// chatStreamLogprobs is a chat stream that asked for logprobs: every chunk
+// carries an object of its own beside the text.
+func chatStreamLogprobs(n int) (body []byte, events [][]byte) {
+	r := rand.New(rand.NewPCG(12, 13))
+	for range n {
+		w := " " + proseWords[r.IntN(len(proseWords))]
+		var tb []string
+		for _, c := range []byte(w) {
+			tb = append(tb, fmt.Sprint(c))
+		}
+		events = append(events, fmt.Appendf(nil, `data: {"id":"chatcmpl-C3xBvQ9nJ2kLmP4rT8sWuY6zA1dE","object":"chat.completion.chunk","created":1754303561,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_0ba0d124f1","choices":[{"index":0,"delta":{"content":%q},"logprobs":{"content":[{"token":%q,"logprob":-%d.%04d,"bytes":[%s],"top_logprobs":[]}],"refusal":null},"finish_reason":null}],"usage":null}`+"\n\n",
+			w, w, r.IntN(3), r.IntN(10000), strings.Join(tb, ",")))
+	}
+	events = append(events,
+		[]byte(`data: {"id":"chatcmpl-C3xBvQ9nJ2kLmP4rT8sWuY6zA1dE","object":"chat.completion.chunk","created":1754303561,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_0ba0d124f1","choices":[],"usage":{"prompt_tokens":1017,"completion_tokens":5000,"total_tokens":6017}}`+"\n\n"),
+		[]byte("data: [DONE]\n\n"))
+	for _, e := range events {
+		body = append(body, e...)
+	}
+	return body, events
+}
+
+// responsesStream is a Responses API stream: output_text.delta events, each
+// with its own sequence number and padding, then response.completed.
+func responsesStream(n int) (body []byte, events [][]byte) {
+	r := rand.New(rand.NewPCG(14, 15))
+	for i := range n {
+		events = append(events, fmt.Appendf(nil, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":%d,\"item_id\":\"msg_68a1f0c2b9e48190a3d5c7e9f1b2d4f60a1b2c3d4e5f6a7b\",\"output_index\":0,\"content_index\":0,\"delta\":\" %s\",\"logprobs\":[],\"obfuscation\":%q}\n\n",
+			i+4, proseWords[r.IntN(len(proseWords))], padding(r)))
+	}
+	events = append(events, fmt.Appendf(nil, "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":%d,\"response\":{\"id\":\"resp_68a1f0c1d2e38190b4c6d8e0f2a4b6c80a1b2c3d4e5f6a7b\",\"object\":\"response\",\"created_at\":1755443393,\"status\":\"completed\",\"model\":\"gpt-4.1-2025-04-14\",\"output\":[],\"usage\":{\"input_tokens\":37,\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":5000,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":5037}}}\n\n", n+4))
+	for _, e := range events {
+		body = append(body, e...)
+	}
+	return body, events
+}
+
+// chatStreamUnordered is chatStream with its members in a different order
+// from one chunk to the next, which no upstream does: nothing repeats, so it
+// measures the scan of a stream whose events must all be read in full.
+func chatStreamUnordered(n int) (body []byte, events [][]byte) {
+	r := rand.New(rand.NewPCG(16, 17))
+	for i := range n {
+		members := []string{
+			`"id":"chatcmpl-AbCdEf123"`, `"object":"chat.completion.chunk"`, `"created":1718000000`,
+			`"model":"gpt-4o-mini-2024-07-18"`, `"system_fingerprint":"fp_0ba0d124f1"`,
+			fmt.Sprintf(`"choices":[{"index":0,"delta":{"content":" %s"},"logprobs":null,"finish_reason":null}]`, proseWords[r.IntN(len(proseWords))]),
+			`"usage":null`,
+		}
+		k := i % len(members)
+		members = append(members[k:], members[:k]...)
+		events = append(events, []byte("data: {"+strings.Join(members, ",")+"}\n\n"))
+	}
+	events = append(events,
+		[]byte(`data: {"choices":[],"usage":{"prompt_tokens":1017,"completion_tokens":5000,"total_tokens":6017}}`+"\n\n"),
+		[]byte("data: [DONE]\n\n"))
+	for _, e := range events {
+		body = append(body, e...)
+	}
+	return body, events
+}
+
 // chatJSON builds a non-streamed chat completion of about size bytes whose
 // content is long text with escapes.
 func chatJSON(size int) []byte {
@@ -227,6 +317,10 @@ func chatJSON(size int) []byte {
 func BenchmarkUsageScanner(b *testing.B) {
 	chatBody, chatEvents := chatStream(5000)
 	anthBody, anthEvents := anthropicStream(5000)
+	currentBody, currentEvents := chatStreamCurrent(5000)
+	logprobsBody, logprobsEvents := chatStreamLogprobs(5000)
+	respBody, respEvents := responsesStream(5000)
+	unorderedBody, unorderedEvents := chatStreamUnordered(5000)
 	jsonBody := chatJSON(1 << 20)
 	gz := gzipBytes(b, chatBody, 6)
 	cases := []struct {
@@ -242,6 +336,12 @@ func BenchmarkUsageScanner(b *testing.B) {
 		{"anthropic_sse/event_per_write", APIAnthropicMessages, "text/event-stream", "", anthBody, anthEvents, true},
 		{"openai_json_1MiB/16KiB_writes", APIOpenAIChat, "application/json", "", jsonBody, chunk(jsonBody, 16<<10), true},
 		{"openai_sse_gzip/4KiB_writes", APIOpenAIChat, "text/event-stream", "gzip", chatBody, chunk(gz, 4<<10), true},
+		{"openai_sse_current/event_per_write", APIOpenAIChat, "text/event-stream", "", currentBody, currentEvents, true},
+		{"openai_sse_current/16KiB_writes", APIOpenAIChat, "text/event-stream", "", currentBody, chunk(currentBody, 16<<10), true},
+		{"openai_sse_logprobs/event_per_write", APIOpenAIChat, "text/event-stream", "", logprobsBody, logprobsEvents, true},
+		{"openai_sse_unordered/event_per_write", APIOpenAIChat, "text/event-stream", "", unorderedBody, unorderedEvents, true},
+		{"responses_sse/event_per_write", APIOpenAIResponses, "text/event-stream", "", respBody, respEvents, true},
+		{"anthropic_sse_chunked/16KiB_writes", APIAnthropicMessages, "text/event-stream", "", anthBody, chunk(anthBody, 16<<10), true},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {

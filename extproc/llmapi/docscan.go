@@ -13,7 +13,13 @@ import (
 // test checks; on invalid ones only jsonStream's partial results count, so
 // scanDoc's d is then meaningless.
 func scanDoc(tree pathTree, b []byte, d *docResult) bool {
-	ds := docScan{tree: tree, b: b, d: d}
+	return scanDocRec(tree, b, d, nil)
+}
+
+// scanDocRec is scanDoc that also records, when rec is not nil, the values
+// an eventShape may let vary.
+func scanDocRec(tree pathTree, b []byte, d *docResult, rec *eventShape) bool {
+	ds := docScan{tree: tree, b: b, d: d, rec: rec}
 	i := skipWS(b, 0)
 	if i >= len(b) {
 		return false
@@ -32,6 +38,7 @@ type docScan struct {
 	d    *docResult
 	skip skipper
 	kb   keyBuf // scratch for escaped member names, shared to avoid zeroing it per object
+	rec  *eventShape
 }
 
 // value reads the value at b[i] (not whitespace) for node n, inside depth
@@ -48,6 +55,9 @@ func (ds *docScan) value(n uint8, i, depth int) (int, int64, bool) {
 		return ds.array(node, i, depth)
 	case c == '"' && node.kind == nodeText:
 		end, l, _, ok := scanString(b, i+1)
+		if ds.rec != nil && ok {
+			ds.rec.value(i, end, depth, true, l)
+		}
 		return end, l, ok
 	case c == '"' && node.kind == nodeType:
 		end, _, esc, ok := scanString(b, i+1)
@@ -77,6 +87,7 @@ func (ds *docScan) object(node *pathNode, i, depth int) (int, int64, bool) {
 	}
 	var (
 		contrib [maxKids]int64
+		spans   [maxKids]tokSpan // for rec
 		ok      bool
 		esc     bool
 	)
@@ -121,6 +132,7 @@ func (ds *docScan) object(node *pathNode, i, depth int) (int, int64, bool) {
 			k = node.lookup(dk)
 		}
 		if k < 0 {
+			v := i
 			switch c := b[i]; {
 			case c == '"':
 				if e := plainEnd(b, i+1); e > 0 {
@@ -137,6 +149,9 @@ func (ds *docScan) object(node *pathNode, i, depth int) (int, int64, bool) {
 			default:
 				i, ok = skipScalarOr(&ds.skip, b, i, depth+1)
 			}
+			if ds.rec != nil && ok {
+				ds.rec.value(v, i, depth+1, false, 0)
+			}
 		} else {
 			child := node.kids[k]
 			ds.d.has &^= ds.tree[child].clear
@@ -144,8 +159,15 @@ func (ds *docScan) object(node *pathNode, i, depth int) (int, int64, bool) {
 				ds.d.typeSet, ds.d.typeLen, ds.d.typeOver = false, 0, false
 			}
 			var c int64
+			lo := 0
+			if ds.rec != nil {
+				lo = ds.rec.ntoks
+			}
 			i, c, ok = ds.value(child, i, depth+1)
 			contrib[k] = c
+			if ds.rec != nil {
+				ds.rec.member(&spans[k], lo)
+			}
 		}
 		if !ok {
 			return i, 0, false

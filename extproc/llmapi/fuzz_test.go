@@ -102,6 +102,48 @@ func FuzzUsageScanner(f *testing.F) {
 	}
 	f.Add([]byte("data:{\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\r\n\r\n"), uint8(APIOpenAIChat), uint8(0), uint64(2))
 	f.Add([]byte("\xEF\xBB\xBFevent:message_start\rdata:{\"type\":\"message_start\",\r\ndata:\"message\":{\"usage\":{\"input_tokens\":3}}}\r\r"), uint8(APIAnthropicMessages), uint8(0), uint64(3))
+	// Streams of events that repeat a shape with a difference here and there,
+	// for the path that reads an event against the one before it.
+	f.Add([]byte(`data: {"n":1,"choices":[{"delta":{"content":"a","content":"bb"}}],"x":null}
+
+data: {"n":22,"choices":[{"delta":{"content":"ccc","content":"d"}}],"x":[1,{"y":"\u00e9"}]}
+
+data: {"n":3,"choices":[{"delta":{"content":"e","content":"\ud83d\ude00"}}],"x":"z"}
+
+data: {"n":3,"choices":[{"delta":{"content":"e","content":"f"}}],"x":"z"} x
+
+data: {"n":4,"choices":[{"delta":{"content":"e","content":"f"}}],"x":"z"}
+
+data: {"usage":{"prompt_tokens":1,"completion_tokens":2}}
+
+`), uint8(APIOpenAIChat), uint8(0), uint64(4))
+	f.Add([]byte(`event: content_block_delta
+data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}}
+
+event: content_block_delta
+data: {"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"\n\t"}}
+
+event: content_block_delta
+data: {"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":null}}
+
+data: {"type":"message_start","message":{"usage":{"input_tokens":3}}}
+
+data: {"type":"message_delta","usage":{"output_tokens":2}}
+
+`), uint8(APIAnthropicMessages), uint8(0), uint64(5))
+	f.Add([]byte(`data: {"type":"response.output_text.delta","sequence_number":9,"delta":"a","obfuscation":"Qx"}
+
+data: {"type":"response.output_text.delta","sequence_number":10,"delta":"bc","obfuscation":"Q"}
+
+event: response.refusal.delta
+data: {"sequence_number":11,"delta":"no"}
+
+event: response.refusal.delta
+data: {"sequence_number":12,"delta":"pe"}
+
+data: {"type":"response.completed","response":{"usage":{"input_tokens":1,"output_tokens":2}}}
+
+`), uint8(APIOpenAIResponses), uint8(0), uint64(6))
 	f.Fuzz(func(t *testing.T, data []byte, apiByte, ctByte uint8, seed uint64) {
 		api := API(apiByte % 6)
 		ct := contentTypes[int(ctByte)%len(contentTypes)]

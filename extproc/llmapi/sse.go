@@ -82,8 +82,20 @@ func (s *sseParser) feed(p []byte, sink eventSink) {
 				n := 0
 				switch {
 				case string(rest[:5]) == "data:":
+					if noCR && s.dataLines == 0 {
+						if k := s.wholeData(rest, sink); k > 0 {
+							i += k
+							continue
+						}
+					}
 					n = 4
 				case string(rest[:6]) == "event:":
+					if noCR {
+						if k := s.eventLine(rest); k > 0 {
+							i += k
+							continue
+						}
+					}
 					n = 5
 				}
 				if n > 0 {
@@ -162,6 +174,57 @@ func (s *sseParser) feed(p []byte, sink eventSink) {
 			i++
 		}
 	}
+}
+
+// wholeData reads the usual streamed event, a single data line followed by
+// the blank line that dispatches it, when rest (a line start in a chunk
+// without CR) holds all of one. It returns the bytes it consumed, or 0 when
+// the event does not end in rest and the byte loop must read it. It does
+// what the byte loop would, without the states in between: offer the event
+// whole, and stream it to the sink when that is refused.
+func (s *sseParser) wholeData(rest []byte, sink eventSink) int {
+	j := bytes.IndexByte(rest, '\n')
+	if j < 0 || j+1 >= len(rest) || rest[j+1] != '\n' {
+		return 0
+	}
+	data := rest[len("data:"):j]
+	if len(data) > 0 && data[0] == ' ' {
+		data = data[1:]
+	}
+	ev := s.event[:s.eventLen]
+	if s.eventOver {
+		ev = nil
+	}
+	if !sink.wholeEvent(data, ev) {
+		sink.dataStart()
+		if len(data) > 0 {
+			sink.data(data)
+		}
+		sink.dispatch(ev)
+	}
+	s.endEvent()
+	return j + 2
+}
+
+// eventLine reads a whole "event:" line at the start of rest (a line start
+// in a chunk without CR) as the byte loop would, returning the bytes it
+// consumed, or 0 when the line does not end in rest.
+func (s *sseParser) eventLine(rest []byte) int {
+	j := bytes.IndexByte(rest, '\n')
+	if j < 0 {
+		return 0
+	}
+	v := rest[len("event:"):j]
+	if len(v) > 0 && v[0] == ' ' {
+		v = v[1:]
+	}
+	s.eventLen, s.eventOver = 0, false
+	if len(v) <= len(s.event) {
+		s.eventLen = uint8(copy(s.event[:], v))
+	} else {
+		s.eventOver = true
+	}
+	return j + 1
 }
 
 // skipBOM drops a UTF-8 byte order mark at the very start of the stream,

@@ -57,8 +57,10 @@ const (
 
 // UsageScanner extracts usage from a response body delivered in chunks split
 // anywhere: inside an SSE line, inside "data:", inside a JSON string or
-// number. It never buffers the body: it keeps a few kilobytes of parser state,
-// plus a 32 KiB window while decoding a compressed body.
+// number. It never buffers the body: it keeps a few kilobytes of parser state
+// (among them a copy of one recent event of at most 2 KiB, against which the
+// events that repeat its shape are read), plus a 32 KiB window while decoding
+// a compressed body.
 //
 // The zero value is not ready; call Reset. A UsageScanner is not safe for
 // concurrent use: keep one per response stream. It can be reused for another
@@ -79,6 +81,7 @@ type UsageScanner struct {
 
 	events sseParser
 	whole  docResult
+	shape  eventShape
 	doc    jsonStream
 }
 
@@ -102,7 +105,9 @@ type tally struct {
 // concurrent use.
 func (s *UsageScanner) Reset(api API, contentType, contentEncoding string) {
 	s.Close()
+	buf := s.shape.doc[:0] // a template from the last response is no use, its buffer is
 	*s = UsageScanner{api: api, err: treesErr}
+	s.shape.doc = buf
 	mt, _, _ := strings.Cut(contentType, ";")
 	mt = strings.TrimSpace(mt)
 	switch {
@@ -200,16 +205,30 @@ func (s *UsageScanner) dispatch(event []byte) {
 	s.merge(valid, event, &s.doc.docResult)
 }
 
-// wholeEvent takes an event whose only data line is all of data. It parses it
-// in place, which is several times faster than streaming it, and reports
-// false, having done nothing, when the data is not valid JSON: the caller
-// then streams it as usual so that partial results come out the same however
-// the event was split.
+// wholeEvent takes an event whose only data line is all of data. It reads it
+// against the previous event's shape when it fits, and otherwise parses it in
+// place, both several times faster than streaming it. It reports false,
+// having done nothing, when the data is not valid JSON: the caller then
+// streams it as usual so that partial results come out the same however the
+// event was split.
 func (s *UsageScanner) wholeEvent(data, event []byte) bool {
+	if content, ok := s.shape.fit(data); ok {
+		r := &s.shape.res
+		s.inDoc = false
+		s.tally.add(s.api, s.sse, true, r.typ(event), r.has, &r.vals, content)
+		return true
+	}
 	d := &s.whole
 	*d = docResult{}
-	if !scanDoc(s.tree, data, d) {
+	var rec *eventShape
+	if s.shape.beginLearn(data) {
+		rec = &s.shape
+	}
+	if !scanDocRec(s.tree, data, d, rec) {
 		return false
+	}
+	if rec != nil {
+		s.shape.learn(data, d)
 	}
 	s.inDoc = false
 	s.merge(true, event, d)

@@ -293,6 +293,19 @@ func TestUsageCases(t *testing.T) {
 			want: Usage{PromptTokens: 5, CompletionTokens: 6, TotalTokens: 11, Known: true, PromptKnown: true},
 		},
 		{
+			name: "responses: event lines take one optional space and at most 48 bytes",
+			api:  APIOpenAIResponses, ct: "text/event-stream",
+			body: "event:response.output_text.delta\ndata:{\"delta\":\"ab\"}\n\n" +
+				"event:  response.output_text.delta\ndata: {\"delta\":\"cd\"}\n\n" +
+				"event: response.output_text.delta.and.more.and.more.and.more\ndata: {\"delta\":\"ef\"}\n\n" +
+				"event: response.refusal.delta\nevent:\ndata: {\"delta\":\"gh\"}\n\n" +
+				"event: response.refusal.delta\nevent: response.refusal.delta\ndata:  {\"delta\":\"ij\"}\n\n" +
+				"event: response.refusal.delta\ndata: {\"delta\":\"kl\"}\n\n" +
+				"data: {\"delta\":\"mn\"}\n\n" +
+				"event: response.completed\ndata: {\"response\":{\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n",
+			want: Usage{PromptTokens: 5, CompletionTokens: 1, TotalTokens: 6, Known: true, PromptKnown: true, ContentBytes: 6},
+		},
+		{
 			name: "responses: the event line names the type when the data does not",
 			api:  APIOpenAIResponses, ct: "text/event-stream",
 			body: "event: response.failed\ndata: {\"response\":{\"usage\":{\"input_tokens\":5,\"output_tokens\":0}}}\n\n",
