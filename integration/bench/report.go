@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
+
 	"encoding/json"
 	"fmt"
 	"math"
@@ -108,7 +110,7 @@ func newReport(cfg Config) *Report {
 // finish aggregates the samples and judges the targets.
 func (r *Report) finish() {
 	r.Finished = time.Now()
-	r.Machine.LoadAvgEnd = loadAvg()
+	r.Machine.LoadAvgEnd = harness.LoadAverage()
 	r.Levels = Aggregate(r.Samples)
 	r.Targets = r.judge()
 }

@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
+
 	"context"
 	"errors"
 	"fmt"
@@ -328,7 +330,7 @@ type Machine struct {
 }
 
 func machine() Machine {
-	m := Machine{GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), LoadAvgStart: loadAvg()}
+	m := Machine{GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), LoadAvgStart: harness.LoadAverage()}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
 			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
@@ -338,18 +340,6 @@ func machine() Machine {
 		}
 	}
 	return m
-}
-
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return ""
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return ""
-	}
-	return strings.Join(f[:3], " ")
 }
 
 func describeFilter(f envoysim.FilterConfig) string {

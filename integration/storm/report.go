@@ -1,6 +1,8 @@
 package storm
 
 import (
+	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
+
 	"encoding/json"
 	"fmt"
 	"math"
@@ -141,7 +143,7 @@ type Report struct {
 }
 
 func newReport(o Options) *Report {
-	r := &Report{Machine: thisMachine(), LoadAverageStart: loadAverage(), StartedAt: time.Now().UTC().Round(time.Second),
+	r := &Report{Machine: thisMachine(), LoadAverageStart: harness.LoadAverage(), StartedAt: time.Now().UTC().Round(time.Second),
 		TimeScale: o.scale(), Seed: o.Seed, Capacity: o.Capacity, Repeat: o.repeat(), Scenario: o.scenario()}
 	for _, c := range o.Configurations {
 		r.Configurations = append(r.Configurations, &ConfigSummary{Configuration: c})

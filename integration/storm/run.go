@@ -235,7 +235,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		}
 	}
 	rep.WallSeconds = time.Since(started).Seconds()
-	rep.LoadAverageEnd = loadAverage()
+	rep.LoadAverageEnd = harness.LoadAverage()
 	rep.summarize()
 	return rep, nil
 }
@@ -717,19 +717,6 @@ func engineCounts(st *harness.Stack) *EngineCounts {
 		}
 	}
 	return ec
-}
-
-// loadAverage returns the 1-minute load average, or "" where /proc/loadavg does not exist.
-func loadAverage() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return ""
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return ""
-	}
-	return strings.Join(f[:3], " ")
 }
 
 // machine describes where the experiment ran.
