@@ -1,8 +1,6 @@
 package bench
 
 import (
-	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
-
 	"encoding/json"
 	"fmt"
 	"math"
@@ -11,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
 )
 
 // Report is everything one run measured. It is built by Run and then read-only.

@@ -1,8 +1,6 @@
 package bench
 
 import (
-	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
-
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +12,7 @@ import (
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
+	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
 )
 
 // Config is what one benchmark run measures and how long it takes.

@@ -1,8 +1,6 @@
 package storm
 
 import (
-	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
-
 	"encoding/json"
 	"fmt"
 	"math"
@@ -12,6 +10,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
 )
 
 // TargetRatio is the design's target: chat P99 under the storm within this multiple of chat
