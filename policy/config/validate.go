@@ -320,14 +320,9 @@ func (v *validator) body() {
 	if len(v.p.Body.RequireValidJSON) > 0 && v.p.Envoy.RequestBodyMode != "BUFFERED" {
 		v.add("body.require_valid_json", "checking bodies needs envoy.request_body_mode BUFFERED, not %s", v.p.Envoy.RequestBodyMode)
 	}
-	if v.needsBody() && v.p.Envoy.RequestBodyMode != "BUFFERED" {
+	if v.p.RulesReadBody() && v.p.Envoy.RequestBodyMode != "BUFFERED" {
 		v.add("envoy.request_body_mode", "%s cannot serve rules that read the request body: use BUFFERED (in other modes the request leaves Envoy before the whole body is seen, or Envoy ignores header changes made after it)", v.p.Envoy.RequestBodyMode)
 	}
-}
-
-// needsBody reports whether any classification rule reads the body.
-func (v *validator) needsBody() bool {
-	return v.p.RulesReadBody()
 }
 
 // RulesReadBody reports whether any classification rule reads a request body field.

@@ -229,11 +229,7 @@ func (a *App) Ready() bool { return a.ready.Load() && !a.draining.Load() }
 func (a *App) Reload(why string) error {
 	a.reloadMu.Lock()
 	defer a.reloadMu.Unlock()
-	p, name, err := LoadPolicy(a.opts.ConfigPath, a.opts.Env)
-	if err == nil {
-		err = a.checkFixed(p)
-	}
-	if err != nil {
+	refuse := func(err error) error {
 		a.metrics.reloads.WithLabelValues("error").Inc()
 		a.metrics.reloadErrors.Inc()
 		var problems config.Errors
@@ -246,12 +242,16 @@ func (a *App) Reload(why string) error {
 		}
 		return err
 	}
+	p, name, err := LoadPolicy(a.opts.ConfigPath, a.opts.Env)
+	if err == nil {
+		err = a.checkFixed(p)
+	}
+	if err != nil {
+		return refuse(err)
+	}
 	diff, err := a.engine.Apply(p)
 	if err != nil {
-		a.metrics.reloads.WithLabelValues("error").Inc()
-		a.metrics.reloadErrors.Inc()
-		a.log.Error("policy reload refused; keeping the running policy", "why", why, "err", err)
-		return err
+		return refuse(err)
 	}
 	a.current.Store(p)
 	if err := a.setLevel(p); err != nil {
