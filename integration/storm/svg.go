@@ -12,8 +12,8 @@ var chartColors = []string{"#000000", "#0072B2", "#D55E00", "#009E73", "#CC79A7"
 
 // Chart geometry in SVG user units.
 const (
-	chartW, chartH                 = 880.0, 460.0
-	plotL, plotR, plotT, plotB     = 70.0, 320.0, 40.0, 60.0
+	chartW, chartH                 = 960.0, 460.0
+	plotL, plotR, plotT, plotB     = 70.0, 400.0, 40.0, 60.0
 	legendLineLen, legendRowHeight = 24.0, 20.0
 )
 
