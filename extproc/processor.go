@@ -201,15 +201,11 @@ func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	return resp
 }
 
+// override is a mode_override with both body modes given (Envoy applies body modes as they
+// are, so leaving one out would turn it to NONE) and header and trailer modes left at DEFAULT,
+// which keeps what the filter is configured with.
 func (p *processor) override(req, res bodyMode) *extprocfilterv3.ProcessingMode {
-	return &extprocfilterv3.ProcessingMode{
-		RequestHeaderMode:   extprocfilterv3.ProcessingMode_SEND,
-		ResponseHeaderMode:  extprocfilterv3.ProcessingMode_SEND,
-		RequestBodyMode:     req,
-		ResponseBodyMode:    res,
-		RequestTrailerMode:  extprocfilterv3.ProcessingMode_SKIP,
-		ResponseTrailerMode: extprocfilterv3.ProcessingMode_SKIP,
-	}
+	return &extprocfilterv3.ProcessingMode{RequestBodyMode: req, ResponseBodyMode: res}
 }
 
 // wantBody reports whether deciding needs the request body.
