@@ -67,7 +67,7 @@ type dimension struct {
 // classifier evaluates the compiled rules of one snapshot. Immutable.
 type classifier struct {
 	feature, tenant, tier, provider, model dimension
-	features, tiers, providers             []string
+	tiers, providers                       []string
 	featureIdx, tierIdx, providerIdx       map[string]int
 	tenantTier                             map[string]int
 	models                                 []modelRule
@@ -117,9 +117,9 @@ func (d *dimension) normalise(v string) string {
 	return v
 }
 
-// eval returns the first rule value that passes accept, or the default. ok reports whether a
-// rule (not the default) gave the value; unknown counts values rejected by accept.
-func (d *dimension) eval(in Input, c *classifier, dims *Dims, accept func(string) bool) (v string, ok bool, unknown int) {
+// eval returns the first rule value that passes accept, or the default; unknown counts values
+// rejected by accept.
+func (d *dimension) eval(in Input, c *classifier, dims *Dims, accept func(string) bool) (v string, unknown int) {
 	for i := range d.rules {
 		r := &d.rules[i]
 		var got string
@@ -144,11 +144,11 @@ func (d *dimension) eval(in Input, c *classifier, dims *Dims, accept func(string
 			got, found = in.Attribute(r.name)
 		case ruleTenantDirectory:
 			if t, ok := c.tenantTier[dims.Tenant]; ok {
-				return c.tiers[t], true, unknown
+				return c.tiers[t], unknown
 			}
 		case ruleModelMap:
 			if p := c.providerForModel(dims.Model); p >= 0 {
-				return c.providers[p], true, unknown
+				return c.providers[p], unknown
 			}
 		}
 		if !found {
@@ -162,11 +162,11 @@ func (d *dimension) eval(in Input, c *classifier, dims *Dims, accept func(string
 			got = mapped
 		}
 		if accept == nil || accept(got) {
-			return got, true, unknown
+			return got, unknown
 		}
 		unknown++
 	}
-	return d.def, false, unknown
+	return d.def, unknown
 }
 
 func (c *classifier) providerForModel(model string) int {

@@ -291,9 +291,6 @@ func (s *Snapshot) buildClassifier() {
 	for _, pr := range s.providers {
 		c.providers = append(c.providers, pr.name)
 	}
-	for _, f := range s.features {
-		c.features = append(c.features, f.name)
-	}
 	c.tenantTier = map[string]int{}
 	for _, t := range p.Tenants.Directory {
 		c.tenantTier[t.ID] = s.tierIdx[t.Tier]
@@ -335,16 +332,16 @@ func (s *Snapshot) buildPools() error {
 func (s *Snapshot) Classify(in Input) Dims {
 	c := &s.classifier
 	var d Dims
-	fv, _, unknown := c.feature.eval(in, c, &d, func(v string) bool { _, ok := c.featureIdx[v]; return ok })
+	fv, unknown := c.feature.eval(in, c, &d, func(v string) bool { _, ok := c.featureIdx[v]; return ok })
 	if unknown > 0 {
 		s.engine.metrics.unknownFeature.Add(float64(unknown))
 	}
 	d.Feature = c.featureIdx[fv]
-	d.Tenant, _, _ = c.tenant.eval(in, c, &d, nil)
-	d.Model, _, _ = c.model.eval(in, c, &d, nil)
-	tv, _, _ := c.tier.eval(in, c, &d, func(v string) bool { _, ok := c.tierIdx[v]; return ok })
+	d.Tenant, _ = c.tenant.eval(in, c, &d, nil)
+	d.Model, _ = c.model.eval(in, c, &d, nil)
+	tv, _ := c.tier.eval(in, c, &d, func(v string) bool { _, ok := c.tierIdx[v]; return ok })
 	d.Tier = c.tierIdx[tv]
-	pv, _, _ := c.provider.eval(in, c, &d, func(v string) bool { _, ok := c.providerIdx[v]; return ok })
+	pv, _ := c.provider.eval(in, c, &d, func(v string) bool { _, ok := c.providerIdx[v]; return ok })
 	d.Provider = c.providerIdx[pv]
 	return d
 }
