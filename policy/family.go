@@ -217,7 +217,8 @@ func (st *dynStore) sweepLocked(sched *bulkhead.Scheduler, now time.Time) int {
 	return n
 }
 
-func (s *Snapshot) dynValues(f *family, d *Dims) []string {
+// keyValues returns the names of d's values for the dimensions of f's key, in key order.
+func (s *Snapshot) keyValues(f *family, d *Dims) []string {
 	vals := make([]string, 0, len(f.key))
 	for _, k := range f.key {
 		switch k {
@@ -235,7 +236,7 @@ func (s *Snapshot) dynValues(f *family, d *Dims) []string {
 }
 
 func (s *Snapshot) newDynamic(f *family, d *Dims) *instance {
-	in := &instance{name: instanceName(f.name, s.dynValues(f, d)), family: f, dynamic: true, gen: s.gen}
+	in := &instance{name: instanceName(f.name, s.keyValues(f, d)), family: f, dynamic: true, gen: s.gen}
 	in.limits = s.limitsFor(f, d)
 	in.c = bulkhead.NewCompartment(in.name, compartmentLimits(in.limits))
 	s.attachBudgets(in, nil)
@@ -407,32 +408,24 @@ func (s *Snapshot) buildStatic(f *family, old map[string]*instance) {
 	var d Dims
 	for idx := 0; idx < total; idx++ {
 		rem := idx
-		vals := make([]string, len(f.key))
 		for i, k := range f.key {
 			v := rem / f.strides[i]
 			rem %= f.strides[i]
 			switch k {
 			case dimFeature:
-				d.Feature, vals[i] = v, s.features[v].name
+				d.Feature = v
 			case dimTier:
-				d.Tier, vals[i] = v, s.tiers[v]
+				d.Tier = v
 			case dimProvider:
-				d.Provider, vals[i] = v, s.providers[v].name
+				d.Provider = v
 			}
 		}
 		if !f.matches(&d, true) {
 			continue
 		}
-		in := &instance{name: instanceName(f.name, vals), family: f, gen: s.gen}
+		in := &instance{name: instanceName(f.name, s.keyValues(f, &d)), family: f, gen: s.gen}
 		in.limits = s.limitsFor(f, &d)
-		prev := old[in.name]
-		if prev != nil {
-			in.c = prev.c
-			s.pendingLimits = append(s.pendingLimits, pendingLimit{c: in.c, l: compartmentLimits(in.limits)})
-		} else {
-			in.c = bulkhead.NewCompartment(in.name, compartmentLimits(in.limits))
-		}
-		s.attachBudgets(in, prev)
+		s.adopt(in, old[in.name])
 		f.instances[idx] = in
 	}
 }
@@ -454,14 +447,21 @@ func (s *Snapshot) buildOverflow(f *family, prev *Snapshot) *instance {
 			}
 		}
 	}
-	if old != nil {
-		in.c = old.c
+	s.adopt(in, old)
+	return in
+}
+
+// adopt gives a newly built static instance its compartment and budgets: those of prev, the
+// same compartment in the previous snapshot, with the new limits applied once the snapshot is
+// live; or new ones.
+func (s *Snapshot) adopt(in, prev *instance) {
+	if prev != nil {
+		in.c = prev.c
 		s.pendingLimits = append(s.pendingLimits, pendingLimit{c: in.c, l: compartmentLimits(in.limits)})
 	} else {
-		in.c = bulkhead.NewCompartment(name, compartmentLimits(in.limits))
+		in.c = bulkhead.NewCompartment(in.name, compartmentLimits(in.limits))
 	}
-	s.attachBudgets(in, old)
-	return in
+	s.attachBudgets(in, prev)
 }
 
 // staticInstances lists every static instance in family order, then name order.
