@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"math"
 	"sort"
 	"time"
@@ -293,34 +294,40 @@ func deref[T any](p *T) T {
 	return *p
 }
 
+// eachLimitSet calls fn with the path and value of every limit set that a compartment takes its
+// limits from (templates only through them): features, tiers, providers, tenant overrides and
+// family limits, in a stable order.
+func (p *Policy) eachLimitSet(fn func(path string, l Limits)) {
+	for _, n := range sortedKeys(p.Features) {
+		fn("features."+n, p.Features[n].Limits)
+	}
+	for _, n := range sortedKeys(p.Tiers) {
+		fn("tiers."+n, p.Tiers[n])
+	}
+	for _, n := range sortedKeys(p.Providers) {
+		fn("providers."+n, p.Providers[n].Limits)
+	}
+	for i, t := range p.Tenants.Directory {
+		if t.Limits != nil {
+			fn(fmt.Sprintf("tenants.directory[%d].limits", i), *t.Limits)
+		}
+	}
+	for i, f := range p.Compartments {
+		if f.Limits != nil {
+			fn(fmt.Sprintf("compartments[%d].limits", i), *f.Limits)
+		}
+	}
+}
+
 // AnyTokenLimits reports whether any limit set of the policy limits tokens (in-flight tokens or a
 // token budget), so that request bodies must be read for estimates.
 func (p *Policy) AnyTokenLimits() bool {
-	sets := make([]Limits, 0, len(p.Features)+len(p.Tiers)+len(p.Providers)+len(p.Tenants.Directory)+len(p.Compartments))
-	for _, f := range p.Features {
-		sets = append(sets, f.Limits)
-	}
-	for _, t := range p.Tiers {
-		sets = append(sets, t)
-	}
-	for _, pr := range p.Providers {
-		sets = append(sets, pr.Limits)
-	}
-	for _, t := range p.Tenants.Directory {
-		if t.Limits != nil {
-			sets = append(sets, *t.Limits)
-		}
-	}
-	for _, f := range p.Compartments {
-		if f.Limits != nil {
-			sets = append(sets, *f.Limits)
-		}
-	}
-	for _, l := range sets {
+	found := false
+	p.eachLimitSet(func(_ string, l Limits) {
 		r := p.Resolve(l)
 		if r.MaxInflightTokens > 0 || r.TokensPerMinute > 0 || r.TokensPerDay > 0 {
-			return true
+			found = true
 		}
-	}
-	return false
+	})
+	return found
 }

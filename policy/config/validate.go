@@ -672,32 +672,13 @@ func (v *validator) waits() {
 		if !r.HasMaxWait || r.MaxWait < e.MessageTimeout.D() {
 			return
 		}
-		// Allow a margin for the reply itself.
 		if e.MaxMessageTimeout == 0 {
 			v.add(path+".max_wait", "%s is not shorter than envoy.message_timeout (%s), and envoy.max_message_timeout is 0, so Envoy would answer 504 while the request waits; set envoy.max_message_timeout (and the filter's max_message_timeout) above %s, or lower max_wait", r.MaxWait, e.MessageTimeout, r.MaxWait)
 		} else if r.MaxWait >= e.MaxMessageTimeout.D() {
 			v.add(path+".max_wait", "%s is not shorter than envoy.max_message_timeout (%s): the server cannot keep Envoy waiting that long; raise max_message_timeout or lower max_wait", r.MaxWait, e.MaxMessageTimeout)
 		}
 	}
-	for _, n := range sortedKeys(v.p.Features) {
-		check("features."+n, v.p.Features[n].Limits)
-	}
-	for _, n := range sortedKeys(v.p.Tiers) {
-		check("tiers."+n, v.p.Tiers[n])
-	}
-	for _, n := range sortedKeys(v.p.Providers) {
-		check("providers."+n, v.p.Providers[n].Limits)
-	}
-	for i, t := range v.p.Tenants.Directory {
-		if t.Limits != nil {
-			check(fmt.Sprintf("tenants.directory[%d].limits", i), *t.Limits)
-		}
-	}
-	for i, f := range v.p.Compartments {
-		if f.Limits != nil {
-			check(fmt.Sprintf("compartments[%d].limits", i), *f.Limits)
-		}
-	}
+	v.p.eachLimitSet(check)
 }
 
 func hasKey[V any](m map[string]V, k string) bool {
