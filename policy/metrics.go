@@ -2,6 +2,7 @@ package policy
 
 import (
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -146,13 +147,7 @@ func (m *metrics) countShadow(compartment string, r Reason) {
 }
 
 func (m *metrics) observeWait(c *bulkhead.Compartment, waited time.Duration, admitted bool) {
-	fam := c.Name()
-	for i := 0; i < len(fam); i++ {
-		if fam[i] == '/' {
-			fam = fam[:i]
-			break
-		}
-	}
+	fam, _, _ := strings.Cut(c.Name(), "/")
 	result := "refused"
 	if admitted {
 		result = "admitted"

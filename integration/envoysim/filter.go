@@ -350,12 +350,7 @@ func (f *filter) handle(ev event) {
 		f.dec.granted = false
 		f.onData(f.dec, ev.data, ev.eos)
 	case evReqEnd:
-		f.dec.granted = false
-		if len(ev.trailers) > 0 {
-			f.onTrailers(f.dec, ev.trailers)
-		} else if !f.dec.completeBody {
-			f.onData(f.dec, nil, true)
-		}
+		f.onBodyEnd(f.dec, ev.trailers)
 	case evReqFail:
 		f.downstreamCanceled()
 	case evUpHeaders:
@@ -365,12 +360,7 @@ func (f *filter) handle(ev event) {
 		f.enc.granted = false
 		f.onData(f.enc, ev.data, ev.eos)
 	case evUpEnd:
-		f.enc.granted = false
-		if len(ev.trailers) > 0 {
-			f.onTrailers(f.enc, ev.trailers)
-		} else if !f.enc.completeBody {
-			f.onData(f.enc, nil, true)
-		}
+		f.onBodyEnd(f.enc, ev.trailers)
 	case evUpFail:
 		f.res.UpstreamFailure = ev.err
 		var ue *UpstreamError
@@ -962,6 +952,17 @@ func (f *filter) bufferData(d *dirState, data []byte) bool {
 }
 
 // onData is Filter::onData.
+// onBodyEnd handles the end of a direction's body: its trailers, or an empty end-of-stream
+// chunk when the last data did not already carry end_of_stream.
+func (f *filter) onBodyEnd(d *dirState, trailers Headers) {
+	d.granted = false
+	if len(trailers) > 0 {
+		f.onTrailers(d, trailers)
+	} else if !d.completeBody {
+		f.onData(d, nil, true)
+	}
+}
+
 func (f *filter) onData(d *dirState, data []byte, eos bool) {
 	if f.done {
 		return
