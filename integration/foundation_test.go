@@ -83,6 +83,15 @@ func (g *gate) Serve(ctx context.Context, req *envoysim.UpstreamRequest) (*envoy
 		`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":8,"completion_tokens":1,"total_tokens":9}}`).Serve(ctx, req)
 }
 
+// hold sends one request for feature upstream through g and returns once g holds it; the
+// result arrives on the returned channel after a release.
+func hold(s *harness.Stack, g *gate, feature string) <-chan *envoysim.Result {
+	out := make(chan *envoysim.Result, 1)
+	go func() { r, _ := s.Sim.RoundTrip(context.Background(), chatRequest(feature), g); out <- r }()
+	<-g.arrived
+	return out
+}
+
 func header(r *envoysim.Result, name string) string {
 	for _, h := range r.Headers {
 		if h.Key == name {
@@ -164,12 +173,7 @@ func TestTwentyFirstChatRefused(t *testing.T) {
 	if done := <-results; done.Status != 200 {
 		t.Fatalf("released request: %d", done.Status)
 	}
-	next := make(chan *envoysim.Result, 1)
-	go func() {
-		r, _ := s.Sim.RoundTrip(ctx, chatRequest("chat"), g)
-		next <- r
-	}()
-	<-g.arrived
+	next := hold(s, g, "chat")
 	for i := 0; i < 20; i++ {
 		g.release <- struct{}{}
 	}
@@ -202,9 +206,7 @@ func TestWaitingRequestAdmitted(t *testing.T) {
 	s := start(t, harness.Options{PolicyPath: writePolicy(t, waitingChat), NoMock: true})
 	g := newGate()
 	ctx := context.Background()
-	first := make(chan *envoysim.Result, 1)
-	go func() { r, _ := s.Sim.RoundTrip(ctx, chatRequest("chat"), g); first <- r }()
-	<-g.arrived
+	first := hold(s, g, "chat")
 
 	queued := make(chan struct{})
 	var once sync.Once
@@ -248,9 +250,7 @@ func TestCancelledWaiterLeavesTheQueue(t *testing.T) {
 	s := start(t, harness.Options{PolicyPath: writePolicy(t, waitingChat), NoMock: true})
 	g := newGate()
 	ctx := context.Background()
-	first := make(chan *envoysim.Result, 1)
-	go func() { r, _ := s.Sim.RoundTrip(ctx, chatRequest("chat"), g); first <- r }()
-	<-g.arrived
+	first := hold(s, g, "chat")
 
 	req := chatRequest("chat")
 	req.OnEvent = func(e envoysim.Event) envoysim.Action {
@@ -483,8 +483,7 @@ func TestOpenAISDK(t *testing.T) {
 		var done []func()
 		for i := 0; i < 20; i++ {
 			g := newGate()
-			go func() { _, _ = s.Sim.RoundTrip(ctx, chatRequest("chat"), g) }()
-			<-g.arrived
+			hold(s, g, "chat")
 			tickets.Add(1)
 			done = append(done, func() { g.release <- struct{}{} })
 		}
@@ -518,9 +517,7 @@ func TestDrain(t *testing.T) {
 	}
 	defer s.Close()
 	g := newGate()
-	result := make(chan *envoysim.Result, 1)
-	go func() { r, _ := s.Sim.RoundTrip(context.Background(), chatRequest("chat"), g); result <- r }()
-	<-g.arrived
+	result := hold(s, g, "chat")
 	stopped := make(chan struct{})
 	go func() { s.App.Shutdown(context.Background()); close(stopped) }()
 	waitFor(t, func() bool { return !s.App.Ready() })
@@ -548,8 +545,7 @@ func TestDrainGraceOver(t *testing.T) {
 	}
 	defer s.Close()
 	g := newGate()
-	go func() { _, _ = s.Sim.RoundTrip(context.Background(), chatRequest("chat"), g) }()
-	<-g.arrived
+	hold(s, g, "chat")
 	s.App.Shutdown(context.Background())
 	waitFor(t, func() bool { return s.App.Engine().InFlight() == 0 })
 	g.release <- struct{}{}

@@ -157,11 +157,7 @@ func TestSDKErrorTypes(t *testing.T) {
 		t.Fatalf("first budget request: %v %v", r, err)
 	}
 	g := newGate()
-	go func() {
-		req := chatRequest("full")
-		_, _ = s.Sim.RoundTrip(ctx, req, g)
-	}()
-	<-g.arrived
+	hold(s, g, "full")
 	defer func() { g.release <- struct{}{} }()
 
 	tests := []struct {
@@ -239,19 +235,18 @@ func TestSDKRetryHonoursRetryAfter(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			hold := func() *gate {
+			holdFull := func() *gate {
 				g := newGate()
-				go func() { _, _ = s.Sim.RoundTrip(ctx, chatRequest("full"), g) }()
-				<-g.arrived
+				hold(s, g, "full")
 				return g
 			}
 			// Teach the compartment that a slot is held 2 s.
-			g := hold()
+			g := holdFull()
 			clk.Advance(2 * time.Second)
 			g.release <- struct{}{}
 			waitFor(t, func() bool { return s.App.Engine().InFlight() == 0 })
 
-			g = hold()
+			g = holdFull()
 			before := decisions(t, s, "full")
 			done := make(chan error, 1)
 			go func() { done <- call(ctx, url) }()
