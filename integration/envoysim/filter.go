@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
@@ -430,7 +431,9 @@ func (f *filter) decorate(d *dirState, m *extprocv3.ProcessingRequest) {
 			if md.FilterMetadata == nil {
 				md.FilterMetadata = map[string]*structpb.Struct{}
 			}
-			md.FilterMetadata[ns] = proto.Clone(st).(*structpb.Struct)
+			// A copy of the namespace's fields as they are now (the message may be marshalled on
+			// another goroutine while a later reply merges into the filter's metadata).
+			md.FilterMetadata[ns] = &structpb.Struct{Fields: maps.Clone(st.Fields)}
 		}
 	}
 	m.MetadataContext = md
@@ -1332,20 +1335,29 @@ func (f *filter) setDynamicMetadata(resp *extprocv3.ProcessingResponse) {
 		if !allowed || st == nil {
 			continue
 		}
-		if cur, ok := f.dynMeta[ns]; ok {
-			proto.Merge(cur, st)
-		} else {
-			f.dynMeta[ns] = proto.Clone(st).(*structpb.Struct)
-		}
+		mergeMetadata(f.dynMeta, ns, st)
 		if f.res.DynamicMetadata == nil {
 			f.res.DynamicMetadata = map[string]*structpb.Struct{}
 		}
-		if cur, ok := f.res.DynamicMetadata[ns]; ok {
-			proto.Merge(cur, st)
-		} else {
-			f.res.DynamicMetadata[ns] = proto.Clone(st).(*structpb.Struct)
-		}
+		mergeMetadata(f.res.DynamicMetadata, ns, st)
 	}
+}
+
+// mergeMetadata merges st into the namespace ns of md as Envoy's StreamInfo does (the
+// namespace's Struct MergeFrom st): each top-level field of st replaces the field of the same
+// name whole, other fields stay. The Values are shared, not copied: the simulator never
+// changes a Value after a reply is received, and a later merge replaces map entries instead
+// of changing the Values in them.
+func mergeMetadata(md map[string]*structpb.Struct, ns string, st *structpb.Struct) {
+	cur, ok := md[ns]
+	if !ok {
+		md[ns] = &structpb.Struct{Fields: maps.Clone(st.GetFields())}
+		return
+	}
+	if cur.Fields == nil {
+		cur.Fields = make(map[string]*structpb.Value, len(st.GetFields()))
+	}
+	maps.Copy(cur.Fields, st.GetFields())
 }
 
 func (f *filter) clearRouteCache(d *dirState, c *extprocv3.CommonResponse) {

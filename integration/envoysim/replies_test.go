@@ -448,3 +448,36 @@ func TestServerEndsStream(t *testing.T) {
 		})
 	}
 }
+
+func TestDynamicMetadataMergesAcrossReplies(t *testing.T) {
+	// Given metadata present before the filter and a server that sets some on every reply
+	ts := startServer(t, scripted(func(n int, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+		r := cont(req)
+		switch KindOfRequest(req) {
+		case KindRequestHeaders:
+			r.DynamicMetadata = meta("llm_bulkhead", "decision", "admitted")
+			r.DynamicMetadata.Fields["llm_bulkhead"].GetStructValue().Fields["estimate"] = structpb.NewNumberValue(471)
+		case KindResponseHeaders:
+			r.DynamicMetadata = meta("llm_bulkhead", "decision", "settled")
+			r.DynamicMetadata.Fields["llm_bulkhead"].GetStructValue().Fields["tokens"] = structpb.NewNumberValue(42)
+		}
+		return r
+	}))
+	s := newSim(t, ts.addr, FilterConfig{ReceivingNamespaces: []string{"llm_bulkhead"}, ForwardingNamespaces: []string{"llm_bulkhead"}})
+	res := roundTrip(t, s, &Request{Metadata: map[string]*structpb.Struct{"llm_bulkhead": meta("x", "route", "r1").Fields["x"].GetStructValue()}}, nil)
+	end := ts.nextEnd(t)
+	// Then a later reply replaces a field of the same name and adds its own; the rest stays
+	got := res.DynamicMetadata["llm_bulkhead"].GetFields()
+	if len(got) != 3 || got["decision"].GetStringValue() != "settled" || got["tokens"].GetNumberValue() != 42 || got["estimate"].GetNumberValue() != 471 {
+		t.Fatalf("result metadata %v", res.DynamicMetadata)
+	}
+	// And the response headers message forwards what the filter held then: the metadata from
+	// before the filter merged with the request headers reply's
+	if len(end.received) < 2 {
+		t.Fatalf("server received %d messages", len(end.received))
+	}
+	fwd := end.received[1].GetMetadataContext().GetFilterMetadata()["llm_bulkhead"].GetFields()
+	if len(fwd) != 3 || fwd["route"].GetStringValue() != "r1" || fwd["decision"].GetStringValue() != "admitted" {
+		t.Fatalf("forwarded metadata %v", end.received[1].GetMetadataContext())
+	}
+}
