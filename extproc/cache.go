@@ -2,7 +2,6 @@ package extproc
 
 import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 )
@@ -14,30 +13,6 @@ type replyParts struct {
 	snap          *policy.Snapshot
 	featureHeader []*corev3.HeaderValueOption
 	provHeader    []*corev3.HeaderValueOption
-	featureValue  []*structpb.Value
-	tierValue     []*structpb.Value
-	provValue     []*structpb.Value
-}
-
-var (
-	valAdmitted = structpb.NewStringValue("admitted")
-	valRerouted = structpb.NewStringValue("rerouted")
-	valRejected = structpb.NewStringValue("rejected")
-	valReasons  = map[policy.Reason]*structpb.Value{}
-)
-
-func init() {
-	for _, r := range []policy.Reason{policy.ReasonTokenBudget, policy.ReasonRateLimit, policy.ReasonBulkheadFull,
-		policy.ReasonCircuitOpen, policy.ReasonBadRequest, policy.ReasonCancelled} {
-		valReasons[r] = structpb.NewStringValue(string(r))
-	}
-}
-
-func reasonValue(r policy.Reason) *structpb.Value {
-	if v, ok := valReasons[r]; ok {
-		return v
-	}
-	return structpb.NewStringValue(string(r))
 }
 
 // parts returns the reply pieces of snapshot s, building them on its first use.
@@ -48,14 +23,9 @@ func (srv *Server) parts(s *policy.Snapshot) *replyParts {
 	c := &replyParts{snap: s}
 	for i := 0; i < s.Features(); i++ {
 		c.featureHeader = append(c.featureHeader, setHeader(HeaderFeature, s.FeatureName(i)))
-		c.featureValue = append(c.featureValue, structpb.NewStringValue(s.FeatureName(i)))
-	}
-	for i := 0; i < s.Tiers(); i++ {
-		c.tierValue = append(c.tierValue, structpb.NewStringValue(s.TierName(i)))
 	}
 	for i := 0; i < s.Providers(); i++ {
 		c.provHeader = append(c.provHeader, setHeader(HeaderProvider, s.ProviderName(i)))
-		c.provValue = append(c.provValue, structpb.NewStringValue(s.ProviderName(i)))
 	}
 	srv.replyParts.Store(c)
 	return c

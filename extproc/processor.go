@@ -136,10 +136,9 @@ func (p *processor) handle(req *extprocv3.ProcessingRequest) *extprocv3.Processi
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
 		kind = msgResponseTrailers
 		p.complete()
-		resp = &extprocv3.ProcessingResponse{
-			Response:        &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}},
-			DynamicMetadata: p.metadataStruct(),
-		}
+		resp = p.withMetadata(&extprocv3.ProcessingResponse{
+			Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}},
+		})
 	default:
 		return passthroughReply(req)
 	}
@@ -300,7 +299,7 @@ func (p *processor) decide(atHeaders bool) *extprocv3.ProcessingResponse {
 // refuse answers with the degradation contract's ImmediateResponse.
 func (p *processor) refuse(d policy.Decision) *extprocv3.ProcessingResponse {
 	p.final = true
-	return immediateReply(d, p.api, p.metadataStruct())
+	return p.withMetadata(immediateReply(d, p.api))
 }
 
 // admitReply lets the request continue with the server's header (and body) mutations.
@@ -400,7 +399,7 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 	if !bodyComing {
 		// No body will reach us: the response is complete as far as the server can see.
 		p.complete()
-		resp.DynamicMetadata = p.metadataStruct()
+		p.withMetadata(resp)
 	}
 	return resp
 }
@@ -420,9 +419,7 @@ func (p *processor) onResponseBody(b *extprocv3.HttpBody) *extprocv3.ProcessingR
 		p.scanner.Write(b.Body)
 	}
 	p.complete()
-	resp := bodyReply(false, nil)
-	resp.DynamicMetadata = p.metadataStruct()
-	return resp
+	return p.withMetadata(bodyReply(false, nil))
 }
 
 // afterSend does the work that must not delay a reply.
@@ -489,48 +486,6 @@ func (p *processor) settle(cancelled bool) {
 	}
 	p.outcome = o
 	p.settled = p.ticket.Done(o)
-}
-
-// metadataStruct is the dynamic metadata the server leaves for Envoy's access log and other
-// filters, under the policy's namespace: classification, decision and, once settled, usage.
-func (p *processor) metadataStruct() *structpb.Struct {
-	if p.snap == nil || !p.decided {
-		return nil
-	}
-	d := p.decision
-	parts := p.srv.parts(p.snap)
-	fields := make(map[string]*structpb.Value, 16)
-	fields["feature"] = parts.featureValue[d.Dims.Feature]
-	fields["tenant"] = structpb.NewStringValue(d.Dims.Tenant)
-	fields["tier"] = parts.tierValue[d.Dims.Tier]
-	fields["provider"] = parts.provValue[d.Dims.Provider]
-	fields["model"] = structpb.NewStringValue(d.Dims.Model)
-	fields["estimated_tokens"] = structpb.NewNumberValue(float64(p.estimate.Total))
-	switch {
-	case d.Verdict != policy.Admit:
-		fields["decision"] = valRejected
-		fields["reason"] = reasonValue(d.Reason)
-		fields["compartment"] = structpb.NewStringValue(d.Compartment)
-	default:
-		fields["decision"] = valAdmitted
-		if d.Rerouted {
-			fields["decision"] = valRerouted
-			fields["reason"] = reasonValue(d.Reason)
-		}
-		fields["compartment"] = structpb.NewStringValue(p.compartments)
-	}
-	if p.final && d.Verdict == policy.Admit {
-		st, u := p.settled, p.outcome.Usage
-		fields["prompt_tokens"] = structpb.NewNumberValue(float64(st.Prompt))
-		fields["completion_tokens"] = structpb.NewNumberValue(float64(st.Completion))
-		fields["total_tokens"] = structpb.NewNumberValue(float64(st.Total))
-		fields["cached_tokens"] = structpb.NewNumberValue(float64(u.Cached))
-		fields["reasoning_tokens"] = structpb.NewNumberValue(float64(u.Reasoning))
-		fields["usage_reported"] = structpb.NewBoolValue(u.Known)
-	}
-	return &structpb.Struct{Fields: map[string]*structpb.Value{
-		p.snap.Policy.Envoy.MetadataNamespace: structpb.NewStructValue(&structpb.Struct{Fields: fields}),
-	}}
 }
 
 // Header implements policy.Input over the current message's headers. The value aliases the

@@ -6,7 +6,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/llm-bulkhead/llm-bulkhead/extproc/llmapi"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
@@ -151,7 +150,7 @@ func appendJSONString(b []byte, s string) []byte {
 }
 
 // immediateReply refuses a request with the degradation contract's status, headers and body.
-func immediateReply(d policy.Decision, api llmapi.API, md *structpb.Struct) *extprocv3.ProcessingResponse {
+func immediateReply(d policy.Decision, api llmapi.API) *extprocv3.ProcessingResponse {
 	headers := []*corev3.HeaderValueOption{
 		setHeader("content-type", "application/json"),
 		setHeader(HeaderReason, string(d.Reason)),
@@ -169,6 +168,5 @@ func immediateReply(d policy.Decision, api llmapi.API, md *structpb.Struct) *ext
 			Body:    refusalBody(d, api),
 			Details: "llm_bulkhead_" + string(d.Reason),
 		}},
-		DynamicMetadata: md,
 	}
 }
