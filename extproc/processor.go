@@ -308,9 +308,7 @@ func (p *processor) admitReply(atHeaders bool) *extprocv3.ProcessingResponse {
 	names := s.Names(d.Dims)
 	parts := p.srv.parts(s)
 	p.compartments = strings.Join(p.ticket.Compartments(), ",")
-	set := make([]*corev3.HeaderValueOption, 0, 4)
-	set = append(set, parts.featureHeader[d.Dims.Feature], setHeader(HeaderCompartment, p.compartments))
-	common := &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set}}
+	common := mutation(parts.featureHeader[d.Dims.Feature], setHeader(HeaderCompartment, p.compartments))
 	mut := common.HeaderMutation
 	if sent, _ := p.Header(HeaderProvider); sent != names.Provider {
 		// Routes pick the upstream by x-llm-provider: set it to the provider the request was
@@ -368,21 +366,25 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 	if ra, ok := p.Header("retry-after"); ok {
 		p.retryAfter = parseRetryAfter(ra, p.srv.engine.Now())
 	}
-	resp := headersReply(false, nil)
-	var set []*corev3.HeaderValueOption
+	var common *extprocv3.CommonResponse
+	add := func(h *corev3.HeaderValueOption) {
+		if common == nil {
+			common = mutation(h)
+			return
+		}
+		common.HeaderMutation.SetHeaders = append(common.HeaderMutation.SetHeaders, h)
+	}
 	pol := p.snap.Policy.Responses
 	if pol.CompartmentHeader {
-		set = append(set, setHeader(HeaderCompartment, p.compartments))
+		add(setHeader(HeaderCompartment, p.compartments))
 	}
 	if pol.RateLimitHeaders {
 		if left, reset, ok := p.ticket.Remaining(); ok {
-			set = append(set, setHeader(HeaderRemainingTokens, strconv.FormatInt(max(left, 0), 10)),
-				setHeader(HeaderResetTokens, formatReset(reset)))
+			add(setHeader(HeaderRemainingTokens, strconv.FormatInt(max(left, 0), 10)))
+			add(setHeader(HeaderResetTokens, formatReset(reset)))
 		}
 	}
-	if len(set) > 0 {
-		resp.GetResponseHeaders().Response = &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set}}
-	}
+	resp := headersReply(false, common)
 
 	bodyComing := !h.EndOfStream && p.resBodyMode != extprocfilterv3.ProcessingMode_NONE
 	p.reading = bodyComing && p.status >= 200 && p.status < 300

@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"strconv"
+	"unsafe"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -57,27 +58,84 @@ func passthroughReply(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingRes
 	return nil
 }
 
-func headersReply(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
-	hr := &extprocv3.HeadersResponse{Response: common}
-	if request {
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: hr}}
+// A reply's messages are allocated together, one allocation per reply instead of one per
+// message: the reply is built by one stream, sent once and then dropped whole.
+type (
+	headersMem struct {
+		resp extprocv3.ProcessingResponse
+		req  extprocv3.ProcessingResponse_RequestHeaders
+		res  extprocv3.ProcessingResponse_ResponseHeaders
+		hr   extprocv3.HeadersResponse
 	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: hr}}
+	bodyMem struct {
+		resp extprocv3.ProcessingResponse
+		req  extprocv3.ProcessingResponse_RequestBody
+		res  extprocv3.ProcessingResponse_ResponseBody
+		br   extprocv3.BodyResponse
+	}
+	// mutationMem is a CommonResponse with a header mutation that has room for
+	// mutationHeaders set_headers without growing.
+	mutationMem struct {
+		common extprocv3.CommonResponse
+		mut    extprocv3.HeaderMutation
+		set    [mutationHeaders]*corev3.HeaderValueOption
+	}
+	headerMem struct {
+		opt corev3.HeaderValueOption
+		val corev3.HeaderValue
+	}
+)
+
+// mutationHeaders is the most headers a reply of an admitted request sets: feature,
+// compartment, provider and content-length on the request; compartment and two rate-limit
+// headers on the response.
+const mutationHeaders = 4
+
+func headersReply(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
+	m := &headersMem{}
+	m.hr.Response = common
+	if request {
+		m.req.RequestHeaders = &m.hr
+		m.resp.Response = &m.req
+	} else {
+		m.res.ResponseHeaders = &m.hr
+		m.resp.Response = &m.res
+	}
+	return &m.resp
 }
 
 func bodyReply(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
-	br := &extprocv3.BodyResponse{Response: common}
+	m := &bodyMem{}
+	m.br.Response = common
 	if request {
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
+		m.req.RequestBody = &m.br
+		m.resp.Response = &m.req
+	} else {
+		m.res.ResponseBody = &m.br
+		m.resp.Response = &m.res
 	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
+	return &m.resp
 }
 
+// mutation returns a CommonResponse whose header mutation sets headers (appending more does
+// not allocate up to mutationHeaders in all).
+func mutation(headers ...*corev3.HeaderValueOption) *extprocv3.CommonResponse {
+	m := &mutationMem{}
+	m.mut.SetHeaders = append(m.set[:0], headers...)
+	m.common.HeaderMutation = &m.mut
+	return &m.common
+}
+
+// setHeader returns a header_mutation entry that sets key to value, replacing any value the
+// message had. The raw value shares value's bytes: strings are immutable and marshalling only
+// reads them.
 func setHeader(key, value string) *corev3.HeaderValueOption {
-	return &corev3.HeaderValueOption{
-		Header:       &corev3.HeaderValue{Key: key, RawValue: []byte(value)},
-		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
-	}
+	m := &headerMem{}
+	m.val.Key = key
+	m.val.RawValue = unsafe.Slice(unsafe.StringData(value), len(value))
+	m.opt.Header = &m.val
+	m.opt.AppendAction = corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+	return &m.opt
 }
 
 // refusalStatus is the HTTP status of a refusal in the API family the client called: 429 for
