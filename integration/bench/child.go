@@ -30,7 +30,9 @@ const (
 	// CmdServeBulkhead serves llm-bulkhead assembled from cmd/llm-bulkhead/app (the same code as
 	// the llm-bulkhead binary).
 	CmdServeBulkhead = "serve-bulkhead"
-	// Both serve net/http/pprof on a listener of its own when given --pprof-addr.
+	// CmdServeReplay serves Replay (llm-bulkhead's recorded replies) like CmdServeNoop.
+	CmdServeReplay = "serve-replay"
+	// All serve net/http/pprof on a listener of its own when given --pprof-addr.
 )
 
 // ReadyMessage is the log message with which a child process reports its listen addresses.
@@ -45,7 +47,7 @@ const noopMaxMessage = 9 << 20
 
 // IsChild reports whether args (without the program name) start with a child subcommand.
 func IsChild(args []string) bool {
-	return len(args) > 0 && (args[0] == CmdServeNoop || args[0] == CmdServeBulkhead)
+	return len(args) > 0 && (args[0] == CmdServeNoop || args[0] == CmdServeBulkhead || args[0] == CmdServeReplay)
 }
 
 // RunChild runs the child subcommand in args until ctx ends (SIGTERM in the child), logging
@@ -72,8 +74,15 @@ func RunChild(ctx context.Context, args []string, stderr io.Writer) error {
 		defer srv.Close()
 		pprofBound = bound
 	}
-	if args[0] == CmdServeNoop {
-		return serveNoop(ctx, *grpcAddr, *adminAddr, pprofBound, log)
+	switch args[0] {
+	case CmdServeNoop:
+		return serveMinimal(ctx, Noop{}, *grpcAddr, *adminAddr, pprofBound, log)
+	case CmdServeReplay:
+		r, err := NewReplay(ctx)
+		if err != nil {
+			return err
+		}
+		return serveMinimal(ctx, r, *grpcAddr, *adminAddr, pprofBound, log)
 	}
 	return serveBulkhead(ctx, *grpcAddr, *adminAddr, pprofBound, stderr, log)
 }
@@ -94,7 +103,9 @@ func servePprof(addr string) (*http.Server, string, error) {
 	return srv, ln.Addr().String(), nil
 }
 
-func serveNoop(ctx context.Context, grpcAddr, adminAddr, pprofAddr string, log *slog.Logger) error {
+// serveMinimal serves ep (the no-op or the replay server) over gRPC with health checks, and
+// the Go runtime's metrics on the admin listener.
+func serveMinimal(ctx context.Context, ep extprocv3.ExternalProcessorServer, grpcAddr, adminAddr, pprofAddr string, log *slog.Logger) error {
 	gl, err := net.Listen("tcp", grpcAddr)
 	if err != nil {
 		return err
@@ -105,7 +116,7 @@ func serveNoop(ctx context.Context, grpcAddr, adminAddr, pprofAddr string, log *
 		return err
 	}
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(noopMaxMessage), grpc.MaxSendMsgSize(noopMaxMessage))
-	extprocv3.RegisterExternalProcessorServer(srv, Noop{})
+	extprocv3.RegisterExternalProcessorServer(srv, ep)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

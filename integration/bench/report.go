@@ -69,6 +69,18 @@ type Level struct {
 	AddedP99 Spread `json:"added_p99_us"`
 	// AddedCPU is llm-bulkhead's server CPU per stream minus the no-op server's, µs.
 	AddedCPU Spread `json:"added_cpu_us_per_stream"`
+
+	// With the replay server (Config.Replay): its stats, and the difference split in two.
+	// RepliesRatio is the replay server's streams/s over the no-op's: what llm-bulkhead's
+	// replies cost the proxy side. WorkRatio is llm-bulkhead's over the replay server's: what
+	// the server's own work costs. Ratio ≈ RepliesRatio × WorkRatio.
+	Replay       *SideStats `json:"replay,omitempty"`
+	RepliesRatio Spread     `json:"replies_ratio"`
+	WorkRatio    Spread     `json:"work_ratio"`
+	// WorkAddedP50 and WorkAddedCPU are llm-bulkhead's p50 and server CPU per stream minus the
+	// replay server's.
+	WorkAddedP50 Spread `json:"work_added_p50_us"`
+	WorkAddedCPU Spread `json:"work_added_cpu_us_per_stream"`
 }
 
 // Target is one of DESIGN.md's performance targets and whether this run met it.
@@ -127,7 +139,7 @@ func Aggregate(samples []Sample) []Level {
 	var out []Level
 	for _, c := range concs {
 		lv := Level{Concurrency: c}
-		var noop, bh []Sample
+		var noop, bh, replay []Sample
 		for _, s := range samples {
 			if s.Concurrency != c {
 				continue
@@ -137,10 +149,13 @@ func Aggregate(samples []Sample) []Level {
 				noop = append(noop, s)
 			case SideBulkhead:
 				bh = append(bh, s)
+			case SideReplay:
+				replay = append(replay, s)
 			}
 		}
-		slices.SortFunc(noop, func(a, b Sample) int { return a.Rep - b.Rep })
-		slices.SortFunc(bh, func(a, b Sample) int { return a.Rep - b.Rep })
+		for _, ss := range [][]Sample{noop, bh, replay} {
+			slices.SortFunc(ss, func(a, b Sample) int { return a.Rep - b.Rep })
+		}
 		get := func(ss []Sample, f func(Sample) float64) []float64 {
 			out := make([]float64, len(ss))
 			for i, s := range ss {
@@ -164,6 +179,14 @@ func Aggregate(samples []Sample) []Level {
 		lv.AddedP50 = Summarize(Differences(get(bh, p50), get(noop, p50)))
 		lv.AddedP99 = Summarize(Differences(get(bh, p99), get(noop, p99)))
 		lv.AddedCPU = Summarize(Differences(get(bh, cpu), get(noop, cpu)))
+		if len(replay) > 0 {
+			st := side(replay)
+			lv.Replay = &st
+			lv.RepliesRatio = Summarize(Ratios(get(replay, rate), get(noop, rate)))
+			lv.WorkRatio = Summarize(Ratios(get(bh, rate), get(replay, rate)))
+			lv.WorkAddedP50 = Summarize(Differences(get(bh, p50), get(replay, p50)))
+			lv.WorkAddedCPU = Summarize(Differences(get(bh, cpu), get(replay, cpu)))
+		}
 		out = append(out, lv)
 	}
 	return out
@@ -328,14 +351,14 @@ func (r *Report) Markdown() string {
 	w("- Command: `%s`\n", r.Command)
 	w("- When: %s, %s\n", r.Started.UTC().Format(time.RFC3339), r.Finished.Sub(r.Started).Round(time.Second))
 	w("- Machine: %d CPUs (%s), %s/%s, %s; load average %s at the start, %s at the end\n", m.CPUs, m.CPUModel, m.GOOS, m.GOARCH, m.GoVersion, m.LoadAvgStart, m.LoadAvgEnd)
-	w("- Servers: separate processes; no-op = this program's `%s`, llm-bulkhead = %s\n", CmdServeNoop, r.BulkheadCommand)
+	w("- Servers: separate processes; no-op = this program's `%s`, replay = its `%s`, llm-bulkhead = %s\n", CmdServeNoop, CmdServeReplay, r.BulkheadCommand)
 	w("- Policy: `examples/policy.yaml` with %s\n", "`"+strings.Join(r.Overrides, "`, `")+"`")
 	w("- Filter (from `llm-bulkhead envoy-config`): %s\n", r.Filter)
 	w("- Stream: POST /v1/chat/completions, tenant acme, feature chat, %d-byte buffered body with `\"stream\":true`; "+
 		"in-process upstream answers 200 text/event-stream in %d SSE chunks (the last with usage): %d ext_proc messages per stream\n",
 		BodySize, len(SSEChunks), StreamMessages)
 	if len(r.Config.Concurrency) > 0 {
-		w("- Load: closed loop, %d repetitions per level alternating which server goes first, %.1fs warm-up + %.1fs measured per run\n",
+		w("- Load: closed loop, %d repetitions per level rotating which server goes first, %.1fs warm-up + %.1fs measured per run\n",
 			r.Config.Reps, r.Config.WarmupSeconds, r.Config.WindowSeconds)
 	}
 
@@ -350,10 +373,15 @@ func (r *Report) Markdown() string {
 		w("Ratio, added latency and added CPU are computed per repetition from the two adjacent runs, then summarised.\n\n")
 		w("| streams | server | streams/s | p50 µs | p99 µs | server CPU µs/stream | errors |\n|---:|---|---:|---:|---:|---:|---:|\n")
 		for _, lv := range r.Levels {
-			for _, s := range []struct {
+			type row struct {
 				name string
 				st   SideStats
-			}{{SideNoop, lv.Noop}, {SideBulkhead, lv.Bulkhead}} {
+			}
+			rows := []row{{SideNoop, lv.Noop}}
+			if lv.Replay != nil {
+				rows = append(rows, row{SideReplay, *lv.Replay})
+			}
+			for _, s := range append(rows, row{SideBulkhead, lv.Bulkhead}) {
 				w("| %d | %s | %s | %s | %s | %s | %d |\n", lv.Concurrency, s.name, spread(s.st.Rate, "%.0f"), spread(s.st.P50, "%.0f"),
 					spread(s.st.P99, "%.0f"), spread(s.st.ServerCPU, "%.1f"), s.st.Errors)
 			}
@@ -361,6 +389,16 @@ func (r *Report) Markdown() string {
 		w("\n| streams | throughput ratio | added p50 µs | added p99 µs | added server CPU µs/stream |\n|---:|---:|---:|---:|---:|\n")
 		for _, lv := range r.Levels {
 			w("| %d | %s | %s | %s | %s |\n", lv.Concurrency, spread(lv.Ratio, "%.3f"), spread(lv.AddedP50, "%+.1f"), spread(lv.AddedP99, "%+.0f"), spread(lv.AddedCPU, "%+.1f"))
+		}
+		if len(r.Levels) > 0 && r.Levels[0].Replay != nil {
+			w("\nThe difference split in two by the replay server (`%s`: llm-bulkhead's recorded replies, pre-encoded, no policy work). "+
+				"Replies = replay against no-op: what llm-bulkhead's replies cost the proxy side (here the simulator, on the same cores). "+
+				"Work = llm-bulkhead against replay: what classifying, admitting, building replies and settling cost the server.\n\n", CmdServeReplay)
+			w("| streams | replies ratio | work ratio | work added p50 µs | work added server CPU µs/stream |\n|---:|---:|---:|---:|---:|\n")
+			for _, lv := range r.Levels {
+				w("| %d | %s | %s | %s | %s |\n", lv.Concurrency, spread(lv.RepliesRatio, "%.3f"), spread(lv.WorkRatio, "%.3f"),
+					spread(lv.WorkAddedP50, "%+.1f"), spread(lv.WorkAddedCPU, "%+.1f"))
+			}
 		}
 		var errs []string
 		for _, s := range r.Samples {

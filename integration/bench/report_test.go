@@ -39,6 +39,30 @@ func TestAggregatePairsRepetitions(t *testing.T) {
 	if levels[0].AddedCPU.N != 0 {
 		t.Errorf("CPU not read gives no added CPU, got %+v", levels[0].AddedCPU)
 	}
+	if lv.Replay != nil || lv.WorkRatio.N != 0 {
+		t.Errorf("no replay samples, yet replay stats %+v, work ratio %+v", lv.Replay, lv.WorkRatio)
+	}
+}
+
+func TestAggregateSplitsByReplay(t *testing.T) {
+	// Given a level with the replay server between the two
+	samples := []Sample{
+		{Server: SideNoop, Concurrency: 64, Rep: 1, Rate: 1000, P50: 100, ServerCPU: 40},
+		{Server: SideReplay, Concurrency: 64, Rep: 1, Rate: 800, P50: 120, ServerCPU: 45},
+		{Server: SideBulkhead, Concurrency: 64, Rep: 1, Rate: 720, P50: 130, ServerCPU: 60},
+	}
+	// When aggregated
+	lv := Aggregate(samples)[0]
+	// Then the whole ratio splits into the replies' part and the work's part
+	if lv.Replay == nil || lv.Replay.Rate.Median != 800 {
+		t.Fatalf("replay stats %+v", lv.Replay)
+	}
+	if lv.Ratio.Median != 0.72 || lv.RepliesRatio.Median != 0.8 || lv.WorkRatio.Median != 0.9 {
+		t.Errorf("ratio %v = replies %v × work %v, want 0.72 = 0.8 × 0.9", lv.Ratio.Median, lv.RepliesRatio.Median, lv.WorkRatio.Median)
+	}
+	if lv.WorkAddedP50.Median != 10 || lv.WorkAddedCPU.Median != 15 {
+		t.Errorf("work added p50 %v, CPU %v, want 10 and 15", lv.WorkAddedP50.Median, lv.WorkAddedCPU.Median)
+	}
 }
 
 func TestJudge(t *testing.T) {

@@ -50,6 +50,10 @@ type Config struct {
 	// BulkheadInProcess runs llm-bulkhead for the load and memory measurements from Self
 	// (CmdServeBulkhead, the same app package) instead of the binary, skipping the build.
 	BulkheadInProcess bool
+	// Replay adds the Replay server to the load runs: llm-bulkhead's replies without its work,
+	// which splits the difference between the no-op and llm-bulkhead into what the replies cost
+	// the proxy and what the server's own work costs.
+	Replay bool
 	// Self is the command line prefix that runs this program, for its child subcommands.
 	Self []string
 	// Command is the command line recorded in the report.
@@ -60,6 +64,7 @@ type Config struct {
 const (
 	SideNoop     = "no-op"
 	SideBulkhead = "llm-bulkhead"
+	SideReplay   = "replay"
 )
 
 // startTimeout bounds a server's start.
@@ -110,7 +115,8 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		rep.BulkheadCommand = "llm-bulkhead serve (binary from go build ./cmd/llm-bulkhead)"
 	}
 	specs := map[string]Spec{
-		SideNoop: {Name: SideNoop, Argv: append(append([]string{}, cfg.Self...), CmdServeNoop), Env: ServerEnv(), ReadyMsg: ReadyMessage},
+		SideNoop:   {Name: SideNoop, Argv: append(append([]string{}, cfg.Self...), CmdServeNoop), Env: ServerEnv(), ReadyMsg: ReadyMessage},
+		SideReplay: {Name: SideReplay, Argv: append(append([]string{}, cfg.Self...), CmdServeReplay), Env: ServerEnv(), ReadyMsg: ReadyMessage},
 		SideBulkhead: {Name: SideBulkhead, Argv: append(bulkheadArgv, "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"),
 			Env: ServerEnv(), ReadyMsg: readyFor(cfg.BulkheadInProcess)},
 	}
@@ -197,8 +203,8 @@ func (c Config) validate() error {
 	return errors.Join(errs...)
 }
 
-// runLoads starts both servers once and runs every level Reps times, alternating which
-// server goes first so neither always runs on a machine the other just warmed or loaded.
+// runLoads starts the servers once and runs every level Reps times, rotating which server
+// goes first.
 func runLoads(ctx context.Context, cfg Config, rep *Report, specs map[string]Spec, req *envoysim.Request, filter envoysim.FilterConfig, logf func(string, ...any)) error {
 	type side struct {
 		name string
@@ -214,7 +220,11 @@ func runLoads(ctx context.Context, cfg Config, rep *Report, specs map[string]Spe
 			_ = s.proc.Stop()
 		}
 	}()
-	for _, name := range []string{SideNoop, SideBulkhead} {
+	names := []string{SideNoop, SideBulkhead}
+	if cfg.Replay {
+		names = []string{SideNoop, SideReplay, SideBulkhead}
+	}
+	for _, name := range names {
 		p, err := StartProcess(specs[name], startTimeout)
 		if err != nil {
 			return err
@@ -228,7 +238,7 @@ func runLoads(ctx context.Context, cfg Config, rep *Report, specs map[string]Spe
 		if err != nil {
 			return err
 		}
-		if err := Check(res, name == SideBulkhead); err != nil {
+		if err := Check(res, admits(name)); err != nil {
 			return fmt.Errorf("first request through %s: %w", name, err)
 		}
 		logf("%s listening on %s (pid %d)", name, p.GRPCAddr, p.Pid())
@@ -236,13 +246,15 @@ func runLoads(ctx context.Context, cfg Config, rep *Report, specs map[string]Spe
 	up := SSEUpstream()
 	for _, conc := range cfg.Concurrency {
 		for r := range cfg.Reps {
-			order := []*side{sides[0], sides[1]}
-			if r%2 == 1 {
-				order[0], order[1] = order[1], order[0]
+			// Each repetition starts with another server, so none always runs on a machine the
+			// others just warmed or loaded.
+			order := make([]*side, len(sides))
+			for i := range sides {
+				order[i] = sides[(i+r)%len(sides)]
 			}
 			for _, s := range order {
 				l := Load{Sim: s.sim, Request: req, Upstream: up, Concurrency: conc, Warmup: cfg.Warmup,
-					Duration: cfg.Duration, Admitted: s.name == SideBulkhead, Pid: s.proc.Pid()}
+					Duration: cfg.Duration, Admitted: admits(s.name), Pid: s.proc.Pid()}
 				smp, err := l.Run(ctx)
 				if err != nil {
 					return err
@@ -264,6 +276,10 @@ func runLoads(ctx context.Context, cfg Config, rep *Report, specs map[string]Spe
 	}
 	return nil
 }
+
+// admits reports whether side's replies carry llm-bulkhead's admission (the replay server
+// sends llm-bulkhead's recorded replies).
+func admits(side string) bool { return side != SideNoop }
 
 // runMemory measures each server HeldReps times, each time in a fresh process.
 func runMemory(ctx context.Context, cfg Config, rep *Report, specs map[string]Spec, req *envoysim.Request, filter envoysim.FilterConfig, logf func(string, ...any)) error {
@@ -292,7 +308,7 @@ func holdOnce(ctx context.Context, cfg Config, spec Spec, req *envoysim.Request,
 		_ = p.Stop()
 		return Memory{}, err
 	}
-	m, err := Hold(ctx, p, sim, req, cfg.Held, spec.Name == SideBulkhead, cfg.Settle, cfg.HeldTimeout)
+	m, err := Hold(ctx, p, sim, req, cfg.Held, admits(spec.Name), cfg.Settle, cfg.HeldTimeout)
 	_ = sim.Close()
 	if serr := p.Stop(); err == nil {
 		err = serr
@@ -312,7 +328,7 @@ func profile(ctx context.Context, cfg Config, spec Spec, req *envoysim.Request, 
 	}
 	defer sim.Close()
 	l := Load{Sim: sim, Request: req, Upstream: SSEUpstream(), Concurrency: cfg.ProfileConcurrency,
-		Warmup: cfg.Warmup, Admitted: spec.Name == SideBulkhead, Pid: p.Pid()}
+		Warmup: cfg.Warmup, Admitted: admits(spec.Name), Pid: p.Pid()}
 	return ProfileUnderLoad(ctx, p, l, cfg.ProfileSeconds, cfg.Out)
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead/app"
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
@@ -103,6 +104,7 @@ func TestWorkloadThroughBothServers(t *testing.T) {
 	}{
 		{SideNoop, func(testing.TB) extprocv3.ExternalProcessorServer { return Noop{} }, false},
 		{SideBulkhead, func(tb testing.TB) extprocv3.ExternalProcessorServer { return newBulkhead(tb) }, true},
+		{SideReplay, func(tb testing.TB) extprocv3.ExternalProcessorServer { return newReplay(tb) }, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -158,7 +160,7 @@ func TestChildProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{CmdServeNoop, CmdServeBulkhead} {
+	for _, name := range []string{CmdServeNoop, CmdServeBulkhead, CmdServeReplay} {
 		t.Run(name, func(t *testing.T) {
 			// Given this test binary started as a server child (both accept --pprof-addr; the
 			// no-op server ignores it)
@@ -176,7 +178,7 @@ func TestChildProcesses(t *testing.T) {
 			}
 			// When it holds a few streams
 			sim := newSim(t, p.GRPCAddr)
-			m, err := Hold(context.Background(), p, sim, chatRequest(t), 20, name == CmdServeBulkhead, 100*time.Millisecond, time.Minute)
+			m, err := Hold(context.Background(), p, sim, chatRequest(t), 20, name != CmdServeNoop, 100*time.Millisecond, time.Minute)
 			// Then its memory is measured
 			if err != nil {
 				t.Fatal(err)
@@ -267,5 +269,56 @@ func checkReplies(tb testing.TB, msgs []*extprocv3.ProcessingRequest, replies []
 	}
 	if found != admitted {
 		tb.Fatalf("request body reply sets %s: %t, want %t", extproc.HeaderFeature, found, admitted)
+	}
+}
+
+func newReplay(tb testing.TB) *Replay {
+	tb.Helper()
+	r, err := NewReplay(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return r
+}
+
+// TestReplayAnswersLikeBulkhead: the proxy cannot tell the replay server from llm-bulkhead —
+// every reply to the benchmark stream decodes to the same message.
+func TestReplayAnswersLikeBulkhead(t *testing.T) {
+	msgs := streamMessages(t)
+	bh := &memStream{ctx: context.Background(), msgs: msgs, record: true}
+	if err := newBulkhead(t).Process(bh); err != nil {
+		t.Fatal(err)
+	}
+	rp := &memStream{ctx: context.Background(), msgs: msgs, record: true}
+	if err := newReplay(t).Process(rp); err != nil {
+		t.Fatal(err)
+	}
+	if len(rp.replies) != len(bh.replies) {
+		t.Fatalf("%d replies from replay, %d from llm-bulkhead", len(rp.replies), len(bh.replies))
+	}
+	decode := func(m *extprocv3.ProcessingResponse) *extprocv3.ProcessingResponse {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := &extprocv3.ProcessingResponse{}
+		if err := proto.Unmarshal(b, out); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	for i := range bh.replies {
+		want, got := decode(bh.replies[i]), decode(rp.replies[i])
+		// Values that depend on the moment: the budget's reset time.
+		for _, m := range []*extprocv3.ProcessingResponse{want, got} {
+			for _, h := range m.GetResponseHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+				if h.GetHeader().GetKey() == "x-ratelimit-reset-tokens" {
+					h.Header.RawValue = nil
+				}
+			}
+		}
+		if !proto.Equal(want, got) {
+			t.Errorf("reply %d differs:\nllm-bulkhead %v\nreplay       %v", i, want, got)
+		}
 	}
 }

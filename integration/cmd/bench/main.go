@@ -6,7 +6,7 @@
 // Usage (from the repository root; `make bench` runs it with the defaults):
 //
 //	go run ./integration/cmd/bench [--quick] [--out DIR] [--concurrency 1,64,512] [--reps 5]
-//	    [--duration 5s] [--warmup 1s] [--held 10000] [--profile 10s] [--micro=true] …
+//	    [--duration 5s] [--warmup 1s] [--held 10000] [--profile 10s] [--micro=true] [--replay=true] …
 //
 // The servers run as child processes: llm-bulkhead from a binary built with `go build`, the
 // no-op server (and both profiled servers) as subcommands of this program.
@@ -91,6 +91,7 @@ func parse(args []string, stderr io.Writer) (bench.Config, error) {
 	microTime := fs.String("micro-benchtime", "1s", "-benchtime of the micro-benchmarks")
 	microCount := fs.Int("micro-count", 3, "-count of the micro-benchmarks (the report shows medians)")
 	bin := fs.String("bulkhead-bin", "", "a prebuilt llm-bulkhead binary (default: go build ./cmd/llm-bulkhead into a temporary directory)")
+	replay := fs.Bool("replay", true, "also load the replay server (llm-bulkhead's recorded replies, no policy work) to split the difference")
 	inProc := fs.Bool("bulkhead-in-process", false, "run llm-bulkhead from this program (same app package) instead of the binary; skips the build")
 	if err := fs.Parse(args); err != nil {
 		return bench.Config{}, err
@@ -128,7 +129,7 @@ func parse(args []string, stderr io.Writer) (bench.Config, error) {
 		Held: *held, HeldReps: *heldReps, HeldTimeout: *heldTimeout, Settle: *settle,
 		ProfileSeconds: int(*prof / time.Second), ProfileConcurrency: *profConc,
 		Micro: *micro, MicroBenchtime: *microTime, MicroCount: *microCount,
-		BulkheadBinary: *bin, BulkheadInProcess: *inProc,
+		BulkheadBinary: *bin, BulkheadInProcess: *inProc, Replay: *replay,
 	}, nil
 }
 

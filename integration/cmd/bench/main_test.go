@@ -29,8 +29,8 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// TestRunSmall runs the whole program with tiny numbers: both servers as processes, two load
-// levels alternating, held streams, a profile; it checks the report's shape, not its numbers.
+// TestRunSmall runs the whole program with tiny numbers: the three servers as processes, two
+// load levels rotating, held streams, a profile; it checks the report's shape, not its numbers.
 func TestRunSmall(t *testing.T) {
 	// Race-enabled children would each sleep a second on exit to report late races.
 	t.Setenv("GORACE", "atexit_sleep_ms=0")
@@ -43,7 +43,7 @@ func TestRunSmall(t *testing.T) {
 		t.Fatalf("exit %d\n%s", code, stderr.String())
 	}
 	md := stdout.String()
-	for _, want := range []string{"## Targets", "| Throughput |", "## Throughput and latency", "## Memory with held streams", "## Profile of llm-bulkhead", "## Profile of no-op", "flat%"} {
+	for _, want := range []string{"## Targets", "| Throughput |", "## Throughput and latency", "## Memory with held streams", "## Profile of llm-bulkhead", "## Profile of no-op", "flat%", "| replies ratio | work ratio |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}
@@ -63,6 +63,9 @@ func TestRunSmall(t *testing.T) {
 			Ratio       struct {
 				N int `json:"n"`
 			} `json:"throughput_ratio"`
+			WorkRatio struct {
+				N int `json:"n"`
+			} `json:"work_ratio"`
 		} `json:"levels"`
 		Memory  []json.RawMessage `json:"memory"`
 		Targets []bench.Target    `json:"targets"`
@@ -70,8 +73,8 @@ func TestRunSmall(t *testing.T) {
 	if err := json.Unmarshal(js, &rep); err != nil {
 		t.Fatalf("report.json: %v", err)
 	}
-	if len(rep.Samples) != 2*2*2 || len(rep.Levels) != 2 || rep.Levels[1].Concurrency != 4 || rep.Levels[0].Ratio.N != 2 {
-		t.Errorf("samples %d, levels %+v: want 8 samples, levels 1 and 4 with 2 paired ratios", len(rep.Samples), rep.Levels)
+	if len(rep.Samples) != 3*2*2 || len(rep.Levels) != 2 || rep.Levels[1].Concurrency != 4 || rep.Levels[0].Ratio.N != 2 || rep.Levels[0].WorkRatio.N != 2 {
+		t.Errorf("samples %d, levels %+v: want 12 samples, levels 1 and 4 with 2 paired ratios each", len(rep.Samples), rep.Levels)
 	}
 	for _, s := range rep.Samples {
 		if s.Errors > 0 {
@@ -97,7 +100,7 @@ func TestParse(t *testing.T) {
 	}{
 		{"defaults", nil, func(c bench.Config) bool {
 			return c.Reps == 5 && c.Duration == 5*time.Second && c.Held == 10000 && c.ProfileSeconds == 10 &&
-				len(c.Concurrency) == 3 && c.Concurrency[2] == 512 && c.Micro && c.Out == "results/bench"
+				len(c.Concurrency) == 3 && c.Concurrency[2] == 512 && c.Micro && c.Replay && c.Out == "results/bench"
 		}, false},
 		{"quick shortens what is not given", []string{"--quick", "--reps", "3"}, func(c bench.Config) bool {
 			return c.Reps == 3 && c.Duration == time.Second && c.Held == 1000 && c.ProfileSeconds == 2 && c.MicroCount == 1
