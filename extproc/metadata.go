@@ -30,73 +30,73 @@ const (
 	fieldValueStruct             protowire.Number = 5
 )
 
-// metadataWriter appends one Struct's fields. Each field is a map entry holding a Value; the
-// sizes are known before anything is written, so nothing is copied twice.
-type metadataWriter struct{ b []byte }
+// The append functions below add one field to a Struct's encoding. Each field is a map entry
+// holding a Value; sizes are known before anything is written, so nothing is copied twice.
 
-func (w *metadataWriter) entry(key string, valueField protowire.Number, valueSize int) {
+func appendEntry(b []byte, key string, valueField protowire.Number, valueSize int) []byte {
 	value := protowire.SizeTag(valueField) + valueSize
 	entry := protowire.SizeTag(fieldEntryKey) + protowire.SizeBytes(len(key)) +
 		protowire.SizeTag(fieldEntryValue) + protowire.SizeBytes(value)
-	w.b = protowire.AppendTag(w.b, fieldStructFields, protowire.BytesType)
-	w.b = protowire.AppendVarint(w.b, uint64(entry))
-	w.b = protowire.AppendTag(w.b, fieldEntryKey, protowire.BytesType)
-	w.b = protowire.AppendString(w.b, key)
-	w.b = protowire.AppendTag(w.b, fieldEntryValue, protowire.BytesType)
-	w.b = protowire.AppendVarint(w.b, uint64(value))
+	b = protowire.AppendTag(b, fieldStructFields, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(entry))
+	b = protowire.AppendTag(b, fieldEntryKey, protowire.BytesType)
+	b = protowire.AppendString(b, key)
+	b = protowire.AppendTag(b, fieldEntryValue, protowire.BytesType)
+	return protowire.AppendVarint(b, uint64(value))
 }
 
-func (w *metadataWriter) str(key, v string) {
-	w.entry(key, fieldValueString, protowire.SizeBytes(len(v)))
-	w.b = protowire.AppendTag(w.b, fieldValueString, protowire.BytesType)
-	w.b = protowire.AppendString(w.b, v)
+func appendString(b []byte, key, v string) []byte {
+	b = appendEntry(b, key, fieldValueString, protowire.SizeBytes(len(v)))
+	b = protowire.AppendTag(b, fieldValueString, protowire.BytesType)
+	return protowire.AppendString(b, v)
 }
 
-func (w *metadataWriter) num(key string, v float64) {
-	w.entry(key, fieldValueNumber, protowire.SizeFixed64())
-	w.b = protowire.AppendTag(w.b, fieldValueNumber, protowire.Fixed64Type)
-	w.b = protowire.AppendFixed64(w.b, math.Float64bits(v))
+func appendNumber(b []byte, key string, v float64) []byte {
+	b = appendEntry(b, key, fieldValueNumber, protowire.SizeFixed64())
+	b = protowire.AppendTag(b, fieldValueNumber, protowire.Fixed64Type)
+	return protowire.AppendFixed64(b, math.Float64bits(v))
 }
 
-func (w *metadataWriter) boolean(key string, v bool) {
-	w.entry(key, fieldValueBool, protowire.SizeVarint(protowire.EncodeBool(v)))
-	w.b = protowire.AppendTag(w.b, fieldValueBool, protowire.VarintType)
-	w.b = protowire.AppendVarint(w.b, protowire.EncodeBool(v))
+func appendBool(b []byte, key string, v bool) []byte {
+	b = appendEntry(b, key, fieldValueBool, protowire.SizeVarint(protowire.EncodeBool(v)))
+	b = protowire.AppendTag(b, fieldValueBool, protowire.VarintType)
+	return protowire.AppendVarint(b, protowire.EncodeBool(v))
 }
 
-// metadataFields writes the request's metadata fields (the namespace's Struct, without its
-// envelope) to w: classification, decision and, once settled, usage.
-func (p *processor) metadataFields(w *metadataWriter) {
+// appendMetadataFields appends the request's metadata fields (the namespace's Struct, without
+// its envelope): classification, decision and, once settled, usage.
+func (p *processor) appendMetadataFields(b []byte) []byte {
 	d := p.decision
 	s := p.snap
-	w.str("feature", s.FeatureName(d.Dims.Feature))
-	w.str("tenant", d.Dims.Tenant)
-	w.str("tier", s.TierName(d.Dims.Tier))
-	w.str("provider", s.ProviderName(d.Dims.Provider))
-	w.str("model", d.Dims.Model)
-	w.num("estimated_tokens", float64(p.estimate.Total))
+	b = appendString(b, "feature", s.FeatureName(d.Dims.Feature))
+	b = appendString(b, "tenant", d.Dims.Tenant)
+	b = appendString(b, "tier", s.TierName(d.Dims.Tier))
+	b = appendString(b, "provider", s.ProviderName(d.Dims.Provider))
+	b = appendString(b, "model", d.Dims.Model)
+	b = appendNumber(b, "estimated_tokens", float64(p.estimate.Total))
 	switch {
 	case d.Verdict != policy.Admit:
-		w.str("decision", "rejected")
-		w.str("reason", string(d.Reason))
-		w.str("compartment", d.Compartment)
+		b = appendString(b, "decision", "rejected")
+		b = appendString(b, "reason", string(d.Reason))
+		b = appendString(b, "compartment", d.Compartment)
 	case d.Rerouted:
-		w.str("decision", "rerouted")
-		w.str("reason", string(d.Reason))
-		w.str("compartment", p.compartments)
+		b = appendString(b, "decision", "rerouted")
+		b = appendString(b, "reason", string(d.Reason))
+		b = appendString(b, "compartment", p.compartments)
 	default:
-		w.str("decision", "admitted")
-		w.str("compartment", p.compartments)
+		b = appendString(b, "decision", "admitted")
+		b = appendString(b, "compartment", p.compartments)
 	}
 	if p.final && d.Verdict == policy.Admit {
 		st, u := p.settled, p.outcome.Usage
-		w.num("prompt_tokens", float64(st.Prompt))
-		w.num("completion_tokens", float64(st.Completion))
-		w.num("total_tokens", float64(st.Total))
-		w.num("cached_tokens", float64(u.Cached))
-		w.num("reasoning_tokens", float64(u.Reasoning))
-		w.boolean("usage_reported", u.Known)
+		b = appendNumber(b, "prompt_tokens", float64(st.Prompt))
+		b = appendNumber(b, "completion_tokens", float64(st.Completion))
+		b = appendNumber(b, "total_tokens", float64(st.Total))
+		b = appendNumber(b, "cached_tokens", float64(u.Cached))
+		b = appendNumber(b, "reasoning_tokens", float64(u.Reasoning))
+		b = appendBool(b, "usage_reported", u.Known)
 	}
+	return b
 }
 
 // metadataBytes returns the reply's dynamic_metadata field, tag included, in wire format:
@@ -106,23 +106,21 @@ func (p *processor) metadataBytes() []byte {
 	if p.snap == nil || !p.decided {
 		return nil
 	}
-	// The namespace's fields first, at the end of a buffer big enough for all of it; then the
-	// envelopes, whose lengths depend on them, in front.
-	inner := metadataWriter{b: make([]byte, 0, 512)}
-	p.metadataFields(&inner)
+	// The namespace's fields first, into scratch space on the stack; then the envelopes, whose
+	// lengths depend on them, and the fields into one buffer of the exact size.
+	var scratch [512]byte
+	inner := p.appendMetadataFields(scratch[:0])
 	ns := p.snap.Policy.Envoy.MetadataNamespace
-	nsValue := protowire.SizeTag(fieldValueStruct) + protowire.SizeBytes(len(inner.b))
+	nsValue := protowire.SizeTag(fieldValueStruct) + protowire.SizeBytes(len(inner))
 	nsEntry := protowire.SizeTag(fieldEntryKey) + protowire.SizeBytes(len(ns)) +
 		protowire.SizeTag(fieldEntryValue) + protowire.SizeBytes(nsValue)
 	outer := protowire.SizeTag(fieldStructFields) + protowire.SizeBytes(nsEntry)
 	b := make([]byte, 0, protowire.SizeTag(fieldResponseDynamicMetadata)+protowire.SizeBytes(outer))
 	b = protowire.AppendTag(b, fieldResponseDynamicMetadata, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(outer))
-	w := metadataWriter{b: b}
-	w.entry(ns, fieldValueStruct, protowire.SizeBytes(len(inner.b)))
-	w.b = protowire.AppendTag(w.b, fieldValueStruct, protowire.BytesType)
-	w.b = protowire.AppendBytes(w.b, inner.b)
-	return w.b
+	b = appendEntry(b, ns, fieldValueStruct, protowire.SizeBytes(len(inner)))
+	b = protowire.AppendTag(b, fieldValueStruct, protowire.BytesType)
+	return protowire.AppendBytes(b, inner)
 }
 
 // withMetadata attaches the request's dynamic metadata to resp, which must be a reply built
