@@ -45,6 +45,18 @@ func writePolicy(t *testing.T, yaml string) string {
 
 func start(t *testing.T, o harness.Options) *harness.Stack {
 	t.Helper()
+	// Envoy's message timer is wall-clock time. These tests assert what the server decides, not
+	// how fast: under -race on a starved 2-core machine, a reply to a 1 MiB body or to one of
+	// sixty simultaneous requests can take longer than the policy's 200 ms, and the simulator
+	// would answer 504 for it. The server still plans its waits (override_message_timeout)
+	// against the policy's message_timeout; only the simulator's base timer is generous.
+	testFilter := o.Filter
+	o.Filter = func(f *envoysim.FilterConfig) {
+		f.MessageTimeout = 30 * time.Second
+		if testFilter != nil {
+			testFilter(f)
+		}
+	}
 	s, err := harness.Start(o)
 	if err != nil {
 		t.Fatal(err)

@@ -359,7 +359,11 @@ func TestSeedIncident(t *testing.T) {
 			admitted++
 			continue
 		}
-		refused[header(r, "x-bulkhead-reason")+" "+header(r, "x-bulkhead-compartment")]++
+		key := header(r, "x-bulkhead-reason") + " " + header(r, "x-bulkhead-compartment")
+		if key == " " {
+			key = fmt.Sprintf("status %d %s", r.Status, r.Body)
+		}
+		refused[key]++
 	}
 	// The paid-provider budget pays for ten documents; the rest degrade to the local model,
 	// where the enterprise tier's batch share (75 000 tokens a minute, 4 slots) holds them.
