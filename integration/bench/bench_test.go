@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/llm-bulkhead/llm-bulkhead/extproc"
 )
 
 // servers are the sides of every comparison. The replay server's replies are pre-encoded, so
@@ -59,7 +61,11 @@ func BenchmarkGRPCStream(b *testing.B) {
 	for _, s := range servers {
 		b.Run(s.name, func(b *testing.B) {
 			lis := bufconn.Listen(1 << 20)
-			gs := grpc.NewServer(grpc.MaxRecvMsgSize(noopMaxMessage))
+			opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(noopMaxMessage)}
+			if s.name == SideBulkhead {
+				opts = append(opts, extproc.ServerOption())
+			}
+			gs := grpc.NewServer(opts...)
 			extprocv3.RegisterExternalProcessorServer(gs, s.new(b))
 			done := make(chan struct{})
 			go func() {

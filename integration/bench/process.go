@@ -175,11 +175,12 @@ func (p *Process) exitErr() error {
 	return fmt.Errorf("%s: %w\n%s", p.Name, p.err, p.Tail())
 }
 
-// BuildServer builds the llm-bulkhead binary into dir with `go build` and returns its path.
-// It must run inside the module (the repository), as `make bench` does.
+// BuildServer builds the llm-bulkhead binary into dir as `make build` does (`go build -tags
+// vtprotobuf`) and returns its path. It must run inside the module (the repository), as
+// `make bench` does.
 func BuildServer(ctx context.Context, dir string) (string, error) {
 	out := filepath.Join(dir, "llm-bulkhead")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead")
+	cmd := exec.CommandContext(ctx, "go", "build", "-tags", "vtprotobuf", "-o", out, "github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead")
 	cmd.Env = os.Environ()
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build llm-bulkhead: %w\n%s", err, b)

@@ -126,7 +126,7 @@ func New(o Options) (*App, error) {
 
 	// Envoy sends a buffered body in one message; leave room for headers and metadata.
 	maxMsg := int(p.Envoy.MaxRequestBody) + 1<<20
-	a.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(maxMsg), grpc.MaxSendMsgSize(maxMsg))
+	a.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(maxMsg), grpc.MaxSendMsgSize(maxMsg), extproc.ServerOption())
 	extprocv3.RegisterExternalProcessorServer(a.grpc, a.extproc)
 	a.health = health.NewServer()
 	healthpb.RegisterHealthServer(a.grpc, a.health)
@@ -213,7 +213,7 @@ func (a *App) Start() error {
 	a.ready.Store(true)
 	a.log.Info("llm-bulkhead listening", "grpc_addr", a.GRPCAddr(), "admin_addr", a.AdminAddr(),
 		"policy", a.policyName, "generation", a.engine.Snapshot().Gen(),
-		"compartments", len(a.engine.Compartments()))
+		"compartments", len(a.engine.Compartments()), "fast_marshal", extproc.FastMarshal())
 	return nil
 }
 
