@@ -100,6 +100,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		rep.BulkheadCommand = "this program's " + CmdServeBulkhead + " (cmd/llm-bulkhead/app in-process)"
 	} else {
 		bin := cfg.BulkheadBinary
+		rep.BulkheadCommand = "llm-bulkhead serve (prebuilt binary " + bin + ")"
 		if bin == "" {
 			tmp, err := os.MkdirTemp("", "llm-bulkhead-bench-")
 			if err != nil {
@@ -110,9 +111,9 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 			if bin, err = BuildServer(ctx, tmp); err != nil {
 				return nil, err
 			}
+			rep.BulkheadCommand = "llm-bulkhead serve (binary from go build -tags vtprotobuf ./cmd/llm-bulkhead)"
 		}
 		bulkheadArgv = []string{bin, "serve", "--watch=false"}
-		rep.BulkheadCommand = "llm-bulkhead serve (binary from go build ./cmd/llm-bulkhead)"
 	}
 	specs := map[string]Spec{
 		SideNoop:   {Name: SideNoop, Argv: append(append([]string{}, cfg.Self...), CmdServeNoop), Env: ServerEnv(), ReadyMsg: ReadyMessage},

@@ -90,7 +90,7 @@ func parse(args []string, stderr io.Writer) (bench.Config, error) {
 	micro := fs.Bool("micro", true, "run the hot-path Go benchmarks with go test")
 	microTime := fs.String("micro-benchtime", "1s", "-benchtime of the micro-benchmarks")
 	microCount := fs.Int("micro-count", 3, "-count of the micro-benchmarks (the report shows medians)")
-	bin := fs.String("bulkhead-bin", "", "a prebuilt llm-bulkhead binary (default: go build ./cmd/llm-bulkhead into a temporary directory)")
+	bin := fs.String("bulkhead-bin", "", "a prebuilt llm-bulkhead binary (default: go build -tags vtprotobuf ./cmd/llm-bulkhead into a temporary directory)")
 	replay := fs.Bool("replay", true, "also load the replay server (llm-bulkhead's recorded replies, no policy work) to split the difference")
 	inProc := fs.Bool("bulkhead-in-process", false, "run llm-bulkhead from this program (same app package) instead of the binary; skips the build")
 	if err := fs.Parse(args); err != nil {
