@@ -523,11 +523,7 @@ func TestOpenAISDK(t *testing.T) {
 // TestDrain: on shutdown the server reports not ready and not serving, lets an in-flight
 // request finish within the grace period, and releases everything.
 func TestDrain(t *testing.T) {
-	s, err := harness.Start(harness.Options{PolicyPath: writePolicy(t, noWaitChat+"server: {drain_grace: 10s}\n"), NoMock: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := start(t, harness.Options{PolicyPath: writePolicy(t, noWaitChat+"server: {drain_grace: 10s}\n"), NoMock: true})
 	g := newGate()
 	result := hold(s, g, "chat")
 	stopped := make(chan struct{})
@@ -551,11 +547,7 @@ func TestDrain(t *testing.T) {
 // TestDrainGraceOver: a request still running when the grace period ends is cut, and what it
 // held is released.
 func TestDrainGraceOver(t *testing.T) {
-	s, err := harness.Start(harness.Options{PolicyPath: writePolicy(t, noWaitChat+"server: {drain_grace: 100ms}\n"), NoMock: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := start(t, harness.Options{PolicyPath: writePolicy(t, noWaitChat+"server: {drain_grace: 100ms}\n"), NoMock: true})
 	g := newGate()
 	hold(s, g, "chat")
 	s.App.Shutdown(context.Background())
