@@ -17,7 +17,7 @@ import (
 const Namespace = "llm_bulkhead"
 
 // reasons indexes per-reason counters on the hot path.
-var reasons = []Reason{ReasonTokenBudget, ReasonRateLimit, ReasonBulkheadFull, ReasonCircuitOpen, ReasonBadRequest, ReasonCancelled}
+var reasons = [...]Reason{ReasonTokenBudget, ReasonRateLimit, ReasonBulkheadFull, ReasonCircuitOpen, ReasonBadRequest, ReasonCancelled}
 
 func reasonIndex(r Reason) int {
 	for i, x := range reasons {
@@ -60,9 +60,9 @@ type shadowKey struct {
 type featureMetrics struct {
 	name              string
 	admittedN         atomic.Uint64
-	rejectedN         [6]atomic.Uint64
+	rejectedN         [len(reasons)]atomic.Uint64
 	admitted          prometheus.Counter
-	rejected          [6]prometheus.Counter
+	rejected          [len(reasons)]prometheus.Counter
 	tokensReserved    prometheus.Counter
 	promptSettled     prometheus.Counter
 	completionSettled prometheus.Counter
