@@ -145,6 +145,97 @@ func TestWatchSymlinkSwap(t *testing.T) {
 	}
 }
 
+// TestWatchNotStarvedBySiblingWrites (defect 7): a file written every few milliseconds next to
+// the policy — a log, a cache — must not keep postponing the reload of a policy that changed.
+func TestWatchNotStarvedBySiblingWrites(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(path, []byte(policyWith(1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := startApp(t, path)
+
+	stop := make(chan struct{})
+	stopped := make(chan struct{})
+	wrote := make(chan struct{}, 1)
+	go func() {
+		defer close(stopped)
+		log, err := os.Create(filepath.Join(dir, "access.log"))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer log.Close()
+		// Far more often than the watcher's debounce, for the whole test.
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if _, err := log.WriteString("GET /v1/chat/completions 200\n"); err != nil {
+				t.Error(err)
+				return
+			}
+			select {
+			case wrote <- struct{}{}:
+			default:
+			}
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-stopped })
+	<-wrote
+
+	if err := os.WriteFile(path, []byte(policyWith(2)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitGen(t, a, 2)
+	if limit(a) != 2 {
+		t.Fatalf("limit %d", limit(a))
+	}
+}
+
+// TestWatchSymlinkToSibling: with policy.yaml a symlink to another file in the same directory,
+// editing that file is a change of the policy, though no event names policy.yaml.
+func TestWatchSymlinkToSibling(t *testing.T) {
+	dir := t.TempDir()
+	real := filepath.Join(dir, "policy-v1.yaml")
+	if err := os.WriteFile(real, []byte(policyWith(1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("policy-v1.yaml", filepath.Join(dir, "policy.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	a := startApp(t, filepath.Join(dir, "policy.yaml"))
+
+	if err := os.WriteFile(real, []byte(policyWith(2)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitGen(t, a, 2)
+
+	// Re-pointed at another file: that file is now the one whose edits count.
+	next := filepath.Join(dir, "policy-v2.yaml")
+	if err := os.WriteFile(next, []byte(policyWith(3)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("policy-v2.yaml", filepath.Join(dir, ".policy.yaml.tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, ".policy.yaml.tmp"), filepath.Join(dir, "policy.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	waitGen(t, a, 3)
+	if err := os.WriteFile(next, []byte(policyWith(4)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitGen(t, a, 4)
+	if limit(a) != 4 {
+		t.Fatalf("limit %d", limit(a))
+	}
+}
+
 // TestReloadRefusesRestartOnlySettings: listener addresses cannot change on reload.
 func TestReloadRefusesRestartOnlySettings(t *testing.T) {
 	dir := t.TempDir()
