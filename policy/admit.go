@@ -262,7 +262,7 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 		}
 		var in *instance
 		if f.dyn != nil {
-			in = s.resolveDynamic(f, &dims, now)
+			in = f.dyn.resolve(s, f, &dims, now)
 		} else {
 			in = f.instances[f.staticIndex(&dims)]
 		}
@@ -295,8 +295,11 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 		t.rpm[i] = ch
 	}
 
-	// 2. The provider's breaker.
+	// 2. The provider's breaker, and an upstream retry-after holding this tenant back.
 	if bs := s.providers[dims.Provider].breakers; bs != nil {
+		if wait := bs.holds.until(dims.Tenant, now); wait > 0 {
+			return refuse(ReasonRateLimit, "provider/"+s.providers[dims.Provider].name, wait)
+		}
 		b := bs.For(dims.Model)
 		p, err := b.Acquire(now)
 		if err != nil {
@@ -377,7 +380,7 @@ func (t *Ticket) undo(now time.Time) {
 			in.tpd.Refund(t.tpd[i], now)
 		}
 		if in.family.dyn != nil {
-			in.c.Refs.Add(-1)
+			in.family.dyn.release(in, now)
 		}
 	}
 	if t.brk != nil {
@@ -429,50 +432,90 @@ type Settled struct {
 	Prompt, Completion, Total int64
 	// Estimated reports that the numbers are a partial estimate, not reported usage.
 	Estimated bool
+	// Clamped reports that the response claimed more than the request could have cost and was
+	// settled at that bound instead.
+	Clamped bool
 }
 
 // Settle computes what a request with this outcome is charged: reported usage when known,
 // else a partial estimate — the prompt (reported or estimated) plus completion tokens estimated
 // from the content seen — for responses that started, the estimated prompt for a request
 // cancelled before any response, and nothing for a failure without usage (it was not served).
+//
+// Reported numbers are not trusted blindly: negative counts count as zero, a total below its
+// parts is ignored (a total above them is charged: it covers tokens the parts do not name), and
+// each part is clamped to what the request could have cost (Estimate.MaxPrompt and
+// MaxCompletion). The result is never negative.
 func (t *Ticket) Settle(o Outcome) Settled {
 	u := o.Usage
-	if u.Known {
-		total := u.Total
-		if total == 0 {
-			total = u.Prompt + u.Completion
-		}
-		return Settled{Prompt: u.Prompt, Completion: total - u.Prompt, Total: total}
-	}
-	prompt := t.est.Prompt
-	if u.PromptKnown {
-		prompt = u.Prompt
-	}
+	var st Settled
 	switch {
-	case o.Status == 0 && o.Cancelled:
-		return Settled{Prompt: prompt, Total: prompt, Estimated: true}
-	case o.Status == 0 || (o.Status >= 400 && !u.PromptKnown):
-		return Settled{Estimated: true}
+	case u.Known:
+		prompt, completion := max(u.Prompt, 0), max(u.Completion, 0)
+		if total := max(u.Total, 0); total > prompt+completion || (completion == 0 && total > prompt) {
+			completion = total - prompt
+		}
+		st = Settled{Prompt: prompt, Completion: completion}
+	default:
+		prompt := t.est.Prompt
+		if u.PromptKnown {
+			prompt = max(u.Prompt, 0)
+		}
+		switch {
+		case o.Status == 0 && o.Cancelled:
+			st = Settled{Prompt: prompt, Estimated: true}
+		case o.Status == 0 || (o.Status >= 400 && !u.PromptKnown):
+			return Settled{Estimated: true}
+		default:
+			bpt := t.est.BytesPerToken
+			if bpt <= 0 {
+				bpt = 4
+			}
+			st = Settled{Prompt: prompt, Completion: int64(float64(max(u.ContentBytes, 0))/bpt + 0.5), Estimated: true}
+		}
 	}
-	bpt := t.est.BytesPerToken
-	if bpt <= 0 {
-		bpt = 4
+	if m := t.est.MaxPrompt; m > 0 && st.Prompt > m {
+		st.Prompt, st.Clamped = m, true
 	}
-	completion := int64(float64(u.ContentBytes)/bpt + 0.5)
-	return Settled{Prompt: prompt, Completion: completion, Total: prompt + completion, Estimated: true}
+	if m := t.est.MaxCompletion; m > 0 && st.Completion > m {
+		st.Completion, st.Clamped = m, true
+	}
+	st.Total = st.Prompt + st.Completion
+	return st
 }
 
 // Done releases everything the ticket holds and settles it against outcome o: slots back,
 // budgets corrected from the estimate to the real use, the breaker told how the call went, the
-// estimator taught the model's real prompt ratio. Idempotent; never blocks.
-func (t *Ticket) Done(o Outcome) Settled {
+// estimator taught the model's real prompt ratio. Idempotent; never blocks. The release is
+// deferred before any settlement work, so slots, references and the in-flight count come back
+// even if settlement fails.
+func (t *Ticket) Done(o Outcome) (settled Settled) {
 	if !t.active || !t.done.CompareAndSwap(false, true) {
 		return Settled{}
 	}
 	e, s := t.engine, t.snap
 	now := e.clock.Now()
+	recorded := false
+	defer func() {
+		if t.brk != nil && !recorded {
+			t.brk.Release(t.permit)
+		}
+		for i := 0; i < t.n; i++ {
+			if in := t.insts[i]; in.family.dyn != nil {
+				in.family.dyn.release(in, now)
+			}
+		}
+		e.inflight.Add(-1)
+	}()
 	e.sched.Release(t.set[:t.n], t.held[:t.n], t.grantedAt, now)
-	settled := t.Settle(o)
+	if t.brk != nil {
+		bs := s.providers[t.dims.Provider].breakers
+		outcome, d, openFor := breakerOutcome(bs.settings, o)
+		t.brk.Record(t.permit, outcome, d, now)
+		recorded = true
+		bs.holdFor(t.dims.Tenant, o.Status, openFor, t.brk, now)
+	}
+	settled = t.Settle(o)
 	for i := 0; i < t.n; i++ {
 		in := t.insts[i]
 		if in.tpm != nil {
@@ -481,34 +524,37 @@ func (t *Ticket) Done(o Outcome) Settled {
 		if in.tpd != nil {
 			in.tpd.Settle(t.tpd[i], settled.Total, now)
 		}
-		if in.family.dyn != nil {
-			in.c.Refs.Add(-1)
-			in.c.LastUsed.Store(now.UnixNano())
-		}
-	}
-	if t.brk != nil {
-		bs := s.providers[t.dims.Provider].breakers
-		settings := bs.settings
-		outcome, d, openFor := breakerOutcome(settings, o)
-		t.brk.Record(t.permit, outcome, d, now)
-		if openFor > 0 {
-			t.brk.OpenFor(openFor, now)
-		}
 	}
 	f := s.features[t.dims.Feature].stats
 	f.promptSettled.Add(float64(settled.Prompt))
 	f.completionSettled.Add(float64(settled.Completion))
+	if settled.Clamped {
+		f.usageClamped.Inc()
+		e.logClamp(f.name, t.dims.Model, o.Usage, t.est)
+	}
 	if o.Usage.Known {
 		if t.est.Total > 0 {
 			f.estimateError.Observe(float64(settled.Total) / float64(t.est.Total))
 		}
 		// Learn from the text part only: media items have fixed costs of their own.
-		if text := o.Usage.Prompt - t.est.Media; t.bytes > 0 && text > 0 && s.estimation.learn {
+		if text := settled.Prompt - t.est.Media; t.bytes > 0 && text > 0 && !settled.Clamped && s.estimation.learn {
 			e.est.learn(t.dims.Model, float64(t.bytes)/float64(text), s.startRatio(t.dims.Model), s.estimation)
 		}
 	} else if o.Status != 0 {
 		f.usageUnknown.Inc()
 	}
-	e.inflight.Add(-1)
 	return settled
+}
+
+// logClamp logs a clamped settlement, at most once a minute: one response claiming absurd usage
+// is worth a line, a provider doing it on every response is what the metric is for.
+func (e *Engine) logClamp(feature, model string, u Usage, est Estimate) {
+	now := e.clock.Now().UnixNano()
+	last := e.clampLoggedAt.Load()
+	if last != 0 && now-last < int64(time.Minute) || !e.clampLoggedAt.CompareAndSwap(last, now) {
+		return
+	}
+	e.log.Warn("reported usage is more than the request could cost; settled at the bound (further cases this minute are only counted in llm_bulkhead_usage_clamped_total)",
+		"feature", feature, "model", model, "reported_prompt", u.Prompt, "reported_completion", u.Completion,
+		"reported_total", u.Total, "max_prompt", est.MaxPrompt, "max_completion", est.MaxCompletion)
 }

@@ -2,51 +2,139 @@ package policy
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/breaker"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
-// maxModelBreakers bounds per-model breakers of one provider: model names come from clients.
-const maxModelBreakers = 256
-
-// breakerSet is the breaker of one provider, or its per-model breakers.
+// breakerSet is the breaker of one provider, or its per-model breakers, plus the tenants an
+// upstream retry-after holds back.
 type breakerSet struct {
 	provider string
 	settings config.BreakerSettings
 	cfg      breaker.Config
 	perModel bool
-	single   *breaker.Breaker
+	// modelGlobs are the policy's model globs that may name this provider's models: with
+	// breaker_per_model, each gets a breaker of its own; models matching none share single.
+	modelGlobs []string
+	single     *breaker.Breaker
 
 	mu     sync.Mutex
-	models map[string]*breaker.Breaker
+	models map[string]*breaker.Breaker // by glob
 	engine *Engine
+
+	holds *tenantHolds
 }
 
-// For returns the breaker guarding calls to model, creating a per-model breaker on first use.
+// For returns the breaker guarding calls to model: with breaker_per_model, the breaker of the
+// first model glob of the policy that matches it (created on first use), else the
+// provider-wide one. Breakers are keyed by the policy's globs, never by the client's model name,
+// so clients cannot create breakers or metric series.
 func (bs *breakerSet) For(model string) *breaker.Breaker {
 	if !bs.perModel {
 		return bs.single
 	}
-	bs.mu.Lock()
-	defer bs.mu.Unlock()
-	if b := bs.models[model]; b != nil {
-		return b
+	glob := ""
+	for _, g := range bs.modelGlobs {
+		if globMatch(g, model) {
+			glob = g
+			break
+		}
 	}
-	if len(bs.models) >= maxModelBreakers {
-		// Beyond the bound, unknown models share the provider-wide breaker.
+	if glob == "" {
 		return bs.single
 	}
-	b, err := bs.engine.newBreaker(bs.provider+"/"+model, bs.settings, bs.cfg)
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	if b := bs.models[glob]; b != nil {
+		return b
+	}
+	b, err := bs.engine.newBreaker(bs.provider+"/"+glob, bs.settings, bs.cfg)
 	if err != nil {
 		return bs.single
 	}
-	bs.models[strings.Clone(model)] = b
+	bs.models[glob] = b
 	return b
+}
+
+// maxTenantHolds bounds the tenants held back per provider at once. Past it, expired holds are
+// dropped; if none has expired, a new hold is not recorded (its calls go on to the provider,
+// which will say 429 again).
+const maxTenantHolds = 4096
+
+// tenantHolds records, per tenant, until when an upstream 429's retry-after holds its calls to
+// one provider back. It outlives reloads. Safe for concurrent use; admission reads a counter
+// and takes the lock only while some hold exists.
+type tenantHolds struct {
+	n  atomic.Int64
+	mu sync.Mutex
+	m  map[string]int64 // tenant → Unix nanoseconds
+}
+
+func newTenantHolds() *tenantHolds { return &tenantHolds{m: map[string]int64{}} }
+
+// until returns how long tenant is still held back at now (0 when it is not).
+func (h *tenantHolds) until(tenant string, now time.Time) time.Duration {
+	if h.n.Load() == 0 {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	end, ok := h.m[tenant]
+	if !ok {
+		return 0
+	}
+	if left := end - now.UnixNano(); left > 0 {
+		return time.Duration(left)
+	}
+	delete(h.m, tenant)
+	h.n.Store(int64(len(h.m)))
+	return 0
+}
+
+// hold holds tenant back until now+d, extending (never shortening) an existing hold.
+func (h *tenantHolds) hold(tenant string, d time.Duration, now time.Time) {
+	end := now.Add(d).UnixNano()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if cur, ok := h.m[tenant]; ok {
+		h.m[tenant] = max(cur, end)
+		return
+	}
+	if len(h.m) >= maxTenantHolds {
+		for t, e := range h.m {
+			if e <= now.UnixNano() {
+				delete(h.m, t)
+			}
+		}
+		if len(h.m) >= maxTenantHolds {
+			return
+		}
+	}
+	// The key outlives the request: it must not share memory with the request's message.
+	h.m[strings.Clone(tenant)] = end
+	h.n.Store(int64(len(h.m)))
+}
+
+// holdFor applies an upstream retry-after of d after a call with HTTP status to the breaker b
+// that judged it: capped by the policy, a 429 holds back only the tenant that got it when
+// retry_after_scope is tenant, and otherwise the breaker opens for everyone.
+func (bs *breakerSet) holdFor(tenant string, status int, d time.Duration, b *breaker.Breaker, now time.Time) {
+	if d <= 0 {
+		return
+	}
+	d = min(d, bs.settings.RetryAfterCap())
+	if status == 429 && bs.settings.RetryAfterScope == "tenant" {
+		bs.holds.hold(tenant, d, now)
+		return
+	}
+	b.OpenFor(d, now)
 }
 
 // all returns every breaker of the set, provider-wide first, then models by name.
@@ -105,8 +193,15 @@ func (s *Snapshot) buildBreakers(prev *Snapshot) error {
 		if err != nil {
 			return fmt.Errorf("providers.%s.breaker (%s): %w", pr.name, pc.Breaker, err)
 		}
-		bs := &breakerSet{provider: pr.name, settings: settings, cfg: cfg, perModel: pc.BreakerPerModel, engine: s.engine, models: map[string]*breaker.Breaker{}}
+		bs := &breakerSet{provider: pr.name, settings: settings, cfg: cfg, perModel: pc.BreakerPerModel, engine: s.engine,
+			models: map[string]*breaker.Breaker{}, holds: newTenantHolds()}
+		for _, mr := range s.classifier.models {
+			if mr.provider < 0 || s.providers[mr.provider].name == pr.name {
+				bs.modelGlobs = append(bs.modelGlobs, mr.glob)
+			}
+		}
 		if o := old[pr.name]; o != nil {
+			bs.holds = o.holds
 			if err := o.single.Reconfigure(cfg, s.built); err != nil {
 				return fmt.Errorf("providers.%s.breaker (%s): %w", pr.name, pc.Breaker, err)
 			}
@@ -114,7 +209,7 @@ func (s *Snapshot) buildBreakers(prev *Snapshot) error {
 			if bs.perModel && o.perModel {
 				o.mu.Lock()
 				for m, b := range o.models {
-					if b.Reconfigure(cfg, s.built) == nil {
+					if slices.Contains(bs.modelGlobs, m) && b.Reconfigure(cfg, s.built) == nil {
 						bs.models[m] = b
 					}
 				}

@@ -78,6 +78,8 @@ type modelRule struct {
 	provider int // -1 when the rule sets no provider
 	bpt      float64
 	maxOut   int64
+	// context is the model's context window (0 when the policy does not say).
+	context int64
 }
 
 func compileDimension(d config.Dimension, fold bool) dimension {

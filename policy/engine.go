@@ -54,6 +54,8 @@ type Engine struct {
 	// inflight counts admitted requests not yet done.
 	inflight atomic.Int64
 	est      *estimator
+	// clampLoggedAt is when a clamped settlement was last logged (Unix nanoseconds).
+	clampLoggedAt atomic.Int64
 }
 
 // NewEngine builds an engine running policy p.
@@ -296,7 +298,7 @@ func (s *Snapshot) buildClassifier() {
 		c.tenantTier[t.ID] = s.tierIdx[t.Tier]
 	}
 	for _, m := range p.Models {
-		mr := modelRule{glob: strings.ToLower(m.Match), provider: -1, bpt: m.BytesPerToken, maxOut: m.DefaultMaxTokens}
+		mr := modelRule{glob: strings.ToLower(m.Match), provider: -1, bpt: m.BytesPerToken, maxOut: m.DefaultMaxTokens, context: m.ContextTokens}
 		if m.Provider != "" {
 			mr.provider = s.providerIdx[m.Provider]
 		}

@@ -193,28 +193,33 @@ func TestEstimate(t *testing.T) {
 	e, _ := engine(t, `
 estimation: {bytes_per_token: 4, default_max_tokens: 500, image_tokens: 700, max_tokens: 100000}
 models:
-  - {match: "long-*", default_max_tokens: 4000, bytes_per_token: 2}
+  - {match: "long-*", default_max_tokens: 4000, bytes_per_token: 2, context_tokens: 8000}
 features:
   default: {max_concurrent: 1}
 `)
 	s := e.Snapshot()
+	// MaxPrompt is body bytes + 4 × media estimates + 1024 unless files are referenced;
+	// MaxCompletion is max_tokens × n; both at most the context (here max_tokens, 100000).
 	tests := []struct {
 		name  string
 		model string
 		size  policy.RequestSize
 		want  policy.Estimate
 	}{
-		{"no body: default output only", "x", policy.RequestSize{N: 1}, policy.Estimate{Prompt: 0, Output: 500, Total: 500, BytesPerToken: 4}},
-		{"bytes / 4 + max_tokens", "x", policy.RequestSize{Scanned: true, PromptBytes: 4001, MaxTokens: 100, HasMaxTokens: true, N: 1},
-			policy.Estimate{Prompt: 1001, Output: 100, Total: 1101, BytesPerToken: 4}},
-		{"n choices multiply output", "x", policy.RequestSize{Scanned: true, PromptBytes: 400, MaxTokens: 100, HasMaxTokens: true, N: 3},
-			policy.Estimate{Prompt: 100, Output: 300, Total: 400, BytesPerToken: 4}},
-		{"images cost per item", "x", policy.RequestSize{Scanned: true, PromptBytes: 40, Images: 2, N: 1},
-			policy.Estimate{Prompt: 1410, Media: 1400, Output: 500, Total: 1910, BytesPerToken: 4}},
-		{"per-model ratio and default", "long-ctx", policy.RequestSize{Scanned: true, PromptBytes: 400, N: 1},
-			policy.Estimate{Prompt: 200, Output: 4000, Total: 4200, BytesPerToken: 2}},
+		{"no body: default output only", "x", policy.RequestSize{N: 1},
+			policy.Estimate{Prompt: 0, Output: 500, Total: 500, BytesPerToken: 4, MaxPrompt: 100000, MaxCompletion: 100000}},
+		{"bytes / 4 + max_tokens", "x", policy.RequestSize{Scanned: true, BodyBytes: 4100, PromptBytes: 4001, MaxTokens: 100, HasMaxTokens: true, N: 1},
+			policy.Estimate{Prompt: 1001, Output: 100, Total: 1101, BytesPerToken: 4, MaxPrompt: 5124, MaxCompletion: 100}},
+		{"n choices multiply output", "x", policy.RequestSize{Scanned: true, BodyBytes: 500, PromptBytes: 400, MaxTokens: 100, HasMaxTokens: true, N: 3},
+			policy.Estimate{Prompt: 100, Output: 300, Total: 400, BytesPerToken: 4, MaxPrompt: 1524, MaxCompletion: 300}},
+		{"images cost per item", "x", policy.RequestSize{Scanned: true, BodyBytes: 200, PromptBytes: 40, Images: 2, N: 1},
+			policy.Estimate{Prompt: 1410, Media: 1400, Output: 500, Total: 1910, BytesPerToken: 4, MaxPrompt: 6824, MaxCompletion: 100000}},
+		{"per-model ratio, default and context", "long-ctx", policy.RequestSize{Scanned: true, BodyBytes: 500, PromptBytes: 400, N: 1},
+			policy.Estimate{Prompt: 200, Output: 4000, Total: 4200, BytesPerToken: 2, MaxPrompt: 1524, MaxCompletion: 8000}},
+		{"referenced files: the prompt is bounded by the context only", "x", policy.RequestSize{Scanned: true, BodyBytes: 300, PromptBytes: 40, Files: 1, N: 1},
+			policy.Estimate{Prompt: 2010, Media: 2000, Output: 500, Total: 2510, BytesPerToken: 4, MaxPrompt: 100000, MaxCompletion: 100000}},
 		{"absurd max_tokens is capped", "x", policy.RequestSize{Scanned: true, PromptBytes: 4, MaxTokens: 1 << 50, HasMaxTokens: true, N: 1},
-			policy.Estimate{Prompt: 1, Output: 100000, Total: 100000, BytesPerToken: 4}},
+			policy.Estimate{Prompt: 1, Output: 100000, Total: 100000, BytesPerToken: 4, MaxPrompt: 100000, MaxCompletion: 100000}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -577,7 +582,7 @@ features:
 
 func TestSettle(t *testing.T) {
 	tk := &policy.Ticket{}
-	e, _ := engine(t, "features: {default: {}}\n")
+	e, _ := engine(t, "allow_empty: true\nfeatures: {default: {}}\n")
 	s := e.Snapshot()
 	r := policy.Request{Dims: s.Classify(input{}), Estimate: policy.Estimate{Prompt: 1000, Output: 500, Total: 1500, BytesPerToken: 4}}
 	if d := e.Admit(context.Background(), s, &r, tk, nil); d.Verdict != policy.Admit {
@@ -746,6 +751,7 @@ compartments:
 
 func TestClassifyFromAttributesAndMetadataNumbers(t *testing.T) {
 	e, _ := engine(t, `
+allow_empty: true
 classification:
   feature:
     rules:

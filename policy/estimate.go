@@ -13,7 +13,10 @@ import (
 type RequestSize struct {
 	// Scanned is false when there was no (valid) body: the estimate is then the default output
 	// alone.
-	Scanned      bool
+	Scanned bool
+	// BodyBytes is the size of the whole request body. No tokenizer makes more text tokens than
+	// bytes, so it bounds what a response may claim the prompt cost.
+	BodyBytes    int64
 	PromptBytes  int64
 	Images       int
 	Audio        int
@@ -36,7 +39,18 @@ type Estimate struct {
 	Total int64
 	// BytesPerToken is the ratio used for the prompt text.
 	BytesPerToken float64
+	// MaxPrompt and MaxCompletion are the most the request can cost: reported usage above them
+	// is not believed (see Ticket.Settle). 0 means no bound.
+	MaxPrompt, MaxCompletion int64
 }
+
+// promptOverhead is what a chat template, tool definitions' framing and special tokens may add
+// to a prompt beyond one token per body byte.
+const promptOverhead = 1024
+
+// mediaCeiling is how many times its estimated cost one image or audio part may really cost
+// (high-resolution images, long clips): the bound on reported usage, not the estimate.
+const mediaCeiling = 4
 
 type estimationSettings struct {
 	bpt, weight, minB, maxB            float64
@@ -138,5 +152,27 @@ func (s *Snapshot) Estimate(model string, rs RequestSize) Estimate {
 	est.Output = min(out, st.maxTok) * min(n, 128)
 	est.Total = min(est.Prompt+est.Output, st.maxTok)
 	est.Prompt = min(est.Prompt, est.Total)
+	est.MaxPrompt, est.MaxCompletion = s.usageCeiling(model, rs)
 	return est
+}
+
+// usageCeiling bounds what a response may claim a request cost: the prompt by the body's size
+// (plus generous room for media and template tokens) unless it refers to files the body does
+// not contain, the completion by max_tokens × n, and both by the model's context window (or
+// estimation.max_tokens when the policy does not give one).
+func (s *Snapshot) usageCeiling(model string, rs RequestSize) (prompt, completion int64) {
+	st := &s.estimation
+	ctx := st.maxTok
+	if mr := s.classifier.modelRuleFor(model); mr != nil && mr.context > 0 {
+		ctx = mr.context
+	}
+	prompt, completion = ctx, ctx
+	if rs.Scanned && rs.BodyBytes > 0 && rs.Files == 0 {
+		media := mediaCeiling * (int64(rs.Images)*st.image + int64(rs.Audio)*st.audio)
+		prompt = min(rs.BodyBytes+media+promptOverhead, ctx)
+	}
+	if rs.HasMaxTokens && rs.MaxTokens > 0 {
+		completion = min(rs.MaxTokens*min(max(rs.N, 1), 128), ctx)
+	}
+	return max(prompt, 1), max(completion, 1)
 }

@@ -4,7 +4,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
@@ -69,17 +68,6 @@ type family struct {
 type dynKey struct {
 	tenant                  string
 	feature, tier, provider int
-}
-
-// dynStore holds the instances of one tenant-keyed family. It survives reloads that keep the
-// family's name and key; safe for concurrent use.
-type dynStore struct {
-	mu        sync.Mutex
-	instances map[dynKey]*instance
-	max       int
-	ttl       time.Duration
-	overflow  *instance
-	lastSweep int64 // Unix nanoseconds
 }
 
 func (f *family) applies(d *Dims) bool { return f.matches(d, false) }
@@ -148,73 +136,6 @@ func (f *family) dynKeyOf(d *Dims) dynKey {
 // instanceName names the instance of family f for the given key values.
 func instanceName(family string, values []string) string {
 	return family + "/" + strings.Join(values, "/")
-}
-
-// resolveDynamic returns (creating if needed) the instance of a tenant-keyed family for d,
-// holding a reference the caller must drop with unref.
-func (s *Snapshot) resolveDynamic(f *family, d *Dims, now time.Time) *instance {
-	st := f.dyn
-	key := f.dynKeyOf(d)
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	in := st.instances[key]
-	if in == nil {
-		if now.UnixNano()-st.lastSweep >= int64(st.ttl/4) {
-			// Evicting idle instances is amortised over instance creation: a quarter of the TTL
-			// apart at most, one pass over the store each time.
-			st.lastSweep = now.UnixNano()
-			st.sweepLocked(s.engine.sched, now)
-		}
-		if len(st.instances) >= st.max && !s.evictOne(st, now) {
-			// Every instance is busy: new tenants share one overflow compartment rather than
-			// growing memory without bound.
-			in = st.overflow
-			in.c.Refs.Add(1)
-			return in
-		}
-		in = s.newDynamic(f, d)
-		// The key outlives the request: it must not share memory with the request's message.
-		key.tenant = strings.Clone(key.tenant)
-		st.instances[key] = in
-	} else if in.gen != s.gen {
-		in = s.refreshDynamic(f, in, d)
-		st.instances[key] = in
-	}
-	in.c.Refs.Add(1)
-	in.c.LastUsed.Store(now.UnixNano())
-	return in
-}
-
-// evictOne drops the least recently used instance that is idle (and idle for the TTL, when the
-// store is not full). It reports whether one went.
-func (s *Snapshot) evictOne(st *dynStore, now time.Time) bool {
-	var oldest dynKey
-	var oldestAt int64 = -1
-	for k, in := range st.instances {
-		if !s.engine.sched.Idle(in.c) {
-			continue
-		}
-		if at := in.c.LastUsed.Load(); oldestAt < 0 || at < oldestAt {
-			oldest, oldestAt = k, at
-		}
-	}
-	if oldestAt < 0 {
-		return false
-	}
-	delete(st.instances, oldest)
-	return true
-}
-
-// sweepLocked evicts instances idle longer than the TTL; st.mu is held.
-func (st *dynStore) sweepLocked(sched *bulkhead.Scheduler, now time.Time) int {
-	n := 0
-	for k, in := range st.instances {
-		if now.UnixNano()-in.c.LastUsed.Load() >= int64(st.ttl) && sched.Idle(in.c) {
-			delete(st.instances, k)
-			n++
-		}
-	}
-	return n
 }
 
 // keyValues returns the names of d's values for the dimensions of f's key, in key order.
@@ -356,7 +277,7 @@ func (s *Snapshot) buildFamilies(prev *Snapshot) {
 		if slices.Contains(f.key, dimTenant) {
 			st := oldDyn[familyIdentity(fc)]
 			if st == nil {
-				st = &dynStore{instances: map[dynKey]*instance{}}
+				st = newDynStore()
 			}
 			f.dyn = st
 			overflow := s.buildOverflow(f, prev)
@@ -484,12 +405,7 @@ func (s *Snapshot) dynamicInstances() []*instance {
 		if f.dyn == nil {
 			continue
 		}
-		f.dyn.mu.Lock()
-		for _, in := range f.dyn.instances {
-			out = append(out, in)
-		}
-		out = append(out, f.dyn.overflow)
-		f.dyn.mu.Unlock()
+		out = append(out, f.dyn.instances()...)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
 	return out

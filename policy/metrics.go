@@ -40,6 +40,7 @@ type metrics struct {
 	tokensReserved *prometheus.CounterVec
 	tokensSettled  *prometheus.CounterVec
 	usageUnknown   *prometheus.CounterVec
+	usageClamped   *prometheus.CounterVec
 	estimateError  *prometheus.HistogramVec
 	queueWait      *prometheus.HistogramVec
 	classifyErrors *prometheus.CounterVec
@@ -67,6 +68,7 @@ type featureMetrics struct {
 	promptSettled     prometheus.Counter
 	completionSettled prometheus.Counter
 	usageUnknown      prometheus.Counter
+	usageClamped      prometheus.Counter
 	estimateError     prometheus.Observer
 }
 
@@ -87,6 +89,8 @@ func newMetrics(e *Engine, reg prometheus.Registerer) *metrics {
 			Help: "Tokens settled from responses, by feature and kind (prompt, completion)."}, []string{"feature", "kind"}),
 		usageUnknown: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "usage_unknown_total",
 			Help: "Admitted requests whose response reported no usage (settled to a partial estimate), by feature."}, []string{"feature"}),
+		usageClamped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "usage_clamped_total",
+			Help: "Responses whose reported usage was more than the request could have cost (prompt size, max_tokens × n, the model's context) and was settled at that bound instead, by feature."}, []string{"feature"}),
 		estimateError: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Name: "estimate_ratio",
 			Help:    "Actual tokens divided by the estimate, for requests whose usage was reported, by feature.",
 			Buckets: []float64{0.1, 0.25, 0.5, 0.75, 0.9, 1, 1.1, 1.25, 1.5, 2, 4}}, []string{"feature"}),
@@ -101,7 +105,7 @@ func newMetrics(e *Engine, reg prometheus.Registerer) *metrics {
 	m.unknownFeature = m.classifyErrors.WithLabelValues("unknown_feature")
 	if reg != nil {
 		reg.MustRegister(m.admitted, m.rejected, m.rerouted, m.tokensReserved, m.tokensSettled, m.usageUnknown,
-			m.estimateError, m.queueWait, m.classifyErrors, m.transitions, &stateCollector{m: m})
+			m.usageClamped, m.estimateError, m.queueWait, m.classifyErrors, m.transitions, &stateCollector{m: m})
 	}
 	return m
 }
@@ -125,6 +129,7 @@ func (m *metrics) feature(name string) *featureMetrics {
 		promptSettled:     m.tokensSettled.WithLabelValues(name, "prompt"),
 		completionSettled: m.tokensSettled.WithLabelValues(name, "completion"),
 		usageUnknown:      m.usageUnknown.WithLabelValues(name),
+		usageClamped:      m.usageClamped.WithLabelValues(name),
 		estimateError:     m.estimateError.WithLabelValues(name),
 	}
 	for i, r := range reasons {

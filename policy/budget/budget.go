@@ -189,6 +189,15 @@ func (w *Window) Reconfigure(capacity int64, window time.Duration, maxDebt float
 	w.configure(capacity, window, maxDebt)
 }
 
+// Empty reports whether nothing charged counts against the window at now: forgetting the
+// window then loses nothing.
+func (w *Window) Empty(now time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.advance(now)
+	return w.sum == 0
+}
+
 // State is a point-in-time view of a Window.
 type State struct {
 	Capacity int64

@@ -28,7 +28,16 @@ type BreakerSettings struct {
 	IgnoreStatuses           []string
 	RateLimitedAs            string // neutral, failure or ignore
 	HonorRetryAfter          bool
+	RetryAfterScope          string // tenant or provider
 	NoResponseAs             string // failure or ignore
+}
+
+// RetryAfterCap is the longest an upstream retry-after may hold calls back.
+func (s BreakerSettings) RetryAfterCap() time.Duration {
+	if s.MaxWaitInOpen > 0 {
+		return s.MaxWaitInOpen
+	}
+	return s.WaitInOpen
 }
 
 // ResolveBreaker applies the base chain of breakers[name] and the defaults.
@@ -63,6 +72,7 @@ func fillBreaker(dst *Breaker, src Breaker) {
 	setIfNil(&dst.State, src.State)
 	setIfNil(&dst.RateLimitedAs, src.RateLimitedAs)
 	setIfNil(&dst.HonorRetryAfter, src.HonorRetryAfter)
+	setIfNil(&dst.RetryAfterScope, src.RetryAfterScope)
 	setIfNil(&dst.NoResponseAs, src.NoResponseAs)
 	if dst.FailureStatuses == nil {
 		dst.FailureStatuses = src.FailureStatuses
@@ -115,6 +125,7 @@ func finishBreaker(b Breaker) BreakerSettings {
 		IgnoreStatuses:           b.IgnoreStatuses,
 		RateLimitedAs:            or(b.RateLimitedAs, "neutral"),
 		HonorRetryAfter:          b.HonorRetryAfter == nil || *b.HonorRetryAfter,
+		RetryAfterScope:          or(b.RetryAfterScope, "tenant"),
 		NoResponseAs:             or(b.NoResponseAs, "failure"),
 	}
 	if s.FailureStatuses == nil {
@@ -140,6 +151,9 @@ func validateBreaker(v *validator, path string, b Breaker) {
 	}
 	if b.RateLimitedAs != nil {
 		v.oneOf(path+".rate_limited_as", *b.RateLimitedAs, []string{"neutral", "failure", "ignore"})
+	}
+	if b.RetryAfterScope != nil {
+		v.oneOf(path+".retry_after_scope", *b.RetryAfterScope, []string{"tenant", "provider"})
 	}
 	if b.NoResponseAs != nil {
 		v.oneOf(path+".no_response_as", *b.NoResponseAs, []string{"failure", "ignore"})

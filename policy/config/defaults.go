@@ -319,6 +319,24 @@ func (p *Policy) eachLimitSet(fn func(path string, l Limits)) {
 	}
 }
 
+// AnyLimits reports whether the policy limits anything: a compartment family reads a limit set
+// with a concurrency, token or request limit, or a provider has a breaker.
+func (p *Policy) AnyLimits() bool {
+	for _, pr := range p.Providers {
+		if pr.Breaker != "" {
+			return true
+		}
+	}
+	found := false
+	p.eachLimitSet(func(_ string, l Limits) {
+		r := p.Resolve(l)
+		if r.MaxConcurrent > 0 || r.MaxInflightTokens > 0 || r.TokensPerMinute > 0 || r.TokensPerDay > 0 || r.RequestsPerMinute > 0 {
+			found = true
+		}
+	})
+	return found
+}
+
 // AnyTokenLimits reports whether any limit set of the policy limits tokens (in-flight tokens or a
 // token budget), so that request bodies must be read for estimates.
 func (p *Policy) AnyTokenLimits() bool {

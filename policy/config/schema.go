@@ -42,6 +42,10 @@ type Policy struct {
 	Pools []Pool `koanf:"pools" json:"pools,omitempty"`
 	// Responses sets which headers are added to responses for admitted requests.
 	Responses Responses `koanf:"responses" json:"responses,omitempty"`
+	// AllowEmpty accepts a policy that limits nothing (no concurrency, token or request limit in
+	// any compartment and no breaker). Default false: such a policy is refused, so that an empty
+	// or truncated file cannot silently turn every limit off.
+	AllowEmpty bool `koanf:"allow_empty" json:"allow_empty,omitempty"`
 }
 
 // Server holds listener and process settings. Command-line flags given explicitly win over these.
@@ -189,6 +193,10 @@ type ModelRule struct {
 	BytesPerToken float64 `koanf:"bytes_per_token" json:"bytes_per_token,omitempty"`
 	// DefaultMaxTokens overrides estimation.default_max_tokens for matching models.
 	DefaultMaxTokens int64 `koanf:"default_max_tokens" json:"default_max_tokens,omitempty"`
+	// ContextTokens is the model's context window (prompt and output together). Reported usage
+	// above it is not believed: it is settled at this bound and counted in
+	// llm_bulkhead_usage_clamped_total. Default 0: estimation.max_tokens bounds it instead.
+	ContextTokens int64 `koanf:"context_tokens" json:"context_tokens,omitempty"`
 }
 
 // Estimation sets how a request's token use is estimated before the response reports it.
@@ -288,7 +296,10 @@ type Provider struct {
 	Limits `koanf:",squash"`
 	// Breaker names an entry of breakers. Default none (no breaker).
 	Breaker string `koanf:"breaker" json:"breaker,omitempty"`
-	// BreakerPerModel keeps one breaker per provider × model instead of one per provider.
+	// BreakerPerModel keeps one breaker per model glob of the `models` list that can name this
+	// provider's models (e.g. provider/deepseek-r*), instead of one per provider. Models that
+	// match no glob share the provider-wide breaker: model names come from clients, so they never
+	// create breakers or metric series themselves.
 	BreakerPerModel bool `koanf:"breaker_per_model" json:"breaker_per_model,omitempty"`
 	// Fallback is the provider to re-route to while this provider's breaker is open.
 	Fallback string `koanf:"fallback" json:"fallback,omitempty"`
@@ -318,7 +329,9 @@ type Breaker struct {
 	WaitInOpen *Duration `koanf:"wait_in_open" json:"wait_in_open,omitempty"`
 	// WaitInOpenMultiplier grows the wait on consecutive openings. Default 1 (no growth).
 	WaitInOpenMultiplier *float64 `koanf:"wait_in_open_multiplier" json:"wait_in_open_multiplier,omitempty"`
-	// MaxWaitInOpen caps the grown wait. Default 0 = no cap beyond 10 × wait_in_open.
+	// MaxWaitInOpen caps the grown wait, and how long an upstream retry-after may hold the breaker
+	// OPEN (or hold a tenant back, see retry_after_scope). Default 0: the grown wait is capped at
+	// 10 × wait_in_open, and a retry-after hold at wait_in_open.
 	MaxWaitInOpen *Duration `koanf:"max_wait_in_open" json:"max_wait_in_open,omitempty"`
 	// PermittedCallsInHalfOpen is the number of probe calls. Default 10.
 	PermittedCallsInHalfOpen *int `koanf:"permitted_calls_in_half_open" json:"permitted_calls_in_half_open,omitempty"`
@@ -335,8 +348,14 @@ type Breaker struct {
 	// RateLimitedAs is how an upstream 429 counts: neutral (recorded as success, not a failure),
 	// failure, or ignore. Default neutral.
 	RateLimitedAs *string `koanf:"rate_limited_as" json:"rate_limited_as,omitempty"`
-	// HonorRetryAfter holds the breaker OPEN for an upstream 429/503 retry-after. Default true.
+	// HonorRetryAfter holds calls back for an upstream 429/503 retry-after, never longer than
+	// max_wait_in_open (or wait_in_open when that is unset). Default true.
 	HonorRetryAfter *bool `koanf:"honor_retry_after" json:"honor_retry_after,omitempty"`
+	// RetryAfterScope is whom an upstream 429's retry-after holds back: tenant (only the tenant
+	// whose request got the 429 is refused with rate_limit until it passes; a per-key limit at
+	// the provider must not ground every tenant) or provider (the breaker opens for everyone).
+	// A 503's retry-after always opens the breaker. Default tenant.
+	RetryAfterScope *string `koanf:"retry_after_scope" json:"retry_after_scope,omitempty"`
 	// NoResponseAs is how a stream that ended after admission without response headers counts:
 	// failure or ignore. Default failure.
 	NoResponseAs *string `koanf:"no_response_as" json:"no_response_as,omitempty"`

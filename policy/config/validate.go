@@ -38,6 +38,18 @@ func validate(ps *problems, p *Policy) {
 	v.families()
 	v.pools()
 	v.waits()
+	v.limitsSomething()
+}
+
+// limitsSomething refuses a policy without a single limit unless it says allow_empty: an empty,
+// comment-only or truncated file would otherwise load and turn every limit off.
+func (v *validator) limitsSomething() {
+	if v.p.AllowEmpty || len(v.ps.list) > 0 || v.p.AnyLimits() {
+		// Other problems (a negative limit, a bad mode) say more than "nothing is limited".
+		return
+	}
+	v.add("", "the policy sets no limit at all (no max_concurrent, max_inflight_tokens, token budget, request rate or breaker): "+
+		"every request would be admitted. Add limits, or set allow_empty: true if that is what you mean")
 }
 
 type validator struct {
@@ -277,6 +289,9 @@ func (v *validator) models() {
 		}
 		if m.BytesPerToken < 0 {
 			v.add(path+".bytes_per_token", "must not be negative")
+		}
+		if m.ContextTokens < 0 {
+			v.add(path+".context_tokens", "must not be negative")
 		}
 		if m.DefaultMaxTokens < 0 {
 			v.add(path+".default_max_tokens", "must not be negative")
