@@ -437,6 +437,9 @@ type Settled struct {
 	Clamped bool
 }
 
+// maxReported bounds any one reported count before arithmetic (2^40, about 10^12 tokens).
+const maxReported = 1 << 40
+
 // Settle computes what a request with this outcome is charged: reported usage when known,
 // else a partial estimate — the prompt (reported or estimated) plus completion tokens estimated
 // from the content seen — for responses that started, the estimated prompt for a request
@@ -448,18 +451,21 @@ type Settled struct {
 // MaxCompletion). The result is never negative.
 func (t *Ticket) Settle(o Outcome) Settled {
 	u := o.Usage
+	// Negative counts are zero; beyond maxReported (far more than any bound) is maxReported, so
+	// the sums below cannot overflow.
+	sane := func(v int64) int64 { return min(max(v, 0), maxReported) }
 	var st Settled
 	switch {
 	case u.Known:
-		prompt, completion := max(u.Prompt, 0), max(u.Completion, 0)
-		if total := max(u.Total, 0); total > prompt+completion || (completion == 0 && total > prompt) {
+		prompt, completion := sane(u.Prompt), sane(u.Completion)
+		if total := sane(u.Total); total > prompt+completion {
 			completion = total - prompt
 		}
 		st = Settled{Prompt: prompt, Completion: completion}
 	default:
 		prompt := t.est.Prompt
 		if u.PromptKnown {
-			prompt = max(u.Prompt, 0)
+			prompt = sane(u.Prompt)
 		}
 		switch {
 		case o.Status == 0 && o.Cancelled:
@@ -471,7 +477,7 @@ func (t *Ticket) Settle(o Outcome) Settled {
 			if bpt <= 0 {
 				bpt = 4
 			}
-			st = Settled{Prompt: prompt, Completion: int64(float64(max(u.ContentBytes, 0))/bpt + 0.5), Estimated: true}
+			st = Settled{Prompt: prompt, Completion: int64(float64(sane(u.ContentBytes))/bpt + 0.5), Estimated: true}
 		}
 	}
 	if m := t.est.MaxPrompt; m > 0 && st.Prompt > m {

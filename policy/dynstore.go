@@ -118,9 +118,11 @@ func (st *dynStore) evictLocked(now time.Time, need bool, scan int) bool {
 // evictable reports whether forgetting in loses nothing: no request holds it and every budget
 // window it has is empty.
 func (in *instance) evictable(now time.Time) bool {
-	if in.c.Refs.Load() != 0 {
-		return false
-	}
+	return in.c.Refs.Load() == 0 && in.budgetsEmpty(now)
+}
+
+// budgetsEmpty reports whether every budget window of in is empty at now.
+func (in *instance) budgetsEmpty(now time.Time) bool {
 	for _, w := range [...]*budget.Window{in.tpm, in.tpd, in.rpm} {
 		if w != nil && !w.Empty(now) {
 			return false
@@ -163,6 +165,19 @@ func (st *dynStore) instances() []*instance {
 		out = append(out, e.in)
 	}
 	return append(out, st.overflow)
+}
+
+// drained reports whether forgetting the whole store loses nothing: every instance, the
+// overflow compartment included, is evictable.
+func (st *dynStore) drained(now time.Time) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, e := range st.entries {
+		if !e.in.evictable(now) {
+			return false
+		}
+	}
+	return st.overflow == nil || st.overflow.evictable(now)
 }
 
 // len returns the number of instances (not counting the overflow compartment).

@@ -54,6 +54,11 @@ type Engine struct {
 	// inflight counts admitted requests not yet done.
 	inflight atomic.Int64
 	est      *estimator
+	// retired and retiredDyn keep the compartments a reload removed (static ones by name,
+	// tenant-keyed stores by family identity) until nothing holds them and their budgets have
+	// aged out, so a later reload that brings them back finds their state. Guarded by applyMu.
+	retired    map[string]*instance
+	retiredDyn map[string]*dynStore
 	// clampLoggedAt is when a clamped settlement was last logged (Unix nanoseconds).
 	clampLoggedAt atomic.Int64
 }
@@ -66,7 +71,8 @@ func NewEngine(p *config.Policy, o Options) (*Engine, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	e := &Engine{clock: o.Clock, log: o.Logger, sched: &bulkhead.Scheduler{Now: o.Clock.Now}}
+	e := &Engine{clock: o.Clock, log: o.Logger, sched: &bulkhead.Scheduler{Now: o.Clock.Now},
+		retired: map[string]*instance{}, retiredDyn: map[string]*dynStore{}}
 	e.est = newEstimator()
 	e.metrics = newMetrics(e, o.Registerer)
 	e.sched.OnWait = e.metrics.observeWait
@@ -120,7 +126,47 @@ func (e *Engine) Apply(p *config.Policy) (Diff, error) {
 	s.pendingLimits = nil
 	e.cur.Store(s)
 	s.applyBreakerStates(prev)
+	e.retire(prev, s)
 	return diffSnapshots(prev, s), nil
+}
+
+// retire moves the compartments prev had and next does not into the retired set, and forgets
+// retired ones that next brought back or whose state no longer matters. applyMu is held.
+func (e *Engine) retire(prev, next *Snapshot) {
+	if prev == nil {
+		return
+	}
+	live := map[string]bool{}
+	for _, in := range next.staticInstances() {
+		live[in.name] = true
+	}
+	liveDyn := map[string]bool{}
+	for _, f := range next.families {
+		if f.dyn != nil {
+			liveDyn[familyIdentity(f.cfg)] = true
+		}
+	}
+	for _, in := range prev.staticInstances() {
+		if !live[in.name] {
+			e.retired[in.name] = in
+		}
+	}
+	for _, f := range prev.families {
+		if id := familyIdentity(f.cfg); f.dyn != nil && !liveDyn[id] {
+			e.retiredDyn[id] = f.dyn
+		}
+	}
+	now := e.clock.Now()
+	for name, in := range e.retired {
+		if live[name] || (e.sched.Idle(in.c) && in.budgetsEmpty(now)) {
+			delete(e.retired, name)
+		}
+	}
+	for id, st := range e.retiredDyn {
+		if liveDyn[id] || st.drained(now) {
+			delete(e.retiredDyn, id)
+		}
+	}
 }
 
 func diffSnapshots(prev, next *Snapshot) Diff {

@@ -257,6 +257,17 @@ func (s *Snapshot) buildFamilies(prev *Snapshot) {
 			}
 		}
 	}
+	// Compartments an earlier reload removed come back with their state.
+	for name, in := range s.engine.retired {
+		if oldStatic[name] == nil {
+			oldStatic[name] = in
+		}
+	}
+	for id, st := range s.engine.retiredDyn {
+		if oldDyn[id] == nil {
+			oldDyn[id] = st
+		}
+	}
 	for _, fc := range p.Compartments {
 		f := &family{name: fc.Name, cfg: fc}
 		for _, k := range fc.Key {
@@ -280,7 +291,7 @@ func (s *Snapshot) buildFamilies(prev *Snapshot) {
 				st = newDynStore()
 			}
 			f.dyn = st
-			overflow := s.buildOverflow(f, prev)
+			overflow := s.buildOverflow(f, st)
 			st.mu.Lock()
 			st.max, st.ttl, st.overflow = fc.MaxInstances, fc.IdleTTL.D(), overflow
 			st.mu.Unlock()
@@ -352,22 +363,15 @@ func (s *Snapshot) buildStatic(f *family, old map[string]*instance) {
 }
 
 // buildOverflow makes the shared compartment new tenants use when a tenant-keyed family is at
-// max_instances with nothing idle to evict. It has the limits of the default tier.
-func (s *Snapshot) buildOverflow(f *family, prev *Snapshot) *instance {
+// max_instances with nothing evictable. It has the limits of the default tier, and carries over
+// the state of the store's earlier overflow compartment (none for a new store).
+func (s *Snapshot) buildOverflow(f *family, st *dynStore) *instance {
 	d := Dims{Tenant: "", Tier: s.tierIdx[s.Policy.Classification.Tier.Default]}
-	name := f.name + "/_overflow"
-	in := &instance{name: name, family: f, gen: s.gen}
+	in := &instance{name: f.name + "/_overflow", family: f, gen: s.gen}
 	in.limits = s.limitsFor(f, &d)
-	var old *instance
-	if prev != nil {
-		for _, pf := range prev.families {
-			if pf.dyn != nil && familyIdentity(pf.cfg) == familyIdentity(f.cfg) {
-				pf.dyn.mu.Lock()
-				old = pf.dyn.overflow
-				pf.dyn.mu.Unlock()
-			}
-		}
-	}
+	st.mu.Lock()
+	old := st.overflow
+	st.mu.Unlock()
 	s.adopt(in, old)
 	return in
 }

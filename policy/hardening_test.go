@@ -391,3 +391,52 @@ breakers:
 		t.Errorf("breakers = %s", got)
 	}
 }
+
+func TestReloadThatRemovesACompartmentAndBringsItBackKeepsItsBudget(t *testing.T) {
+	const withChat = `
+classification:
+  feature:
+    rules: [{header: x-llm-feature}]
+features:
+  default: {max_concurrent: 10}
+  chat: {max_concurrent: 10, tokens_per_minute: 1000}
+compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+  - {name: tenant, key: [tenant], limits_from: tenant}
+tiers:
+  free: {tokens_per_minute: 5000}
+`
+	const withoutChat = `
+features:
+  default: {max_concurrent: 10}
+`
+	e, clk := engine(t, withChat)
+	apply := func(y string) {
+		t.Helper()
+		p, err := config.Load("p.yaml", []byte(y), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Apply(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Given chat and the anonymous tenant have spent 900 and 4000 of their minute
+	if d := spend(t, e, feature("chat"), 900); d.Verdict != policy.Admit {
+		t.Fatal(d)
+	}
+	if d := spend(t, e, input{}, 3100); d.Verdict != policy.Admit {
+		t.Fatal(d)
+	}
+	// When a reload drops chat and the tenant family, and the next one brings them back
+	apply(withoutChat)
+	clk.Advance(time.Second)
+	apply(withChat)
+	// Then their budgets are as they were, not fresh
+	if d := spend(t, e, feature("chat"), 900); d.Verdict != policy.Reject || d.Reason != policy.ReasonTokenBudget || d.Compartment != "feature/chat" {
+		t.Fatalf("chat after the round trip: %+v, want token_budget from feature/chat", d)
+	}
+	if d := spend(t, e, input{}, 1500); d.Verdict != policy.Reject || d.Compartment != "tenant/anonymous" {
+		t.Fatalf("tenant after the round trip: %+v, want token_budget from tenant/anonymous", d)
+	}
+}

@@ -38,6 +38,9 @@ type BudgetView struct {
 	Used      int64  `json:"used"`
 	Remaining int64  `json:"remaining"`
 	ResetIn   string `json:"reset_in"`
+	// Forgiven is what settlement could not charge because the window was at its debt bound
+	// (max_debt), since the budget was created.
+	Forgiven int64 `json:"forgiven"`
 }
 
 // Compartments returns the state of every compartment: static ones in family order, then
@@ -81,7 +84,8 @@ func (e *Engine) Compartments() []CompartmentView {
 }
 
 func budgetView(kind string, st budget.State) BudgetView {
-	return BudgetView{Kind: kind, Capacity: st.Capacity, Used: st.Used, Remaining: st.Remaining, ResetIn: st.ResetIn.Round(time.Millisecond).String()}
+	return BudgetView{Kind: kind, Capacity: st.Capacity, Used: st.Used, Remaining: st.Remaining, ResetIn: st.ResetIn.Round(time.Millisecond).String(),
+		Forgiven: st.Forgiven}
 }
 
 // BreakerView is a breaker's state for the admin API and dashboard.
