@@ -68,10 +68,14 @@ func (a *App) adminHandler() http.Handler {
 	})
 	mux.HandleFunc("POST /admin/breakers/{name...}", a.forceBreaker)
 	mux.HandleFunc("GET /admin/config", func(w http.ResponseWriter, r *http.Request) {
+		// The addresses actually bound, not the policy's: flags override those, and port 0 in
+		// either picks a free port. The copy is shallow; only its Server strings change.
+		p := *a.current.Load()
+		p.Server.GRPCAddr, p.Server.AdminAddr = a.GRPCAddr(), a.AdminAddr()
 		writeJSON(w, http.StatusOK, map[string]any{
 			"source":     a.policyName,
 			"generation": a.engine.Snapshot().Gen(),
-			"policy":     a.current.Load(),
+			"policy":     &p,
 		})
 	})
 	mux.HandleFunc("GET /{$}", a.dashboard)

@@ -2,8 +2,10 @@ package app_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -252,5 +254,56 @@ func TestReloadRefusesRestartOnlySettings(t *testing.T) {
 	}
 	if err := a.Reload("test"); err == nil {
 		t.Fatal("a changed admin address was accepted on reload")
+	}
+}
+
+// get fetches url, with the bearer token when one is given, and returns the response's status,
+// WWW-Authenticate header and body.
+func get(t *testing.T, url, token string) (int, string, []byte) {
+	t.Helper()
+	req, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header.Get("WWW-Authenticate"), body
+}
+
+// TestAdminConfigShowsBoundAddresses (defect 12): /admin/config shows the addresses the server
+// listens on — the flags' overrides, with the ports port 0 chose — not the policy's.
+func TestAdminConfigShowsBoundAddresses(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(policyWith(1)+"server: {grpc_addr: 127.0.0.1:9002, admin_addr: 127.0.0.1:9090}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := startApp(t, path)
+	code, _, body := get(t, "http://"+a.AdminAddr()+"/admin/config", "")
+	if code != http.StatusOK {
+		t.Fatalf("GET /admin/config: %d", code)
+	}
+	var out struct {
+		Policy struct {
+			Server struct {
+				GRPCAddr  string `json:"grpc_addr"`
+				AdminAddr string `json:"admin_addr"`
+			} `json:"server"`
+		} `json:"policy"`
+	}
+	if err := json.Unmarshal(body, &out); err != nil {
+		t.Fatal(err)
+	}
+	if out.Policy.Server.GRPCAddr != a.GRPCAddr() || out.Policy.Server.AdminAddr != a.AdminAddr() {
+		t.Errorf("/admin/config server = %+v, want grpc_addr %s and admin_addr %s", out.Policy.Server, a.GRPCAddr(), a.AdminAddr())
 	}
 }
