@@ -3,14 +3,17 @@
 //
 // Usage:
 //
-//	llm-bulkhead [serve] [--config FILE] [--grpc-addr ADDR] [--admin-addr ADDR] [--log-level LEVEL] [--watch=true]
+//	llm-bulkhead [serve] [--config FILE] [--grpc-addr ADDR] [--admin-addr ADDR] [--admin-insecure] [--log-level LEVEL] [--watch=true]
 //	llm-bulkhead validate --config FILE [--explain]
 //	llm-bulkhead envoy-config [--config FILE]
 //	llm-bulkhead version
 //
 // Without --config the server runs the policy built into the binary (examples/policy.yaml).
+// An admin address that is not loopback needs the admin token (LLM_BULKHEAD_ADMIN_TOKEN), which
+// then guards /admin/* and the dashboard too, or --admin-insecure to serve it without one.
 // Exit status: 0 on success and after a graceful shutdown, 2 for an invalid policy or bad
-// usage, 1 when the server cannot run (e.g. an address in use).
+// usage (an unguarded admin address included), 1 when the server cannot run (e.g. an address
+// in use).
 package main
 
 import (
@@ -94,6 +97,7 @@ func serve(ctx context.Context, args, env []string, stderr io.Writer, hup <-chan
 	fs.StringVar(&o.ConfigPath, "config", "", "policy file (default: the built-in examples/policy.yaml)")
 	fs.StringVar(&o.GRPCAddr, "grpc-addr", "", "ext_proc gRPC listen address (default: the policy's server.grpc_addr, 127.0.0.1:9002)")
 	fs.StringVar(&o.AdminAddr, "admin-addr", "", "admin HTTP listen address (default: the policy's server.admin_addr, 127.0.0.1:9090)")
+	fs.BoolVar(&o.AdminInsecure, "admin-insecure", false, "serve a non-loopback admin address without an admin token, to anyone who can connect (logs a warning)")
 	fs.StringVar(&o.LogLevel, "log-level", "", "debug, info, warn or error (default: the policy's server.log_level, info)")
 	fs.BoolVar(&o.Watch, "watch", true, "reload the policy file when it changes (SIGHUP always reloads)")
 	if err := fs.Parse(args); err != nil {
@@ -111,6 +115,11 @@ func serve(ctx context.Context, args, env []string, stderr io.Writer, hup <-chan
 		if errors.As(err, &ce) {
 			fmt.Fprintln(stderr, "llm-bulkhead: invalid policy, not starting:")
 			fmt.Fprintln(stderr, err)
+			return 2
+		}
+		var exposed *app.ExposedAdminError
+		if errors.As(err, &exposed) {
+			fmt.Fprintln(stderr, "llm-bulkhead: not starting:", err)
 			return 2
 		}
 		fmt.Fprintln(stderr, "llm-bulkhead:", err)

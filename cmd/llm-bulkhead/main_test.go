@@ -93,6 +93,56 @@ func TestServeAddressInUseExits1(t *testing.T) {
 	}
 }
 
+// TestServeExposedAdminExits2 (defect 8): an admin address reachable beyond this machine, from
+// the flag or the policy, with no admin token and no --admin-insecure, is refused at start
+// with a message naming the address and both ways out.
+func TestServeExposedAdminExits2(t *testing.T) {
+	for name, args := range map[string][]string{
+		"flag":   {"serve", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "0.0.0.0:0"},
+		"policy": {"serve", "--grpc-addr", "127.0.0.1:0", "--config", write(t, "features: {default: {max_concurrent: 5}}\nserver: {admin_addr: \":0\"}\n")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			// Only a guard: a server that wrongly starts serves until its context ends.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var errOut bytes.Buffer
+			code := run(ctx, args, []string{}, &bytes.Buffer{}, &errOut, nil)
+			if code != 2 {
+				t.Fatalf("exit %d, want 2\n%s", code, errOut.String())
+			}
+			for _, want := range []string{"admin address", "is not loopback", "LLM_BULKHEAD_ADMIN_TOKEN", "--admin-insecure"} {
+				if !strings.Contains(errOut.String(), want) {
+					t.Errorf("stderr does not say %q: %s", want, errOut.String())
+				}
+			}
+		})
+	}
+}
+
+// TestServeAdminInsecure: --admin-insecure starts an exposed admin listener without a token,
+// warns about it, and shuts down normally.
+func TestServeAdminInsecure(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	logs := &syncBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "0.0.0.0:0", "--admin-insecure"}, []string{}, &bytes.Buffer{}, logs, nil)
+	}()
+	waitUntil(t, func() bool { return strings.Contains(logs.String(), "llm-bulkhead listening") })
+	if !strings.Contains(logs.String(), `"level":"WARN"`) || !strings.Contains(logs.String(), "--admin-insecure") {
+		t.Errorf("no warning about the unguarded admin listener:\n%s", logs.String())
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit %d, want 0", code)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}
+
 // freeAddr reserves a loopback port for a server started by run.
 func freeAddr(t *testing.T) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -4,6 +4,8 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"strings"
 
@@ -34,8 +36,41 @@ func newAppMetrics(reg prometheus.Registerer) *appMetrics {
 	return m
 }
 
-// adminHandler serves the admin endpoints. GET endpoints are open (the listener is loopback by
-// default); POST endpoints need the admin token.
+// ExposedAdminError refuses an admin address reachable beyond this machine when no admin token
+// is set and --admin-insecure was not given: /admin/config and the dashboard would show the
+// policy, its tenants and limits to anyone who can connect. The process exits with status 2.
+type ExposedAdminError struct {
+	// Addr is the admin address as configured; TokenEnv names the token's environment variable.
+	Addr, TokenEnv string
+}
+
+func (e *ExposedAdminError) Error() string {
+	return fmt.Sprintf("admin address %s is not loopback and %s is empty: set %s to a secret "+
+		"(then /admin/* and the dashboard need Authorization: Bearer <token>; /metrics, /healthz and /readyz stay open), "+
+		"or pass --admin-insecure to serve it without a token, or listen on 127.0.0.1", e.Addr, e.TokenEnv, e.TokenEnv)
+}
+
+// isLoopback reports whether a listener on addr (host:port) is reachable only from this
+// machine: 127.0.0.0/8, ::1 or localhost. An empty host, 0.0.0.0 and :: listen on every
+// interface; any other name may resolve to one that is reachable.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		// Not host:port at all: listening fails with a clearer message than ours.
+		return true
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	host, _, _ = strings.Cut(host, "%") // an IPv6 zone names the interface, not the address
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// adminHandler serves the admin endpoints. POST endpoints always need the admin token. GET
+// endpoints are open on a loopback listener; on one reachable beyond this machine with a token
+// set, /admin/* and the dashboard need it too, while /metrics, /healthz and /readyz stay open
+// for Prometheus and the kubelet's probes, which do not carry it.
 func (a *App) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry}))
@@ -53,21 +88,21 @@ func (a *App) adminHandler() http.Handler {
 		}
 		writeText(w, http.StatusServiceUnavailable, "not ready\n")
 	})
-	mux.HandleFunc("GET /admin/compartments", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET /admin/compartments", a.guardRead(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{
 			"generation":   a.engine.Snapshot().Gen(),
 			"in_flight":    a.engine.InFlight(),
 			"compartments": a.engine.Compartments(),
 		})
-	})
-	mux.HandleFunc("GET /admin/decisions", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	mux.HandleFunc("GET /admin/decisions", a.guardRead(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"features": a.engine.Decisions()})
-	})
-	mux.HandleFunc("GET /admin/breakers", func(w http.ResponseWriter, r *http.Request) {
+	}))
+	mux.HandleFunc("GET /admin/breakers", a.guardRead(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"breakers": a.engine.Breakers()})
-	})
+	}))
 	mux.HandleFunc("POST /admin/breakers/{name...}", a.forceBreaker)
-	mux.HandleFunc("GET /admin/config", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET /admin/config", a.guardRead(func(w http.ResponseWriter, r *http.Request) {
 		// The addresses actually bound, not the policy's: flags override those, and port 0 in
 		// either picks a free port. The copy is shallow; only its Server strings change.
 		p := *a.current.Load()
@@ -77,16 +112,28 @@ func (a *App) adminHandler() http.Handler {
 			"generation": a.engine.Snapshot().Gen(),
 			"policy":     &p,
 		})
-	})
-	mux.HandleFunc("GET /{$}", a.dashboard)
+	}))
+	mux.HandleFunc("GET /{$}", a.guardRead(a.dashboard))
 	return mux
+}
+
+// guardRead requires the admin token for a GET endpoint when the listener is reachable beyond
+// this machine (see adminHandler).
+func (a *App) guardRead(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if a.guardReads && !a.authorised(r) {
+			a.unauthorised(w)
+			return
+		}
+		h(w, r)
+	}
 }
 
 // forceBreaker handles POST /admin/breakers/{name} with a JSON body {"state": "FORCED_OPEN"} (or
 // DISABLED, METRICS_ONLY, CLOSED, OPEN, HALF_OPEN), authorised by "Authorization: Bearer <token>".
 func (a *App) forceBreaker(w http.ResponseWriter, r *http.Request) {
 	if !a.authorised(r) {
-		writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin token required: set " + a.current.Load().Admin.TokenEnv + " on the server and send Authorization: Bearer <token>"})
+		a.unauthorised(w)
 		return
 	}
 	var body struct {
@@ -112,6 +159,11 @@ func (a *App) forceBreaker(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"breaker": name})
+}
+
+func (a *App) unauthorised(w http.ResponseWriter) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="llm-bulkhead admin"`)
+	writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin token required: set " + a.current.Load().Admin.TokenEnv + " on the server and send Authorization: Bearer <token>"})
 }
 
 func (a *App) authorised(r *http.Request) bool {

@@ -37,6 +37,9 @@ type Options struct {
 	// GRPCAddr and AdminAddr override the policy's server.grpc_addr and server.admin_addr.
 	GRPCAddr  string
 	AdminAddr string
+	// AdminInsecure serves an admin address that is not loopback without an admin token. Without
+	// it, New refuses such an address with an *ExposedAdminError unless the token is set.
+	AdminInsecure bool
 	// LogLevel overrides the policy's server.log_level.
 	LogLevel string
 	// Env is the environment for LLM_BULKHEAD_ overrides and the admin token; nil uses
@@ -71,6 +74,11 @@ type App struct {
 	reloadMu   sync.Mutex
 	current    atomic.Pointer[config.Policy]
 	adminToken string
+	// guardReads makes the admin GET endpoints other than /metrics, /healthz and /readyz require
+	// the token: set when the admin listener is reachable beyond this machine.
+	guardReads bool
+	// adminUnguarded is a listener beyond loopback with nothing guarding it (--admin-insecure).
+	adminUnguarded bool
 
 	serveErr chan error
 	stopOnce sync.Once
@@ -122,6 +130,16 @@ func New(o Options) (*App, error) {
 	a.engine = eng
 	a.current.Store(p)
 	a.adminToken = lookupEnv(o.Env, p.Admin.TokenEnv)
+	if _, adminAddr := a.listenAddrs(p); !isLoopback(adminAddr) {
+		switch {
+		case a.adminToken != "":
+			a.guardReads = true
+		case o.AdminInsecure:
+			a.adminUnguarded = true
+		default:
+			return nil, &ExposedAdminError{Addr: adminAddr, TokenEnv: p.Admin.TokenEnv}
+		}
+	}
 	a.extproc = extproc.NewServer(eng, extproc.Options{Logger: a.log, Registerer: a.registry})
 
 	// Envoy sends a buffered body in one message; leave room for headers and metadata.
@@ -176,16 +194,21 @@ func (a *App) GRPCAddr() string { return a.grpcLn.Addr().String() }
 // AdminAddr returns the admin listen address once Start has run.
 func (a *App) AdminAddr() string { return a.adminLn.Addr().String() }
 
-// Start listens on both addresses and serves in the background.
-func (a *App) Start() error {
-	p := a.current.Load()
-	grpcAddr, adminAddr := p.Server.GRPCAddr, p.Server.AdminAddr
+// listenAddrs returns the addresses to listen on: the flags' where given, else the policy's.
+func (a *App) listenAddrs(p *config.Policy) (grpcAddr, adminAddr string) {
+	grpcAddr, adminAddr = p.Server.GRPCAddr, p.Server.AdminAddr
 	if a.opts.GRPCAddr != "" {
 		grpcAddr = a.opts.GRPCAddr
 	}
 	if a.opts.AdminAddr != "" {
 		adminAddr = a.opts.AdminAddr
 	}
+	return grpcAddr, adminAddr
+}
+
+// Start listens on both addresses and serves in the background.
+func (a *App) Start() error {
+	grpcAddr, adminAddr := a.listenAddrs(a.current.Load())
 	var err error
 	if a.grpcLn, err = net.Listen("tcp", grpcAddr); err != nil {
 		return fmt.Errorf("ext_proc listener: %w", err)
@@ -211,6 +234,10 @@ func (a *App) Start() error {
 	a.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	a.health.SetServingStatus(extprocv3.ExternalProcessor_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	a.ready.Store(true)
+	if a.adminUnguarded {
+		a.log.Warn("the admin listener is reachable beyond this machine and has no token (--admin-insecure): "+
+			"anyone who can connect reads the policy, compartments and breakers", "admin_addr", a.AdminAddr())
+	}
 	a.log.Info("llm-bulkhead listening", "grpc_addr", a.GRPCAddr(), "admin_addr", a.AdminAddr(),
 		"policy", a.policyName, "generation", a.engine.Snapshot().Gen(),
 		"compartments", len(a.engine.Compartments()), "fast_marshal", extproc.FastMarshal())

@@ -1,13 +1,17 @@
 package app_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -278,6 +282,149 @@ func get(t *testing.T, url, token string) (int, string, []byte) {
 		t.Fatal(err)
 	}
 	return resp.StatusCode, resp.Header.Get("WWW-Authenticate"), body
+}
+
+// TestExposedAdminAddressRefusedWithoutToken (defect 8): an admin address other than loopback,
+// from the flag or the policy, is refused unless the admin token is set or AdminInsecure says
+// so; loopback addresses need neither.
+func TestExposedAdminAddressRefusedWithoutToken(t *testing.T) {
+	exposed := []string{"0.0.0.0:9090", ":9090", "[::]:9090", "192.0.2.10:9090", "admin.internal:9090", "[fe80::1%eth0]:9090"}
+	loopback := []string{"127.0.0.1:0", "127.3.2.1:0", "[::1]:0", "localhost:0", "LOCALHOST:0"}
+	newApp := func(policy string, o app.Options) error {
+		o.ConfigPath = filepath.Join(t.TempDir(), "policy.yaml")
+		if err := os.WriteFile(o.ConfigPath, []byte(policy), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		o.LogOutput = io.Discard
+		_, err := app.New(o)
+		return err
+	}
+	for _, addr := range exposed {
+		for _, fromPolicy := range []bool{false, true} {
+			policy, o := policyWith(1), app.Options{Env: []string{}}
+			if fromPolicy {
+				policy += fmt.Sprintf("server: {admin_addr: %q}\n", addr)
+			} else {
+				o.AdminAddr = addr
+			}
+			err := newApp(policy, o)
+			var ee *app.ExposedAdminError
+			if !errors.As(err, &ee) {
+				t.Errorf("%s (from policy %v): err %v, want an ExposedAdminError", addr, fromPolicy, err)
+				continue
+			}
+			for _, want := range []string{addr, "LLM_BULKHEAD_ADMIN_TOKEN", "--admin-insecure"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("%s: message %q does not name %q", addr, err, want)
+				}
+			}
+			o.Env = []string{"LLM_BULKHEAD_ADMIN_TOKEN=s3cret"}
+			if err := newApp(policy, o); err != nil {
+				t.Errorf("%s with a token: %v", addr, err)
+			}
+			o.Env, o.AdminInsecure = []string{}, true
+			if err := newApp(policy, o); err != nil {
+				t.Errorf("%s with AdminInsecure: %v", addr, err)
+			}
+		}
+	}
+	// The token's variable is the one admin.token_env names.
+	err := newApp(policyWith(1)+"admin: {token_env: OPS_TOKEN}\n", app.Options{AdminAddr: "0.0.0.0:9090", Env: []string{"LLM_BULKHEAD_ADMIN_TOKEN=x"}})
+	if err == nil || !strings.Contains(err.Error(), "OPS_TOKEN") {
+		t.Errorf("admin.token_env OPS_TOKEN unset: err %v", err)
+	}
+	for _, addr := range loopback {
+		if err := newApp(policyWith(1), app.Options{AdminAddr: addr, Env: []string{}}); err != nil {
+			t.Errorf("%s: %v", addr, err)
+		}
+	}
+}
+
+// startExposed starts an app whose admin listener is on every interface and returns it with a
+// loopback base URL for its admin port.
+func startExposed(t *testing.T, o app.Options) (*app.App, string) {
+	t.Helper()
+	o.ConfigPath = filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(o.ConfigPath, []byte(policyWith(1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o.GRPCAddr, o.AdminAddr = "127.0.0.1:0", "0.0.0.0:0"
+	a, err := app.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Shutdown(context.Background()) })
+	_, port, err := net.SplitHostPort(a.AdminAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, "http://127.0.0.1:" + port
+}
+
+// TestExposedAdminReadsNeedToken: on an admin listener beyond loopback with a token set, the
+// dashboard and /admin/* need the token; /metrics and the probes stay open.
+func TestExposedAdminReadsNeedToken(t *testing.T) {
+	_, base := startExposed(t, app.Options{Env: []string{"LLM_BULKHEAD_ADMIN_TOKEN=s3cret"}, LogOutput: io.Discard})
+	for _, path := range []string{"/", "/admin/config", "/admin/compartments", "/admin/decisions", "/admin/breakers"} {
+		for _, token := range []string{"", "wrong"} {
+			code, challenge, body := get(t, base+path, token)
+			if code != http.StatusUnauthorized || challenge == "" || strings.Contains(string(body), "max_concurrent") {
+				t.Errorf("GET %s with token %q: %d, WWW-Authenticate %q, body %.80s", path, token, code, challenge, body)
+			}
+		}
+		if code, _, _ := get(t, base+path, "s3cret"); code != http.StatusOK {
+			t.Errorf("GET %s with the token: %d", path, code)
+		}
+	}
+	for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
+		if code, _, _ := get(t, base+path, ""); code != http.StatusOK {
+			t.Errorf("GET %s without a token: %d, want it open for Prometheus and probes", path, code)
+		}
+	}
+}
+
+// TestLoopbackAdminReadsOpen: on the default loopback listener reads need no token, even with
+// one set (it guards the POSTs).
+func TestLoopbackAdminReadsOpen(t *testing.T) {
+	a, err := app.New(app.Options{GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{"LLM_BULKHEAD_ADMIN_TOKEN=s3cret"}, LogOutput: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer a.Shutdown(context.Background())
+	for _, path := range []string{"/", "/admin/config", "/admin/compartments"} {
+		if code, _, _ := get(t, "http://"+a.AdminAddr()+path, ""); code != http.StatusOK {
+			t.Errorf("GET %s: %d", path, code)
+		}
+	}
+}
+
+// TestAdminInsecureWarns: AdminInsecure serves an exposed listener without a token, and says
+// so in the log when it starts.
+func TestAdminInsecureWarns(t *testing.T) {
+	var logs bytes.Buffer
+	_, base := startExposed(t, app.Options{Env: []string{}, LogOutput: &logs, AdminInsecure: true})
+	if code, _, _ := get(t, base+"/admin/config", ""); code != http.StatusOK {
+		t.Errorf("GET /admin/config: %d", code)
+	}
+	var warned bool
+	for _, line := range strings.Split(logs.String(), "\n") {
+		var rec struct {
+			Level, Msg string
+			AdminAddr  string `json:"admin_addr"`
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Level == "WARN" && strings.Contains(rec.Msg, "no token") && rec.AdminAddr != "" {
+			warned = true
+		}
+	}
+	if !warned {
+		t.Errorf("no warning about the unguarded admin listener:\n%s", logs.String())
+	}
 }
 
 // TestAdminConfigShowsBoundAddresses (defect 12): /admin/config shows the addresses the server
