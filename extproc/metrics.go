@@ -29,6 +29,11 @@ type metrics struct {
 	overrides   prometheus.Counter
 	endedEarly  *prometheus.CounterVec
 	handle      [msgKinds]prometheus.Observer
+
+	// admissionsEnded and admissionsReleased count, as each stream ends, the admitted ones and
+	// those whose admission was back by then: a difference is an admission that leaked.
+	admissionsEnded    prometheus.Counter
+	admissionsReleased prometheus.Counter
 }
 
 func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
@@ -44,6 +49,10 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 			Help: "override_message_timeout replies sent to keep Envoy waiting for a queued request."}),
 		endedEarly: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "extproc_streams_ended_early_total",
 			Help: "Admitted requests whose stream ended before the last expected message, by how (reset, half_close, error, send_failed)."}, []string{"how"}),
+		admissionsEnded: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "extproc_admitted_streams_ended_total",
+			Help: "Streams whose request was admitted, counted when the stream ends."}),
+		admissionsReleased: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "extproc_admitted_streams_released_total",
+			Help: "Admitted streams whose admission was released by the time the stream ended; below extproc_admitted_streams_ended_total only if one leaked."}),
 	}
 	hist := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "extproc_message_duration_seconds",
 		Help:    "Time to handle one ext_proc message, by message type (queueing for a slot included).",
@@ -54,7 +63,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	active := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "extproc_streams_active",
 		Help: "ext_proc streams open now."}, func() float64 { return float64(s.ActiveStreams()) })
 	if reg != nil {
-		reg.MustRegister(m.streams, m.passthrough, m.panics, m.overrides, m.endedEarly, hist, active)
+		reg.MustRegister(m.streams, m.passthrough, m.panics, m.overrides, m.endedEarly, m.admissionsEnded, m.admissionsReleased, hist, active)
 	}
 	return m
 }

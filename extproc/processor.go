@@ -464,6 +464,12 @@ func (p *processor) finish() {
 		p.final = true
 		p.settle(p.respStarted)
 	}
+	if p.decision.Verdict == policy.Admit {
+		p.srv.metrics.admissionsEnded.Inc()
+		if !p.ticket.Admitted() {
+			p.srv.metrics.admissionsReleased.Inc()
+		}
+	}
 	if p.scanner != nil {
 		p.scanner.Close()
 		scanners.Put(p.scanner)
