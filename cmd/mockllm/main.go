@@ -47,7 +47,9 @@ GET /mockllm/healthz.
 Per-request headers: x-mockllm-status, x-mockllm-retry-after,
 x-mockllm-delay-headers, x-mockllm-disconnect-after, x-mockllm-no-usage,
 x-mockllm-fail-rate, x-mockllm-gzip, x-mockllm-completion-tokens,
-x-mockllm-cached-tokens, x-mockllm-reasoning-tokens.
+x-mockllm-cached-tokens, x-mockllm-reasoning-tokens,
+x-mockllm-report-prompt-tokens, x-mockllm-report-completion-tokens,
+x-mockllm-report-total-tokens.
 
 Flags:
 `)
@@ -80,7 +82,7 @@ Flags:
 	fs.IntVar(&cfg.opts.ChunkTokens, "chunk-tokens", mock.DefaultChunkTokens, "completion tokens per streamed content event")
 	fs.IntVar(&cfg.opts.EmbeddingDimensions, "embedding-dimensions", mock.DefaultEmbeddingDimensions, "embedding vector length when the request gives no dimensions")
 	fs.IntVar(&cfg.opts.RequestLogSize, "request-log", mock.DefaultRequestLogSize, "how many recent requests GET /mockllm/requests keeps")
-	fs.Func("fail", "fault `rule` for the whole run, e.g. provider=deepseek,rate=0.6,status=503; keys: provider, model (glob), status, rate, retry-after, delay-headers, disconnect-after, no-usage, gzip (repeatable; later rules refine earlier ones)", func(v string) error {
+	fs.Func("fail", "fault `rule` for the whole run, e.g. provider=deepseek,rate=0.6,status=503; keys: provider, model (glob), status, rate, retry-after, delay-headers, disconnect-after, no-usage, gzip, report-prompt, report-completion, report-total (repeatable; later rules refine earlier ones)", func(v string) error {
 		r, err := mock.ParseFaultRule(v)
 		if err != nil {
 			return err

@@ -24,6 +24,11 @@ const (
 	HeaderNoUsage         = "x-mockllm-no-usage"         // boolean: leave usage out of the response
 	HeaderFailRate        = "x-mockllm-fail-rate"        // fraction in [0, 1] of requests that fail
 	HeaderGzip            = "x-mockllm-gzip"             // boolean: gzip the body if accept-encoding allows it
+	// Integers reported in usage instead of the real counts (see Fault.ReportPrompt); an empty
+	// value reports the real count.
+	HeaderReportPrompt     = "x-mockllm-report-prompt-tokens"
+	HeaderReportCompletion = "x-mockllm-report-completion-tokens"
+	HeaderReportTotal      = "x-mockllm-report-total-tokens"
 )
 
 // Limits that keep injected faults within what a test can sensibly mean.
@@ -82,6 +87,38 @@ func parseDelay(s string) (time.Duration, error) {
 	return d, nil
 }
 
+// Count is a token count a fault may set; the zero value sets nothing. In JSON it is a plain
+// integer, left out (or null) when not set. It is a plain value and safe for concurrent use.
+type Count struct {
+	N   int64
+	Set bool
+}
+
+// Of returns a set Count of n.
+func Of(n int64) Count { return Count{N: n, Set: true} }
+
+// MarshalJSON writes the count, or null when it is not set.
+func (c Count) MarshalJSON() ([]byte, error) {
+	if !c.Set {
+		return []byte("null"), nil
+	}
+	return strconv.AppendInt(nil, c.N, 10), nil
+}
+
+// UnmarshalJSON reads an integer; null leaves the count unset.
+func (c *Count) UnmarshalJSON(b []byte) error {
+	if strings.TrimSpace(string(b)) == "null" {
+		*c = Count{}
+		return nil
+	}
+	var n int64
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("token count must be an integer: %s", b)
+	}
+	*c = Of(n)
+	return nil
+}
+
 // Fault is a set of misbehaviours injected into one response. The zero value
 // injects nothing. It is a plain value and safe for concurrent use.
 type Fault struct {
@@ -108,6 +145,16 @@ type Fault struct {
 	// Gzip compresses the response body when the request's accept-encoding
 	// allows gzip.
 	Gzip bool `json:"gzip,omitempty"`
+	// ReportPrompt, ReportCompletion and ReportTotal, when set, replace the
+	// counts the response's usage reports, to imitate providers whose usage
+	// cannot be trusted: a total below the prompt, counts in the billions,
+	// negative counts. The text generated, the latency and the
+	// x-mockllm-*-tokens response headers keep the real counts. An unset
+	// ReportTotal reports the reported prompt plus completion; Anthropic's
+	// usage has no total and ignores it.
+	ReportPrompt     Count `json:"report_prompt,omitzero"`
+	ReportCompletion Count `json:"report_completion,omitzero"`
+	ReportTotal      Count `json:"report_total,omitzero"`
 }
 
 // validate reports every out-of-range field of f.
@@ -150,7 +197,44 @@ func (f Fault) overlay(g Fault) Fault {
 	}
 	f.NoUsage = f.NoUsage || g.NoUsage
 	f.Gzip = f.Gzip || g.Gzip
+	for _, c := range []struct{ dst, src *Count }{
+		{&f.ReportPrompt, &g.ReportPrompt}, {&f.ReportCompletion, &g.ReportCompletion}, {&f.ReportTotal, &g.ReportTotal},
+	} {
+		if c.src.Set {
+			*c.dst = *c.src
+		}
+	}
 	return f
+}
+
+// report returns what the usage object of a response with real usage u
+// says under f.
+func (f Fault) report(u usage) reportedUsage {
+	r := reportedUsage{Prompt: u.Prompt, Completion: u.Completion, Cached: u.Cached, Reasoning: u.Reasoning}
+	if f.ReportPrompt.Set {
+		r.Prompt = f.ReportPrompt.N
+	}
+	if f.ReportCompletion.Set {
+		r.Completion = f.ReportCompletion.N
+	}
+	r.Total = saturatingAdd(r.Prompt, r.Completion)
+	if f.ReportTotal.Set {
+		r.Total = f.ReportTotal.N
+	}
+	return r
+}
+
+// saturatingAdd is a + b, held at the int64 limits instead of wrapping, so
+// two absurd counts add up to an absurd total rather than a negative one.
+func saturatingAdd(a, b int64) int64 {
+	s := a + b
+	switch {
+	case a > 0 && b > 0 && s < 0:
+		return math.MaxInt64
+	case a < 0 && b < 0 && s >= 0:
+		return math.MinInt64
+	}
+	return s
 }
 
 // failStatus returns the status this request fails with, or 0 when it
@@ -228,13 +312,16 @@ func mergeRules(rules []FaultRule, provider, model string) Fault {
 }
 
 // faultRuleKeys are the keys ParseFaultRule understands, for its error text.
-var faultRuleKeys = []string{"provider", "model", "status", "rate", "retry-after", "delay-headers", "disconnect-after", "no-usage", "gzip"}
+var faultRuleKeys = []string{"provider", "model", "status", "rate", "retry-after", "delay-headers", "disconnect-after", "no-usage", "gzip",
+	"report-prompt", "report-completion", "report-total"}
 
 // ParseFaultRule reads a rule written as comma-separated key=value pairs, the
 // syntax of the -fail flag: provider, model (glob), status, rate (alias
 // fail-rate), retry-after (seconds), delay-headers (alias delay; Go duration
-// or seconds), disconnect-after (events), no-usage and gzip (booleans). For
-// example "provider=deepseek,rate=0.6,status=503". A key given twice, an
+// or seconds), disconnect-after (events), no-usage and gzip (booleans), and
+// report-prompt, report-completion and report-total (integers reported in
+// usage instead of the real counts). For example
+// "provider=deepseek,rate=0.6,status=503". A key given twice, an
 // unknown key or a value out of range is an error.
 func ParseFaultRule(spec string) (FaultRule, error) {
 	var r FaultRule
@@ -281,6 +368,12 @@ func ParseFaultRule(spec string) (FaultRule, error) {
 			r.NoUsage, err = strconv.ParseBool(value)
 		case "gzip":
 			r.Gzip, err = strconv.ParseBool(value)
+		case "report-prompt":
+			r.ReportPrompt, err = parseCount(value)
+		case "report-completion":
+			r.ReportCompletion, err = parseCount(value)
+		case "report-total":
+			r.ReportTotal, err = parseCount(value)
 		default:
 			return r, fmt.Errorf("unknown fault rule key %q (known: %s)", key, strings.Join(faultRuleKeys, ", "))
 		}
@@ -370,7 +463,35 @@ func applyFaultHeaders(f Fault, h http.Header) (Fault, error) {
 			f.Gzip = b
 		}
 	}
+	for _, c := range []struct {
+		name string
+		dst  *Count
+	}{{HeaderReportPrompt, &f.ReportPrompt}, {HeaderReportCompletion, &f.ReportCompletion}, {HeaderReportTotal, &f.ReportTotal}} {
+		v, ok := headerValue(h, c.name)
+		switch {
+		case !ok:
+		case v == "":
+			*c.dst = Count{}
+		default:
+			n, err := parseCount(v)
+			if err != nil {
+				fail(c.name, v, err)
+			} else {
+				*c.dst = n
+			}
+		}
+	}
 	return f, errors.Join(errs...)
+}
+
+// parseCount reads a reported token count: any integer, negative ones
+// included, since imitating a provider that reports nonsense is the point.
+func parseCount(s string) (Count, error) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return Count{}, err
+	}
+	return Of(n), nil
 }
 
 // headerValue returns the trimmed first value of header name and whether it

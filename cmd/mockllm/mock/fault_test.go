@@ -2,6 +2,7 @@ package mock
 
 import (
 	"encoding/json"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -25,6 +26,12 @@ func TestParseFaultRule(t *testing.T) {
 			spec: " model = gpt-4* , fail-rate=0.1, retry-after=7,delay=1.5,disconnect-after=3,no-usage=true,gzip=1,status=429",
 			want: FaultRule{Model: "gpt-4*", Fault: Fault{Status: 429, FailRate: 0.1, RetryAfter: 7, DelayHeaders: Duration(1500 * time.Millisecond), DisconnectAfter: 3, NoUsage: true, Gzip: true}},
 		},
+		{
+			name: "reported usage, negative and absurd counts included",
+			spec: "report-prompt=-5,report-completion=9000000000000000000,report-total=0",
+			want: FaultRule{Fault: Fault{ReportPrompt: Of(-5), ReportCompletion: Of(9e18), ReportTotal: Of(0)}},
+		},
+		{name: "reported count not an integer", spec: "report-total=1.5", wantErr: "report-total"},
 		{
 			name: "go duration delay",
 			spec: "delay-headers=250ms",
@@ -73,6 +80,8 @@ func TestFaultRuleJSON(t *testing.T) {
 	}{
 		{name: "duration string", json: `{"provider":"p","status":503,"delay_headers":"2s"}`, want: FaultRule{Provider: "p", Fault: Fault{Status: 503, DelayHeaders: Duration(2 * time.Second)}}},
 		{name: "duration seconds", json: `{"delay_headers":0.25}`, want: FaultRule{Fault: Fault{DelayHeaders: Duration(250 * time.Millisecond)}}},
+		{name: "reported counts", json: `{"report_prompt":0,"report_total":-3,"report_completion":null}`, want: FaultRule{Fault: Fault{ReportPrompt: Of(0), ReportTotal: Of(-3)}}},
+		{name: "reported count garbage", json: `{"report_prompt":"many"}`, wantErr: true},
 		{name: "duration garbage", json: `{"delay_headers":true}`, wantErr: true},
 		{name: "duration negative", json: `{"delay_headers":"-1s"}`, wantErr: true},
 	}
@@ -125,6 +134,12 @@ func TestApplyFaultHeaders(t *testing.T) {
 		{name: "disconnect garbage", headers: map[string]string{HeaderDisconnectAfter: "x"}, wantErr: HeaderDisconnectAfter},
 		{name: "bool garbage", headers: map[string]string{HeaderNoUsage: "perhaps"}, wantErr: HeaderNoUsage},
 		{name: "gzip garbage", headers: map[string]string{HeaderGzip: "yes please"}, wantErr: HeaderGzip},
+		{
+			name:    "reported usage",
+			headers: map[string]string{HeaderReportPrompt: "100", HeaderReportTotal: "-1"},
+			want:    Fault{Status: 503, NoUsage: true, DisconnectAfter: 4, ReportPrompt: Of(100), ReportTotal: Of(-1)},
+		},
+		{name: "reported count garbage", headers: map[string]string{HeaderReportCompletion: "lots"}, wantErr: HeaderReportCompletion},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -171,6 +186,46 @@ func TestMergeRules(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := mergeRules(rules, tt.provider, tt.model); got != tt.want {
 				t.Fatalf("mergeRules = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestReportedUsageFault: report counts replace the reported ones, later rules refine earlier
+// ones, an empty header switches a rule's count off for one request, and the total follows the
+// reported parts unless set, without wrapping around.
+func TestReportedUsageFault(t *testing.T) {
+	real := usage{Prompt: 10, Completion: 20, Cached: 4, Reasoning: 2}
+	rules := []FaultRule{{Fault: Fault{ReportPrompt: Of(1), ReportTotal: Of(3)}}, {Model: "big*", Fault: Fault{ReportPrompt: Of(7)}}}
+	tests := []struct {
+		name    string
+		model   string
+		headers map[string]string
+		want    reportedUsage
+	}{
+		{name: "rules", model: "small", want: reportedUsage{Prompt: 1, Completion: 20, Total: 3, Cached: 4, Reasoning: 2}},
+		{name: "a later rule refines", model: "big-1", want: reportedUsage{Prompt: 7, Completion: 20, Total: 3, Cached: 4, Reasoning: 2}},
+		{name: "empty header reports the real count", model: "small", headers: map[string]string{HeaderReportTotal: "", HeaderReportPrompt: ""},
+			want: reportedUsage{Prompt: 10, Completion: 20, Total: 30, Cached: 4, Reasoning: 2}},
+		{name: "absurd parts saturate the total", model: "small",
+			headers: map[string]string{HeaderReportPrompt: "9000000000000000000", HeaderReportCompletion: "9000000000000000000", HeaderReportTotal: ""},
+			want:    reportedUsage{Prompt: 9e18, Completion: 9e18, Total: math.MaxInt64, Cached: 4, Reasoning: 2}},
+		{name: "negative parts saturate too", model: "small",
+			headers: map[string]string{HeaderReportPrompt: "-9000000000000000000", HeaderReportCompletion: "-9000000000000000000", HeaderReportTotal: ""},
+			want:    reportedUsage{Prompt: -9e18, Completion: -9e18, Total: math.MinInt64, Cached: 4, Reasoning: 2}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := http.Header{}
+			for k, v := range tt.headers {
+				h.Set(k, v)
+			}
+			f, err := applyFaultHeaders(mergeRules(rules, "", tt.model), h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := f.report(real); got != tt.want {
+				t.Fatalf("report = %+v, want %+v", got, tt.want)
 			}
 		})
 	}

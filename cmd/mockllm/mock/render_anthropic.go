@@ -64,7 +64,7 @@ func (c messagesRenderer) usage(outputTokens int64) *anthropicUsage {
 	if !c.r.withUsage {
 		return nil
 	}
-	u := c.r.usage
+	u := c.r.reported
 	return &anthropicUsage{
 		InputTokens:          u.Prompt - u.Cached,
 		CacheReadInputTokens: u.Cached,
@@ -83,7 +83,7 @@ func (c messagesRenderer) message(content []anthropicBlock, stopReason *string, 
 
 func (c messagesRenderer) body() ([]byte, error) {
 	stop := "end_turn"
-	return json.Marshal(c.message([]anthropicBlock{{Type: "text", Text: c.r.fullText()}}, &stop, c.r.usage.Completion))
+	return json.Marshal(c.message([]anthropicBlock{{Type: "text", Text: c.r.fullText()}}, &stop, c.r.reported.Completion))
 }
 
 func (c messagesRenderer) event(e anthropicEvent) (sseEvent, error) {
@@ -108,7 +108,7 @@ func (c messagesRenderer) events(es ...anthropicEvent) ([]sseEvent, error) {
 func (c messagesRenderer) preamble() ([]sseEvent, error) {
 	zero := 0
 	return c.events(
-		anthropicEvent{Type: "message_start", Message: c.message([]anthropicBlock{}, nil, min(1, c.r.usage.Completion))},
+		anthropicEvent{Type: "message_start", Message: c.message([]anthropicBlock{}, nil, min(1, c.r.reported.Completion))},
 		anthropicEvent{Type: "content_block_start", Index: &zero, ContentBlock: &anthropicBlock{Type: "text", Text: ""}},
 		anthropicEvent{Type: "ping"},
 	)
@@ -123,7 +123,7 @@ func (c messagesRenderer) trailer() ([]sseEvent, error) {
 	zero := 0
 	md := anthropicEvent{Type: "message_delta", Delta: anthropicStopDelta{StopReason: "end_turn", StopSequence: rawNull}}
 	if c.r.withUsage {
-		md.Usage = anthropicOutputUsage{OutputTokens: c.r.usage.Completion}
+		md.Usage = anthropicOutputUsage{OutputTokens: c.r.reported.Completion}
 	}
 	return c.events(
 		anthropicEvent{Type: "content_block_stop", Index: &zero},

@@ -39,6 +39,8 @@ type response struct {
 	model    string
 	created  int64
 	usage    usage
+	// reported is what the usage object says: usage, unless a fault says otherwise.
+	reported reportedUsage
 	// withUsage is false under a no-usage fault.
 	withUsage bool
 	// includeUsage mirrors stream_options.include_usage.
@@ -75,11 +77,11 @@ type chatUsage struct {
 	CompletionTokensDetails chatCompletionDetails `json:"completion_tokens_details"`
 }
 
-func newChatUsage(u usage) *chatUsage {
+func newChatUsage(u reportedUsage) *chatUsage {
 	return &chatUsage{
 		PromptTokens:            u.Prompt,
 		CompletionTokens:        u.Completion,
-		TotalTokens:             u.total(),
+		TotalTokens:             u.Total,
 		PromptTokensDetails:     chatPromptDetails{CachedTokens: u.Cached},
 		CompletionTokensDetails: chatCompletionDetails{ReasoningTokens: u.Reasoning},
 	}
@@ -152,7 +154,7 @@ func (c chatRenderer) body() ([]byte, error) {
 		ServiceTier: "default", SystemFingerprint: systemFingerprint,
 	}
 	if c.r.withUsage {
-		out.Usage = newChatUsage(c.r.usage)
+		out.Usage = newChatUsage(c.r.reported)
 	}
 	return json.Marshal(out)
 }
@@ -196,7 +198,7 @@ func (c chatRenderer) trailer() ([]sseEvent, error) {
 	evs := []sseEvent{fin}
 	if c.r.includeUsage && c.r.withUsage {
 		ch := c.chunk([]chatChunkChoice{})
-		u, err := json.Marshal(newChatUsage(c.r.usage))
+		u, err := json.Marshal(newChatUsage(c.r.reported))
 		if err != nil {
 			return nil, err
 		}
@@ -234,7 +236,7 @@ type completionsRenderer struct{ r *response }
 
 // usage is the same usage object chat reports: the OpenAI API shares it.
 func (c completionsRenderer) usage() (json.RawMessage, error) {
-	return json.Marshal(newChatUsage(c.r.usage))
+	return json.Marshal(newChatUsage(c.r.reported))
 }
 
 // make builds a completion; while streaming with include_usage, usage is
@@ -326,7 +328,7 @@ func (c embeddingsRenderer) body() ([]byte, error) {
 		out.Data[i] = item
 	}
 	if r.withUsage {
-		out.Usage = &embeddingUsage{PromptTokens: r.usage.Prompt, TotalTokens: r.usage.Prompt}
+		out.Usage = &embeddingUsage{PromptTokens: r.reported.Prompt, TotalTokens: r.reported.Total}
 	}
 	return json.Marshal(out)
 }

@@ -121,13 +121,13 @@ func (c *responsesRenderer) object(status string, output []responsesItem) *respo
 		done := time.Now().Unix()
 		o.CompletedAt = &done
 		if c.r.withUsage {
-			u := c.r.usage
+			u := c.r.reported
 			o.Usage = &responsesUsage{
 				InputTokens:         u.Prompt,
 				InputTokensDetails:  responsesInputDetails{CachedTokens: u.Cached},
 				OutputTokens:        u.Completion,
 				OutputTokensDetails: responsesOutputDetails{ReasoningTokens: u.Reasoning},
-				TotalTokens:         u.total(),
+				TotalTokens:         u.Total,
 			}
 		}
 	}

@@ -416,6 +416,12 @@ type usage struct {
 // total is prompt plus completion tokens.
 func (u usage) total() int64 { return u.Prompt + u.Completion }
 
+// reportedUsage is what a response's usage object says: the real usage, or
+// the counts a fault puts in its place (see Fault.report).
+type reportedUsage struct {
+	Prompt, Completion, Total, Cached, Reasoning int64
+}
+
 // visible is the number of completion tokens that appear as text.
 func (u usage) visible() int64 { return u.Completion - u.Reasoning }
 

@@ -334,7 +334,7 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, a api, pathLab
 
 	resp := &response{
 		objectID: "mock" + strconv.FormatUint(seq, 10), model: p.Model, created: time.Now().Unix(),
-		usage: e.usage, withUsage: !f.NoUsage, includeUsage: p.IncludeUsage, parsed: p,
+		usage: e.usage, reported: f.report(e.usage), withUsage: !f.NoUsage, includeUsage: p.IncludeUsage, parsed: p,
 		dims: s.opts.EmbeddingDimensions,
 	}
 	start := time.Now().Add(delay)

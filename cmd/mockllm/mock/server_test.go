@@ -88,6 +88,7 @@ type reported struct {
 	hasUsage   bool
 	prompt     int64
 	completion int64
+	total      int64 // total_tokens, where the API reports one
 	cached     int64
 	reasoning  int64
 	text       string
@@ -181,6 +182,7 @@ func (r *reported) absorb(a api, u *wireUsage) {
 		r.prompt, r.completion = u.PromptTokens, u.CompletionTokens
 		r.cached, r.reasoning = u.PromptTokensDetails.CachedTokens, u.CompletionTokensDetails.ReasoningTokens
 	}
+	r.total = u.TotalTokens
 }
 
 // readStream extracts usage and text from SSE events the way a usage
@@ -347,6 +349,54 @@ func TestEndpointsReportExactUsage(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestReportedUsageInEveryFormat: the report fault's counts reach the usage object of every API,
+// JSON and SSE, while the text and the token headers follow the real usage.
+func TestReportedUsageInEveryFormat(t *testing.T) {
+	_, base, client := startServer(t, Options{})
+	odd := map[string]string{HeaderReportPrompt: "50", HeaderReportCompletion: "9000000000000000", HeaderReportTotal: "7"}
+	for _, a := range []api{apiChat, apiCompletions, apiResponses, apiMessages} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/stream=%v", apiNames[a], stream), func(t *testing.T) {
+				path, body := requestBody(a, stream)
+				resp, got, err := call(t, client, http.MethodPost, base+path, body, odd)
+				if err != nil || resp.StatusCode != http.StatusOK {
+					t.Fatalf("status %d, %v: %s", resp.StatusCode, err, got)
+				}
+				if resp.Header.Get(HeaderPromptTokens) != "3" || resp.Header.Get(HeaderCompletionTokens) != "6" {
+					t.Errorf("token headers %s/%s, want the real 3/6", resp.Header.Get(HeaderPromptTokens), resp.Header.Get(HeaderCompletionTokens))
+				}
+				var r reported
+				if stream {
+					r = readStream(t, a, parseSSE(got))
+				} else {
+					r = readJSONBody(t, a, got)
+				}
+				if len(r.text) != 6*BytesPerToken {
+					t.Errorf("text of %d bytes, want the real 6 tokens", len(r.text))
+				}
+				wantTotal := int64(7)
+				if a == apiMessages {
+					wantTotal = 0 // Anthropic reports no total
+				}
+				if !r.hasUsage || r.prompt != 50 || r.completion != 9e15 || r.total != wantTotal {
+					t.Errorf("usage %d/%d total %d, want 50/9000000000000000 total %d:\n%s", r.prompt, r.completion, r.total, wantTotal, got)
+				}
+			})
+		}
+	}
+	t.Run("embeddings", func(t *testing.T) {
+		_, got, err := call(t, client, http.MethodPost, base+"/v1/embeddings", `{"model":"e","input":"0123456789"}`,
+			map[string]string{HeaderReportPrompt: "-4"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out struct{ Usage wireUsage }
+		if err := json.Unmarshal(got, &out); err != nil || out.Usage.PromptTokens != -4 || out.Usage.TotalTokens != -4 {
+			t.Errorf("usage %+v (%v), want prompt and total -4", out.Usage, err)
+		}
+	})
 }
 
 func TestStreamUsageChunkOnlyWhenAsked(t *testing.T) {
