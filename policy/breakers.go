@@ -200,21 +200,30 @@ func (s *Snapshot) buildBreakers(prev *Snapshot) error {
 				bs.modelGlobs = append(bs.modelGlobs, mr.glob)
 			}
 		}
+		if err := cfg.Validate(); err != nil {
+			return fmt.Errorf("providers.%s.breaker (%s): %w", pr.name, pc.Breaker, err)
+		}
 		if o := old[pr.name]; o != nil {
+			// Carried-over breakers keep their state; the new settings reach them only when the
+			// snapshot is committed (cfg is valid, so Reconfigure cannot fail then).
 			bs.holds = o.holds
-			if err := o.single.Reconfigure(cfg, s.built); err != nil {
-				return fmt.Errorf("providers.%s.breaker (%s): %w", pr.name, pc.Breaker, err)
-			}
 			bs.single = o.single
+			reconfigure := []*breaker.Breaker{o.single}
 			if bs.perModel && o.perModel {
 				o.mu.Lock()
 				for m, b := range o.models {
-					if slices.Contains(bs.modelGlobs, m) && b.Reconfigure(cfg, s.built) == nil {
+					if slices.Contains(bs.modelGlobs, m) {
 						bs.models[m] = b
+						reconfigure = append(reconfigure, b)
 					}
 				}
 				o.mu.Unlock()
 			}
+			s.onCommit(func() {
+				for _, b := range reconfigure {
+					_ = b.Reconfigure(cfg, s.built) // validated above
+				}
+			})
 		} else {
 			b, err := s.engine.newBreaker(pr.name, settings, cfg)
 			if err != nil {

@@ -3,6 +3,7 @@ package policy
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
@@ -11,8 +12,8 @@ import (
 // dynStore holds the instances of one tenant-keyed family, created on demand and evicted when
 // idle. It survives reloads that keep the family's name and key. Safe for concurrent use.
 //
-// Eviction never throws state away: an instance goes only when no request holds it (its
-// compartment's Refs is 0, so nothing is queued or in flight) and every budget window it has
+// Eviction never throws state away: an instance goes only when no request holds it (its lease
+// has no references, so nothing is queued or in flight) and every budget window it has
 // is empty (everything it charged has aged out). Until then it stays, and when the store is
 // full of such instances new tenants share the overflow compartment. A tenant therefore can
 // never get a fresh budget by being pushed out by other tenants or by going quiet.
@@ -31,6 +32,16 @@ type dynStore struct {
 	overflow   *instance
 	// examined counts entries eviction searches looked at (for tests of its cost).
 	examined int64
+}
+
+// lease is what the store knows of the requests using one tenant compartment. Refreshed
+// copies of an instance (after a reload) share it.
+type lease struct {
+	// refs counts requests that resolved the compartment and have not released it yet (queued
+	// or in flight): the store evicts only unreferenced compartments.
+	refs atomic.Int64
+	// lastUsed is the Unix-nano time of the last resolution or release, for idle expiry.
+	lastUsed atomic.Int64
 }
 
 // dynEntry is one instance in the store's recency list.
@@ -62,8 +73,8 @@ func (st *dynStore) resolve(s *Snapshot, f *family, d *Dims, now time.Time) *ins
 			// Everything is busy or still holds budget: new tenants share one overflow
 			// compartment rather than growing memory without bound.
 			in := st.overflow
-			in.c.Refs.Add(1)
-			in.c.LastUsed.Store(now.UnixNano())
+			in.lease.refs.Add(1)
+			in.lease.lastUsed.Store(now.UnixNano())
 			return in
 		}
 		// The key outlives the request: it must not share memory with the request's message.
@@ -77,15 +88,15 @@ func (st *dynStore) resolve(s *Snapshot, f *family, d *Dims, now time.Time) *ins
 		}
 	}
 	st.pushFront(e)
-	e.in.c.Refs.Add(1)
-	e.in.c.LastUsed.Store(now.UnixNano())
+	e.in.lease.refs.Add(1)
+	e.in.lease.lastUsed.Store(now.UnixNano())
 	return e.in
 }
 
 // release drops a reference taken by resolve.
 func (st *dynStore) release(in *instance, now time.Time) {
-	in.c.LastUsed.Store(now.UnixNano())
-	in.c.Refs.Add(-1)
+	in.lease.lastUsed.Store(now.UnixNano())
+	in.lease.refs.Add(-1)
 }
 
 // evictLocked looks at up to scan entries from the back of the list. An entry that must stay
@@ -102,7 +113,7 @@ func (st *dynStore) evictLocked(now time.Time, need bool, scan int) bool {
 			st.pushFront(e)
 			continue
 		}
-		if need || now.UnixNano()-e.in.c.LastUsed.Load() >= int64(st.ttl) {
+		if need || now.UnixNano()-e.in.lease.lastUsed.Load() >= int64(st.ttl) {
 			st.unlink(e)
 			delete(st.entries, e.key)
 			if need {
@@ -118,7 +129,7 @@ func (st *dynStore) evictLocked(now time.Time, need bool, scan int) bool {
 // evictable reports whether forgetting in loses nothing: no request holds it and every budget
 // window it has is empty.
 func (in *instance) evictable(now time.Time) bool {
-	return in.c.Refs.Load() == 0 && in.budgetsEmpty(now)
+	return in.lease.refs.Load() == 0 && in.budgetsEmpty(now)
 }
 
 // budgetsEmpty reports whether every budget window of in is empty at now.

@@ -59,6 +59,8 @@ type Engine struct {
 	// aged out, so a later reload that brings them back finds their state. Guarded by applyMu.
 	retired    map[string]*instance
 	retiredDyn map[string]*dynStore
+	// afterBuildStep, set only by tests, may fail a reload after a build step.
+	afterBuildStep func(step string) error
 	// clampLoggedAt is when a clamped settlement was last logged (Unix nanoseconds).
 	clampLoggedAt atomic.Int64
 }
@@ -115,15 +117,17 @@ func (e *Engine) Apply(p *config.Policy) (Diff, error) {
 	e.applyMu.Lock()
 	defer e.applyMu.Unlock()
 	prev := e.cur.Load()
-	s, err := buildSnapshot(e, p, prev, e.gen.Add(1))
+	s, err := buildSnapshot(e, p, prev, e.gen.Load()+1)
 	if err != nil {
 		return Diff{}, err
 	}
+	// Every step succeeded: only now is live state changed.
+	e.gen.Store(s.gen)
 	e.sched.SetPools(s.poolSpecs)
-	for _, pl := range s.pendingLimits {
-		e.sched.SetLimits(pl.c, pl.l)
+	for _, f := range s.commit {
+		f()
 	}
-	s.pendingLimits = nil
+	s.commit, s.committed = nil, true
 	e.cur.Store(s)
 	s.applyBreakerStates(prev)
 	e.retire(prev, s)
@@ -220,8 +224,13 @@ type Snapshot struct {
 	families   []*family
 	estimation estimationSettings
 
-	poolSpecs     []bulkhead.PoolSpec
-	pendingLimits []pendingLimit
+	poolSpecs []bulkhead.PoolSpec
+	// commit holds the changes to live state (carried-over compartments, budgets, breakers and
+	// tenant stores) that building found; Apply runs them only once the whole build succeeded.
+	commit []func()
+	// committed is set when the snapshot goes live; later changes (refreshing a tenant
+	// compartment) apply at once.
+	committed bool
 
 	// NeedsBodyForRules reports whether classification reads the request body.
 	NeedsBodyForRules bool
@@ -229,9 +238,25 @@ type Snapshot struct {
 	TokenLimits bool
 }
 
-type pendingLimit struct {
-	c *bulkhead.Compartment
-	l bulkhead.Limits
+// buildSteps names the steps of building a snapshot, in order.
+var buildSteps = []string{"classifier", "families", "pools", "breakers"}
+
+// buildStep runs the test hook after a build step.
+func (e *Engine) buildStep(name string) error {
+	if e.afterBuildStep == nil {
+		return nil
+	}
+	return e.afterBuildStep(name)
+}
+
+// onCommit runs f when the snapshot is committed, or now if it already is. Building a snapshot
+// never changes live state itself: a reload that fails at any step leaves everything as it was.
+func (s *Snapshot) onCommit(f func()) {
+	if s.committed {
+		f()
+		return
+	}
+	s.commit = append(s.commit, f)
 }
 
 // featureEntry is everything per feature the hot path needs, resolved once per snapshot.
@@ -282,7 +307,7 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 			}
 			f.degrade = fc.Degrade
 		}
-		f.stats = e.metrics.feature(name)
+		s.onCommit(func() { f.stats = e.metrics.feature(name) })
 		s.features = append(s.features, f)
 		s.featureIdx[name] = i
 	}
@@ -315,12 +340,24 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 	s.buildClassifier()
 	s.estimation = newEstimationSettings(p.Estimation)
 	s.NeedsBodyForRules = p.RulesReadBody()
+	if err := e.buildStep("classifier"); err != nil {
+		return nil, err
+	}
 	s.buildFamilies(prev)
 	s.TokenLimits = p.AnyTokenLimits()
+	if err := e.buildStep("families"); err != nil {
+		return nil, err
+	}
 	if err := s.buildPools(); err != nil {
 		return nil, err
 	}
+	if err := e.buildStep("pools"); err != nil {
+		return nil, err
+	}
 	if err := s.buildBreakers(prev); err != nil {
+		return nil, err
+	}
+	if err := e.buildStep("breakers"); err != nil {
 		return nil, err
 	}
 	return s, nil

@@ -1,5 +1,7 @@
 package policy
 
+import "fmt"
+
 // GlobMatch exposes the model-map glob to tests.
 var GlobMatch = globMatch
 
@@ -15,4 +17,24 @@ func EvictionExamined(e *Engine) int64 {
 		}
 	}
 	return n
+}
+
+// BuildSteps names the steps of building a snapshot.
+var BuildSteps = buildSteps
+
+// FailBuildAt makes every later Apply of e fail after the named build step (none when step is
+// empty).
+func FailBuildAt(e *Engine, step string) {
+	e.applyMu.Lock()
+	defer e.applyMu.Unlock()
+	if step == "" {
+		e.afterBuildStep = nil
+		return
+	}
+	e.afterBuildStep = func(s string) error {
+		if s == step {
+			return fmt.Errorf("injected failure after %s", s)
+		}
+		return nil
+	}
 }

@@ -42,7 +42,10 @@ type instance struct {
 	tpm    *budget.Window
 	tpd    *budget.Window
 	rpm    *budget.Window
-	// dynamic instances are reference counted for eviction.
+	// lease tracks the requests using an instance of a tenant-keyed family (nil for static
+	// families), for eviction.
+	lease *lease
+	// dynamic marks instances created on demand for a tenant.
 	dynamic bool
 	gen     uint64
 }
@@ -157,7 +160,7 @@ func (s *Snapshot) keyValues(f *family, d *Dims) []string {
 }
 
 func (s *Snapshot) newDynamic(f *family, d *Dims) *instance {
-	in := &instance{name: instanceName(f.name, s.keyValues(f, d)), family: f, dynamic: true, gen: s.gen}
+	in := &instance{name: instanceName(f.name, s.keyValues(f, d)), family: f, dynamic: true, gen: s.gen, lease: &lease{}}
 	in.limits = s.limitsFor(f, d)
 	in.c = bulkhead.NewCompartment(in.name, compartmentLimits(in.limits))
 	s.attachBudgets(in, nil)
@@ -168,9 +171,9 @@ func (s *Snapshot) newDynamic(f *family, d *Dims) *instance {
 // published (requests in flight read them without locks); the compartment and budget windows
 // carry over and are reconfigured in place, under their own locks.
 func (s *Snapshot) refreshDynamic(f *family, in *instance, d *Dims) *instance {
-	fresh := &instance{name: in.name, family: f, c: in.c, dynamic: true, gen: s.gen}
+	fresh := &instance{name: in.name, family: f, c: in.c, dynamic: true, gen: s.gen, lease: in.lease}
 	fresh.limits = s.limitsFor(f, d)
-	s.engine.sched.SetLimits(fresh.c, compartmentLimits(fresh.limits))
+	s.engine.sched.SetLimits(fresh.c, compartmentLimits(fresh.limits)) // s is live: apply now
 	s.attachBudgets(fresh, in)
 	return fresh
 }
@@ -225,7 +228,8 @@ func (s *Snapshot) attachBudgets(in, prev *instance) {
 			return nil
 		}
 		if old != nil {
-			old.Reconfigure(capacity, window, in.limits.MaxDebt, now)
+			maxDebt := in.limits.MaxDebt
+			s.onCommit(func() { old.Reconfigure(capacity, window, maxDebt, now) })
 			return old
 		}
 		return budget.New(capacity, window, in.limits.MaxDebt, now)
@@ -292,9 +296,12 @@ func (s *Snapshot) buildFamilies(prev *Snapshot) {
 			}
 			f.dyn = st
 			overflow := s.buildOverflow(f, st)
-			st.mu.Lock()
-			st.max, st.ttl, st.overflow = fc.MaxInstances, fc.IdleTTL.D(), overflow
-			st.mu.Unlock()
+			maxInstances, ttl := fc.MaxInstances, fc.IdleTTL.D()
+			s.onCommit(func() {
+				st.mu.Lock()
+				st.max, st.ttl, st.overflow = maxInstances, ttl, overflow
+				st.mu.Unlock()
+			})
 		} else {
 			s.buildStatic(f, oldStatic)
 		}
@@ -373,6 +380,10 @@ func (s *Snapshot) buildOverflow(f *family, st *dynStore) *instance {
 	old := st.overflow
 	st.mu.Unlock()
 	s.adopt(in, old)
+	in.lease = &lease{}
+	if old != nil {
+		in.lease = old.lease
+	}
 	return in
 }
 
@@ -382,7 +393,8 @@ func (s *Snapshot) buildOverflow(f *family, st *dynStore) *instance {
 func (s *Snapshot) adopt(in, prev *instance) {
 	if prev != nil {
 		in.c = prev.c
-		s.pendingLimits = append(s.pendingLimits, pendingLimit{c: in.c, l: compartmentLimits(in.limits)})
+		c, l := in.c, compartmentLimits(in.limits)
+		s.onCommit(func() { s.engine.sched.SetLimits(c, l) })
 	} else {
 		in.c = bulkhead.NewCompartment(in.name, compartmentLimits(in.limits))
 	}

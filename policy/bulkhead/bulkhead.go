@@ -48,12 +48,6 @@ type Compartment struct {
 	member   *member
 	avgHold  float64 // EWMA of slot hold time, nanoseconds; 0 until the first release
 
-	// Refs counts requests that resolved this compartment and have not released it yet
-	// (queued or in flight). Owners of dynamic compartments evict only unreferenced ones.
-	Refs atomic.Int64
-	// LastUsed is the Unix-nano time of the last release or resolution, for idle eviction.
-	LastUsed atomic.Int64
-
 	admitted       atomic.Uint64
 	refused        atomic.Uint64
 	shadowRefusals atomic.Uint64
@@ -590,11 +584,8 @@ func (s *Scheduler) PoolStats() []PoolStats {
 	return out
 }
 
-// Idle reports whether c has nothing in flight, nothing queued and no references.
+// Idle reports whether c has nothing in flight and nothing queued.
 func (s *Scheduler) Idle(c *Compartment) bool {
-	if c.Refs.Load() != 0 {
-		return false
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return c.inflight == 0 && c.queue.len() == 0
