@@ -516,7 +516,7 @@ func (t *Ticket) Done(o Outcome) (settled Settled) {
 	e.sched.Release(t.set[:t.n], t.held[:t.n], t.grantedAt, now)
 	if t.brk != nil {
 		bs := s.providers[t.dims.Provider].breakers
-		outcome, d, openFor := breakerOutcome(bs.settings, o)
+		outcome, d, openFor := bs.judge.outcome(o)
 		t.brk.Record(t.permit, outcome, d, now)
 		recorded = true
 		bs.holdFor(t.dims.Tenant, o.Status, openFor, t.brk, now)

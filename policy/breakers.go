@@ -20,6 +20,7 @@ type breakerSet struct {
 	settings config.BreakerSettings
 	cfg      breaker.Config
 	perModel bool
+	judge    judge
 	// modelGlobs are the policy's model globs that may name this provider's models: with
 	// breaker_per_model, each gets a breaker of its own; models matching none share single.
 	modelGlobs []string
@@ -129,8 +130,8 @@ func (bs *breakerSet) holdFor(tenant string, status int, d time.Duration, b *bre
 	if d <= 0 {
 		return
 	}
-	d = min(d, bs.settings.RetryAfterCap())
-	if status == 429 && bs.settings.RetryAfterScope == "tenant" {
+	d = min(d, bs.judge.holdCap)
+	if status == 429 && bs.judge.holdTenant {
 		bs.holds.hold(tenant, d, now)
 		return
 	}
@@ -194,7 +195,7 @@ func (s *Snapshot) buildBreakers(prev *Snapshot) error {
 			return fmt.Errorf("providers.%s.breaker (%s): %w", pr.name, pc.Breaker, err)
 		}
 		bs := &breakerSet{provider: pr.name, settings: settings, cfg: cfg, perModel: pc.BreakerPerModel, engine: s.engine,
-			models: map[string]*breaker.Breaker{}, holds: newTenantHolds()}
+			judge: newJudge(settings), models: map[string]*breaker.Breaker{}, holds: newTenantHolds()}
 		for _, mr := range s.classifier.models {
 			if mr.provider < 0 || s.providers[mr.provider].name == pr.name {
 				bs.modelGlobs = append(bs.modelGlobs, mr.glob)
@@ -262,45 +263,81 @@ func (s *Snapshot) applyBreakerStates(prev *Snapshot) {
 	}
 }
 
-// breakerOutcome judges a finished call for the breaker of its provider: which outcome to
-// record, the duration compared with slow_call_duration, and how long an upstream retry-after
-// asks the breaker to stay open (0 for none).
-func breakerOutcome(s config.BreakerSettings, o Outcome) (breaker.Outcome, time.Duration, time.Duration) {
-	d := o.TTFB
-	if s.SlowCallMeasure == "total" || o.Status == 0 {
-		d = o.Duration
-	}
-	if o.Cancelled {
-		return breaker.Ignored, d, 0
-	}
-	if o.Status == 0 {
-		if s.NoResponseAs == "ignore" {
-			return breaker.Ignored, d, 0
+// judge is a breaker's settings for judging calls, compiled: no strings on the request path.
+type judge struct {
+	totalDuration bool // slow_call_measure: total (else ttfb)
+	noResponse    breaker.Outcome
+	rateLimited   breaker.Outcome
+	retryAfter    bool
+	// holdTenant: a 429's retry-after holds back only its tenant (retry_after_scope: tenant).
+	holdTenant bool
+	// holdCap bounds any retry-after hold.
+	holdCap time.Duration
+	failure statusSet
+	ignore  statusSet
+}
+
+// statusSet is a set of HTTP status codes (0-639).
+type statusSet [10]uint64
+
+func (ss *statusSet) add(pattern string) {
+	for code := 100; code < 600; code++ {
+		if config.StatusMatches(pattern, code) {
+			ss[code/64] |= 1 << (code % 64)
 		}
-		return breaker.Failure, d, 0
 	}
-	var openFor time.Duration
-	if s.HonorRetryAfter && (o.Status == 429 || o.Status == 503) && o.RetryAfter > 0 {
-		openFor = o.RetryAfter
+}
+
+func (ss *statusSet) has(code int) bool {
+	return code >= 0 && code < 640 && ss[code/64]&(1<<(code%64)) != 0
+}
+
+func newJudge(s config.BreakerSettings) judge {
+	j := judge{totalDuration: s.SlowCallMeasure == "total", noResponse: breaker.Failure, rateLimited: breaker.Success, retryAfter: s.HonorRetryAfter,
+		holdTenant: s.RetryAfterScope == "tenant", holdCap: s.RetryAfterCap()}
+	if s.NoResponseAs == "ignore" {
+		j.noResponse = breaker.Ignored
 	}
-	if o.Status == 429 {
-		switch s.RateLimitedAs {
-		case "failure":
-			return breaker.Failure, d, openFor
-		case "ignore":
-			return breaker.Ignored, d, openFor
-		}
-		return breaker.Success, d, openFor
+	switch s.RateLimitedAs {
+	case "failure":
+		j.rateLimited = breaker.Failure
+	case "ignore":
+		j.rateLimited = breaker.Ignored
 	}
 	for _, p := range s.FailureStatuses {
-		if config.StatusMatches(p, o.Status) {
-			return breaker.Failure, d, openFor
-		}
+		j.failure.add(p)
 	}
 	for _, p := range s.IgnoreStatuses {
-		if config.StatusMatches(p, o.Status) {
-			return breaker.Ignored, d, openFor
-		}
+		j.ignore.add(p)
+	}
+	return j
+}
+
+// outcome judges a finished call for the breaker of its provider: which outcome to record, the
+// duration compared with slow_call_duration, and how long an upstream retry-after asks to hold
+// calls back (0 for none). Failure statuses win over ignored ones; 429 goes by rate_limited_as.
+func (j *judge) outcome(o Outcome) (breaker.Outcome, time.Duration, time.Duration) {
+	d := o.TTFB
+	if j.totalDuration || o.Status == 0 {
+		d = o.Duration
+	}
+	switch {
+	case o.Cancelled:
+		return breaker.Ignored, d, 0
+	case o.Status == 0:
+		return j.noResponse, d, 0
+	}
+	var openFor time.Duration
+	if j.retryAfter && (o.Status == 429 || o.Status == 503) && o.RetryAfter > 0 {
+		openFor = o.RetryAfter
+	}
+	switch {
+	case o.Status == 429:
+		return j.rateLimited, d, openFor
+	case j.failure.has(o.Status):
+		return breaker.Failure, d, openFor
+	case j.ignore.has(o.Status):
+		return breaker.Ignored, d, openFor
 	}
 	return breaker.Success, d, openFor
 }
