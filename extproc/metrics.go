@@ -21,6 +21,21 @@ const (
 
 var msgNames = [msgKinds]string{"request_headers", "request_body", "request_trailers", "response_headers", "response_body", "response_trailers"}
 
+// Protocol violations: messages Envoy never sends in that order. A small fixed set, so the
+// metric's label stays bounded whatever a client sends.
+const (
+	violRepeatedRequestHeaders = iota
+	violRepeatedResponseHeaders
+	violRepeatedTrailers
+	violRequestAfterResponse
+	violOutOfOrder
+	violUnknownMessage
+	violKinds
+)
+
+var violNames = [violKinds]string{"repeated_request_headers", "repeated_response_headers", "repeated_trailers",
+	"request_after_response", "out_of_order", "unknown_message"}
+
 // metrics are the adapter's own metrics: streams, per-message handling time, panics.
 type metrics struct {
 	streams     prometheus.Counter
@@ -34,6 +49,8 @@ type metrics struct {
 	// those whose admission was back by then: a difference is an admission that leaked.
 	admissionsEnded    prometheus.Counter
 	admissionsReleased prometheus.Counter
+
+	protocolErrors [violKinds]prometheus.Counter
 }
 
 func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
@@ -62,8 +79,14 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	}
 	active := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "extproc_streams_active",
 		Help: "ext_proc streams open now."}, func() float64 { return float64(s.ActiveStreams()) })
+	protocol := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "extproc_protocol_errors_total",
+		Help: "Streams ended with INVALID_ARGUMENT because a message came out of Envoy's order, by kind."}, []string{"kind"})
+	for i, n := range violNames {
+		m.protocolErrors[i] = protocol.WithLabelValues(n)
+	}
 	if reg != nil {
-		reg.MustRegister(m.streams, m.passthrough, m.panics, m.overrides, m.endedEarly, m.admissionsEnded, m.admissionsReleased, hist, active)
+		reg.MustRegister(m.streams, m.passthrough, m.panics, m.overrides, m.endedEarly, m.admissionsEnded, m.admissionsReleased, hist, active,
+			protocol)
 	}
 	return m
 }

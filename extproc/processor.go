@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +14,8 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -61,6 +64,8 @@ type processor struct {
 	body      []byte
 	bodyOK    bool
 	fields    llmapi.RequestFields
+	// seen has a bit per message kind received, to tell a message out of Envoy's order.
+	seen uint8
 
 	decided  bool
 	decision policy.Decision
@@ -98,6 +103,79 @@ func newProcessor(s *Server, stream extprocv3.ExternalProcessor_ProcessServer) *
 }
 
 var _ policy.Input = (*processor)(nil)
+
+// messageKind returns the message's kind (msgRequestHeaders…), or -1 for a message that holds
+// none of them.
+func messageKind(req *extprocv3.ProcessingRequest) int {
+	switch req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return msgRequestHeaders
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return msgRequestBody
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return msgRequestTrailers
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return msgResponseHeaders
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return msgResponseBody
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return msgResponseTrailers
+	}
+	return -1
+}
+
+// responseKinds has the bits of seen for the response's messages.
+const responseKinds = 1<<msgResponseHeaders | 1<<msgResponseBody | 1<<msgResponseTrailers
+
+// checkOrder returns an INVALID_ARGUMENT error when req is a message Envoy never sends at this
+// point of a stream, after releasing what the request holds. Envoy sends request headers, body
+// chunks, trailers, then the same for the response; only body chunks repeat. A stream may
+// start anywhere in that order (a mode may skip messages) and run to its end.
+func (p *processor) checkOrder(req *extprocv3.ProcessingRequest) error {
+	k := messageKind(req)
+	if k < 0 {
+		return p.violation(violUnknownMessage, "a message with no request or response part")
+	}
+	bit := uint8(1) << k
+	seen := p.seen
+	p.seen |= bit
+	repeated := seen&bit != 0 && k != msgRequestBody && k != msgResponseBody
+	switch {
+	case k <= msgRequestTrailers && seen&responseKinds != 0:
+		return p.violation(violRequestAfterResponse, msgNames[k]+" after the response began")
+	case repeated && k == msgRequestHeaders:
+		return p.violation(violRepeatedRequestHeaders, "request_headers twice")
+	case repeated && k == msgResponseHeaders:
+		return p.violation(violRepeatedResponseHeaders, "response_headers twice")
+	case repeated:
+		return p.violation(violRepeatedTrailers, msgNames[k]+" twice")
+	case seen>>(k+1) != 0:
+		return p.violation(violOutOfOrder, msgNames[k]+" after "+msgNames[bitsLen(seen)-1])
+	}
+	return nil
+}
+
+// bitsLen is the position of the highest set bit plus one.
+func bitsLen(b uint8) int {
+	n := 0
+	for ; b != 0; b >>= 1 {
+		n++
+	}
+	return n
+}
+
+// violation ends the stream for a message out of Envoy's order: it counts it, releases what the
+// request holds as a cancel (whatever happened upstream, this stream will not say) and returns
+// the status the stream ends with.
+func (p *processor) violation(kind int, what string) error {
+	p.srv.metrics.protocolErrors[kind].Inc()
+	if p.ticket.Admitted() {
+		p.final = true
+		p.settle(true)
+	}
+	p.srv.log.Debug("ext_proc protocol violation; ending the stream", "request_id", p.requestID, "kind", violNames[kind], "what", what)
+	return status.Errorf(codes.InvalidArgument, "ext_proc protocol violation (%s): received %s", violNames[kind], what)
+}
 
 // handle answers one message. It returns nil only when a request was abandoned while queued
 // (the stream is gone and there is nobody to answer).
@@ -477,7 +555,17 @@ func (p *processor) finish() {
 	}
 }
 
+// settle releases the ticket with the outcome seen. It never panics: it also runs after the
+// message loop (stream end), where a panic would take the whole server down; the ticket releases
+// its slots before any settlement work, so a failed settlement leaves nothing held.
 func (p *processor) settle(cancelled bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			p.srv.metrics.panics.Inc()
+			p.srv.log.Error("panic while settling a request; its slots were released", "request_id", p.requestID,
+				"panic", r, "stack", string(debug.Stack()))
+		}
+	}()
 	o := policy.Outcome{Status: p.status, Cancelled: cancelled, RetryAfter: p.retryAfter}
 	if p.respStarted {
 		o.TTFB = p.ttfb

@@ -60,6 +60,11 @@ func (s *Server) ActiveStreams() int64 { return s.active.Load() }
 // Process serves one ext_proc stream: one HTTP request as Envoy sees it. It replies to every
 // message with exactly one response of the matching type and releases whatever the request
 // holds exactly once, however the stream ends.
+//
+// A message Envoy would never send at that point (a second request_headers, a request message
+// after the response began…) ends the stream with INVALID_ARGUMENT: the client is not Envoy, or
+// not one this server understands, and judging the message again would admit the same request
+// twice.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	s.active.Add(1)
 	defer s.active.Add(-1)
@@ -74,6 +79,9 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			// the status returned does not matter.
 			p.ended(endReason(err))
 			return nil
+		}
+		if err := p.checkOrder(req); err != nil {
+			return err
 		}
 		resp := p.safeHandle(req)
 		if resp == nil {
