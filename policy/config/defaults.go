@@ -18,6 +18,8 @@ const (
 	DefaultProvider          = "default"
 	DefaultModel             = "unknown"
 	DefaultTokenEnv          = "LLM_BULKHEAD_ADMIN_TOKEN"
+	DefaultMaxStreams        = 20000
+	DefaultMaxBufferedBody   = 256 << 20
 )
 
 // Dimension names as used in compartment keys and classification.
@@ -37,6 +39,19 @@ func (p *Policy) applyDefaults() {
 		s.DrainGrace = Duration(15 * time.Second)
 	}
 	s.LogLevel = orString(s.LogLevel, "info")
+	s.MaxStreams = int(orInt(int64(s.MaxStreams), DefaultMaxStreams))
+	if s.KeepaliveTime == 0 {
+		s.KeepaliveTime = Duration(30 * time.Second)
+	}
+	if s.KeepaliveTimeout == 0 {
+		s.KeepaliveTimeout = Duration(10 * time.Second)
+	}
+	if s.StreamIdleTimeout == 0 {
+		s.StreamIdleTimeout = Duration(10 * time.Minute)
+	}
+	if s.MaxBufferedBodyBytes == 0 {
+		s.MaxBufferedBodyBytes = DefaultMaxBufferedBody
+	}
 
 	p.Admin.TokenEnv = orString(p.Admin.TokenEnv, DefaultTokenEnv)
 

@@ -60,6 +60,30 @@ type Server struct {
 	DrainGrace Duration `koanf:"drain_grace" json:"drain_grace,omitempty"`
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `koanf:"log_level" json:"log_level,omitempty"`
+	// MaxStreams bounds the ext_proc streams open at once over all of Envoy's connections (and
+	// each connection's HTTP/2 stream limit): every open stream costs memory, even an idle one.
+	// A stream beyond it is refused at once with gRPC RESOURCE_EXHAUSTED, which Envoy handles as
+	// its failure_mode_allow and status_on_error say. Takes effect on restart. Default 20000.
+	MaxStreams int `koanf:"max_streams" json:"max_streams,omitempty"`
+	// KeepaliveTime is how long a connection from Envoy may stay silent before the server pings
+	// it, so that a dead Envoy (or a dropped network path) is noticed and its streams release
+	// what they hold. At least 1s. Envoy may ping the server no more often than every 5s.
+	// Takes effect on restart. Default 30s.
+	KeepaliveTime Duration `koanf:"keepalive_time" json:"keepalive_time,omitempty"`
+	// KeepaliveTimeout is how long the server waits for the answer to its ping before it closes
+	// the connection. Takes effect on restart. Default 10s.
+	KeepaliveTimeout Duration `koanf:"keepalive_timeout" json:"keepalive_timeout,omitempty"`
+	// StreamIdleTimeout is how long an admitted request's stream may go without a message from
+	// Envoy before the server releases the admission as a cancel (the breaker ignores it); later
+	// messages of that stream pass through unjudged. It must be longer than any route timeout and
+	// stream_idle_timeout in Envoy, or a slow response loses its slot while it is still running.
+	// Default 10m.
+	StreamIdleTimeout Duration `koanf:"stream_idle_timeout" json:"stream_idle_timeout,omitempty"`
+	// MaxBufferedBodyBytes bounds the request-body bytes all streams hold at once between
+	// receiving a buffered body and deciding on it (queueing for a slot included). A body that
+	// would pass the bound is refused with 503 (Anthropic: 529), reason server_busy. At least
+	// envoy.max_request_body. Default 256MiB.
+	MaxBufferedBodyBytes Size `koanf:"max_buffered_body_bytes" json:"max_buffered_body_bytes,omitempty"`
 }
 
 // Admin holds the admin listener's settings.

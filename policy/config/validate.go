@@ -76,8 +76,35 @@ func (v *validator) server() {
 	if v.p.Server.DrainGrace < 0 {
 		v.add("server.drain_grace", "must not be negative")
 	}
+	v.streamLimits()
 	if v.p.Admin.TokenEnv == "" {
 		v.add("admin.token_env", "must name an environment variable")
+	}
+}
+
+// maxStreamsLimit is the largest server.max_streams accepted: far beyond what one process
+// serves, small enough that a typo cannot lift the bound altogether.
+const maxStreamsLimit = 1_000_000
+
+// streamLimits checks the server's bounds on what Envoy's streams may hold. Zero values were
+// replaced by defaults, so anything not positive here was written that way.
+func (v *validator) streamLimits() {
+	s := v.p.Server
+	if s.MaxStreams < 1 || s.MaxStreams > maxStreamsLimit {
+		v.add("server.max_streams", "must be between 1 and %d, got %d", maxStreamsLimit, s.MaxStreams)
+	}
+	if s.KeepaliveTime.D() < time.Second {
+		v.add("server.keepalive_time", "must be at least 1s (gRPC pings no more often), got %s", s.KeepaliveTime)
+	}
+	if s.KeepaliveTimeout <= 0 {
+		v.add("server.keepalive_timeout", "must be positive, got %s", s.KeepaliveTimeout)
+	}
+	if s.StreamIdleTimeout <= 0 {
+		v.add("server.stream_idle_timeout", "must be positive (and longer than any route timeout in Envoy), got %s", s.StreamIdleTimeout)
+	}
+	if s.MaxBufferedBodyBytes < v.p.Envoy.MaxRequestBody {
+		v.add("server.max_buffered_body_bytes", "%s is less than envoy.max_request_body (%s): the largest body Envoy sends could never be held",
+			s.MaxBufferedBodyBytes, v.p.Envoy.MaxRequestBody)
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/llm-bulkhead/llm-bulkhead/examples"
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
@@ -142,9 +143,7 @@ func New(o Options) (*App, error) {
 	}
 	a.extproc = extproc.NewServer(eng, extproc.Options{Logger: a.log, Registerer: a.registry})
 
-	// Envoy sends a buffered body in one message; leave room for headers and metadata.
-	maxMsg := int(p.Envoy.MaxRequestBody) + 1<<20
-	a.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(maxMsg), grpc.MaxSendMsgSize(maxMsg), extproc.ServerOption())
+	a.grpc = grpc.NewServer(grpcOptions(p)...)
 	extprocv3.RegisterExternalProcessorServer(a.grpc, a.extproc)
 	a.health = health.NewServer()
 	healthpb.RegisterHealthServer(a.grpc, a.health)
@@ -152,6 +151,29 @@ func New(o Options) (*App, error) {
 	a.health.SetServingStatus(extprocv3.ExternalProcessor_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 	a.admin = &http.Server{Handler: a.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
 	return a, nil
+}
+
+// keepaliveMinTime is the shortest interval at which Envoy may ping the server: a client that
+// pings more often is sent GOAWAY (too_many_pings). Envoy's connection_keepalive interval on the
+// llm_bulkhead cluster must not be shorter.
+const keepaliveMinTime = 5 * time.Second
+
+// grpcOptions are the gRPC server's settings from the policy; they apply until restart.
+func grpcOptions(p *config.Policy) []grpc.ServerOption {
+	// Envoy sends a buffered body in one message; leave room for headers and metadata.
+	maxMsg := int(p.Envoy.MaxRequestBody) + 1<<20
+	s := p.Server
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(maxMsg), grpc.MaxSendMsgSize(maxMsg), extproc.ServerOption(),
+		// The ext_proc service refuses streams past server.max_streams over all connections;
+		// bounding each connection the same way stops one connection from opening more first.
+		grpc.MaxConcurrentStreams(uint32(s.MaxStreams)),
+		// Pings from Envoy (even between requests) are welcome, just not a flood of them.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
+		// Pings from the server find a dead Envoy connection, whose streams then end and release
+		// what their requests hold.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: s.KeepaliveTime.D(), Timeout: s.KeepaliveTimeout.D()}),
+	}
 }
 
 func (a *App) setLevel(p *config.Policy) error {
@@ -302,6 +324,15 @@ func (a *App) checkFixed(p *config.Policy) error {
 	}
 	if p.Envoy.MaxRequestBody != cur.Envoy.MaxRequestBody {
 		problems = append(problems, "envoy.max_request_body")
+	}
+	if p.Server.MaxStreams != cur.Server.MaxStreams {
+		problems = append(problems, "server.max_streams")
+	}
+	if p.Server.KeepaliveTime != cur.Server.KeepaliveTime {
+		problems = append(problems, "server.keepalive_time")
+	}
+	if p.Server.KeepaliveTimeout != cur.Server.KeepaliveTimeout {
+		problems = append(problems, "server.keepalive_timeout")
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%s changed: these take effect only on restart", strings.Join(problems, ", "))
