@@ -51,6 +51,10 @@ type metrics struct {
 	admissionsReleased prometheus.Counter
 
 	protocolErrors [violKinds]prometheus.Counter
+	// refusedMaxStreams counts streams refused because server.max_streams were open.
+	refusedMaxStreams prometheus.Counter
+	idleReleased      prometheus.Counter
+	bodiesRefused     prometheus.Counter
 }
 
 func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
@@ -84,9 +88,18 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	for i, n := range violNames {
 		m.protocolErrors[i] = protocol.WithLabelValues(n)
 	}
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "extproc_streams_refused_total",
+		Help: "Streams refused with RESOURCE_EXHAUSTED as they opened, by reason (max_streams)."}, []string{"reason"})
+	m.refusedMaxStreams = refused.WithLabelValues("max_streams")
+	m.idleReleased = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "extproc_streams_idle_released_total",
+		Help: "Admitted requests released as cancelled because their stream received no message for server.stream_idle_timeout."})
+	m.bodiesRefused = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "extproc_bodies_refused_total",
+		Help: "Requests refused with server_busy because holding their body would pass server.max_buffered_body_bytes."})
+	buffered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "extproc_buffered_body_bytes",
+		Help: "Request-body bytes held now while their requests are decided."}, func() float64 { return float64(s.buffered.Load()) })
 	if reg != nil {
 		reg.MustRegister(m.streams, m.passthrough, m.panics, m.overrides, m.endedEarly, m.admissionsEnded, m.admissionsReleased, hist, active,
-			protocol)
+			protocol, refused, m.idleReleased, m.bodiesRefused, buffered)
 	}
 	return m
 }

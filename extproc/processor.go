@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -43,7 +44,8 @@ const (
 type bodyMode = extprocfilterv3.ProcessingMode_BodySendMode
 
 // processor owns one stream's request: what Envoy said, what the policy decided and what the
-// request holds. It is used only by its stream's goroutine, so it needs no locks.
+// request holds. It is used only by its stream's goroutine, so it needs no locks — except idle,
+// whose timer may release the ticket from another goroutine.
 type processor struct {
 	srv    *Server
 	stream extprocv3.ExternalProcessor_ProcessServer
@@ -64,6 +66,8 @@ type processor struct {
 	body      []byte
 	bodyOK    bool
 	fields    llmapi.RequestFields
+	// heldBody is how many bytes of Server.buffered this stream's body accounts for.
+	heldBody int64
 	// seen has a bit per message kind received, to tell a message out of Envoy's order.
 	seen uint8
 
@@ -94,6 +98,25 @@ type processor struct {
 
 	// onQueueFn is p.onQueue bound once, so admission does not allocate a method value.
 	onQueueFn func(time.Duration)
+
+	idle idleWatch
+}
+
+// idleWatch releases an admitted request whose stream has gone silent for
+// server.stream_idle_timeout. One timer per admitted stream, armed at admission and never
+// reset per message: the stream goroutine only stores the time of each message, and the timer,
+// when it fires, re-arms itself for what is left of the timeout since then.
+type idleWatch struct {
+	// last is when the stream last received a message, in nanoseconds since Server.epoch.
+	last atomic.Int64
+	// released is set once the timer has released the ticket.
+	released atomic.Bool
+
+	// mu orders the timer's callback against arming and stopping it.
+	mu      sync.Mutex
+	timer   *time.Timer
+	timeout time.Duration
+	stopped bool
 }
 
 func newProcessor(s *Server, stream extprocv3.ExternalProcessor_ProcessServer) *processor {
@@ -311,8 +334,42 @@ func (p *processor) onRequestBody(b *extprocv3.HttpBody) *extprocv3.ProcessingRe
 	if p.decided || p.snap == nil || p.reqBodyMode != extprocfilterv3.ProcessingMode_BUFFERED {
 		return continueRequestBody
 	}
+	if !p.holdBody(len(b.Body)) {
+		p.decided = true
+		p.decision = policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonServerBusy, RetryAfter: time.Second}
+		p.srv.metrics.bodiesRefused.Inc()
+		return p.refuse(p.decision)
+	}
 	p.body = b.Body
-	return p.decide(false)
+	resp := p.decide(false)
+	// Classification, the estimate and the body rewrite are done: nothing reads the body again.
+	p.dropBody()
+	return resp
+}
+
+// holdBody accounts n bytes of request body against server.max_buffered_body_bytes, or reports
+// that holding them would pass it. Envoy has already sent the body, but a refused one is dropped
+// at once instead of waiting, perhaps for seconds in a queue, with the others.
+func (p *processor) holdBody(n int) bool {
+	limit := int64(p.snap.Policy.Server.MaxBufferedBodyBytes)
+	if limit <= 0 {
+		return true
+	}
+	if p.srv.buffered.Add(int64(n)) > limit {
+		p.srv.buffered.Add(-int64(n))
+		return false
+	}
+	p.heldBody = int64(n)
+	return true
+}
+
+// dropBody lets go of the request body and gives back the bytes it accounted for.
+func (p *processor) dropBody() {
+	p.body = nil
+	if p.heldBody != 0 {
+		p.srv.buffered.Add(-p.heldBody)
+		p.heldBody = 0
+	}
 }
 
 // decide classifies, estimates and admits the request, answering in the message type of the
@@ -371,6 +428,7 @@ func (p *processor) decide(atHeaders bool) *extprocv3.ProcessingResponse {
 		return nil
 	}
 	p.admittedAt = e.Now()
+	p.armIdle(s.Policy.Server.StreamIdleTimeout.D())
 	return p.admitReply(atHeaders)
 }
 
@@ -538,6 +596,8 @@ func (p *processor) ended(how end) {
 
 // finish runs when Process returns, whatever the reason: nothing may stay held.
 func (p *processor) finish() {
+	p.stopIdle()
+	p.dropBody()
 	if p.ticket.Admitted() {
 		p.final = true
 		p.settle(p.respStarted)
@@ -559,6 +619,7 @@ func (p *processor) finish() {
 // message loop (stream end), where a panic would take the whole server down; the ticket releases
 // its slots before any settlement work, so a failed settlement leaves nothing held.
 func (p *processor) settle(cancelled bool) {
+	p.stopIdle()
 	defer func() {
 		if r := recover(); r != nil {
 			p.srv.metrics.panics.Inc()
@@ -688,4 +749,69 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 // "6m0s", "1.5s"), rounded to milliseconds.
 func formatReset(d time.Duration) string {
 	return d.Round(time.Millisecond).String()
+}
+
+// touch records that the stream received a message, for the idle watch. Only an armed watch
+// reads it, so streams not admitted skip the clock read.
+func (p *processor) touch() {
+	if p.idle.timeout > 0 {
+		p.idle.last.Store(int64(time.Since(p.srv.epoch)))
+	}
+}
+
+// armIdle starts the idle watch of an admitted request.
+func (p *processor) armIdle(timeout time.Duration) {
+	if timeout <= 0 {
+		return
+	}
+	w := &p.idle
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.timeout = timeout
+	w.last.Store(int64(time.Since(p.srv.epoch)))
+	w.timer = time.AfterFunc(timeout, p.onIdle)
+}
+
+// onIdle runs on the timer's goroutine. When the stream has received a message since the timer
+// was armed it re-arms for the rest of the timeout; otherwise it releases the admission as a
+// cancel. It touches only the ticket (whose Done is safe from any goroutine and happens once)
+// and fields written before the timer was armed.
+func (p *processor) onIdle() {
+	w := &p.idle
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	quiet := time.Since(p.srv.epoch) - time.Duration(w.last.Load())
+	if quiet < w.timeout {
+		w.timer.Reset(w.timeout - quiet)
+		return
+	}
+	w.stopped = true
+	w.released.Store(true)
+	p.srv.metrics.idleReleased.Inc()
+	p.srv.log.Warn("no message on an admitted request's stream for server.stream_idle_timeout; released its admission",
+		"request_id", p.requestID, "timeout", w.timeout.String())
+	defer func() {
+		if r := recover(); r != nil {
+			p.srv.metrics.panics.Inc()
+			p.srv.log.Error("panic while releasing an idle request; its slots were released", "request_id", p.requestID,
+				"panic", r, "stack", string(debug.Stack()))
+		}
+	}()
+	p.ticket.Done(policy.Outcome{Cancelled: true, Duration: p.srv.engine.Now().Sub(p.admittedAt)})
+}
+
+// stopIdle stops the idle watch before the stream goroutine settles or leaves: once it returns,
+// the timer will not release the ticket.
+func (p *processor) stopIdle() {
+	w := &p.idle
+	if w.timeout == 0 {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
+	w.timer.Stop()
 }

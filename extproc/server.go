@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync/atomic"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,6 +36,11 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	active  atomic.Int64
+	// buffered counts the request-body bytes processors hold between receiving a buffered body
+	// and deciding on it (server.max_buffered_body_bytes bounds it).
+	buffered atomic.Int64
+	// epoch anchors the monotonic timestamps of stream activity (see idleWatch).
+	epoch time.Time
 	// replyParts caches reply pieces of the live policy snapshot.
 	replyParts atomic.Pointer[replyParts]
 
@@ -49,7 +55,7 @@ func NewServer(engine *policy.Engine, o Options) *Server {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &Server{engine: engine, log: o.Logger}
+	s := &Server{engine: engine, log: o.Logger, epoch: time.Now()}
 	s.metrics = newMetrics(s, o.Registerer)
 	return s
 }
@@ -61,14 +67,20 @@ func (s *Server) ActiveStreams() int64 { return s.active.Load() }
 // message with exactly one response of the matching type and releases whatever the request
 // holds exactly once, however the stream ends.
 //
-// A message Envoy would never send at that point (a second request_headers, a request message
-// after the response began…) ends the stream with INVALID_ARGUMENT: the client is not Envoy, or
-// not one this server understands, and judging the message again would admit the same request
-// twice.
+// A stream beyond server.max_streams is refused with RESOURCE_EXHAUSTED before it holds
+// anything. A message Envoy would never send at that point (a second request_headers, a request
+// message after the response began…) ends the stream with INVALID_ARGUMENT: the client is not
+// Envoy, or not one this server understands, and judging the message again would admit the same
+// request twice.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
-	s.active.Add(1)
-	defer s.active.Add(-1)
 	s.metrics.streams.Inc()
+	limit := int64(s.engine.Snapshot().Policy.Server.MaxStreams)
+	if n := s.active.Add(1); limit > 0 && n > limit {
+		s.active.Add(-1)
+		s.metrics.refusedMaxStreams.Inc()
+		return status.Errorf(codes.ResourceExhausted, "llm-bulkhead already serves %d ext_proc streams (server.max_streams)", limit)
+	}
+	defer s.active.Add(-1)
 
 	p := newProcessor(s, stream)
 	defer p.finish()
@@ -80,6 +92,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			p.ended(endReason(err))
 			return nil
 		}
+		p.touch()
 		if err := p.checkOrder(req); err != nil {
 			return err
 		}
@@ -110,6 +123,11 @@ func endReason(err error) end {
 // safeHandle runs handle, turning a panic into a pass-through reply of the matching type so
 // the request continues without the processor (fail-open for that request only).
 func (p *processor) safeHandle(req *extprocv3.ProcessingRequest) (resp *extprocv3.ProcessingResponse) {
+	if !p.passthrough && p.idle.released.Load() {
+		// The admission was released while the stream was silent: nothing is held any more, so
+		// nothing is left to judge or settle.
+		p.passthrough = true
+	}
 	if p.passthrough {
 		return passthroughReply(req)
 	}

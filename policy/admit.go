@@ -24,6 +24,9 @@ const (
 	ReasonBulkheadFull Reason = "bulkhead_full"
 	ReasonCircuitOpen  Reason = "circuit_open"
 	ReasonBadRequest   Reason = "bad_request"
+	// ReasonServerBusy: the server holds as many request bodies as it may
+	// (server.max_buffered_body_bytes); the request was refused before it was classified.
+	ReasonServerBusy Reason = "server_busy"
 	// ReasonCancelled: the client went away while the request was queued; nobody is left to
 	// answer.
 	ReasonCancelled Reason = "cancelled"
@@ -36,6 +39,7 @@ var (
 	ErrBulkheadFull = bulkhead.ErrFull
 	ErrCircuitOpen  = breaker.ErrOpen
 	ErrBadRequest   = errors.New("bad request")
+	ErrServerBusy   = errors.New("server busy")
 	ErrCancelled    = context.Canceled
 )
 
@@ -82,6 +86,8 @@ func (d Decision) Err() error {
 		base = ErrCircuitOpen
 	case ReasonBadRequest:
 		base = ErrBadRequest
+	case ReasonServerBusy:
+		base = ErrServerBusy
 	case ReasonCancelled:
 		base = ErrCancelled
 	default:
@@ -110,6 +116,8 @@ func (d Decision) Message() string {
 		return fmt.Sprintf("The upstream provider (%s) is failing and calls to it are paused. Retry after %d %s.", d.Compartment, secs, unit)
 	case ReasonBadRequest:
 		return "The request body is not a valid JSON object."
+	case ReasonServerBusy:
+		return fmt.Sprintf("The server is busy. Retry after %d %s.", secs, unit)
 	case ReasonCancelled:
 		return "The client went away while the request was queued."
 	}
