@@ -22,7 +22,6 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/extproc/llmapi"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
-	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
 // attributesKey is where Envoy puts request and response attributes.
@@ -254,13 +253,22 @@ func (p *processor) modes(pc *extprocv3.ProtocolConfiguration) {
 		p.reqBodyMode, p.resBodyMode = pc.RequestBodyMode, pc.ResponseBodyMode
 		return
 	}
-	e := p.srv.engine.Snapshot().Policy.Envoy
-	p.reqBodyMode = parseBodyMode(e.RequestBodyMode)
-	p.resBodyMode = parseBodyMode(e.ResponseBodyMode)
+	st := p.srv.engine.Snapshot().Settings()
+	p.reqBodyMode = envoyBodyMode(st.RequestBodyMode)
+	p.resBodyMode = envoyBodyMode(st.ResponseBodyMode)
 }
 
-func parseBodyMode(s string) bodyMode {
-	return bodyMode(extprocfilterv3.ProcessingMode_BodySendMode_value[s])
+// envoyBodyMode is Envoy's name for a policy body mode.
+func envoyBodyMode(m policy.BodyMode) bodyMode {
+	switch m {
+	case policy.BodyStreamed:
+		return extprocfilterv3.ProcessingMode_STREAMED
+	case policy.BodyBuffered:
+		return extprocfilterv3.ProcessingMode_BUFFERED
+	case policy.BodyBufferedPartial:
+		return extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL
+	}
+	return extprocfilterv3.ProcessingMode_NONE
 }
 
 func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
@@ -291,8 +299,7 @@ func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	if resp == nil || !p.decided {
 		return resp
 	}
-	env := p.snap.Policy.Envoy
-	if bodyComing && env.AllowModeOverride && p.reqBodyMode == extprocfilterv3.ProcessingMode_BUFFERED {
+	if bodyComing && p.snap.Settings().AllowModeOverride && p.reqBodyMode == extprocfilterv3.ProcessingMode_BUFFERED {
 		// Decided without the body: tell Envoy not to buffer and send it. Both body modes must be
 		// given, or Envoy would take the response body mode as NONE.
 		resp.ModeOverride = p.override(extprocfilterv3.ProcessingMode_NONE, p.resBodyMode)
@@ -314,15 +321,14 @@ func (p *processor) wantBody() bool {
 	if s.NeedsBodyForRules || s.TokenLimits {
 		return true
 	}
-	b := s.Policy.Body
-	if config.Bool(b.InjectIncludeUsage) && (p.api == llmapi.APIOpenAIChat || p.api == llmapi.APIOpenAICompletions) {
+	if s.Settings().InjectIncludeUsage && (p.api == llmapi.APIOpenAIChat || p.api == llmapi.APIOpenAICompletions) {
 		return true
 	}
 	return p.requiresValidJSON()
 }
 
 func (p *processor) requiresValidJSON() bool {
-	for _, prefix := range p.snap.Policy.Body.RequireValidJSON {
+	for _, prefix := range p.snap.Settings().RequireValidJSON {
 		if strings.HasPrefix(p.path, prefix) {
 			return true
 		}
@@ -351,7 +357,7 @@ func (p *processor) onRequestBody(b *extprocv3.HttpBody) *extprocv3.ProcessingRe
 // that holding them would pass it. Envoy has already sent the body, but a refused one is dropped
 // at once instead of waiting, perhaps for seconds in a queue, with the others.
 func (p *processor) holdBody(n int) bool {
-	limit := int64(p.snap.Policy.Server.MaxBufferedBodyBytes)
+	limit := p.snap.Settings().MaxBufferedBodyBytes
 	if limit <= 0 {
 		return true
 	}
@@ -403,7 +409,7 @@ func (p *processor) decide(atHeaders bool) *extprocv3.ProcessingResponse {
 		}
 		if p.bodyOK {
 			f := &p.fields
-			size = policy.RequestSize{Scanned: true, PromptBytes: f.PromptBytes, Images: f.Images, Audio: f.Audio,
+			size = policy.RequestSize{Scanned: true, BodyBytes: int64(len(p.body)), PromptBytes: f.PromptBytes, Images: f.Images, Audio: f.Audio,
 				Files: f.Files, MaxTokens: f.MaxTokens, HasMaxTokens: f.HasMaxTokens, N: f.N}
 		}
 	}
@@ -428,7 +434,7 @@ func (p *processor) decide(atHeaders bool) *extprocv3.ProcessingResponse {
 		return nil
 	}
 	p.admittedAt = e.Now()
-	p.armIdle(s.Policy.Server.StreamIdleTimeout.D())
+	p.armIdle(s.Settings().StreamIdleTimeout)
 	return p.admitReply(atHeaders)
 }
 
@@ -452,11 +458,11 @@ func (p *processor) admitReply(atHeaders bool) *extprocv3.ProcessingResponse {
 		mut.SetHeaders = append(mut.SetHeaders, parts.provHeader[d.Dims.Provider])
 		common.ClearRouteCache = true
 	}
-	if config.Bool(s.Policy.Body.StripAcceptEncoding) && p.resBodyMode != extprocfilterv3.ProcessingMode_NONE {
+	if s.Settings().StripAcceptEncoding && p.resBodyMode != extprocfilterv3.ProcessingMode_NONE {
 		// The response must be readable to settle usage: ask the upstream not to compress it.
 		mut.RemoveHeaders = append(mut.RemoveHeaders, "accept-encoding")
 	}
-	if !atHeaders && p.bodyOK && config.Bool(s.Policy.Body.InjectIncludeUsage) {
+	if !atHeaders && p.bodyOK && s.Settings().InjectIncludeUsage {
 		if nb, changed := llmapi.InjectIncludeUsage(p.api, p.body); changed {
 			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: nb}}
 			if _, ok := p.Header("content-length"); ok {
@@ -474,13 +480,13 @@ func (p *processor) admitReply(atHeaders bool) *extprocv3.ProcessingResponse {
 // timeout, it asks Envoy (once per state, as Envoy allows) to wait longer, within
 // max_message_timeout.
 func (p *processor) onQueue(maxWait time.Duration) {
-	env := p.snap.Policy.Envoy
-	limit := env.MaxMessageTimeout.D()
+	st := p.snap.Settings()
+	limit := st.MaxMessageTimeout
 	if limit <= 0 || p.overrideFor == p.messages {
 		return
 	}
-	want := maxWait + env.MessageTimeout.D()
-	if maxWait < env.MessageTimeout.D()/2 {
+	want := maxWait + st.MessageTimeout
+	if maxWait < st.MessageTimeout/2 {
 		return
 	}
 	p.overrideFor = p.messages
@@ -510,7 +516,7 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 		}
 		common.HeaderMutation.SetHeaders = append(common.HeaderMutation.SetHeaders, h)
 	}
-	pol := p.snap.Policy.Responses
+	pol := p.snap.Settings()
 	if pol.CompartmentHeader {
 		add(setHeader(HeaderCompartment, p.compartments))
 	}
@@ -529,7 +535,7 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 		ce, _ := p.Header("content-encoding")
 		p.scanner = scanners.Get().(*llmapi.UsageScanner)
 		p.scanner.Reset(p.api, ct, ce)
-	} else if bodyComing && p.snap.Policy.Envoy.AllowModeOverride {
+	} else if bodyComing && p.snap.Settings().AllowModeOverride {
 		// Nothing to read in an error response: ask Envoy not to send its body at all.
 		resp.ModeOverride = p.override(p.reqBodyMode, extprocfilterv3.ProcessingMode_NONE)
 		bodyComing = false

@@ -74,7 +74,7 @@ func (s *Server) ActiveStreams() int64 { return s.active.Load() }
 // request twice.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	s.metrics.streams.Inc()
-	limit := int64(s.engine.Snapshot().Policy.Server.MaxStreams)
+	limit := int64(s.engine.Snapshot().Settings().MaxStreams)
 	if n := s.active.Add(1); limit > 0 && n > limit {
 		s.active.Add(-1)
 		s.metrics.refusedMaxStreams.Inc()

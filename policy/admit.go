@@ -401,7 +401,7 @@ func (t *Ticket) undo(now time.Time) {
 // label is the metrics label of an instance: its name, or its family's "<family>/*" for
 // tenant-keyed instances unless tenant labels are enabled.
 func (s *Snapshot) label(in *instance) string {
-	if in.family.dyn != nil && !s.Policy.Admin.TenantLabel {
+	if in.family.dyn != nil && !s.tenantLabel {
 		return in.family.name + "/*"
 	}
 	return in.name

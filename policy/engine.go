@@ -232,6 +232,10 @@ type Snapshot struct {
 	// compartment) apply at once.
 	committed bool
 
+	settings Settings
+	// tenantLabel: metrics of tenant-keyed compartments name the tenant (admin.tenant_label).
+	tenantLabel bool
+
 	// NeedsBodyForRules reports whether classification reads the request body.
 	NeedsBodyForRules bool
 	// TokenLimits reports whether any compartment limits tokens (so estimates matter).
@@ -337,6 +341,8 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 			s.tenantOverrides[t.ID] = *t.Limits
 		}
 	}
+	s.settings = compileSettings(p)
+	s.tenantLabel = p.Admin.TenantLabel
 	s.buildClassifier()
 	s.estimation = newEstimationSettings(p.Estimation)
 	s.NeedsBodyForRules = p.RulesReadBody()

@@ -1,0 +1,81 @@
+package policy
+
+import (
+	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+)
+
+// BodyMode is how Envoy sends a request or response body to the server (the filter's
+// processing mode for that body).
+type BodyMode uint8
+
+// Body modes, as Envoy's ProcessingMode names them.
+const (
+	BodyNone BodyMode = iota
+	BodyStreamed
+	BodyBuffered
+	BodyBufferedPartial
+)
+
+func parseBodyMode(s string) BodyMode {
+	switch s {
+	case "STREAMED":
+		return BodyStreamed
+	case "BUFFERED":
+		return BodyBuffered
+	case "BUFFERED_PARTIAL":
+		return BodyBufferedPartial
+	}
+	return BodyNone
+}
+
+// Settings are the policy settings the request path reads, compiled once per snapshot into
+// plain typed values: no pointers to optional values, strings to compare or durations to
+// convert per request. Read-only.
+type Settings struct {
+	// RequestBodyMode and ResponseBodyMode are the filter's body modes as the policy declares
+	// them (Envoy's protocol_config, when sent, says the same).
+	RequestBodyMode, ResponseBodyMode BodyMode
+	// MessageTimeout and MaxMessageTimeout are the filter's message timers.
+	MessageTimeout, MaxMessageTimeout time.Duration
+	// AllowModeOverride: the filter honours mode_override.
+	AllowModeOverride bool
+	// MetadataNamespace is where the server writes dynamic metadata.
+	MetadataNamespace string
+	// InjectIncludeUsage and StripAcceptEncoding are body.inject_include_usage and
+	// body.strip_accept_encoding.
+	InjectIncludeUsage, StripAcceptEncoding bool
+	// RequireValidJSON lists path prefixes where an invalid body is refused.
+	RequireValidJSON []string
+	// CompartmentHeader and RateLimitHeaders say which headers admitted responses get.
+	CompartmentHeader, RateLimitHeaders bool
+	// StreamIdleTimeout releases an admitted stream that hears nothing from Envoy this long.
+	StreamIdleTimeout time.Duration
+	// MaxBufferedBodyBytes bounds the request bodies held while deciding, over all streams.
+	MaxBufferedBodyBytes int64
+	// MaxStreams bounds the ext_proc streams open at once.
+	MaxStreams int
+}
+
+func compileSettings(p *config.Policy) Settings {
+	return Settings{
+		RequestBodyMode:      parseBodyMode(p.Envoy.RequestBodyMode),
+		ResponseBodyMode:     parseBodyMode(p.Envoy.ResponseBodyMode),
+		MessageTimeout:       p.Envoy.MessageTimeout.D(),
+		MaxMessageTimeout:    p.Envoy.MaxMessageTimeout.D(),
+		AllowModeOverride:    p.Envoy.AllowModeOverride,
+		MetadataNamespace:    p.Envoy.MetadataNamespace,
+		InjectIncludeUsage:   config.Bool(p.Body.InjectIncludeUsage),
+		StripAcceptEncoding:  config.Bool(p.Body.StripAcceptEncoding),
+		RequireValidJSON:     p.Body.RequireValidJSON,
+		CompartmentHeader:    p.Responses.CompartmentHeader,
+		RateLimitHeaders:     p.Responses.RateLimitHeaders,
+		StreamIdleTimeout:    p.Server.StreamIdleTimeout.D(),
+		MaxBufferedBodyBytes: int64(p.Server.MaxBufferedBodyBytes),
+		MaxStreams:           p.Server.MaxStreams,
+	}
+}
+
+// Settings returns the snapshot's compiled settings.
+func (s *Snapshot) Settings() *Settings { return &s.settings }
