@@ -66,14 +66,14 @@ func appendBool(b []byte, key string, v bool) []byte {
 // appendMetadataFields appends the request's metadata fields (the namespace's Struct, without
 // its envelope): classification, decision and, once settled, usage.
 func (p *processor) appendMetadataFields(b []byte) []byte {
-	d := p.decision
+	d := p.dec.decision
 	s := p.snap
 	b = appendString(b, "feature", s.FeatureName(d.Dims.Feature))
 	b = appendString(b, "tenant", d.Dims.Tenant)
 	b = appendString(b, "tier", s.TierName(d.Dims.Tier))
 	b = appendString(b, "provider", s.ProviderName(d.Dims.Provider))
 	b = appendString(b, "model", d.Dims.Model)
-	b = appendNumber(b, "estimated_tokens", float64(p.estimate.Total))
+	b = appendNumber(b, "estimated_tokens", float64(p.dec.estimate.Total))
 	switch {
 	case d.Verdict != policy.Admit:
 		b = appendString(b, "decision", "rejected")
@@ -82,13 +82,13 @@ func (p *processor) appendMetadataFields(b []byte) []byte {
 	case d.Rerouted:
 		b = appendString(b, "decision", "rerouted")
 		b = appendString(b, "reason", string(d.Reason))
-		b = appendString(b, "compartment", p.compartments)
+		b = appendString(b, "compartment", p.dec.compartments)
 	default:
 		b = appendString(b, "decision", "admitted")
-		b = appendString(b, "compartment", p.compartments)
+		b = appendString(b, "compartment", p.dec.compartments)
 	}
-	if p.final && d.Verdict == policy.Admit {
-		st, u := p.settled, p.outcome.Usage
+	if p.phase == phaseDone && d.Verdict == policy.Admit {
+		st, u := p.res.settled, p.res.outcome.Usage
 		b = appendNumber(b, "prompt_tokens", float64(st.Prompt))
 		b = appendNumber(b, "completion_tokens", float64(st.Completion))
 		b = appendNumber(b, "total_tokens", float64(st.Total))
@@ -103,7 +103,7 @@ func (p *processor) appendMetadataFields(b []byte) []byte {
 // a Struct with the policy's namespace holding the request's fields. It returns nil when
 // nothing was decided (no metadata to leave).
 func (p *processor) metadataBytes() []byte {
-	if p.snap == nil || !p.decided {
+	if p.snap == nil || !p.decided() {
 		return nil
 	}
 	// The namespace's fields first, into scratch space on the stack; then the envelopes, whose

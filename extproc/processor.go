@@ -42,6 +42,68 @@ const (
 
 type bodyMode = extprocfilterv3.ProcessingMode_BodySendMode
 
+// phase is where a stream's request stands. It only moves forward.
+type phase uint8
+
+const (
+	// phaseNew: nothing received yet.
+	phaseNew phase = iota
+	// phaseRequest: request headers received, no decision yet (waiting for the buffered body).
+	phaseRequest
+	// phaseAdmitted: admitted; the request is upstream and its ticket holds slots.
+	phaseAdmitted
+	// phaseResponding: the response headers came; body chunks may follow.
+	phaseResponding
+	// phaseDone: refused, or settled and released: nothing is held any more.
+	phaseDone
+	// phasePassthrough: not judged (the stream did not start with request headers, a message
+	// could not be handled, or the admission was released while the stream was silent); every
+	// message continues untouched.
+	phasePassthrough
+)
+
+// requestPart is what the request said.
+type requestPart struct {
+	id       string
+	path     string
+	api      llmapi.API
+	metadata *corev3.Metadata
+	attrs    *structpb.Struct
+	// body is the buffered request body until the decision is made.
+	body   []byte
+	bodyOK bool
+	fields llmapi.RequestFields
+	// heldBody is how many bytes of Server.buffered this stream's body accounts for.
+	heldBody int64
+}
+
+// decisionPart is what the policy decided and what the admitted request holds.
+type decisionPart struct {
+	decision policy.Decision
+	// compartments joins the ticket's compartment names, computed once at admission.
+	compartments string
+	estimate     policy.Estimate
+	ticket       policy.Ticket
+	admittedAt   time.Time
+}
+
+// responsePart is what the response showed and how the request was settled.
+type responsePart struct {
+	// started: the response headers came (the request reached the provider and it answered).
+	started    bool
+	status     int
+	ttfb       time.Duration
+	retryAfter time.Duration
+	// reading: the response body is scanned for usage.
+	reading bool
+	// scanner is taken from scanners when the response is read, so streams that never reach
+	// a response (refused, queued, held) do not carry its 2.5 KiB.
+	scanner *llmapi.UsageScanner
+	pending []byte // a response chunk to scan after its reply went out
+	outcome policy.Outcome
+	settled policy.Settled
+}
+
 // processor owns one stream's request: what Envoy said, what the policy decided and what the
 // request holds. It is used only by its stream's goroutine, so it needs no locks — except idle,
 // whose timer may release the ticket from another goroutine.
@@ -51,54 +113,31 @@ type processor struct {
 	ctx    context.Context
 	snap   *policy.Snapshot
 
-	started     bool
-	passthrough bool
+	phase       phase
 	reqBodyMode bodyMode
 	resBodyMode bodyMode
-
-	requestID string
-	headers   []*corev3.HeaderValue
-	path      string
-	api       llmapi.API
-	metadata  *corev3.Metadata
-	attrs     *structpb.Struct
-	body      []byte
-	bodyOK    bool
-	fields    llmapi.RequestFields
-	// heldBody is how many bytes of Server.buffered this stream's body accounts for.
-	heldBody int64
+	// headers are the current message's headers (the request's, then the response's).
+	headers []*corev3.HeaderValue
 	// seen has a bit per message kind received, to tell a message out of Envoy's order.
 	seen uint8
-
-	decided  bool
-	decision policy.Decision
-	// compartments joins the ticket's compartment names, computed once at admission.
-	compartments string
-	estimate     policy.Estimate
-	ticket       policy.Ticket
-	admittedAt   time.Time
 	// overrideFor is the message count at which a message-timeout override was last sent:
 	// Envoy honours one override per state.
 	overrideFor int
 	messages    int
 
-	respStarted bool
-	status      int
-	ttfb        time.Duration
-	retryAfter  time.Duration
-	reading     bool
-	// scanner is taken from scanners when the response is read, so streams that never reach
-	// a response (refused, queued, held) do not carry its 2.5 KiB.
-	scanner *llmapi.UsageScanner
-	pending []byte // a response chunk to scan after its reply went out
-	final   bool
-	outcome policy.Outcome
-	settled policy.Settled
+	req requestPart
+	dec decisionPart
+	res responsePart
 
 	// onQueueFn is p.onQueue bound once, so admission does not allocate a method value.
 	onQueueFn func(time.Duration)
 
 	idle idleWatch
+}
+
+// decided reports whether the policy has decided on the request (whatever it decided).
+func (p *processor) decided() bool {
+	return p.phase >= phaseAdmitted && p.phase <= phaseDone
 }
 
 // idleWatch releases an admitted request whose stream has gone silent for
@@ -191,11 +230,10 @@ func bitsLen(b uint8) int {
 // the status the stream ends with.
 func (p *processor) violation(kind int, what string) error {
 	p.srv.metrics.protocolErrors[kind].Inc()
-	if p.ticket.Admitted() {
-		p.final = true
-		p.settle(true)
+	if p.dec.ticket.Admitted() {
+		p.settleOnce(true)
 	}
-	p.srv.log.Debug("ext_proc protocol violation; ending the stream", "request_id", p.requestID, "kind", violNames[kind], "what", what)
+	p.srv.log.Debug("ext_proc protocol violation; ending the stream", "request_id", p.req.id, "kind", violNames[kind], "what", what)
 	return status.Errorf(codes.InvalidArgument, "ext_proc protocol violation (%s): received %s", violNames[kind], what)
 }
 
@@ -203,16 +241,16 @@ func (p *processor) violation(kind int, what string) error {
 // (the stream is gone and there is nobody to answer).
 func (p *processor) handle(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
 	p.messages++
-	if !p.started {
-		p.started = true
+	if p.phase == phaseNew {
 		p.modes(req.ProtocolConfig)
 		if _, ok := req.Request.(*extprocv3.ProcessingRequest_RequestHeaders); !ok {
 			// Not a request we can judge (Envoy sends request headers first unless their mode is
 			// SKIP): let the whole stream through.
-			p.passthrough = true
+			p.phase = phasePassthrough
 			p.srv.metrics.passthrough.Inc()
 			return passthroughReply(req)
 		}
+		p.phase = phaseRequest
 	}
 	start := time.Now()
 	var resp *extprocv3.ProcessingResponse
@@ -278,11 +316,11 @@ func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	if i := strings.IndexByte(path, '?'); i >= 0 {
 		path = path[:i]
 	}
-	p.path = path
-	p.api = llmapi.APIFromPath(path)
-	p.requestID, _ = p.Header(HeaderRequestID)
-	p.metadata = req.MetadataContext
-	p.attrs = req.Attributes[attributesKey]
+	p.req.path = path
+	p.req.api = llmapi.APIFromPath(path)
+	p.req.id, _ = p.Header(HeaderRequestID)
+	p.req.metadata = req.MetadataContext
+	p.req.attrs = req.Attributes[attributesKey]
 
 	bodyComing := !h.EndOfStream && p.reqBodyMode != extprocfilterv3.ProcessingMode_NONE
 	if bodyComing && p.reqBodyMode == extprocfilterv3.ProcessingMode_BUFFERED && p.wantBody() {
@@ -291,12 +329,10 @@ func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	}
 	if h.EndOfStream && p.requiresValidJSON() && (p.method() == "POST" || p.method() == "PUT" || p.method() == "PATCH") {
 		// An LLM call without a body on a route that requires a JSON one.
-		p.decided = true
-		p.decision = policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonBadRequest}
-		return p.refuse(p.decision)
+		return p.refuse(policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonBadRequest})
 	}
-	resp := p.decide(true)
-	if resp == nil || !p.decided {
+	resp := p.decide(msgRequestHeaders)
+	if resp == nil {
 		return resp
 	}
 	if bodyComing && p.snap.Settings().AllowModeOverride && p.reqBodyMode == extprocfilterv3.ProcessingMode_BUFFERED {
@@ -321,7 +357,7 @@ func (p *processor) wantBody() bool {
 	if s.NeedsBodyForRules || s.TokenLimits {
 		return true
 	}
-	if s.Settings().InjectIncludeUsage && (p.api == llmapi.APIOpenAIChat || p.api == llmapi.APIOpenAICompletions) {
+	if s.Settings().InjectIncludeUsage && (p.req.api == llmapi.APIOpenAIChat || p.req.api == llmapi.APIOpenAICompletions) {
 		return true
 	}
 	return p.requiresValidJSON()
@@ -329,7 +365,7 @@ func (p *processor) wantBody() bool {
 
 func (p *processor) requiresValidJSON() bool {
 	for _, prefix := range p.snap.Settings().RequireValidJSON {
-		if strings.HasPrefix(p.path, prefix) {
+		if strings.HasPrefix(p.req.path, prefix) {
 			return true
 		}
 	}
@@ -337,17 +373,15 @@ func (p *processor) requiresValidJSON() bool {
 }
 
 func (p *processor) onRequestBody(b *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
-	if p.decided || p.snap == nil || p.reqBodyMode != extprocfilterv3.ProcessingMode_BUFFERED {
+	if p.phase != phaseRequest || p.reqBodyMode != extprocfilterv3.ProcessingMode_BUFFERED {
 		return continueRequestBody
 	}
 	if !p.holdBody(len(b.Body)) {
-		p.decided = true
-		p.decision = policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonServerBusy, RetryAfter: time.Second}
 		p.srv.metrics.bodiesRefused.Inc()
-		return p.refuse(p.decision)
+		return p.refuse(policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonServerBusy, RetryAfter: time.Second})
 	}
-	p.body = b.Body
-	resp := p.decide(false)
+	p.req.body = b.Body
+	resp := p.decide(msgRequestBody)
 	// Classification, the estimate and the body rewrite are done: nothing reads the body again.
 	p.dropBody()
 	return resp
@@ -365,92 +399,91 @@ func (p *processor) holdBody(n int) bool {
 		p.srv.buffered.Add(-int64(n))
 		return false
 	}
-	p.heldBody = int64(n)
+	p.req.heldBody = int64(n)
 	return true
 }
 
 // dropBody lets go of the request body and gives back the bytes it accounted for.
 func (p *processor) dropBody() {
-	p.body = nil
-	if p.heldBody != 0 {
-		p.srv.buffered.Add(-p.heldBody)
-		p.heldBody = 0
+	p.req.body = nil
+	if p.req.heldBody != 0 {
+		p.srv.buffered.Add(-p.req.heldBody)
+		p.req.heldBody = 0
 	}
 }
 
-// decide classifies, estimates and admits the request, answering in the message type of the
-// phase (request headers or request body).
-func (p *processor) decide(atHeaders bool) *extprocv3.ProcessingResponse {
-	p.decided = true
+// decide classifies, estimates and admits the request, answering in the type of the message it
+// decides at (msgRequestHeaders or msgRequestBody).
+func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 	s, e := p.snap, p.srv.engine
 	size := policy.RequestSize{N: 1}
-	if !atHeaders {
-		err := llmapi.ScanRequest(p.api, p.body, &p.fields)
+	if at == msgRequestBody {
+		err := llmapi.ScanRequest(p.req.api, p.req.body, &p.req.fields)
 		switch {
 		case err == nil:
-			p.bodyOK = true
+			p.req.bodyOK = true
 		case errors.Is(err, llmapi.ErrInvalidJSON):
 			e.ClassifyError("invalid_json")
-			p.srv.log.Debug("request body is not a JSON object; classifying from headers and defaults", "request_id", p.requestID, "bytes", len(p.body))
+			p.srv.log.Debug("request body is not a JSON object; classifying from headers and defaults", "request_id", p.req.id, "bytes", len(p.req.body))
 			if p.requiresValidJSON() {
-				d := policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonBadRequest}
-				p.decision = d
-				return p.refuse(d)
+				return p.refuse(policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonBadRequest})
 			}
 		default:
 			// A known field has the wrong type or value: the rest of the body is still usable.
-			p.bodyOK = true
+			p.req.bodyOK = true
 			reason := "field_value"
 			if errors.Is(err, llmapi.ErrFieldType) {
 				reason = "field_type"
 			}
 			e.ClassifyError(reason)
-			p.srv.log.Debug("request body field has a wrong type or value", "request_id", p.requestID, "err", err.Error())
+			p.srv.log.Debug("request body field has a wrong type or value", "request_id", p.req.id, "err", err.Error())
 		}
-		if p.bodyOK {
-			f := &p.fields
-			size = policy.RequestSize{Scanned: true, BodyBytes: int64(len(p.body)), PromptBytes: f.PromptBytes, Images: f.Images, Audio: f.Audio,
+		if p.req.bodyOK {
+			f := &p.req.fields
+			size = policy.RequestSize{Scanned: true, BodyBytes: int64(len(p.req.body)), PromptBytes: f.PromptBytes, Images: f.Images, Audio: f.Audio,
 				Files: f.Files, MaxTokens: f.MaxTokens, HasMaxTokens: f.HasMaxTokens, N: f.N}
 		}
 	}
 	dims := s.Classify(p)
-	p.estimate = s.Estimate(dims.Model, size)
-	r := policy.Request{Dims: dims, Estimate: p.estimate, PromptBytes: size.PromptBytes}
-	d := e.Admit(p.ctx, s, &r, &p.ticket, p.onQueueFn)
-	p.decision = d
+	p.dec.estimate = s.Estimate(dims.Model, size)
+	r := policy.Request{Dims: dims, Estimate: p.dec.estimate, PromptBytes: size.PromptBytes}
+	d := e.Admit(p.ctx, s, &r, &p.dec.ticket, p.onQueueFn)
 	if d.Verdict != policy.Admit {
 		if d.Reason == policy.ReasonCancelled {
+			p.dec.decision, p.phase = d, phaseDone
 			return nil
 		}
-		p.srv.log.Debug("request refused", "request_id", p.requestID, "reason", string(d.Reason), "compartment", d.Compartment)
+		p.srv.log.Debug("request refused", "request_id", p.req.id, "reason", string(d.Reason), "compartment", d.Compartment)
 		return p.refuse(d)
 	}
 	if p.ctx.Err() != nil {
 		// Envoy gave up on this stream while we decided (its message timeout, or the client
 		// left): nobody will read the reply, and the provider was never called — release as a
 		// cancel, which the breaker ignores.
-		p.final = true
-		p.ticket.Done(policy.Outcome{Cancelled: true})
+		p.dec.decision, p.phase = d, phaseDone
+		p.dec.ticket.Done(policy.Outcome{Cancelled: true})
 		return nil
 	}
-	p.admittedAt = e.Now()
+	p.dec.decision, p.phase = d, phaseAdmitted
+	p.dec.admittedAt = e.Now()
 	p.armIdle(s.Settings().StreamIdleTimeout)
-	return p.admitReply(atHeaders)
+	return p.admitReply(at)
 }
 
-// refuse answers with the degradation contract's ImmediateResponse.
+// refuse records refusal d and answers with the degradation contract's ImmediateResponse.
 func (p *processor) refuse(d policy.Decision) *extprocv3.ProcessingResponse {
-	p.final = true
-	return p.withMetadata(immediateReply(d, p.api))
+	p.dec.decision, p.phase = d, phaseDone
+	return p.withMetadata(immediateReply(d, p.req.api))
 }
 
-// admitReply lets the request continue with the server's header (and body) mutations.
-func (p *processor) admitReply(atHeaders bool) *extprocv3.ProcessingResponse {
-	s, d := p.snap, p.decision
+// admitReply lets the request continue with the server's header (and body) mutations, in the
+// reply type of the message it was decided at.
+func (p *processor) admitReply(at int) *extprocv3.ProcessingResponse {
+	s, d := p.snap, p.dec.decision
 	names := s.Names(d.Dims)
 	parts := p.srv.parts(s)
-	p.compartments = strings.Join(p.ticket.Compartments(), ",")
-	common := mutation(parts.featureHeader[d.Dims.Feature], setHeader(HeaderCompartment, p.compartments))
+	p.dec.compartments = strings.Join(p.dec.ticket.Compartments(), ",")
+	common := mutation(parts.featureHeader[d.Dims.Feature], setHeader(HeaderCompartment, p.dec.compartments))
 	mut := common.HeaderMutation
 	if sent, _ := p.Header(HeaderProvider); sent != names.Provider {
 		// Routes pick the upstream by x-llm-provider: set it to the provider the request was
@@ -462,15 +495,15 @@ func (p *processor) admitReply(atHeaders bool) *extprocv3.ProcessingResponse {
 		// The response must be readable to settle usage: ask the upstream not to compress it.
 		mut.RemoveHeaders = append(mut.RemoveHeaders, "accept-encoding")
 	}
-	if !atHeaders && p.bodyOK && s.Settings().InjectIncludeUsage {
-		if nb, changed := llmapi.InjectIncludeUsage(p.api, p.body); changed {
+	if at == msgRequestBody && p.req.bodyOK && s.Settings().InjectIncludeUsage {
+		if nb, changed := llmapi.InjectIncludeUsage(p.req.api, p.req.body); changed {
 			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: nb}}
 			if _, ok := p.Header("content-length"); ok {
 				mut.SetHeaders = append(mut.SetHeaders, setHeader("content-length", strconv.Itoa(len(nb))))
 			}
 		}
 	}
-	if atHeaders {
+	if at == msgRequestHeaders {
 		return headersReply(true, common)
 	}
 	return bodyReply(true, common)
@@ -497,16 +530,16 @@ func (p *processor) onQueue(maxWait time.Duration) {
 }
 
 func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
-	if !p.ticket.Admitted() {
+	if p.phase != phaseAdmitted || !p.dec.ticket.Admitted() {
 		return continueResponseHeaders
 	}
-	p.respStarted = true
+	p.phase, p.res.started = phaseResponding, true
 	p.headers = h.GetHeaders().GetHeaders()
 	st, _ := p.Header(":status")
-	p.status, _ = strconv.Atoi(st)
-	p.ttfb = p.srv.engine.Now().Sub(p.admittedAt)
+	p.res.status, _ = strconv.Atoi(st)
+	p.res.ttfb = p.srv.engine.Now().Sub(p.dec.admittedAt)
 	if ra, ok := p.Header("retry-after"); ok {
-		p.retryAfter = parseRetryAfter(ra, p.srv.engine.Now())
+		p.res.retryAfter = parseRetryAfter(ra, p.srv.engine.Now())
 	}
 	var common *extprocv3.CommonResponse
 	add := func(h *corev3.HeaderValueOption) {
@@ -518,10 +551,10 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 	}
 	pol := p.snap.Settings()
 	if pol.CompartmentHeader {
-		add(setHeader(HeaderCompartment, p.compartments))
+		add(setHeader(HeaderCompartment, p.dec.compartments))
 	}
 	if pol.RateLimitHeaders {
-		if left, reset, ok := p.ticket.Remaining(); ok {
+		if left, reset, ok := p.dec.ticket.Remaining(); ok {
 			add(setHeader(HeaderRemainingTokens, strconv.FormatInt(max(left, 0), 10)))
 			add(setHeader(HeaderResetTokens, formatReset(reset)))
 		}
@@ -529,12 +562,12 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 	resp := headersReply(false, common)
 
 	bodyComing := !h.EndOfStream && p.resBodyMode != extprocfilterv3.ProcessingMode_NONE
-	p.reading = bodyComing && p.status >= 200 && p.status < 300
-	if p.reading {
+	p.res.reading = bodyComing && p.res.status >= 200 && p.res.status < 300
+	if p.res.reading {
 		ct, _ := p.Header("content-type")
 		ce, _ := p.Header("content-encoding")
-		p.scanner = scanners.Get().(*llmapi.UsageScanner)
-		p.scanner.Reset(p.api, ct, ce)
+		p.res.scanner = scanners.Get().(*llmapi.UsageScanner)
+		p.res.scanner.Reset(p.req.api, ct, ce)
 	} else if bodyComing && p.snap.Settings().AllowModeOverride {
 		// Nothing to read in an error response: ask Envoy not to send its body at all.
 		resp.ModeOverride = p.override(p.reqBodyMode, extprocfilterv3.ProcessingMode_NONE)
@@ -549,18 +582,18 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 }
 
 func (p *processor) onResponseBody(b *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
-	if !p.ticket.Admitted() {
+	if !p.dec.ticket.Admitted() {
 		return continueResponseBody
 	}
 	if !b.EndOfStream {
-		if p.reading {
+		if p.res.reading {
 			// Reply first, read after: the client's stream must not wait for the scan.
-			p.pending = b.Body
+			p.res.pending = b.Body
 		}
 		return continueResponseBody
 	}
-	if p.reading {
-		p.scanner.Write(b.Body)
+	if p.res.reading {
+		p.res.scanner.Write(b.Body)
 	}
 	p.complete()
 	return p.withMetadata(bodyReply(false, nil))
@@ -568,35 +601,32 @@ func (p *processor) onResponseBody(b *extprocv3.HttpBody) *extprocv3.ProcessingR
 
 // afterSend does the work that must not delay a reply.
 func (p *processor) afterSend(resp *extprocv3.ProcessingResponse) {
-	if p.pending != nil {
-		p.scanner.Write(p.pending)
-		p.pending = nil
+	if p.res.pending != nil {
+		p.res.scanner.Write(p.res.pending)
+		p.res.pending = nil
 	}
 	if _, ok := resp.Response.(*extprocv3.ProcessingResponse_ImmediateResponse); ok {
-		p.final = true
+		p.phase = phaseDone
 	}
 }
 
 // complete settles a request whose response finished normally.
 func (p *processor) complete() {
-	if p.final {
-		return
+	if p.phase == phaseAdmitted || p.phase == phaseResponding {
+		p.settleOnce(false)
 	}
-	p.final = true
-	p.settle(false)
 }
 
 // ended handles the stream ending (Envoy reset or half-closed it, or Send failed).
 func (p *processor) ended(how end) {
-	if p.final || !p.ticket.Admitted() {
+	if p.phase == phaseDone || !p.dec.ticket.Admitted() {
 		return
 	}
-	p.final = true
 	// A response that started but did not finish was cut short, most likely by the client. A
 	// stream that ends with no response at all may be a client cancel or an upstream failure
 	// (Envoy does not send local replies to the processor); the breaker's no_response_as says
 	// which it counts as.
-	p.settle(p.respStarted)
+	p.settleOnce(p.res.started)
 	p.srv.metrics.endedEarly.WithLabelValues(endName(how)).Inc()
 }
 
@@ -604,21 +634,29 @@ func (p *processor) ended(how end) {
 func (p *processor) finish() {
 	p.stopIdle()
 	p.dropBody()
-	if p.ticket.Admitted() {
-		p.final = true
-		p.settle(p.respStarted)
+	if p.dec.ticket.Admitted() {
+		p.settleOnce(p.res.started)
 	}
-	if p.decision.Verdict == policy.Admit {
+	if p.dec.decision.Verdict == policy.Admit {
 		p.srv.metrics.admissionsEnded.Inc()
-		if !p.ticket.Admitted() {
+		if !p.dec.ticket.Admitted() {
 			p.srv.metrics.admissionsReleased.Inc()
 		}
 	}
-	if p.scanner != nil {
-		p.scanner.Close()
-		scanners.Put(p.scanner)
-		p.scanner = nil
+	if p.res.scanner != nil {
+		p.res.scanner.Close()
+		scanners.Put(p.res.scanner)
+		p.res.scanner = nil
 	}
+}
+
+// settleOnce ends the request: the phase moves to done and the ticket is settled with the
+// outcome seen; cancelled says the response was cut short.
+func (p *processor) settleOnce(cancelled bool) {
+	if p.phase != phasePassthrough {
+		p.phase = phaseDone
+	}
+	p.settle(cancelled)
 }
 
 // settle releases the ticket with the outcome seen. It never panics: it also runs after the
@@ -629,26 +667,24 @@ func (p *processor) settle(cancelled bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			p.srv.metrics.panics.Inc()
-			p.srv.log.Error("panic while settling a request; its slots were released", "request_id", p.requestID,
+			p.srv.log.Error("panic while settling a request; its slots were released", "request_id", p.req.id,
 				"panic", r, "stack", string(debug.Stack()))
 		}
 	}()
-	o := policy.Outcome{Status: p.status, Cancelled: cancelled, RetryAfter: p.retryAfter}
-	if p.respStarted {
-		o.TTFB = p.ttfb
-	}
-	o.Duration = p.srv.engine.Now().Sub(p.admittedAt)
-	if p.reading {
-		if p.pending != nil {
-			p.scanner.Write(p.pending)
-			p.pending = nil
+	// ttfb is set with the response headers; 0 means there were none.
+	o := policy.Outcome{Status: p.res.status, Cancelled: cancelled, RetryAfter: p.res.retryAfter, TTFB: p.res.ttfb}
+	o.Duration = p.srv.engine.Now().Sub(p.dec.admittedAt)
+	if p.res.reading {
+		if p.res.pending != nil {
+			p.res.scanner.Write(p.res.pending)
+			p.res.pending = nil
 		}
-		u := p.scanner.Finish()
+		u := p.res.scanner.Finish()
 		o.Usage = policy.Usage{Prompt: u.PromptTokens, Completion: u.CompletionTokens, Total: u.TotalTokens,
 			Cached: u.CachedTokens, Reasoning: u.ReasoningTokens, Known: u.Known, PromptKnown: u.PromptKnown, ContentBytes: u.ContentBytes}
 	}
-	p.outcome = o
-	p.settled = p.ticket.Done(o)
+	p.res.outcome = o
+	p.res.settled = p.dec.ticket.Done(o)
 }
 
 // Header implements policy.Input over the current message's headers. The value aliases the
@@ -672,28 +708,28 @@ func (p *processor) method() string {
 }
 
 // Path implements policy.Input.
-func (p *processor) Path() string { return p.path }
+func (p *processor) Path() string { return p.req.path }
 
 // BodyField implements policy.Input.
 func (p *processor) BodyField(path string) (string, bool) {
-	if !p.bodyOK {
+	if !p.req.bodyOK {
 		return "", false
 	}
 	// The scan already read the common fields: do not walk a large body again for them.
 	switch path {
 	case "model":
-		return p.fields.Model, p.fields.Model != ""
+		return p.req.fields.Model, p.req.fields.Model != ""
 	case "user":
-		if p.api != llmapi.APIAnthropicMessages {
-			return p.fields.User, p.fields.User != ""
+		if p.req.api != llmapi.APIAnthropicMessages {
+			return p.req.fields.User, p.req.fields.User != ""
 		}
 	}
-	return llmapi.Field(p.body, path)
+	return llmapi.Field(p.req.body, path)
 }
 
 // Metadata implements policy.Input over metadata_context (Envoy-forwarded, trusted).
 func (p *processor) Metadata(namespace string, key []string) (string, bool) {
-	st := p.metadata.GetFilterMetadata()[namespace]
+	st := p.req.metadata.GetFilterMetadata()[namespace]
 	if st == nil || len(key) == 0 {
 		return "", false
 	}
@@ -715,7 +751,7 @@ func (p *processor) Metadata(namespace string, key []string) (string, bool) {
 
 // Attribute implements policy.Input over the request attributes.
 func (p *processor) Attribute(name string) (string, bool) {
-	v := p.attrs.GetFields()[name]
+	v := p.req.attrs.GetFields()[name]
 	if v == nil {
 		return "", false
 	}
@@ -798,15 +834,15 @@ func (p *processor) onIdle() {
 	w.released.Store(true)
 	p.srv.metrics.idleReleased.Inc()
 	p.srv.log.Warn("no message on an admitted request's stream for server.stream_idle_timeout; released its admission",
-		"request_id", p.requestID, "timeout", w.timeout.String())
+		"request_id", p.req.id, "timeout", w.timeout.String())
 	defer func() {
 		if r := recover(); r != nil {
 			p.srv.metrics.panics.Inc()
-			p.srv.log.Error("panic while releasing an idle request; its slots were released", "request_id", p.requestID,
+			p.srv.log.Error("panic while releasing an idle request; its slots were released", "request_id", p.req.id,
 				"panic", r, "stack", string(debug.Stack()))
 		}
 	}()
-	p.ticket.Done(policy.Outcome{Cancelled: true, Duration: p.srv.engine.Now().Sub(p.admittedAt)})
+	p.dec.ticket.Done(policy.Outcome{Cancelled: true, Duration: p.srv.engine.Now().Sub(p.dec.admittedAt)})
 }
 
 // stopIdle stops the idle watch before the stream goroutine settles or leaves: once it returns,

@@ -123,20 +123,20 @@ func endReason(err error) end {
 // safeHandle runs handle, turning a panic into a pass-through reply of the matching type so
 // the request continues without the processor (fail-open for that request only).
 func (p *processor) safeHandle(req *extprocv3.ProcessingRequest) (resp *extprocv3.ProcessingResponse) {
-	if !p.passthrough && p.idle.released.Load() {
+	if p.phase != phasePassthrough && p.idle.released.Load() {
 		// The admission was released while the stream was silent: nothing is held any more, so
 		// nothing is left to judge or settle.
-		p.passthrough = true
+		p.phase = phasePassthrough
 	}
-	if p.passthrough {
+	if p.phase == phasePassthrough {
 		return passthroughReply(req)
 	}
 	defer func() {
 		if r := recover(); r != nil {
 			p.srv.metrics.panics.Inc()
 			p.srv.log.Error("panic while processing a message; the request continues without the processor",
-				"request_id", p.requestID, "panic", r, "stack", string(debug.Stack()))
-			p.passthrough = true
+				"request_id", p.req.id, "panic", r, "stack", string(debug.Stack()))
+			p.phase = phasePassthrough
 			resp = passthroughReply(req)
 		}
 	}()
