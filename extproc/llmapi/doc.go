@@ -7,6 +7,7 @@
 // Everything here runs on the per-request hot path, so the request side scans
 // the body in place without building a document tree, and the response side
 // is a push parser that consumes body chunks as Envoy streams them, split at
-// any byte, with memory bounded by a few kilobytes (plus a 32 KiB window when
-// the response is compressed).
+// any byte, with memory bounded by a few kilobytes (plus the standard
+// library's decoder and at most 80 KiB of compressed input when the response
+// is compressed).
 package llmapi

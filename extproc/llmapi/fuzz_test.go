@@ -2,6 +2,7 @@ package llmapi
 
 import (
 	"bytes"
+	"compress/flate"
 	"compress/gzip"
 	"compress/zlib"
 	"encoding/json"
@@ -174,7 +175,13 @@ data: {"type":"response.completed","response":{"usage":{"input_tokens":1,"output
 	})
 }
 
-func FuzzInflate(f *testing.F) {
+// FuzzDecompress checks the decompressor against the standard library's
+// decoders reading the whole body at once: fed in pieces, through its bounded
+// buffer, it must hand on exactly the bytes they decode, and fail where they
+// fail. The decoded size is limited to fuzzLimit, which keeps each run short
+// (deflate expands up to 1032 times) and puts the limit itself under test.
+func FuzzDecompress(f *testing.F) {
+	const fuzzLimit = 256 << 10
 	for _, s := range sampleFiles {
 		b := readSample(f, s.file)
 		for _, level := range []int{gzip.NoCompression, gzip.BestSpeed, gzip.DefaultCompression, gzip.BestCompression, gzip.HuffmanOnly} {
@@ -185,53 +192,93 @@ func FuzzInflate(f *testing.F) {
 		w.Write(b)
 		w.Close()
 		f.Add(z.Bytes(), uint64(9), true)
+		f.Add(rawDeflate(b, 5), uint64(10), true)
 	}
 	two := append(gzipBytes(f, []byte("first "), 6), gzipBytes(f, []byte("second"), 0)...)
 	f.Add(two, uint64(4), false)
-	f.Fuzz(func(t *testing.T, data []byte, seed uint64, zl bool) {
+	f.Add(gzipBytes(f, make([]byte, 2*fuzzLimit), 9), uint64(11), false)
+	f.Fuzz(func(t *testing.T, data []byte, seed uint64, deflate bool) {
 		format, enc := formatGzip, "gzip"
-		if zl {
-			format, enc = formatZlibOrRaw, "deflate"
+		if deflate {
+			format, enc = formatDeflate, "deflate"
 		}
-		got, err := inflateChunks(format, splitRandom(data, seed))
-		again, err2 := inflateChunks(format, [][]byte{data})
-		if !bytes.Equal(got, again) || (err == nil) != (err2 == nil) {
-			t.Fatalf("chunking changed the result: %d bytes (%v) vs %d bytes (%v)", len(got), err, len(again), err2)
+		d := getDecompressor(format)
+		defer putDecompressor(d)
+		d.limit = fuzzLimit
+		var c collect
+		var err error
+		for _, ch := range splitRandom(data, seed) {
+			if err = d.write(ch, &c); err != nil {
+				break
+			}
 		}
-		var r io.Reader
-		var rerr error
-		if zl {
-			r, rerr = zlib.NewReader(bytes.NewReader(data))
-		} else {
-			r, rerr = gzip.NewReader(bytes.NewReader(data))
+		if err == nil {
+			err = d.finish(&c)
 		}
-		if rerr != nil {
-			return
+		if err != nil && !errors.Is(err, ErrCorruptCompression) {
+			t.Fatalf("error %v is not ErrCorruptCompression", err)
 		}
-		want, rerr := io.ReadAll(r)
-		if rerr != nil {
-			return
+		want, werr := stdlibDecode(format, data, fuzzLimit+1)
+		if len(want) > fuzzLimit {
+			want, werr = want[:fuzzLimit], errors.New("over the limit")
 		}
-		if err != nil || !bytes.Equal(got, want) {
-			t.Fatalf("%s: got %d bytes (%v), compress/* decoded %d bytes", enc, len(got), err, len(want))
+		if !bytes.Equal(c.b, want) || (err == nil) != (werr == nil) {
+			t.Fatalf("%s: got %d bytes (%v), the standard library decoded %d bytes (%v)", enc, len(c.b), err, len(want), werr)
 		}
 	})
+}
+
+// stdlibDecode decodes a whole body, up to limit bytes, with the standard
+// library's decoders directly: gzip members for gzip; for deflate, zlib where
+// compress/zlib accepts the header and raw deflate where it rejects it. An
+// empty body is an empty body.
+func stdlibDecode(format uint8, data []byte, limit int64) ([]byte, error) {
+	if len(data) == 0 {
+		return nil, nil
+	}
+	var r io.Reader
+	var err error
+	if format == formatGzip {
+		r, err = gzip.NewReader(bytes.NewReader(data))
+	} else {
+		r, err = zlib.NewReader(bytes.NewReader(data))
+		if errors.Is(err, zlib.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) && len(data) < 2 {
+			r, err = flate.NewReader(bytes.NewReader(data)), nil
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	out, err := io.ReadAll(io.LimitReader(r, limit))
+	if len(out) == 0 {
+		out = nil
+	}
+	return out, err
+}
+
+func rawDeflate(data []byte, level int) []byte {
+	var b bytes.Buffer
+	w, _ := flate.NewWriter(&b, level)
+	w.Write(data)
+	w.Close()
+	return b.Bytes()
 }
 
 type collect struct{ b []byte }
 
 func (c *collect) plain(p []byte) { c.b = append(c.b, p...) }
 
-func inflateChunks(format uint8, chunks [][]byte) ([]byte, error) {
-	z := getInflater(format)
-	defer putInflater(z)
+// decompressChunks runs a fresh decompressor over chunks.
+func decompressChunks(format uint8, chunks [][]byte) ([]byte, error) {
+	d := getDecompressor(format)
+	defer putDecompressor(d)
 	var c collect
 	for _, ch := range chunks {
-		if err := z.write(ch, &c); err != nil {
+		if err := d.write(ch, &c); err != nil {
 			return c.b, err
 		}
 	}
-	return c.b, z.finish(&c)
+	return c.b, d.finish(&c)
 }
 
 func FuzzScanRequest(f *testing.F) {

@@ -42,8 +42,11 @@ var (
 	// than identity, gzip or deflate; its body is not read.
 	ErrUnsupportedEncoding = errors.New("llmapi: unsupported content-encoding")
 	// ErrCorruptCompression means the compressed body could not be decoded
-	// (bad data, checksum mismatch, or a decoded size above the limit); what
-	// was decoded before the problem still counts.
+	// (bad data, checksum mismatch, a decoded size above 256 MiB, or a stream
+	// that needs more than 64 KiB of compressed input before its next decoded
+	// bytes, which no encoder writes by itself); what was decoded before the
+	// problem still counts. The error also wraps the decoder's own error,
+	// such as gzip.ErrChecksum, when there is one.
 	ErrCorruptCompression = errors.New("llmapi: corrupt compressed response body")
 )
 
@@ -59,8 +62,11 @@ const (
 // anywhere: inside an SSE line, inside "data:", inside a JSON string or
 // number. It never buffers the body: it keeps a few kilobytes of parser state
 // (among them a copy of one recent event of at most 2 KiB, against which the
-// events that repeat its shape are read), plus a 32 KiB window while decoding
-// a compressed body.
+// events that repeat its shape are read). A compressed body also holds a
+// decoder from the standard library (its 32 KiB window and tables), up to
+// 80 KiB of compressed input not yet decoded and an 8 KiB run of decoded
+// output: about 55 KiB for a short response, 135 KiB at most, pooled across
+// responses.
 //
 // The zero value is not ready; call Reset. A UsageScanner is not safe for
 // concurrent use: keep one per response stream. It can be reused for another
@@ -74,7 +80,7 @@ type UsageScanner struct {
 	closed   bool
 	inDoc    bool
 	err      error
-	dec      *inflater
+	dec      *decompressor
 
 	tally  tally
 	result Usage
@@ -100,8 +106,9 @@ type tally struct {
 // content-type and content-encoding header values. text/event-stream is read
 // as SSE and JSON types as one JSON document; anything else (or no header) is
 // decided by the first non-blank byte of the body. gzip, x-gzip and deflate
-// are decoded on the fly; another encoding makes the body unreadable, which
-// Err reports. Like every method of UsageScanner it is not safe for
+// (zlib, or raw deflate) are decoded as the body arrives, 64 KiB behind it
+// (see decompressor); another encoding makes the body unreadable, which Err
+// reports. Like every method of UsageScanner it is not safe for
 // concurrent use.
 func (s *UsageScanner) Reset(api API, contentType, contentEncoding string) {
 	s.Close()
@@ -119,9 +126,9 @@ func (s *UsageScanner) Reset(api API, contentType, contentEncoding string) {
 	switch enc := strings.TrimSpace(contentEncoding); {
 	case enc == "" || strings.EqualFold(enc, "identity"):
 	case strings.EqualFold(enc, "gzip") || strings.EqualFold(enc, "x-gzip"):
-		s.dec = getInflater(formatGzip)
+		s.dec = getDecompressor(formatGzip)
 	case strings.EqualFold(enc, "deflate"):
-		s.dec = getInflater(formatZlibOrRaw)
+		s.dec = getDecompressor(formatDeflate)
 	default:
 		s.mode = modeIgnore
 		s.err = ErrUnsupportedEncoding
@@ -139,8 +146,10 @@ func (s *UsageScanner) setMode(m uint8) {
 }
 
 // Write consumes the next chunk of the body. It does constant work per byte,
-// never blocks, does not allocate once the scanner is warm, and does not
-// retain chunk. Writes after Finish or Close are ignored. Not safe for
+// never blocks, and does not retain chunk (a compressed body is copied into
+// its bounded buffer). It does not allocate once the scanner is warm, except
+// inside compress/flate, which allocates small tables for some blocks of a
+// compressed body. Writes after Finish or Close are ignored. Not safe for
 // concurrent use.
 func (s *UsageScanner) Write(chunk []byte) {
 	if s.finished || s.closed || len(chunk) == 0 {
@@ -159,7 +168,7 @@ func (s *UsageScanner) decodeFailed(err error) {
 	if s.err == nil {
 		s.err = err
 	}
-	putInflater(s.dec)
+	putDecompressor(s.dec)
 	s.dec = nil
 	s.mode = modeIgnore
 }
@@ -269,7 +278,7 @@ func (s *UsageScanner) Finish() Usage {
 // for concurrent use.
 func (s *UsageScanner) Close() {
 	if s.dec != nil {
-		putInflater(s.dec)
+		putDecompressor(s.dec)
 		s.dec = nil
 	}
 	s.closed = true
