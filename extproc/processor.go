@@ -416,7 +416,8 @@ func (p *processor) dropBody() {
 // decides at (msgRequestHeaders or msgRequestBody).
 func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 	s, e := p.snap, p.srv.engine
-	size := policy.RequestSize{N: 1}
+	noOutput := p.req.api == llmapi.APIOpenAIEmbeddings
+	size := policy.RequestSize{N: 1, NoOutput: noOutput}
 	if at == msgRequestBody {
 		err := llmapi.ScanRequest(p.req.api, p.req.body, &p.req.fields)
 		switch {
@@ -441,7 +442,7 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 		if p.req.bodyOK {
 			f := &p.req.fields
 			size = policy.RequestSize{Scanned: true, BodyBytes: int64(len(p.req.body)), PromptBytes: f.PromptBytes, Images: f.Images, Audio: f.Audio,
-				Files: f.Files, MaxTokens: f.MaxTokens, HasMaxTokens: f.HasMaxTokens, N: f.N}
+				Files: f.Files, MaxTokens: f.MaxTokens, HasMaxTokens: f.HasMaxTokens, N: f.N, NoOutput: noOutput}
 		}
 	}
 	dims := s.Classify(p)
@@ -664,16 +665,19 @@ func (p *processor) settleOnce(cancelled bool) {
 // its slots before any settlement work, so a failed settlement leaves nothing held.
 func (p *processor) settle(cancelled bool) {
 	p.stopIdle()
+	// ttfb is set with the response headers; 0 means there were none.
+	o := policy.Outcome{Status: p.res.status, Cancelled: cancelled, RetryAfter: p.res.retryAfter, TTFB: p.res.ttfb}
+	o.Duration = p.srv.engine.Now().Sub(p.dec.admittedAt)
 	defer func() {
 		if r := recover(); r != nil {
+			// Reading the usage failed: settle without it (Done is idempotent, so a panic inside
+			// Done itself, which already released, is not settled twice).
+			p.res.settled = p.dec.ticket.Done(policy.Outcome{Status: o.Status, Cancelled: o.Cancelled, TTFB: o.TTFB, Duration: o.Duration})
 			p.srv.metrics.panics.Inc()
 			p.srv.log.Error("panic while settling a request; its slots were released", "request_id", p.req.id,
 				"panic", r, "stack", string(debug.Stack()))
 		}
 	}()
-	// ttfb is set with the response headers; 0 means there were none.
-	o := policy.Outcome{Status: p.res.status, Cancelled: cancelled, RetryAfter: p.res.retryAfter, TTFB: p.res.ttfb}
-	o.Duration = p.srv.engine.Now().Sub(p.dec.admittedAt)
 	if p.res.reading {
 		if p.res.pending != nil {
 			p.res.scanner.Write(p.res.pending)

@@ -488,11 +488,11 @@ func (t *Ticket) Settle(o Outcome) Settled {
 			st = Settled{Prompt: prompt, Completion: int64(float64(sane(u.ContentBytes))/bpt + 0.5), Estimated: true}
 		}
 	}
-	if m := t.est.MaxPrompt; m > 0 && st.Prompt > m {
-		st.Prompt, st.Clamped = m, true
+	if t.est.Bounded && st.Prompt > t.est.MaxPrompt {
+		st.Prompt, st.Clamped = t.est.MaxPrompt, true
 	}
-	if m := t.est.MaxCompletion; m > 0 && st.Completion > m {
-		st.Completion, st.Clamped = m, true
+	if t.est.Bounded && st.Completion > t.est.MaxCompletion {
+		st.Completion, st.Clamped = t.est.MaxCompletion, true
 	}
 	st.Total = st.Prompt + st.Completion
 	return st

@@ -207,19 +207,21 @@ features:
 		want  policy.Estimate
 	}{
 		{"no body: default output only", "x", policy.RequestSize{N: 1},
-			policy.Estimate{Prompt: 0, Output: 500, Total: 500, BytesPerToken: 4, MaxPrompt: 100000, MaxCompletion: 100000}},
+			policy.Estimate{Prompt: 0, Output: 500, Total: 500, BytesPerToken: 4, MaxPrompt: 100000, MaxCompletion: 100000, Bounded: true}},
 		{"bytes / 4 + max_tokens", "x", policy.RequestSize{Scanned: true, BodyBytes: 4100, PromptBytes: 4001, MaxTokens: 100, HasMaxTokens: true, N: 1},
-			policy.Estimate{Prompt: 1001, Output: 100, Total: 1101, BytesPerToken: 4, MaxPrompt: 5124, MaxCompletion: 100}},
+			policy.Estimate{Prompt: 1001, Output: 100, Total: 1101, BytesPerToken: 4, MaxPrompt: 5124, MaxCompletion: 100, Bounded: true}},
 		{"n choices multiply output", "x", policy.RequestSize{Scanned: true, BodyBytes: 500, PromptBytes: 400, MaxTokens: 100, HasMaxTokens: true, N: 3},
-			policy.Estimate{Prompt: 100, Output: 300, Total: 400, BytesPerToken: 4, MaxPrompt: 1524, MaxCompletion: 300}},
+			policy.Estimate{Prompt: 100, Output: 300, Total: 400, BytesPerToken: 4, MaxPrompt: 1524, MaxCompletion: 300, Bounded: true}},
 		{"images cost per item", "x", policy.RequestSize{Scanned: true, BodyBytes: 200, PromptBytes: 40, Images: 2, N: 1},
-			policy.Estimate{Prompt: 1410, Media: 1400, Output: 500, Total: 1910, BytesPerToken: 4, MaxPrompt: 6824, MaxCompletion: 100000}},
+			policy.Estimate{Prompt: 1410, Media: 1400, Output: 500, Total: 1910, BytesPerToken: 4, MaxPrompt: 6824, MaxCompletion: 100000, Bounded: true}},
 		{"per-model ratio, default and context", "long-ctx", policy.RequestSize{Scanned: true, BodyBytes: 500, PromptBytes: 400, N: 1},
-			policy.Estimate{Prompt: 200, Output: 4000, Total: 4200, BytesPerToken: 2, MaxPrompt: 1524, MaxCompletion: 8000}},
+			policy.Estimate{Prompt: 200, Output: 4000, Total: 4200, BytesPerToken: 2, MaxPrompt: 1524, MaxCompletion: 8000, Bounded: true}},
 		{"referenced files: the prompt is bounded by the context only", "x", policy.RequestSize{Scanned: true, BodyBytes: 300, PromptBytes: 40, Files: 1, N: 1},
-			policy.Estimate{Prompt: 2010, Media: 2000, Output: 500, Total: 2510, BytesPerToken: 4, MaxPrompt: 100000, MaxCompletion: 100000}},
+			policy.Estimate{Prompt: 2010, Media: 2000, Output: 500, Total: 2510, BytesPerToken: 4, MaxPrompt: 100000, MaxCompletion: 100000, Bounded: true}},
+		{"embeddings generate nothing", "x", policy.RequestSize{Scanned: true, BodyBytes: 500, PromptBytes: 400, N: 1, NoOutput: true},
+			policy.Estimate{Prompt: 100, Output: 0, Total: 100, BytesPerToken: 4, MaxPrompt: 1524, MaxCompletion: 0, Bounded: true}},
 		{"absurd max_tokens is capped", "x", policy.RequestSize{Scanned: true, PromptBytes: 4, MaxTokens: 1 << 50, HasMaxTokens: true, N: 1},
-			policy.Estimate{Prompt: 1, Output: 100000, Total: 100000, BytesPerToken: 4, MaxPrompt: 100000, MaxCompletion: 100000}},
+			policy.Estimate{Prompt: 1, Output: 100000, Total: 100000, BytesPerToken: 4, MaxPrompt: 100000, MaxCompletion: 100000, Bounded: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

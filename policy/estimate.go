@@ -25,6 +25,9 @@ type RequestSize struct {
 	HasMaxTokens bool
 	// N is the number of choices requested (1 when absent).
 	N int64
+	// NoOutput: the API generates no tokens (embeddings): nothing is reserved for output, and a
+	// response claiming completion tokens is not believed.
+	NoOutput bool
 }
 
 // Estimate is a request's token estimate before the response reports its real use.
@@ -39,9 +42,11 @@ type Estimate struct {
 	Total int64
 	// BytesPerToken is the ratio used for the prompt text.
 	BytesPerToken float64
-	// MaxPrompt and MaxCompletion are the most the request can cost: reported usage above them
-	// is not believed (see Ticket.Settle). 0 means no bound.
+	// MaxPrompt and MaxCompletion are the most the request can cost when Bounded: reported
+	// usage above them is not believed (see Ticket.Settle). Snapshot.Estimate always bounds;
+	// an Estimate made by hand is unbounded unless it says so.
 	MaxPrompt, MaxCompletion int64
+	Bounded                  bool
 }
 
 // promptOverhead is what a chat template, tool definitions' framing and special tokens may add
@@ -149,10 +154,14 @@ func (s *Snapshot) Estimate(model string, rs RequestSize) Estimate {
 		}
 	}
 	n := max(rs.N, 1)
+	if rs.NoOutput {
+		out = 0
+	}
 	est.Output = min(out, st.maxTok) * min(n, 128)
 	est.Total = min(est.Prompt+est.Output, st.maxTok)
 	est.Prompt = min(est.Prompt, est.Total)
 	est.MaxPrompt, est.MaxCompletion = s.usageCeiling(model, rs)
+	est.Bounded = true
 	return est
 }
 
@@ -171,8 +180,11 @@ func (s *Snapshot) usageCeiling(model string, rs RequestSize) (prompt, completio
 		media := mediaCeiling * (int64(rs.Images)*st.image + int64(rs.Audio)*st.audio)
 		prompt = min(rs.BodyBytes+media+promptOverhead, ctx)
 	}
-	if rs.HasMaxTokens && rs.MaxTokens > 0 {
+	switch {
+	case rs.NoOutput:
+		completion = 0
+	case rs.HasMaxTokens && rs.MaxTokens > 0:
 		completion = min(rs.MaxTokens*min(max(rs.N, 1), 128), ctx)
 	}
-	return max(prompt, 1), max(completion, 1)
+	return max(prompt, 1), completion
 }

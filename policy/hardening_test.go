@@ -182,7 +182,7 @@ func TestPanicInSettlementStillReleasesExactlyOnce(t *testing.T) {
 	}
 	s := e.Snapshot()
 	tk := &policy.Ticket{}
-	r := policy.Request{Dims: s.Classify(input{}), Estimate: policy.Estimate{Prompt: 100, Output: 100, Total: 200, BytesPerToken: 4, MaxPrompt: 1000, MaxCompletion: 100}}
+	r := policy.Request{Dims: s.Classify(input{}), Estimate: policy.Estimate{Prompt: 100, Output: 100, Total: 200, BytesPerToken: 4, MaxPrompt: 1000, MaxCompletion: 100, Bounded: true}}
 	if d := e.Admit(context.Background(), s, &r, tk, nil); d.Verdict != policy.Admit {
 		t.Fatal(d)
 	}

@@ -89,11 +89,15 @@ func (w *Window) advance(now time.Time) time.Time {
 	return now
 }
 
-// charge adds n to the current slot, up to the debt bound, and returns what it took.
-func (w *Window) charge(n int64) int64 {
+// charge adds n to the current slot, up to the debt bound, and returns what it took. What the
+// bound keeps out of a settlement is forgiven; what it keeps out of a reservation is not (yet):
+// settlement charges the rest of the real cost, or forgives it then.
+func (w *Window) charge(n int64, settling bool) int64 {
 	room := w.capacity + w.maxDebt - w.sum
 	if n > room {
-		w.forgiven += n - max(room, 0)
+		if settling {
+			w.forgiven += n - max(room, 0)
+		}
 		n = max(room, 0)
 	}
 	w.ring[w.last%Slots] += n
@@ -110,7 +114,7 @@ func (w *Window) Reserve(n int64, now time.Time) (Charge, bool, time.Duration) {
 	now = w.advance(now)
 	need := min(n, w.capacity)
 	if w.sum+need <= w.capacity {
-		return Charge{slot: w.last, amount: w.charge(n)}, true, 0
+		return Charge{slot: w.last, amount: w.charge(n, false)}, true, 0
 	}
 	return Charge{}, false, w.waitFor(need, now)
 }
@@ -136,7 +140,7 @@ func (w *Window) Take(n int64, now time.Time) Charge {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.advance(now)
-	return Charge{slot: w.last, amount: w.charge(n)}
+	return Charge{slot: w.last, amount: w.charge(n, false)}
 }
 
 // Settle corrects charge c to the real cost actual: an over-estimate is refunded to the slot it
@@ -146,7 +150,7 @@ func (w *Window) Settle(c Charge, actual int64, now time.Time) {
 	defer w.mu.Unlock()
 	w.advance(now)
 	if d := actual - c.amount; d > 0 {
-		w.charge(d)
+		w.charge(d, true)
 	} else if d < 0 {
 		w.refund(c.slot, -d)
 	}

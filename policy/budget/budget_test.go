@@ -251,3 +251,22 @@ func BenchmarkReserveSettle(b *testing.B) {
 		w.Settle(ch, 900, now)
 	}
 }
+
+// TestReservationClippedAtTheDebtBoundIsForgivenOnce is the regression test for a reservation
+// clipped at the debt bound being counted as forgiven, and then the same tokens again when
+// settlement could not charge them.
+func TestReservationClippedAtTheDebtBoundIsForgivenOnce(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	w := budget.New(100, time.Minute, 0.5, now) // may hold 150 while in debt
+	c, ok, _ := w.Reserve(400, now)             // an empty window admits it; the charge stops at 150
+	if !ok || c.Amount() != 150 {
+		t.Fatalf("reserve: ok %v, charged %d", ok, c.Amount())
+	}
+	if st := w.State(now); st.Forgiven != 0 {
+		t.Fatalf("forgiven %d after the reservation alone", st.Forgiven)
+	}
+	w.Settle(c, 400, now)
+	if st := w.State(now); st.Used != 150 || st.Forgiven != 250 {
+		t.Fatalf("after settling 400: used %d, forgiven %d; want 150 and 250", st.Used, st.Forgiven)
+	}
+}
