@@ -88,9 +88,11 @@ type Server struct {
 
 // Admin holds the admin listener's settings.
 type Admin struct {
-	// TokenEnv names the environment variable holding the bearer token required by admin POST
-	// endpoints. Default "LLM_BULKHEAD_ADMIN_TOKEN". When the variable is empty, POST endpoints are
-	// refused.
+	// TokenEnv names the environment variable holding the admin bearer token. POST endpoints
+	// always require it; on an admin address beyond loopback, GET /admin/* and the dashboard
+	// require it too (/metrics, /healthz and /readyz stay open). Default
+	// "LLM_BULKHEAD_ADMIN_TOKEN". When the variable is empty, POST endpoints are refused, and an
+	// admin address beyond loopback is refused at start unless --admin-insecure is given.
 	TokenEnv string `koanf:"token_env" json:"token_env,omitempty"`
 	// TenantLabel adds a tenant label to per-compartment metrics of tenant-keyed compartments.
 	// Default false: tenants are unbounded and would explode metric cardinality.
