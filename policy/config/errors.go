@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -55,30 +56,122 @@ type problems struct {
 	// value is blamed on the variable, not the file.
 	env  map[string]string
 	list Errors
+	// cols holds the column of each problem in list, so problems on one line (keys of a flow
+	// mapping) come out in the order they are written.
+	cols []int
 }
 
 func (ps *problems) add(path, format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
-	if name, ok := ps.env[path]; ok {
-		ps.list = append(ps.list, Problem{File: envFile, Path: path, Msg: name + ": " + msg})
+	if name := ps.envVar(path); name != "" {
+		ps.addEnv(path, name, "%s", msg)
 		return
 	}
-	ps.list = append(ps.list, Problem{File: ps.file, Line: ps.lines.line(path), Path: path, Msg: msg})
+	ps.addAt(ps.lines.at(path), path, "%s", msg)
 }
 
+// addAt records a problem in the file at an explicit position.
+func (ps *problems) addAt(at pos, path, format string, args ...any) {
+	ps.list = append(ps.list, Problem{File: ps.file, Line: at.line, Path: path, Msg: fmt.Sprintf(format, args...)})
+	ps.cols = append(ps.cols, at.col)
+}
+
+// addEnv records a problem caused by the environment variable name.
+func (ps *problems) addEnv(path, name, format string, args ...any) {
+	ps.list = append(ps.list, Problem{File: envFile, Path: path, Msg: name + ": " + fmt.Sprintf(format, args...)})
+	ps.cols = append(ps.cols, 0)
+}
+
+// envVar returns the override that owns path, or "". An override owns the key it sets, and a
+// key it created or replaced: one the file does not have (a misspelt section in a variable's
+// name), or one where the file has a scalar or a list that the override turned into a mapping.
+// Where file and override both hold a mapping they were merged, and the file is blamed for what
+// is wrong with the mapping itself.
+func (ps *problems) envVar(path string) string {
+	if name, ok := ps.env[path]; ok {
+		return name
+	}
+	if path == "" || len(ps.env) == 0 {
+		return ""
+	}
+	if at, ok := ps.lines[path]; ok && at.mapping {
+		return ""
+	}
+	owner := ""
+	for set, name := range ps.env {
+		if inside(set, path) && (owner == "" || name < owner) {
+			owner = name
+		}
+	}
+	return owner
+}
+
+// inside reports whether path is entry or lies below it.
+func inside(path, entry string) bool {
+	if !strings.HasPrefix(path, entry) {
+		return false
+	}
+	rest := path[len(entry):]
+	return rest == "" || rest[0] == '.' || rest[0] == '['
+}
+
+// dropInside removes the problems from index from on whose path lies inside one of holes (see
+// decoder.fail).
+func (ps *problems) dropInside(from int, holes []string) {
+	if len(holes) == 0 {
+		return
+	}
+	keep := from
+	for i := from; i < len(ps.list); i++ {
+		if slices.ContainsFunc(holes, func(h string) bool { return inside(ps.list[i].Path, h) }) {
+			continue
+		}
+		ps.list[keep] = ps.list[i]
+		if i < len(ps.cols) && keep < len(ps.cols) {
+			ps.cols[keep] = ps.cols[i]
+		}
+		keep++
+	}
+	ps.list = ps.list[:keep]
+	ps.cols = ps.cols[:min(keep, len(ps.cols))]
+}
+
+// err returns the problems ordered by file, line, column and key path, or nil.
 func (ps *problems) err() error {
 	if len(ps.list) == 0 {
 		return nil
 	}
-	sort.SliceStable(ps.list, func(i, j int) bool {
-		a, b := ps.list[i], ps.list[j]
+	type entry struct {
+		Problem
+		col int
+	}
+	all := make([]entry, len(ps.list))
+	for i, p := range ps.list {
+		all[i].Problem = p
+		if i < len(ps.cols) {
+			all[i].col = ps.cols[i]
+		}
+	}
+	sort.SliceStable(all, func(i, j int) bool {
+		a, b := all[i], all[j]
 		if a.File != b.File {
 			return a.File < b.File
 		}
 		if a.Line != b.Line {
 			return a.Line < b.Line
 		}
+		if a.col != b.col {
+			return a.col < b.col
+		}
 		return a.Path < b.Path
 	})
+	// A value reached through several aliases can report the same problem more than once.
+	ps.list = ps.list[:0]
+	for i, e := range all {
+		if i == 0 || e.Problem != all[i-1].Problem {
+			ps.list = append(ps.list, e.Problem)
+		}
+	}
+	ps.cols = nil
 	return ps.list
 }

@@ -1,0 +1,344 @@
+package config_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+)
+
+// loadProblems loads data and returns its problems as strings, failing when it loads.
+func loadProblems(t *testing.T, data string, env []string) []string {
+	t.Helper()
+	_, err := config.Load("p.yaml", []byte(data), env)
+	var problems config.Errors
+	if !errors.As(err, &problems) {
+		t.Fatalf("Load() error = %v, want config.Errors", err)
+	}
+	out := make([]string, len(problems))
+	for i, p := range problems {
+		out[i] = p.String()
+	}
+	return out
+}
+
+// wantProblems checks that got has exactly one problem per want, in order, each starting with
+// its want.
+func wantProblems(t *testing.T, got, want []string) {
+	t.Helper()
+	ok := len(got) == len(want)
+	for i := 0; ok && i < len(want); i++ {
+		ok = strings.HasPrefix(got[i], want[i])
+	}
+	if !ok {
+		t.Errorf("got %d problem(s):\n  %s\nwant %d, in this order, starting with:\n  %s",
+			len(got), strings.Join(got, "\n  "), len(want), strings.Join(want, "\n  "))
+	}
+}
+
+// TestEveryKindOfProblemInOneRun: an unknown key, a value of the wrong type, a negative limit and
+// two waits Envoy would cut short are all reported by one load, ordered by line. Decoding
+// problems used to end the run before validation, so this file reported only the unknown key.
+func TestEveryKindOfProblemInOneRun(t *testing.T) {
+	data := `envoy:
+  message_timeout: 200ms
+features:
+  default:
+    max_concurrent: 2
+    max_wait: 1s
+  embedding:
+    max_concurrent: lots
+  chat:
+    max_concurent: 20
+    max_concurrent: 20
+  batch:
+    max_concurrent: -1
+    max_wait: 2s
+compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+`
+	wantProblems(t, loadProblems(t, data, nil), []string{
+		`p.yaml:6: features.default.max_wait: 1s is not shorter than envoy.message_timeout (200ms)`,
+		`p.yaml:8: features.embedding.max_concurrent: expected an integer, got the string "lots"`,
+		`p.yaml:10: features.chat.max_concurent: unknown key "max_concurent" (did you mean "max_concurrent"?)`,
+		`p.yaml:13: features.batch.max_concurrent: must not be negative, got -1`,
+		`p.yaml:14: features.batch.max_wait: 2s is not shorter than envoy.message_timeout (200ms)`,
+	})
+}
+
+// TestAFailedValueSilencesOnlyItsEntry pins the rule for values that could not be decoded: the
+// field stays zero, and validation problems about the entry holding it (the mapping or list item
+// whose keys are checked together) are dropped, since they would describe that zero rather than
+// the file. Problems in every other entry are still reported.
+func TestAFailedValueSilencesOnlyItsEntry(t *testing.T) {
+	const rest = `
+features:
+  default: {max_concurrent: 1}
+  batch: {max_concurrent: -1}
+`
+	const family = `
+compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+`
+	negative := `features.batch.max_concurrent: must not be negative, got -1`
+	tests := []struct {
+		name string
+		data string
+		want []string
+	}{
+		{
+			// Zero would be "a pool needs a capacity of at least 1".
+			name: "pool capacity",
+			data: `
+pools:
+  - name: shared
+    max_concurrent: lots
+    members:
+      - {compartment: feature/default, guaranteed: 1}
+      - {compartment: feature/batch, guaranteed: 1}` + family + rest,
+			want: []string{
+				`p.yaml:4: pools[0].max_concurrent: expected an integer, got the string "lots"`,
+				`p.yaml:13: ` + negative,
+			},
+		},
+		{
+			// Nil limits would be "needs limits_from (…) or limits".
+			name: "family limits",
+			data: `
+compartments:
+  - {name: all, key: [feature], limits: 5}
+  - {name: feature, key: [feature], limits_from: feature}` + rest,
+			want: []string{
+				`p.yaml:3: compartments[0].limits: expected a mapping, got 5`,
+				`p.yaml:7: ` + negative,
+			},
+		},
+		{
+			// An empty header would be "a rule needs exactly one source".
+			name: "rule source",
+			data: `
+classification:
+  feature:
+    rules:
+      - header: 5
+      - header: X-Feature` + family + rest,
+			want: []string{
+				`p.yaml:5: classification.feature.rules[0].header: expected a string, got 5`,
+				`p.yaml:6: classification.feature.rules[1].header: "X-Feature" is not a lower-case header name`,
+				`p.yaml:12: ` + negative,
+			},
+		},
+		{
+			// The default window of 100 would make minimum_calls 200 "over the window": a
+			// sibling key, silenced with the whole breaker.
+			name: "breaker sibling",
+			data: `
+providers:
+  default: {breaker: std}
+breakers:
+  std: {sliding_window_size: lots, minimum_calls: 200}` + family + rest,
+			want: []string{
+				`p.yaml:5: breakers.std.sliding_window_size: expected an integer, got the string "lots"`,
+				`p.yaml:11: ` + negative,
+			},
+		},
+		{
+			// A feature that is not a mapping still exists: the rule naming it is not told it
+			// is unknown.
+			name: "whole feature",
+			data: `
+classification:
+  feature:
+    rules:
+      - {path_prefix: /v1/chat, value: chat}
+features:
+  chat: 5
+  default: {max_concurrent: 1}
+  batch: {max_concurrent: -1}` + family,
+			want: []string{
+				`p.yaml:7: features.chat: expected a mapping, got 5`,
+				`p.yaml:9: ` + negative,
+			},
+		},
+		{
+			// A tenant id written as a number is an error once, not also "a tenant needs an
+			// id"; the tenant after it is checked as usual.
+			name: "list item",
+			data: `
+tenants:
+  directory:
+    - {id: 42, tier: free}
+    - {id: acme, tier: gold}
+tiers: {free: {max_concurrent: 1}}
+compartments:
+  - {name: tenant, key: [tenant], limits_from: tenant}
+  - {name: feature, key: [feature], limits_from: feature}` + rest,
+			want: []string{
+				`p.yaml:4: tenants.directory[0].id: expected a string, got 42`,
+				`p.yaml:5: tenants.directory[1].tier: tier "gold" is not in tiers (free)`,
+				`p.yaml:12: ` + negative,
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			wantProblems(t, loadProblems(t, tt.data, nil), tt.want)
+		})
+	}
+}
+
+// TestUnknownKeysInLineOrder: unknown keys come out as they are written, including several on
+// one line, not in the order of their names.
+func TestUnknownKeysInLineOrder(t *testing.T) {
+	data := `zzz: 1
+server: {log_levl: info}
+features:
+  default: {max_concurrent: 1, zeta: 1, alpha: 2}
+aaa: 2
+`
+	wantProblems(t, loadProblems(t, data, nil), []string{
+		`p.yaml:1: zzz: unknown key "zzz"`,
+		`p.yaml:2: server.log_levl: unknown key "log_levl" (did you mean "log_level"?)`,
+		`p.yaml:4: features.default.zeta: unknown key "zeta"`,
+		`p.yaml:4: features.default.alpha: unknown key "alpha"`,
+		`p.yaml:5: aaa: unknown key "aaa"`,
+	})
+}
+
+// TestOverrideProblemsNameTheVariable: whatever an override breaks is blamed on the variable,
+// even a key the file does not have or a list the override turned into a mapping, and file and
+// override problems come out of one run.
+func TestOverrideProblemsNameTheVariable(t *testing.T) {
+	data := `features:
+  default: {max_concurrent: 1, max_concurent: 2}
+compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+`
+	got := loadProblems(t, data, []string{
+		"LLM_BULKHEAD_FEATURS__CHAT__MAX_CONCURRENT=3",
+		"LLM_BULKHEAD_COMPARTMENTS__0__NAME=x",
+		"LLM_BULKHEAD_FEATURES__DEFAULT__MAX_WAIT=5",
+		"LLM_BULKHEAD_SERVER__LOG_LEVEL={a: 1}",
+		"LLM_BULKHEAD_SERVER____LOG_LEVEL=debug",
+	})
+	wantProblems(t, got, []string{
+		`<env>: compartments: LLM_BULKHEAD_COMPARTMENTS__0__NAME: expected a list, got a mapping`,
+		`<env>: features.default.max_wait: LLM_BULKHEAD_FEATURES__DEFAULT__MAX_WAIT: 5 is not a duration`,
+		`<env>: featurs: LLM_BULKHEAD_FEATURS__CHAT__MAX_CONCURRENT: unknown key "featurs" (did you mean "features"?)`,
+		`<env>: server..log_level: LLM_BULKHEAD_SERVER____LOG_LEVEL: has an empty level between double underscores`,
+		`<env>: server.log_level: LLM_BULKHEAD_SERVER__LOG_LEVEL: must be a single value, not a YAML a mapping`,
+		`p.yaml:2: features.default.max_concurent: unknown key "max_concurent" (did you mean "max_concurrent"?)`,
+	})
+}
+
+// TestYAMLAsYAMLv3ReadsIt: the file is parsed once and walked by the loader itself, so anchors,
+// aliases, merge keys and tags must mean what they mean to yaml.v3, and what yaml.v3 refuses
+// is refused, without ending the run.
+func TestYAMLAsYAMLv3ReadsIt(t *testing.T) {
+	t.Run("anchors and merge keys", func(t *testing.T) {
+		data := `templates:
+  base: &base {max_wait: 100ms, priority: 1}
+features:
+  default:
+    <<: *base
+    max_concurrent: 3
+  chat: {<<: [{priority: 5, mode: shadow}, *base], priority: 7, max_concurrent: *n}
+  batch: {max_concurrent: &n 4}
+compartments:
+  - &fam {name: feature, key: [feature], limits_from: feature}
+tenants:
+  directory:
+    - {id: 2024-01-01, tier: free}
+tiers: {free: {}}
+`
+		p, err := config.Load("p.yaml", []byte(data), nil)
+		if err == nil || !strings.Contains(err.Error(), `unknown anchor 'n'`) {
+			t.Fatalf("an alias before its anchor: err = %v", err)
+		}
+		data = strings.Replace(data, "*n}\n  batch: {max_concurrent: &n 4}", "4}\n  batch: {max_concurrent: 4}", 1)
+		if p, err = config.Load("p.yaml", []byte(data), nil); err != nil {
+			t.Fatal(err)
+		}
+		def, chat := p.Features["default"], p.Features["chat"]
+		if *def.Priority != 1 || def.MaxWait.D() != 100*time.Millisecond || *def.MaxConcurrent != 3 {
+			t.Errorf("default = %+v, want base's priority and max_wait", def.Limits)
+		}
+		// Keys written win over merged ones, earlier merges over later ones.
+		if *chat.Priority != 7 || *chat.Mode != "shadow" || chat.MaxWait.D() != 100*time.Millisecond {
+			t.Errorf("chat = %+v", chat.Limits)
+		}
+		// An unquoted date is the text written, not a time.
+		if id := p.Tenants.Directory[0].ID; id != "2024-01-01" {
+			t.Errorf("tenant id = %q", id)
+		}
+	})
+	t.Run("refused but the run goes on", func(t *testing.T) {
+		data := `features:
+  default:
+    max_concurrent: 1
+    max_concurrent: 2
+  chat: {max_concurrent: !!int many, <<: 5}
+  batch: {max_concurrent: -1, ? [a]: b}
+compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+`
+		wantProblems(t, loadProblems(t, data, nil), []string{
+			`p.yaml:4: invalid YAML: mapping key "max_concurrent" already defined at line 3`,
+			"p.yaml:5: invalid YAML: cannot decode !!str `many` as a !!int",
+			`p.yaml:5: invalid YAML: map merge requires map or sequence of maps as the value`,
+			`p.yaml:6: features.batch.max_concurrent: must not be negative, got -1`,
+			`p.yaml:6: invalid YAML: a key must be a name, not a list`,
+		})
+	})
+	t.Run("excessive aliasing", func(t *testing.T) {
+		data := "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+		prev := "a"
+		for _, name := range []string{"b", "c", "d", "e", "f", "g", "h"} {
+			data += name + ": &" + name + " [" + strings.Repeat("*"+prev+", ", 9) + "*" + prev + "]\n"
+			prev = name
+		}
+		wantProblems(t, loadProblems(t, data, nil), []string{`p.yaml: invalid YAML: document contains excessive aliasing`})
+		// Empty mappings merged into each other make no values, but still cost a walk each.
+		data = "a: &a {}\n"
+		prev = "a"
+		for i := range 12 {
+			name := fmt.Sprintf("m%d", i)
+			data += name + ": &" + name + " {<<: [" + strings.Repeat("*"+prev+", ", 9) + "*" + prev + "]}\n"
+			prev = name
+		}
+		wantProblems(t, loadProblems(t, data, nil), []string{`p.yaml: invalid YAML: document contains excessive aliasing`})
+	})
+}
+
+// TestNumbersAreStrict: an integer key takes whole numbers only, a number key finite ones; the
+// loader does not round 1.5 to 1 or accept NaN as a ratio.
+func TestNumbersAreStrict(t *testing.T) {
+	data := `features:
+  default: {max_concurrent: 1e3, tokens_per_minute: 2.0}
+  a: {max_concurrent: 1.5}
+  b: {ratio: .nan}
+  c: {tokens_per_day: 99999999999999999999}
+  d: {max_wait: 1.5}
+  e: {max_debt: true}
+compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+`
+	wantProblems(t, loadProblems(t, data, nil), []string{
+		`p.yaml:3: features.a.max_concurrent: expected an integer, got 1.5`,
+		`p.yaml:4: features.b.ratio: expected a finite number, got NaN`,
+		`p.yaml:5: features.c.tokens_per_day: 1e+20 is out of range for an integer`,
+		`p.yaml:6: features.d.max_wait: 1.5 is not a duration (write it with a unit, like 100ms or 5s)`,
+		`p.yaml:7: features.e.max_debt: expected a number, got true`,
+	})
+	p, err := config.Load("p.yaml", []byte(strings.SplitAfter(data, "\n")[0]+strings.SplitAfter(data, "\n")[1]+
+		"compartments:\n  - {name: feature, key: [feature], limits_from: feature}\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := p.Features["default"]; *l.MaxConcurrent != 1000 || *l.TokensPerMinute != 2 {
+		t.Errorf("default = %d / %d, want 1000 / 2", *l.MaxConcurrent, *l.TokensPerMinute)
+	}
+}
