@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/llm-bulkhead/llm-bulkhead/examples"
@@ -16,18 +17,14 @@ func FuzzLoad(f *testing.F) {
 	f.Add([]byte("compartments:\n  - {name: t, key: [tenant], limits_from: tenant}\ntiers: {free: {max_concurrent: 2}}\n"))
 	f.Add([]byte("breakers: {a: {base: a}}\n"))
 	f.Add([]byte("{"))
+	// Decoding and validation problems together, and YAML the loader walks itself.
+	f.Add([]byte("features:\n  default: {max_concurrent: -1, max_wait: 5}\n  chat: {max_concurent: 1.5}\n"))
+	f.Add([]byte("templates: {t: &t {max_wait: 1s}}\nfeatures: {default: {<<: *t, max_concurrent: 1}, b: *t}\n"))
+	f.Add([]byte("features: {default: {max_concurrent: 1, max_concurrent: 2, ratio: .nan}}\npools: [{name: p, max_concurrent: x}]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := config.Load("fuzz.yaml", data, []string{"LLM_BULKHEAD_SERVER__LOG_LEVEL=debug"})
 		if err != nil {
-			var problems config.Errors
-			if !errors.As(err, &problems) || len(problems) == 0 {
-				t.Fatalf("error %v is not a list of problems", err)
-			}
-			for _, pr := range problems {
-				if pr.File == "" || pr.Msg == "" {
-					t.Fatalf("problem without file or message: %+v", pr)
-				}
-			}
+			checkProblems(t, err)
 			return
 		}
 		for _, name := range p.FeatureNames() {
@@ -39,6 +36,50 @@ func FuzzLoad(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzLoadEnv: any override of the example policy either loads or is refused with problems; a
+// problem blamed on the variable is filed under <env>, never under the policy file.
+func FuzzLoadEnv(f *testing.F) {
+	f.Add("FEATURES__CHAT__MAX_CONCURRENT", "30")
+	f.Add("FEATURES__CHAT__MAX_CONCURENT", "30")
+	f.Add("SERVER__LOG_LEVEL", "{a: 1}")
+	f.Add("COMPARTMENTS__0__NAME", "x")
+	f.Add("FEATURS__CHAT", "1")
+	f.Add("ENVOY__MESSAGE_TIMEOUT", "5")
+	f.Fuzz(func(t *testing.T, name, value string) {
+		name = config.EnvPrefix + name
+		_, err := config.Load("policy.yaml", examples.DefaultPolicy, []string{name + "=" + value})
+		if err == nil {
+			return
+		}
+		for _, pr := range checkProblems(t, err) {
+			if strings.Contains(pr.Msg, name+": ") && pr.File != "<env>" {
+				t.Fatalf("a problem of the override filed under the policy: %s", pr)
+			}
+		}
+	})
+}
+
+// checkProblems checks that err is a non-empty list of problems, each with a file and a message,
+// ordered by file and line.
+func checkProblems(t *testing.T, err error) config.Errors {
+	t.Helper()
+	var problems config.Errors
+	if !errors.As(err, &problems) || len(problems) == 0 {
+		t.Fatalf("error %v is not a list of problems", err)
+	}
+	for i, pr := range problems {
+		if pr.File == "" || pr.Msg == "" {
+			t.Fatalf("problem without file or message: %+v", pr)
+		}
+		if i > 0 {
+			if prev := problems[i-1]; prev.File > pr.File || (prev.File == pr.File && prev.Line > pr.Line) {
+				t.Fatalf("problems out of order:\n%s", problems.Error())
+			}
+		}
+	}
+	return problems
 }
 
 // FuzzSize: a size either parses to a non-negative number that prints back to the same value,
