@@ -182,6 +182,19 @@ compartments:
 				`p.yaml:12: ` + negative,
 			},
 		},
+		{
+			// The boundary of the rule: another entry that reads the hole sees its default,
+			// and its message names the value it used.
+			name: "other entries see the default",
+			data: `
+envoy: {message_timeout: 5}
+features:
+  default: {max_concurrent: 1, max_wait: 1s}` + family,
+			want: []string{
+				`p.yaml:2: envoy.message_timeout: 5 is not a duration`,
+				`p.yaml:4: features.default.max_wait: 1s is not shorter than envoy.message_timeout (200ms)`,
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
