@@ -185,11 +185,11 @@ func (s *Snapshot) buildBreakers(prev *Snapshot) error {
 		}
 	}
 	for _, pr := range s.providers {
-		pc, ok := s.Policy.Providers[pr.name]
+		pc, ok := s.policy.Providers[pr.name]
 		if !ok || pc.Breaker == "" {
 			continue
 		}
-		settings := s.Policy.ResolveBreaker(pc.Breaker)
+		settings := s.policy.ResolveBreaker(pc.Breaker)
 		cfg, err := settings.Config()
 		if err != nil {
 			return fmt.Errorf("providers.%s.breaker (%s): %w", pr.name, pc.Breaker, err)

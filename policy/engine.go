@@ -205,8 +205,8 @@ func diffSnapshots(prev, next *Snapshot) Diff {
 // Snapshot is one immutable, compiled policy plus references to the live state it uses.
 // Safe for concurrent use.
 type Snapshot struct {
-	// Policy is the validated policy this snapshot was built from.
-	Policy *config.Policy
+	// policy is the validated policy this snapshot was built from; only building reads it.
+	policy *config.Policy
 	engine *Engine
 	gen    uint64
 	built  time.Time
@@ -218,7 +218,7 @@ type Snapshot struct {
 	tierIdx     map[string]int
 	providerIdx map[string]int
 
-	tenantOverrides map[string]config.Limits
+	limits resolvedLimits
 
 	classifier classifier
 	families   []*family
@@ -301,7 +301,7 @@ func (s *Snapshot) TierName(i int) string { return s.tiers[i] }
 func (s *Snapshot) ProviderName(i int) string { return s.providers[i].name }
 
 func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Snapshot, error) {
-	s := &Snapshot{Policy: p, engine: e, gen: gen, built: e.clock.Now()}
+	s := &Snapshot{policy: p, engine: e, gen: gen, built: e.clock.Now()}
 	s.featureIdx, s.tierIdx, s.providerIdx = map[string]int{}, map[string]int{}, map[string]int{}
 	for i, name := range p.FeatureNames() {
 		f := &featureEntry{name: name, ratio: 1}
@@ -335,12 +335,7 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 			s.providers[i].fallback = s.providerIdx[fb]
 		}
 	}
-	s.tenantOverrides = map[string]config.Limits{}
-	for _, t := range p.Tenants.Directory {
-		if t.Limits != nil {
-			s.tenantOverrides[t.ID] = *t.Limits
-		}
-	}
+	s.resolveLimits()
 	s.settings = compileSettings(p)
 	s.tenantLabel = p.Admin.TenantLabel
 	s.buildClassifier()
@@ -370,7 +365,7 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 }
 
 func (s *Snapshot) buildClassifier() {
-	p := s.Policy
+	p := s.policy
 	c := &s.classifier
 	c.feature = compileDimension(p.Classification.Feature, true)
 	c.tenant = compileDimension(p.Classification.Tenant, false)
@@ -400,7 +395,7 @@ func (s *Snapshot) buildPools() error {
 	for _, in := range s.staticInstances() {
 		byName[in.name] = in
 	}
-	for _, pc := range s.Policy.Pools {
+	for _, pc := range s.policy.Pools {
 		spec := bulkhead.PoolSpec{Name: pc.Name, Capacity: pc.MaxConcurrent}
 		for _, m := range pc.Members {
 			in := byName[m.Compartment]

@@ -65,6 +65,11 @@ type family struct {
 
 	// Dynamic families (tenant in key) create instances on demand.
 	dyn *dynStore
+
+	// fixed is the family's own limits (nil when they come from limits_from).
+	fixed          *config.Resolved
+	scaleByFeature bool
+	mode           familyMode
 }
 
 // dynKey identifies an instance of a tenant-keyed family.
@@ -178,38 +183,81 @@ func (s *Snapshot) refreshDynamic(f *family, in *instance, d *Dims) *instance {
 	return fresh
 }
 
-// limitsFor computes the limits of the instance of f that d falls in.
+// limitsFor computes the limits of the instance of f that d falls in, from limit sets resolved
+// when the snapshot was built (it runs when a new tenant arrives, so it reads no config).
 func (s *Snapshot) limitsFor(f *family, d *Dims) config.Resolved {
-	p := s.Policy
 	var r config.Resolved
-	if f.cfg.Limits != nil {
-		r = p.Resolve(*f.cfg.Limits)
+	if f.fixed != nil {
+		r = *f.fixed
 	} else {
 		switch parseDim(f.cfg.LimitsFrom) {
 		case dimFeature:
-			r = p.Resolve(p.Features[s.features[d.Feature].name].Limits)
+			r = s.limits.feature[d.Feature]
 		case dimTier:
-			r = p.Resolve(p.Tiers[s.tiers[d.Tier]])
+			r = s.limits.tier[d.Tier]
 		case dimProvider:
-			r = p.Resolve(p.Providers[s.providers[d.Provider].name].Limits)
+			r = s.limits.provider[d.Provider]
 		case dimTenant:
-			base := p.Tiers[s.tiers[d.Tier]]
-			if over, ok := s.tenantOverrides[d.Tenant]; ok {
-				base = config.Overlay(base, over)
+			var ok bool
+			if r, ok = s.limits.tenant[tenantTier{d.Tenant, d.Tier}]; !ok {
+				r = s.limits.tier[d.Tier]
 			}
-			r = p.Resolve(base)
 		}
 	}
-	if f.cfg.ScaleBy == config.DimFeature {
+	if f.scaleByFeature {
 		r = r.Scale(s.features[d.Feature].ratio)
 	}
-	switch f.cfg.Mode {
-	case "shadow":
+	switch f.mode {
+	case modeShadow:
 		r.Shadow = true
-	case "enforce":
+	case modeEnforce:
 		r.Shadow = false
 	}
 	return r
+}
+
+// familyMode is a family's mode override.
+type familyMode uint8
+
+const (
+	modeAsLimits familyMode = iota // each limit set's own mode
+	modeEnforce
+	modeShadow
+)
+
+// tenantTier keys the limits of a directory tenant with overrides, in one tier.
+type tenantTier struct {
+	tenant string
+	tier   int
+}
+
+// resolvedLimits are the policy's limit sets with templates and defaults applied, by the index
+// of their feature, tier or provider, and for directory tenants with overrides, by tenant and tier.
+type resolvedLimits struct {
+	feature, tier, provider []config.Resolved
+	tenant                  map[tenantTier]config.Resolved
+}
+
+func (s *Snapshot) resolveLimits() {
+	p := s.policy
+	for _, f := range s.features {
+		s.limits.feature = append(s.limits.feature, p.Resolve(p.Features[f.name].Limits))
+	}
+	for _, t := range s.tiers {
+		s.limits.tier = append(s.limits.tier, p.Resolve(p.Tiers[t]))
+	}
+	for _, pr := range s.providers {
+		s.limits.provider = append(s.limits.provider, p.Resolve(p.Providers[pr.name].Limits))
+	}
+	s.limits.tenant = map[tenantTier]config.Resolved{}
+	for _, t := range p.Tenants.Directory {
+		if t.Limits == nil {
+			continue
+		}
+		for i, tier := range s.tiers {
+			s.limits.tenant[tenantTier{t.ID, i}] = p.Resolve(config.Overlay(p.Tiers[tier], *t.Limits))
+		}
+	}
 }
 
 func compartmentLimits(r config.Resolved) bulkhead.Limits {
@@ -246,7 +294,7 @@ func (s *Snapshot) attachBudgets(in, prev *instance) {
 // buildFamilies compiles the policy's families, carrying compartments and budgets over from
 // the previous snapshot where an instance keeps its name.
 func (s *Snapshot) buildFamilies(prev *Snapshot) {
-	p := s.Policy
+	p := s.policy
 	oldStatic := map[string]*instance{}
 	oldDyn := map[string]*dynStore{}
 	if prev != nil {
@@ -273,7 +321,17 @@ func (s *Snapshot) buildFamilies(prev *Snapshot) {
 		}
 	}
 	for _, fc := range p.Compartments {
-		f := &family{name: fc.Name, cfg: fc}
+		f := &family{name: fc.Name, cfg: fc, scaleByFeature: fc.ScaleBy == config.DimFeature}
+		if fc.Limits != nil {
+			r := p.Resolve(*fc.Limits)
+			f.fixed = &r
+		}
+		switch fc.Mode {
+		case "shadow":
+			f.mode = modeShadow
+		case "enforce":
+			f.mode = modeEnforce
+		}
 		for _, k := range fc.Key {
 			f.key = append(f.key, parseDim(k))
 		}
@@ -373,7 +431,7 @@ func (s *Snapshot) buildStatic(f *family, old map[string]*instance) {
 // max_instances with nothing evictable. It has the limits of the default tier, and carries over
 // the state of the store's earlier overflow compartment (none for a new store).
 func (s *Snapshot) buildOverflow(f *family, st *dynStore) *instance {
-	d := Dims{Tenant: "", Tier: s.tierIdx[s.Policy.Classification.Tier.Default]}
+	d := Dims{Tenant: "", Tier: s.tierIdx[s.policy.Classification.Tier.Default]}
 	in := &instance{name: f.name + "/_overflow", family: f, gen: s.gen}
 	in.limits = s.limitsFor(f, &d)
 	st.mu.Lock()

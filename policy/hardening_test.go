@@ -440,3 +440,39 @@ features:
 		t.Fatalf("tenant after the round trip: %+v, want token_budget from tenant/anonymous", d)
 	}
 }
+
+func TestTenantDirectoryOverridesLimitTheirTenantOnly(t *testing.T) {
+	e, _ := engine(t, `
+classification:
+  tenant:
+    rules: [{header: x-tenant-id, trusted: true}]
+  tier:
+    rules: [{tenant_directory: true}]
+tenants:
+  directory:
+    - {id: big, tier: free, limits: {max_concurrent: 3}}
+tiers:
+  free: {max_concurrent: 1, tokens_per_minute: 1000}
+compartments:
+  - {name: tenant, key: [tenant], limits_from: tenant}
+`)
+	for _, c := range []struct {
+		tenant string
+		slots  int
+	}{{"big", 3}, {"small", 1}} {
+		got := 0
+		for i := 0; i < 5; i++ {
+			if d, _ := admit(t, e, tenant(c.tenant), 10); d.Verdict == policy.Admit {
+				got++
+			}
+		}
+		if got != c.slots {
+			t.Errorf("%s got %d slots, want %d", c.tenant, got, c.slots)
+		}
+	}
+	for _, v := range e.Compartments() {
+		if v.Name == "tenant/big" && (len(v.Budgets) != 1 || v.Budgets[0].Capacity != 1000) {
+			t.Errorf("tenant/big budgets %+v: the override keeps the tier's token budget", v.Budgets)
+		}
+	}
+}

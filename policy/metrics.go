@@ -255,7 +255,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		budgets(in.name, in)
 		shadowBulkhead[in.name] += st.ShadowRefusals
 	}
-	tenantLabel := s.Policy.Admin.TenantLabel
+	tenantLabel := s.policy.Admin.TenantLabel
 	agg := map[string]*bulkhead.Stats{}
 	var aggOrder []string
 	for _, in := range s.dynamicInstances() {
