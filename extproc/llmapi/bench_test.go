@@ -1,7 +1,6 @@
 package llmapi
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -9,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/buger/jsonparser"
 	"github.com/tidwall/gjson"
 )
 
@@ -93,11 +93,37 @@ type typedChat struct {
 	Temperature float64 `json:"temperature"`
 }
 
+// workloadBody is the request of the overhead benchmark's stream
+// (integration/bench.ChatBody(1024)): the 1 KiB streamed chat request the
+// server reads once per stream.
+func workloadBody() []byte {
+	const head = `{"model":"deepseek-chat","messages":[{"role":"system","content":"You are the support assistant of Acme Corp. Answer in at most three sentences and cite the knowledge-base article you used."},{"role":"user","content":"`
+	const tail = `"}],"stream":true,"max_tokens":256,"temperature":0.2,"user":"user-4711"}`
+	const text = "My order #48213 arrived with a cracked screen and the replacement I was promised last week has not shipped. "
+	b := []byte(head)
+	for pad := 1024 - len(head) - len(tail); pad > 0; {
+		n := min(pad, len(text))
+		b = append(b, text[:n]...)
+		pad -= n
+	}
+	return append(b, tail...)
+}
+
+// workloadChunks is the overhead benchmark's streamed answer
+// (integration/bench.SSEChunks), one body message each: two content chunks,
+// then the usage and [DONE].
+var workloadChunks = [][]byte{
+	[]byte(`data: {"id":"chatcmpl-b1","object":"chat.completion.chunk","created":1767225600,"model":"deepseek-chat","choices":[{"index":0,"delta":{"role":"assistant","content":"Sorry about the screen. "},"finish_reason":null}]}` + "\n\n"),
+	[]byte(`data: {"id":"chatcmpl-b1","object":"chat.completion.chunk","created":1767225600,"model":"deepseek-chat","choices":[{"index":0,"delta":{"content":"I have escalated the replacement (KB-112)."},"finish_reason":"stop"}]}` + "\n\n"),
+	[]byte(`data: {"id":"chatcmpl-b1","object":"chat.completion.chunk","created":1767225600,"model":"deepseek-chat","choices":[],"usage":{"prompt_tokens":231,"completion_tokens":17,"total_tokens":248}}` + "\n\ndata: [DONE]\n\n"),
+}
+
 func BenchmarkScanRequest(b *testing.B) {
 	for _, bc := range []struct {
 		name string
 		body []byte
 	}{
+		{"workload_1KiB", workloadBody()},
 		{"1KiB", chatBody(1<<10, 1)},
 		{"1MiB", chatBody(1<<20, 1)},
 		{"1MiB_dense_escapes", chatBodyOf(1<<20, 1, denseWords)},
@@ -132,6 +158,33 @@ func BenchmarkScanRequest(b *testing.B) {
 				}
 			}
 		})
+		b.Run("jsonparser/"+bc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if jsonparserScan(body).Model == "" {
+					b.Fatal("no model")
+				}
+			}
+		})
+	}
+}
+
+// TestLibraryScansAgree checks that the library baselines of ScanRequest
+// extract what it does from the benchmark bodies, so that they are measured
+// doing the same work.
+func TestLibraryScansAgree(t *testing.T) {
+	for _, body := range [][]byte{workloadBody(), chatBody(1<<10, 1), chatBody(64<<10, 2)} {
+		var want RequestFields
+		if err := ScanRequest(APIOpenAIChat, body, &want); err != nil {
+			t.Fatal(err)
+		}
+		for name, got := range map[string]RequestFields{"gjson": gjsonScan(body), "jsonparser": jsonparserScan(body)} {
+			got.HasMaxTokens, got.HasStreamOptions = want.HasMaxTokens, want.HasStreamOptions
+			if got != want {
+				t.Errorf("%s: %+v\nScanRequest: %+v", name, got, want)
+			}
+		}
 	}
 }
 
@@ -169,6 +222,61 @@ func gjsonScan(body []byte) RequestFields {
 		})
 		return true
 	})
+	return f
+}
+
+// requestPaths are the fields jsonparserScan reads in one pass.
+var requestPaths = [][]string{{"model"}, {"max_tokens"}, {"max_completion_tokens"}, {"n"}, {"stream"},
+	{"stream_options", "include_usage"}, {"user"}}
+
+// jsonparserScan is the same extraction done with jsonparser, which does not
+// validate: encoding/json's Valid does that first, as ScanRequest must
+// refuse what is not JSON.
+func jsonparserScan(body []byte) RequestFields {
+	var f RequestFields
+	if !json.Valid(body) {
+		return f
+	}
+	f.N = 1
+	jsonparser.EachKey(body, func(i int, v []byte, _ jsonparser.ValueType, _ error) {
+		switch i {
+		case 0:
+			f.Model, _ = jsonparser.ParseString(v)
+		case 1, 2:
+			n, _ := jsonparser.ParseInt(v)
+			f.MaxTokens = max(f.MaxTokens, n)
+		case 3:
+			f.N, _ = jsonparser.ParseInt(v)
+		case 4:
+			f.Stream, _ = jsonparser.ParseBoolean(v)
+		case 5:
+			f.IncludeUsage, _ = jsonparser.ParseBoolean(v)
+		case 6:
+			f.User, _ = jsonparser.ParseString(v)
+		}
+	}, requestPaths...)
+	var scratch [256]byte
+	textLen := func(v []byte) int64 {
+		s, _ := jsonparser.Unescape(v, scratch[:])
+		return int64(len(s))
+	}
+	jsonparser.ArrayEach(body, func(m []byte, _ jsonparser.ValueType, _ int, _ error) {
+		c, t, _, _ := jsonparser.Get(m, "content")
+		if t == jsonparser.String {
+			f.PromptBytes += textLen(c)
+			return
+		}
+		jsonparser.ArrayEach(c, func(p []byte, _ jsonparser.ValueType, _ int, _ error) {
+			typ, _ := jsonparser.GetUnsafeString(p, "type")
+			switch typ {
+			case "text":
+				v, _, _, _ := jsonparser.Get(p, "text")
+				f.PromptBytes += textLen(v)
+			case "image_url":
+				f.Images++
+			}
+		})
+	}, "messages")
 	return f
 }
 
@@ -372,50 +480,154 @@ func chunk(b []byte, n int) [][]byte {
 	return out
 }
 
-// naiveSSEUsage is how usage is commonly read from a stream: split lines,
-// decode every data payload with encoding/json. It buffers and allocates,
-// and is here only as the baseline the scanner is measured against.
-func naiveSSEUsage(body []byte) (prompt, completion int64, content int) {
-	sc := bufio.NewScanner(bytes.NewReader(body))
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
-	for sc.Scan() {
-		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data: "))
+// typedCompletion is what a conventional decoder unmarshals a chat completion,
+// or one chunk of a streamed one, into to read its usage.
+type typedCompletion struct {
+	Choices []struct {
+		Message struct {
+			Content string `json:"content"`
+		} `json:"message"`
+		Delta struct {
+			Content string `json:"content"`
+		} `json:"delta"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens        int64 `json:"prompt_tokens"`
+		CompletionTokens    int64 `json:"completion_tokens"`
+		TotalTokens         int64 `json:"total_tokens"`
+		PromptTokensDetails struct {
+			CachedTokens int64 `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+		CompletionTokensDetails struct {
+			ReasoningTokens int64 `json:"reasoning_tokens"`
+		} `json:"completion_tokens_details"`
+	} `json:"usage"`
+}
+
+// fold adds what one decoded document reports to u.
+func (c *typedCompletion) fold(u *Usage) {
+	for _, ch := range c.Choices {
+		u.ContentBytes += int64(len(ch.Message.Content) + len(ch.Delta.Content))
+	}
+	if c.Usage != nil {
+		u.PromptTokens, u.CompletionTokens, u.TotalTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens, c.Usage.TotalTokens
+		u.CachedTokens, u.ReasoningTokens = c.Usage.PromptTokensDetails.CachedTokens, c.Usage.CompletionTokensDetails.ReasoningTokens
+		u.Known, u.PromptKnown = true, true
+	}
+}
+
+var gjsonUsagePaths = []string{"usage.prompt_tokens", "usage.completion_tokens", "usage.total_tokens",
+	"usage.prompt_tokens_details.cached_tokens", "usage.completion_tokens_details.reasoning_tokens", "choices"}
+
+// gjsonFold is typedCompletion.fold done with gjson, validation included.
+func gjsonFold(doc []byte, u *Usage) {
+	if !gjson.ValidBytes(doc) {
+		return
+	}
+	r := gjson.GetManyBytes(doc, gjsonUsagePaths...)
+	r[5].ForEach(func(_, ch gjson.Result) bool {
+		u.ContentBytes += int64(len(ch.Get("message.content").Str) + len(ch.Get("delta.content").Str))
+		return true
+	})
+	if r[0].Exists() {
+		u.PromptTokens, u.CompletionTokens, u.TotalTokens = r[0].Int(), r[1].Int(), r[2].Int()
+		u.CachedTokens, u.ReasoningTokens = r[3].Int(), r[4].Int()
+		u.Known, u.PromptKnown = true, true
+	}
+}
+
+// sseLibrary reads an OpenAI stream the way a library-based reader would:
+// split it into lines and decode every data payload with decode. It is given
+// the whole body, so it does none of the work of carrying a line across
+// chunks that a reader of Envoy's chunks would need: the comparison favours
+// it.
+func sseLibrary(body []byte, decode func([]byte, *Usage)) Usage {
+	var u Usage
+	for len(body) > 0 {
+		var line []byte
+		line, body, _ = bytes.Cut(body, []byte{'\n'})
+		data, ok := bytes.CutPrefix(line, []byte("data:"))
 		if !ok {
 			continue
 		}
-		var ev struct {
-			Choices []struct {
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-			} `json:"choices"`
-			Usage *struct {
-				PromptTokens     int64 `json:"prompt_tokens"`
-				CompletionTokens int64 `json:"completion_tokens"`
-			} `json:"usage"`
-		}
-		if json.Unmarshal(data, &ev) != nil {
+		data = bytes.TrimPrefix(data, []byte{' '})
+		if string(data) == "[DONE]" {
 			continue
 		}
-		for _, c := range ev.Choices {
-			content += len(c.Delta.Content)
-		}
-		if ev.Usage != nil {
-			prompt, completion = ev.Usage.PromptTokens, ev.Usage.CompletionTokens
-		}
+		decode(data, &u)
 	}
-	return prompt, completion, content
+	return u
 }
 
-func BenchmarkUsageBaseline(b *testing.B) {
-	body, _ := chatStream(5000)
-	b.Run("bufio_encoding_json/openai_sse", func(b *testing.B) {
-		b.SetBytes(int64(len(body)))
-		b.ReportAllocs()
-		for b.Loop() {
-			if p, _, _ := naiveSSEUsage(body); p != 1017 {
-				b.Fatal("no usage")
+func encodingJSONFold(doc []byte, u *Usage) {
+	var c typedCompletion
+	if json.Unmarshal(doc, &c) == nil {
+		c.fold(u)
+	}
+}
+
+// usageInputs are the response bodies the usage parsers are compared on: the
+// overhead benchmark's stream as the server gets it (3 body messages), and a
+// non-streamed answer of the same order of size, and 1 MiB of each.
+func usageInputs() []struct {
+	name, ct string
+	body     []byte
+	chunks   [][]byte
+} {
+	sse, _ := chatStream(4000)
+	js1, js2 := chatJSON(1<<10), chatJSON(1<<20)
+	return []struct {
+		name, ct string
+		body     []byte
+		chunks   [][]byte
+	}{
+		{"sse_workload_3_chunks", "text/event-stream", bytes.Join(workloadChunks, nil), workloadChunks},
+		{"sse_1MiB", "text/event-stream", sse, chunk(sse, 16<<10)},
+		{"json_1KiB", "application/json", js1, [][]byte{js1}},
+		{"json_1MiB", "application/json", js2, chunk(js2, 16<<10)},
+	}
+}
+
+// BenchmarkUsageParsers sets the usage scanner against encoding/json and
+// gjson on the same responses. The scanner gets the body in the pieces Envoy
+// delivers; the libraries get it whole (they need each document whole).
+func BenchmarkUsageParsers(b *testing.B) {
+	for _, in := range usageInputs() {
+		var s UsageScanner
+		scan := func() Usage {
+			s.Reset(APIOpenAIChat, in.ct, "")
+			for _, c := range in.chunks {
+				s.Write(c)
 			}
+			return s.Finish()
 		}
-	})
+		want := scan()
+		if !want.Known {
+			b.Fatalf("%s: no usage", in.name)
+		}
+		libs := map[string]func([]byte, *Usage){"encoding_json": encodingJSONFold, "gjson": gjsonFold}
+		for _, name := range []string{"llmapi", "encoding_json", "gjson"} {
+			run := scan
+			if fold := libs[name]; fold != nil {
+				run = func() Usage {
+					if in.ct == "text/event-stream" {
+						return sseLibrary(in.body, fold)
+					}
+					var u Usage
+					fold(in.body, &u)
+					return u
+				}
+			}
+			b.Run(in.name+"/"+name, func(b *testing.B) {
+				if got := run(); got != want {
+					b.Fatalf("%+v, scanner %+v", got, want)
+				}
+				b.SetBytes(int64(len(in.body)))
+				b.ReportAllocs()
+				for b.Loop() {
+					run()
+				}
+			})
+		}
+	}
 }
