@@ -5,7 +5,7 @@
 //
 // Usage (from the repository root; `make bench` runs it with the defaults):
 //
-//	go run ./integration/cmd/bench [--quick] [--out DIR] [--concurrency 1,64,512] [--reps 5]
+//	go run ./integration/cmd/bench [--quick] [--out DIR] [--concurrency 1,8,64,512] [--reps 5]
 //	    [--duration 5s] [--warmup 1s] [--held 10000] [--profile 10s] [--micro=true] [--replay=true] …
 //
 // The servers run as child processes: llm-bulkhead from a binary built with `go build`, the
@@ -76,7 +76,7 @@ func parse(args []string, stderr io.Writer) (bench.Config, error) {
 	fs.SetOutput(stderr)
 	out := fs.String("out", "results/bench", "directory for report.md, report.json, profiles and raw benchmark output")
 	quick := fs.Bool("quick", false, "a short run: 1 repetition of 1s, 1000 held streams, a 2s profile, short micro-benchmarks")
-	conc := fs.String("concurrency", "1,64,512", "comma-separated load levels (concurrent streams); empty: no load runs")
+	conc := fs.String("concurrency", "1,8,64,512", "comma-separated load levels (concurrent streams); empty: no load runs")
 	reps := fs.Int("reps", 5, "repetitions per server and level (the servers alternate)")
 	dur := fs.Duration("duration", 5*time.Second, "measured part of each run")
 	warm := fs.Duration("warmup", time.Second, "unmeasured start of each run")
