@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -138,23 +137,6 @@ type processor struct {
 // decided reports whether the policy has decided on the request (whatever it decided).
 func (p *processor) decided() bool {
 	return p.phase >= phaseAdmitted && p.phase <= phaseDone
-}
-
-// idleWatch releases an admitted request whose stream has gone silent for
-// server.stream_idle_timeout. One timer per admitted stream, armed at admission and never
-// reset per message: the stream goroutine only stores the time of each message, and the timer,
-// when it fires, re-arms itself for what is left of the timeout since then.
-type idleWatch struct {
-	// last is when the stream last received a message, in nanoseconds since Server.epoch.
-	last atomic.Int64
-	// released is set once the timer has released the ticket.
-	released atomic.Bool
-
-	// mu orders the timer's callback against arming and stopping it.
-	mu      sync.Mutex
-	timer   *time.Timer
-	timeout time.Duration
-	stopped bool
 }
 
 func newProcessor(s *Server, stream extprocv3.ExternalProcessor_ProcessServer) *processor {
@@ -795,69 +777,4 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 // "6m0s", "1.5s"), rounded to milliseconds.
 func formatReset(d time.Duration) string {
 	return d.Round(time.Millisecond).String()
-}
-
-// touch records that the stream received a message, for the idle watch. Only an armed watch
-// reads it, so streams not admitted skip the clock read.
-func (p *processor) touch() {
-	if p.idle.timeout > 0 {
-		p.idle.last.Store(int64(time.Since(p.srv.epoch)))
-	}
-}
-
-// armIdle starts the idle watch of an admitted request.
-func (p *processor) armIdle(timeout time.Duration) {
-	if timeout <= 0 {
-		return
-	}
-	w := &p.idle
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.timeout = timeout
-	w.last.Store(int64(time.Since(p.srv.epoch)))
-	w.timer = time.AfterFunc(timeout, p.onIdle)
-}
-
-// onIdle runs on the timer's goroutine. When the stream has received a message since the timer
-// was armed it re-arms for the rest of the timeout; otherwise it releases the admission as a
-// cancel. It touches only the ticket (whose Done is safe from any goroutine and happens once)
-// and fields written before the timer was armed.
-func (p *processor) onIdle() {
-	w := &p.idle
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.stopped {
-		return
-	}
-	quiet := time.Since(p.srv.epoch) - time.Duration(w.last.Load())
-	if quiet < w.timeout {
-		w.timer.Reset(w.timeout - quiet)
-		return
-	}
-	w.stopped = true
-	w.released.Store(true)
-	p.srv.metrics.idleReleased.Inc()
-	p.srv.log.Warn("no message on an admitted request's stream for server.stream_idle_timeout; released its admission",
-		"request_id", p.req.id, "timeout", w.timeout.String())
-	defer func() {
-		if r := recover(); r != nil {
-			p.srv.metrics.panics.Inc()
-			p.srv.log.Error("panic while releasing an idle request; its slots were released", "request_id", p.req.id,
-				"panic", r, "stack", string(debug.Stack()))
-		}
-	}()
-	p.dec.ticket.Done(policy.Outcome{Cancelled: true, Duration: p.srv.engine.Now().Sub(p.dec.admittedAt)})
-}
-
-// stopIdle stops the idle watch before the stream goroutine settles or leaves: once it returns,
-// the timer will not release the ticket.
-func (p *processor) stopIdle() {
-	w := &p.idle
-	if w.timeout == 0 {
-		return
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.stopped = true
-	w.timer.Stop()
 }

@@ -41,6 +41,8 @@ type Server struct {
 	buffered atomic.Int64
 	// epoch anchors the monotonic timestamps of stream activity (see idleWatch).
 	epoch time.Time
+	// idle releases admitted requests whose streams went silent.
+	idle idleReaper
 	// replyParts caches reply pieces of the live policy snapshot.
 	replyParts atomic.Pointer[replyParts]
 
@@ -56,6 +58,7 @@ func NewServer(engine *policy.Engine, o Options) *Server {
 		o.Logger = slog.Default()
 	}
 	s := &Server{engine: engine, log: o.Logger, epoch: time.Now()}
+	s.idle.srv, s.idle.wake = s, make(chan struct{}, 1)
 	s.metrics = newMetrics(s, o.Registerer)
 	return s
 }
