@@ -54,7 +54,7 @@ func serve(t *testing.T, yaml string, cfg envoysim.FilterConfig) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &server{srv: srv, eng: eng, reg: reg, sim: sim, stop: func() { sim.Close(); gs.Stop() }}
+	s := &server{srv: srv, eng: eng, reg: reg, sim: sim, stop: func() { sim.Close(); gs.Stop(); srv.Close() }}
 	t.Cleanup(s.stop)
 	return s
 }

@@ -25,20 +25,25 @@ type idleWatch struct {
 // idleReaper releases admitted requests whose streams have gone silent for
 // server.stream_idle_timeout. Admitted streams are listed; one goroutine walks the list a
 // sixtieth of the shortest timeout apart (at least 10 ms, at most 10 s) and releases those
-// idle for their timeout. The goroutine runs only while some stream is listed: it starts with
-// the first and ends when the list is empty. A stream only stores the time of each message, so
-// the watch costs two short lock holds per admitted stream and no timer of its own. Safe for
-// concurrent use.
+// idle for their timeout. The goroutine starts with the first listed stream and ends after a
+// whole period with nothing listed (not at once: a server taking one stream at a time would
+// otherwise start a goroutine per stream), or when the server is closed. A stream only stores
+// the time of each message, so the watch costs two short lock holds per admitted stream and no
+// timer of its own. Safe for concurrent use.
 type idleReaper struct {
 	srv *Server
 
 	mu      sync.Mutex
 	head    *processor
 	running bool
-	period  time.Duration
-	// wake makes the goroutine look at once, when the list became empty: it then ends instead
-	// of sleeping out its period.
+	closed  bool
+	// idle is set by a sweep that found nothing listed; the next such sweep ends the goroutine.
+	idle   bool
+	period time.Duration
+	// wake makes the goroutine look at once (the server closed).
 	wake chan struct{}
+	// wg counts the goroutine, for Close to wait for it.
+	wg sync.WaitGroup
 }
 
 const (
@@ -71,8 +76,13 @@ func (p *processor) armIdle(timeout time.Duration) {
 		r.head.idle.prev = p
 	}
 	r.head = p
+	r.idle = false
+	if r.closed {
+		return
+	}
 	if !r.running {
 		r.running, r.period = true, period
+		r.wg.Add(1)
 		go r.run()
 	} else {
 		r.period = min(r.period, period)
@@ -89,12 +99,21 @@ func (p *processor) stopIdle() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.unlink(p)
-	if r.head == nil && r.running {
+}
+
+// Close stops the idle watch's goroutine (streams still listed are no longer watched) and waits
+// for it to end. Idempotent.
+func (r *idleReaper) Close() {
+	r.mu.Lock()
+	r.closed = true
+	if r.running {
 		select {
 		case r.wake <- struct{}{}:
 		default:
 		}
 	}
+	r.mu.Unlock()
+	r.wg.Wait()
 }
 
 func (r *idleReaper) unlink(p *processor) {
@@ -115,6 +134,7 @@ func (r *idleReaper) unlink(p *processor) {
 
 // run walks the list until it is empty.
 func (r *idleReaper) run() {
+	defer r.wg.Done()
 	t := time.NewTimer(r.periodNow())
 	defer t.Stop()
 	for {
@@ -136,11 +156,16 @@ func (r *idleReaper) periodNow() time.Duration {
 }
 
 // sweep releases the listed streams idle for their timeout. It reports false, and marks the
-// reaper stopped, when nothing is listed any more. Releasing happens under the lock, so a
-// stream's stopIdle either comes first (the stream settles itself) or waits for the release.
+// reaper stopped, when the server closed or nothing was listed for a whole period. Releasing
+// happens under the lock, so a stream's stopIdle either comes first (the stream settles itself)
+// or waits for the release.
 func (r *idleReaper) sweep() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.closed {
+		r.running = false
+		return false
+	}
 	now := time.Since(r.srv.epoch)
 	for p := r.head; p != nil; {
 		next := p.idle.next
@@ -151,8 +176,11 @@ func (r *idleReaper) sweep() bool {
 		p = next
 	}
 	if r.head == nil {
-		r.running = false
-		return false
+		if r.idle {
+			r.running = false
+			return false
+		}
+		r.idle = true
 	}
 	return true
 }

@@ -63,6 +63,11 @@ func NewServer(engine *policy.Engine, o Options) *Server {
 	return s
 }
 
+// Close stops the server's background work (the idle watch). Streams still open go on, but an
+// admitted one that goes silent is no longer released early. Call it after the gRPC server has
+// stopped. Idempotent.
+func (s *Server) Close() { s.idle.Close() }
+
 // ActiveStreams returns the number of Process streams currently open.
 func (s *Server) ActiveStreams() int64 { return s.active.Load() }
 

@@ -46,6 +46,7 @@ func TestPanicWhileReadingUsageStillReleases(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := NewServer(eng, Options{Logger: log})
+	t.Cleanup(srv.Close)
 	pr := newProcessor(srv, quietStream{ctx: context.Background()})
 	pr.handle(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 		RequestHeaders: headersMsg(true, ":method", "GET", ":path", "/v1/models")}})

@@ -40,7 +40,9 @@ func newMemServer(t testing.TB, yaml string, clock policy.Clock) *memServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &memServer{t: t, srv: extproc.NewServer(eng, extproc.Options{Logger: log, Registerer: reg}), eng: eng, reg: reg}
+	srv := extproc.NewServer(eng, extproc.Options{Logger: log, Registerer: reg})
+	t.Cleanup(srv.Close)
+	return &memServer{t: t, srv: srv, eng: eng, reg: reg}
 }
 
 // memStream is one ext_proc stream in memory. Envoy's side sends with send, reads replies from

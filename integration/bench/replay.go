@@ -57,7 +57,8 @@ func NewReplay(ctx context.Context) (*Replay, error) {
 		return nil, err
 	}
 	gs := grpc.NewServer(grpc.MaxRecvMsgSize(noopMaxMessage))
-	extprocv3.RegisterExternalProcessorServer(gs, extproc.NewServer(eng, extproc.Options{Logger: log, Registerer: reg}))
+	srv := extproc.NewServer(eng, extproc.Options{Logger: log, Registerer: reg})
+	extprocv3.RegisterExternalProcessorServer(gs, srv)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -66,6 +67,7 @@ func NewReplay(ctx context.Context) (*Replay, error) {
 	defer func() {
 		gs.Stop()
 		<-done
+		srv.Close()
 	}()
 	filter, err := FilterConfig(30 * time.Second)
 	if err != nil {

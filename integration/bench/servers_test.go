@@ -35,7 +35,9 @@ func newBulkhead(tb testing.TB) *extproc.Server {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return extproc.NewServer(eng, extproc.Options{Logger: log, Registerer: reg})
+	srv := extproc.NewServer(eng, extproc.Options{Logger: log, Registerer: reg})
+	tb.Cleanup(srv.Close)
+	return srv
 }
 
 // serve runs srv on a loopback port until the test ends and returns its address.

@@ -370,6 +370,7 @@ func (a *App) Shutdown(ctx context.Context) {
 			a.grpc.Stop()
 			<-done
 		}
+		a.extproc.Close()
 		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := a.admin.Shutdown(shut); err != nil {
