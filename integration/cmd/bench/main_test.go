@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -100,7 +101,7 @@ func TestParse(t *testing.T) {
 	}{
 		{"defaults", nil, func(c bench.Config) bool {
 			return c.Reps == 5 && c.Duration == 5*time.Second && c.Held == 10000 && c.ProfileSeconds == 10 &&
-				len(c.Concurrency) == 3 && c.Concurrency[2] == 512 && c.Micro && c.Replay && c.Out == "results/bench"
+				slices.Equal(c.Concurrency, []int{1, 8, 64, 512}) && c.Micro && c.Replay && c.Out == "results/bench"
 		}, false},
 		{"quick shortens what is not given", []string{"--quick", "--reps", "3"}, func(c bench.Config) bool {
 			return c.Reps == 3 && c.Duration == time.Second && c.Held == 1000 && c.ProfileSeconds == 2 && c.MicroCount == 1
