@@ -1,6 +1,13 @@
 // Package extproc is llm-bulkhead's Envoy adapter: the gRPC ext_proc service, one processor per
 // stream, translating Envoy's messages into policy calls and policy decisions back into
-// replies. It holds no policy of its own.
+// replies. It holds no policy of its own: it reads the policy Snapshot's accessors and compiled
+// Settings, never the policy file's structs.
+//
+// A processor (processor.go) moves through one explicit phase — new, request, admitted,
+// responding, done, or passthrough — and keeps what the request said, what was decided and what
+// the response showed in three small parts. The server bounds what streams may hold (open
+// streams, buffered request bodies) and releases admitted requests whose streams go silent
+// (idle.go); a message out of Envoy's order ends its stream.
 package extproc
 
 import (
