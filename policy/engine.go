@@ -19,7 +19,6 @@ package policy
 import (
 	"fmt"
 	"log/slog"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -77,8 +76,6 @@ type Engine struct {
 	afterBuildStep func(step string) error
 	// clampLoggedAt is when a clamped settlement was last logged (Unix nanoseconds).
 	clampLoggedAt atomic.Int64
-	// breakerLogs rate-limits each breaker's log lines.
-	breakerLogs breakerLogs
 }
 
 // NewEngine builds an engine running policy p.
@@ -236,14 +233,6 @@ type Snapshot struct {
 
 	limits resolvedLimits
 
-	// modelGroups are the values of the model dimension in compartment keys (config's
-	// ModelGroups); otherModels indexes the group of models no glob matches, -1 when a glob is
-	// "*". modelKeyed is set when some family keys or filters by model.
-	modelGroups   []string
-	modelGroupIdx map[string]int
-	otherModels   int
-	modelKeyed    bool
-
 	classifier classifier
 	families   []*family
 	estimation estimationSettings
@@ -262,9 +251,6 @@ type Snapshot struct {
 
 	// NeedsBodyForRules reports whether classification reads the request body.
 	NeedsBodyForRules bool
-	// RewritesModels reports whether a provider has a models map: a re-route may have to rewrite
-	// the body's model, so decisions should wait for the body.
-	RewritesModels bool
 	// TokenLimits reports whether any compartment limits tokens (so estimates matter).
 	TokenLimits bool
 }
@@ -303,16 +289,6 @@ type providerEntry struct {
 	name     string
 	fallback int // -1 when none
 	breakers *breakerSet
-	// models is the provider's models map (nil: re-routed requests keep their model).
-	models []modelTarget
-}
-
-// modelTarget is one entry of a provider's models map.
-type modelTarget struct {
-	glob  string
-	model string
-	// keep sends the request's model unchanged (model "*").
-	keep bool
 }
 
 // Gen returns the snapshot's generation (1 for the first policy, +1 per reload).
@@ -367,21 +343,11 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 		s.providers = append(s.providers, &providerEntry{name: name, fallback: -1})
 		s.providerIdx[name] = i
 	}
-	foldModels := !p.Classification.Model.CaseSensitive
 	for i, name := range p.ProviderNames() {
 		if fb := p.Providers[name].Fallback; fb != "" {
 			s.providers[i].fallback = s.providerIdx[fb]
 		}
-		for _, m := range p.Providers[name].Models {
-			glob := m.Match
-			if foldModels {
-				glob = strings.ToLower(glob)
-			}
-			s.providers[i].models = append(s.providers[i].models, modelTarget{glob: glob, model: m.Model, keep: m.Model == "*"})
-		}
 	}
-	s.buildModelGroups()
-	s.RewritesModels = p.RewritesModels()
 	s.resolveLimits()
 	s.settings = compileSettings(p)
 	s.tenantLabel = p.Admin.TenantLabel
@@ -435,39 +401,6 @@ func (s *Snapshot) buildClassifier() {
 		}
 		c.models = append(c.models, mr)
 	}
-}
-
-// buildModelGroups compiles the values the model dimension takes in compartment keys.
-func (s *Snapshot) buildModelGroups() {
-	p := s.policy
-	s.modelGroups = p.ModelGroups()
-	s.modelGroupIdx = make(map[string]int, len(s.modelGroups))
-	s.otherModels = -1
-	for i, g := range s.modelGroups {
-		s.modelGroupIdx[g] = i
-		if g == config.OtherModels && i == len(s.modelGroups)-1 {
-			s.otherModels = i
-		}
-	}
-	for _, f := range p.Compartments {
-		if slices.Contains(f.Key, config.DimModel) || len(f.Where[config.DimModel]) > 0 {
-			s.modelKeyed = true
-		}
-	}
-}
-
-// modelGroup returns the index of model's group: the first glob of the models list that
-// matches it, else the group of unmatched models.
-func (s *Snapshot) modelGroup(model string) int {
-	for i, g := range s.modelGroups {
-		if i == s.otherModels {
-			break
-		}
-		if globMatch(g, model) {
-			return i
-		}
-	}
-	return max(s.otherModels, 0)
 }
 
 func (s *Snapshot) buildPools() error {
