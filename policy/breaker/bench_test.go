@@ -37,6 +37,14 @@ func TestAdmissionDoesNotAllocate(t *testing.T) {
 			},
 		},
 		{
+			name:  "closed acquire and record with detail",
+			setup: func(*Breaker) {},
+			op: func(b *Breaker, now time.Time) {
+				p, _ := b.Acquire(now)
+				b.RecordDetail(p, Success, time.Millisecond, now, Detail{Status: 200, Provider: "deepseek"})
+			},
+		},
+		{
 			name:  "open refusal",
 			setup: func(b *Breaker) { _ = b.Transition(Open, t0) },
 			op:    func(b *Breaker, now time.Time) { _, _ = b.Acquire(t0) },

@@ -112,6 +112,8 @@ type Breaker struct {
 	// cur is the window Snapshot reports: closedWin, probeWin, or nil. OPEN keeps the window of
 	// the state it came from, so the rate that opened the breaker stays visible.
 	cur *window
+	// hist keeps the last recorded calls and events for History.
+	hist history
 }
 
 // New returns a breaker named name (used in events and snapshots) in CLOSED, or in the state
@@ -187,6 +189,7 @@ func (b *Breaker) Counts() Counts {
 	r := b.recorded
 	b.mu.Unlock()
 	return Counts{
+		WouldOpen:    r.wouldOpen,
 		Success:      r.success,
 		Failure:      r.failure,
 		SlowSuccess:  r.slowSuccess,
@@ -286,16 +289,23 @@ func (b *Breaker) Release(p Permit) {
 // a probe permit back. A permit of an older generation is counted as stale and changes nothing.
 // Safe for concurrent use.
 func (b *Breaker) Record(p Permit, o Outcome, d time.Duration, now time.Time) {
+	b.RecordDetail(p, o, d, now, Detail{})
+}
+
+// RecordDetail is Record with what the caller knows about the call (status, provider), which
+// the breaker's history keeps with each call a window records (see History). It allocates
+// nothing. Safe for concurrent use.
+func (b *Breaker) RecordDetail(p Permit, o Outcome, d time.Duration, now time.Time, dt Detail) {
 	if o != Success && o != Failure {
 		b.ignore(p, now)
 		return
 	}
 	var ev pending
-	b.recordLocked(p, o, d, now, &ev)
+	b.recordLocked(p, o, d, now, dt, &ev)
 	b.emit(&ev)
 }
 
-func (b *Breaker) recordLocked(p Permit, o Outcome, d time.Duration, now time.Time, ev *pending) {
+func (b *Breaker) recordLocked(p Permit, o Outcome, d time.Duration, now time.Time, dt Detail, ev *pending) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := b.tick(now)
@@ -317,10 +327,12 @@ func (b *Breaker) recordLocked(p Permit, o Outcome, d time.Duration, now time.Ti
 	case Closed, MetricsOnly:
 		b.closedWin.record(bits, b.second(n))
 		b.countKind(bits)
+		b.hist.call(n, d, bits, dt)
 		b.evaluateClosed(n, now, ev)
 	case HalfOpen:
 		b.probeWin.record(bits, 0)
 		b.countKind(bits)
+		b.hist.call(n, d, bits, dt)
 		b.evaluateProbes(n, now, ev)
 	default:
 		// No permit is ever granted in OPEN or FORCED_OPEN, so a current-generation permit
@@ -385,7 +397,11 @@ func (b *Breaker) evaluateClosed(n int64, now time.Time, ev *pending) {
 		return
 	}
 	if b.state == MetricsOnly {
-		// Resilience4j reports each breach once per stay in METRICS_ONLY and never opens.
+		// Resilience4j reports each breach once per stay in METRICS_ONLY and never opens. The
+		// first breach of a stay is where CLOSED would have opened.
+		if !b.exceeded[0] && !b.exceeded[1] {
+			b.recorded.wouldOpen++
+		}
 		for i, hit := range [2]bool{failed, slow} {
 			if !hit || b.exceeded[i] {
 				continue
@@ -395,8 +411,8 @@ func (b *Breaker) evaluateClosed(n int64, now time.Time, ev *pending) {
 			if i == 1 {
 				reason = ReasonSlowCallRate
 			}
-			ev.add(Event{Kind: EventThresholdExceeded, Name: b.name, From: MetricsOnly, To: MetricsOnly,
-				Reason: reason, FailureRate: fr, SlowRate: sr, Generation: b.gen, At: now})
+			b.raise(Event{Kind: EventThresholdExceeded, Name: b.name, From: MetricsOnly, To: MetricsOnly,
+				Reason: reason, FailureRate: fr, SlowRate: sr, Generation: b.gen, At: now}, ev)
 		}
 		return
 	}
@@ -675,8 +691,14 @@ func (b *Breaker) moveTo(to State, reason Reason, n int64, now time.Time, openFo
 	b.enteredN = n
 	b.notPerm.Store(0)
 	b.word.Store(b.gen<<8 | uint64(to))
-	ev.add(Event{Kind: EventTransition, Name: b.name, From: from, To: to, Reason: reason,
-		FailureRate: fr, SlowRate: sr, Generation: b.gen, At: now})
+	b.raise(Event{Kind: EventTransition, Name: b.name, From: from, To: to, Reason: reason,
+		FailureRate: fr, SlowRate: sr, Generation: b.gen, At: now}, ev)
+}
+
+// raise keeps e in the history and queues it for the listener. The caller holds the lock.
+func (b *Breaker) raise(e Event, ev *pending) {
+	b.hist.event(e)
+	ev.add(e)
 }
 
 // emit delivers queued events to the listener, outside the lock.

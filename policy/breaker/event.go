@@ -123,6 +123,9 @@ type Counts struct {
 	// Stale are results of permits granted in an older generation, discarded because the
 	// breaker changed state while the call was in flight.
 	Stale uint64
+	// WouldOpen is not a call kind: it counts the stays in METRICS_ONLY in which a rate reached
+	// its threshold, where CLOSED would have opened (once per stay, whichever rate came first).
+	WouldOpen uint64
 }
 
 // counters are the kinds of Counts that lock-free paths increment.
@@ -133,6 +136,7 @@ type counters struct {
 // recordedCounts are the kinds of Counts that Record increments under the breaker's lock.
 type recordedCounts struct {
 	success, failure, slowSuccess, slowFailure uint64
+	wouldOpen                                  uint64
 }
 
 // pending collects the events of one locked operation so they can be delivered after unlocking.
