@@ -50,6 +50,9 @@ func (ds *docScan) value(n uint8, i, depth int) (int, int64, bool) {
 	node := &ds.tree[n]
 	switch c := b[i]; {
 	case c == '{' && node.kind == nodeObject:
+		if node.mark {
+			ds.d.has |= 1 << (errPresentShift + node.slot)
+		}
 		return ds.object(node, i, depth)
 	case c == '[' && node.kind == nodeArray:
 		return ds.array(node, i, depth)
@@ -65,6 +68,13 @@ func (ds *docScan) value(n uint8, i, depth int) (int, int64, bool) {
 			return end, 0, false
 		}
 		ds.setType(b[i+1:end-1], esc)
+		return end, 0, true
+	case c == '"' && node.kind == nodeErr:
+		end, _, esc, ok := scanString(b, i+1)
+		if !ok {
+			return end, 0, false
+		}
+		ds.d.has |= errClassBit(errCodeClass(b[i+1:end-1], esc), node.slot)
 		return end, 0, true
 	case node.kind == nodeNumber && (c == '-' || (c >= '0' && c <= '9')):
 		num, ok := scanNumber(b, i)
@@ -251,6 +261,19 @@ func (ds *docScan) setType(raw []byte, esc bool) {
 		return
 	}
 	d.typeLen = uint8(copy(d.typeBuf[:], out))
+}
+
+// errCodeClass classifies an error code string as jsonStream does: unescaped,
+// and unknown when longer than maxErrCode.
+func errCodeClass(raw []byte, esc bool) int {
+	if !esc {
+		return classifyErrorCode(raw)
+	}
+	var buf [6 * maxErrCode]byte
+	if len(raw) > len(buf) {
+		return errUnknown
+	}
+	return classifyErrorCode(unescape(buf[:0], raw))
 }
 
 // skipScalarOr skips the value at b[i], handling the scalars that make up

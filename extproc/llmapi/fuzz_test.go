@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 	"unicode/utf8"
 )
@@ -145,6 +146,17 @@ data: {"sequence_number":12,"delta":"pe"}
 data: {"type":"response.completed","response":{"usage":{"input_tokens":1,"output_tokens":2}}}
 
 `), uint8(APIOpenAIResponses), uint8(0), uint64(6))
+	// Errors reported inside a successful response.
+	for _, c := range streamErrorCases {
+		f.Add([]byte(c.body), uint8(c.api), uint8(slices.Index(contentTypes, c.ct)), uint64(len(c.body)))
+	}
+	f.Add([]byte(`data: {"id":"a","choices":[{"delta":{"content":"x"}}]}
+
+data: {"id":"b","error":{"type":"rate_limit_error","type":"overloaded_error","message":"m"}}
+
+data: {"id":"c","error":{"type":"overloaded_error","message":"n"},"error":{"code":"\u0072ate_limit_exceeded"}}
+
+`), uint8(APIOpenAIChat), uint8(0), uint64(7))
 	f.Fuzz(func(t *testing.T, data []byte, apiByte, ctByte uint8, seed uint64) {
 		api := API(apiByte % 6)
 		ct := contentTypes[int(ctByte)%len(contentTypes)]

@@ -20,6 +20,7 @@ const (
 	nodeNumber          // a usage count stored in a slot
 	nodeText            // a string whose unescaped length is generated content
 	nodeType            // the document's "type" string
+	nodeErr             // an error's type or code string, classified into error bits
 )
 
 // Usage slots. Group 0 is the top-level "usage" object; group 1 is the one
@@ -37,6 +38,26 @@ const (
 	numUsageSlots = 2 * groupSize
 )
 
+// Error bits of a document's has mask, above the usage slots. An error
+// object (a path leaf "=%") sets its presence bit when its value is an
+// object; an error code string (leaf "=!") sets one bit by the class of its
+// value. Each marked object and each code leaf of a tree has its own bits, so
+// that a repeated key forgets only what its earlier value set, as in a map.
+const (
+	maxErrMarks  = 4
+	maxErrLeaves = 4
+
+	errPresentShift = 16
+	errRateShift    = 20
+	errServerShift  = 24
+	errClientShift  = 28
+
+	errPresentBits uint32 = 0xF << errPresentShift
+	errRateBits    uint32 = 0xF << errRateShift
+	errServerBits  uint32 = 0xF << errServerShift
+	errClientBits  uint32 = 0xF << errClientShift
+)
+
 // maxKids bounds the interesting members of one object, and maxTrack the
 // nesting depth at which anything is still interesting; both are checked when
 // the trees are built.
@@ -48,7 +69,8 @@ const (
 type pathNode struct {
 	lens  uint64 // bit n set: some key is n bytes long (n < 64), a cheap filter
 	kind  nodeKind
-	slot  uint8
+	slot  uint8 // a number's usage slot; an error leaf's or marked object's index
+	mark  bool  // an error object: its presence is recorded
 	elem  uint8
 	keys  []string
 	kids  []uint8
@@ -74,9 +96,11 @@ func (n *pathNode) lookup(key []byte) int {
 
 // compileTree builds a tree from paths written as dotted member names, "[]"
 // marking an array whose elements continue the path, and a suffix naming the
-// leaf: "=#N" a usage slot, "=$" generated text, "=@" the document type.
+// leaf: "=#N" a usage slot, "=$" generated text, "=@" the document type,
+// "=!" an error code string, "=%" an object whose presence marks an error.
 func compileTree(paths ...string) (pathTree, error) {
 	t := pathTree{{}, {kind: nodeObject}}
+	marks, errLeaves := 0, 0
 	for _, p := range paths {
 		path, leaf, ok := strings.Cut(p, "=")
 		if !ok {
@@ -97,6 +121,10 @@ func compileTree(paths ...string) (pathTree, error) {
 				kind = nodeText
 			case leaf == "@":
 				kind = nodeType
+			case leaf == "!":
+				kind = nodeErr
+			case leaf == "%":
+				kind = nodeObject
 			default:
 				kind = nodeNumber
 			}
@@ -117,6 +145,20 @@ func compileTree(paths ...string) (pathTree, error) {
 			cur = t[cur].kids[k]
 			if t[cur].kind != kind {
 				return nil, fmt.Errorf("llmapi: path %q conflicts with an earlier one", p)
+			}
+			if last && kind == nodeErr {
+				if errLeaves == maxErrLeaves {
+					return nil, fmt.Errorf("llmapi: path %q: more than %d error codes", p, maxErrLeaves)
+				}
+				t[cur].slot = uint8(errLeaves)
+				errLeaves++
+			}
+			if last && leaf == "%" && !t[cur].mark {
+				if marks == maxErrMarks {
+					return nil, fmt.Errorf("llmapi: path %q: more than %d error objects", p, maxErrMarks)
+				}
+				t[cur].mark, t[cur].slot = true, uint8(marks)
+				marks++
 			}
 			if kind == nodeNumber {
 				var slot int
@@ -154,7 +196,12 @@ func (t pathTree) fillClear(n uint8, depth int) (uint32, error) {
 	switch node.kind {
 	case nodeNumber:
 		m = 1 << node.slot
+	case nodeErr:
+		m = errClassBit(errRate, node.slot) | errClassBit(errServer, node.slot) | errClassBit(errClient, node.slot)
 	case nodeObject, nodeArray:
+		if node.mark {
+			m = 1 << (errPresentShift + node.slot)
+		}
 		if depth > maxTrack {
 			return 0, fmt.Errorf("llmapi: path nested deeper than %d levels", maxTrack)
 		}
@@ -214,6 +261,10 @@ func joinPaths(groups ...[]string) []string {
 // out.
 var chatMessage = []string{"content=$", "refusal=$", "reasoning_content=$", "tool_calls[].function.arguments=$"}
 
+// errorPaths find an error object at the top of a document, as OpenAI
+// (and OpenAI-compatible servers) send inside a 200 stream or body.
+var errorPaths = []string{"error=%", "error.type=!", "error.code=!"}
+
 // Tree indexes.
 const (
 	treeOpenAIChat = iota
@@ -232,26 +283,33 @@ var treeSpecs = [numTrees][]string{
 		[]string{"choices[].text=$"},
 		prefixed("choices[].message.", chatMessage),
 		prefixed("choices[].delta.", chatMessage),
+		errorPaths,
 	),
-	treeOpenAIEmbeddings: usagePaths("usage", 0, "prompt_tokens", "completion_tokens", "", ""),
+	treeOpenAIEmbeddings: joinPaths(usagePaths("usage", 0, "prompt_tokens", "completion_tokens", "", ""), errorPaths),
 	treeResponsesJSON: joinPaths(
 		usagePaths("usage", 0, "input_tokens", "output_tokens",
 			"input_tokens_details.cached_tokens", "output_tokens_details.reasoning_tokens"),
 		[]string{"output[].content[].text=$", "output[].content[].refusal=$", "output[].arguments=$"},
+		errorPaths,
 	),
 	treeResponsesSSE: joinPaths(
 		[]string{"type=@", "delta=$"},
 		usagePaths("response.usage", 1, "input_tokens", "output_tokens",
 			"input_tokens_details.cached_tokens", "output_tokens_details.reasoning_tokens"),
+		// The error event carries its code at the top; response.failed in its response.
+		[]string{"code=!", "response.error=%", "response.error.code=!"},
+		errorPaths,
 	),
 	treeAnthropicJSON: joinPaths(
 		anthropicUsagePaths("usage", 0),
 		[]string{"content[].text=$", "content[].thinking=$"},
+		errorPaths[:2],
 	),
 	treeAnthropicSSE: joinPaths(
 		[]string{"type=@", "delta.text=$", "delta.thinking=$", "delta.partial_json=$"},
 		anthropicUsagePaths("message.usage", 1),
 		anthropicUsagePaths("usage", 0),
+		errorPaths[:2],
 	),
 }
 

@@ -357,6 +357,9 @@ func (r *refDoc) walk(tree pathTree, n uint8, v any) {
 		if !ok {
 			return
 		}
+		if node.mark {
+			r.has |= 1 << (errPresentShift + node.slot)
+		}
 		for k, name := range node.keys {
 			if c, ok := m[name]; ok {
 				r.walk(tree, node.kids[k], c)
@@ -388,6 +391,10 @@ func (r *refDoc) walk(tree pathTree, n uint8, v any) {
 	case nodeType:
 		if s, ok := v.(string); ok {
 			r.typ, r.typeSet = s, true
+		}
+	case nodeErr:
+		if s, ok := v.(string); ok {
+			r.has |= errClassBit(classifyErrorCode([]byte(s)), node.slot)
 		}
 	}
 }

@@ -22,6 +22,7 @@ type jsonStream struct {
 	// Current string.
 	isKey    bool
 	strKind  uint8
+	errSlot  uint8 // strErr: the leaf's index
 	strLen   int64
 	pendHigh rune // a high surrogate waiting for its pair
 	hexN     uint8
@@ -98,6 +99,7 @@ const (
 	strKey
 	strText
 	strType
+	strErr // an error code, collected in keyBuf
 )
 
 // Number states.
@@ -358,6 +360,9 @@ func (s *jsonStream) beginValue(c byte) bool {
 			s.objBits[d>>6] &^= 1 << (d & 63)
 		}
 		s.depth++
+		if obj && node.mark && node.kind == nodeObject {
+			s.has |= 1 << (errPresentShift + node.slot)
+		}
 		if d < maxTrack {
 			l := &s.lv[d]
 			*l = level{kid: -1}
@@ -380,6 +385,10 @@ func (s *jsonStream) beginValue(c byte) bool {
 		case nodeType:
 			s.strKind = strType
 			s.typeLen, s.typeOver = 0, false
+		case nodeErr:
+			s.strKind = strErr
+			s.errSlot = node.slot
+			s.keyLen, s.keyOver = 0, false
 		default:
 			s.strKind = strSkip
 		}
@@ -457,6 +466,10 @@ func (s *jsonStream) endString() {
 		return
 	case strType:
 		s.typeSet = true
+	case strErr:
+		if !s.keyOver {
+			s.has |= errClassBit(classifyErrorCode(s.keyBuf[:s.keyLen]), s.errSlot)
+		}
 	}
 	s.endValue(0)
 }
@@ -493,7 +506,7 @@ func (s *jsonStream) strBytes(b []byte) {
 	switch s.strKind {
 	case strText:
 		s.strLen += int64(len(b))
-	case strKey:
+	case strKey, strErr:
 		if int(s.keyLen)+len(b) > len(s.keyBuf) {
 			s.keyOver = true
 			return

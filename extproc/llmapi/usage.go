@@ -1,6 +1,7 @@
 package llmapi
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 )
@@ -33,6 +34,111 @@ type Usage struct {
 	// text, refusals, reasoning text, tool call arguments), for estimating the
 	// output of a response that ended without usage.
 	ContentBytes int64
+	// Error is the kind of the first error the body reported although its
+	// status said success: an error event in a stream (an OpenAI chunk with
+	// an "error" object, Anthropic's "error" event, the Responses API's
+	// "error" and "response.failed" events) or a JSON body with a top-level
+	// "error" object. ErrorNone when there was none. Only complete, valid
+	// documents count.
+	Error ErrorKind
+}
+
+// ErrorKind classifies an error a response body reported by its type or
+// code string. It is a small value type and safe for concurrent use.
+type ErrorKind uint8
+
+const (
+	// ErrorNone: the body reported no error.
+	ErrorNone ErrorKind = iota
+	// ErrorServer: the provider failed the call (overloaded_error,
+	// server_error, api_error, …), or the error named no type or code this
+	// package knows.
+	ErrorServer
+	// ErrorRateLimited: a rate limit (a type or code containing
+	// "rate_limit": rate_limit_exceeded, rate_limit_error).
+	ErrorRateLimited
+	// ErrorClient: the request was at fault (invalid_request_error,
+	// authentication_error, permission_error, not_found_error,
+	// request_too_large, context_length_exceeded, …).
+	ErrorClient
+)
+
+// String returns the stable name of k for logs and metrics.
+func (k ErrorKind) String() string {
+	switch k {
+	case ErrorServer:
+		return "server"
+	case ErrorRateLimited:
+		return "rate_limited"
+	case ErrorClient:
+		return "client"
+	}
+	return "none"
+}
+
+// Classes of an error code string, each with its bit group in has.
+const (
+	errUnknown = iota
+	errRate
+	errServer
+	errClient
+)
+
+// maxErrCode is the longest error code string that is classified; a longer
+// one is unknown (what the streaming parser keeps of a string is bounded).
+const maxErrCode = 32
+
+// classifyErrorCode returns the class of an error's type or code string.
+func classifyErrorCode(b []byte) int {
+	if len(b) > maxErrCode {
+		return errUnknown
+	}
+	if bytes.Contains(b, []byte("rate_limit")) {
+		return errRate
+	}
+	switch string(b) {
+	case "overloaded_error", "overloaded", "server_error", "api_error", "internal_error", "internal_server_error",
+		"service_unavailable", "server_overloaded", "timeout_error":
+		return errServer
+	case "invalid_request_error", "invalid_request", "authentication_error", "permission_error", "not_found_error",
+		"request_too_large", "context_length_exceeded", "invalid_prompt", "invalid_api_key", "billing_error",
+		"insufficient_quota", "content_filter":
+		return errClient
+	}
+	return errUnknown
+}
+
+// errClassBit is the has bit of error leaf slot for class c (0 for unknown).
+func errClassBit(c int, slot uint8) uint32 {
+	switch c {
+	case errRate:
+		return 1 << (errRateShift + slot)
+	case errServer:
+		return 1 << (errServerShift + slot)
+	case errClient:
+		return 1 << (errClientShift + slot)
+	}
+	return 0
+}
+
+// errorOf reads one valid document's error from its has bits and its type:
+// an error object, or an SSE event whose type is an error.
+func errorOf(api API, sse bool, typ []byte, has uint32) ErrorKind {
+	present := has&errPresentBits != 0
+	if !present && sse && len(typ) > 0 {
+		present = string(typ) == "error" || (api == APIOpenAIResponses && string(typ) == "response.failed")
+	}
+	switch {
+	case !present:
+		return ErrorNone
+	case has&errRateBits != 0:
+		return ErrorRateLimited
+	case has&errServerBits != 0:
+		return ErrorServer
+	case has&errClientBits != 0:
+		return ErrorClient
+	}
+	return ErrorServer
 }
 
 // Errors reported by UsageScanner.Err, checked with errors.Is. They do not
@@ -79,6 +185,7 @@ type UsageScanner struct {
 	finished bool
 	closed   bool
 	inDoc    bool
+	jsonSeen bool // a JSON body: some of it was read
 	err      error
 	dec      *decompressor
 
@@ -100,6 +207,7 @@ type tally struct {
 	startSeen   bool // Anthropic: a valid message_start with input_tokens
 	outSeen     bool // Anthropic: a valid message_delta with output_tokens
 	content     int64
+	err         ErrorKind // the first error reported
 }
 
 // Reset prepares the scanner for a response of api with the given
@@ -192,6 +300,7 @@ func (s *UsageScanner) plain(p []byte) {
 	case modeJSON:
 		if !s.inDoc {
 			s.inDoc = true
+			s.jsonSeen = true
 			s.doc.begin(s.tree)
 		}
 		s.doc.feed(p)
@@ -284,6 +393,16 @@ func (s *UsageScanner) Close() {
 	s.closed = true
 }
 
+// FirstToken reports whether the body read so far carried the first of the
+// response's output: in a stream, a complete event with generated text
+// (message text, a refusal, reasoning, tool call arguments; an event that only
+// opens the message, such as a role chunk or Anthropic's message_start, does
+// not count); in a JSON body, its first byte. A compressed body shows it once
+// the bytes are decoded. Not safe for concurrent use.
+func (s *UsageScanner) FirstToken() bool {
+	return s.tally.content > 0 || s.jsonSeen
+}
+
 // Err reports why part of the body could not be read (an unsupported or
 // corrupt encoding), or nil. Malformed JSON or SSE is not an error here: it
 // shows as Usage.Known being false. Not safe for concurrent use.
@@ -324,6 +443,9 @@ var (
 // tests' reference implementation so that both agree on the rules and differ
 // only in how documents are parsed.
 func (t *tally) add(api API, sse bool, valid bool, typ []byte, has uint32, vals *[numUsageSlots]int64, content int64) {
+	if valid && t.err == ErrorNone {
+		t.err = errorOf(api, sse, typ, has)
+	}
 	group := -1
 	text := true
 	anthropicStart, anthropicDelta := false, false
@@ -406,6 +528,7 @@ func (t *tally) usage(api API) Usage {
 		Known:            t.known,
 		PromptKnown:      t.promptKnown || t.known,
 		ContentBytes:     t.content,
+		Error:            t.err,
 	}
 	if api == APIAnthropicMessages {
 		u.PromptTokens += t.vals[slotCached] + t.vals[slotCacheCreation]

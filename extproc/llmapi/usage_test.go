@@ -273,7 +273,7 @@ func TestUsageCases(t *testing.T) {
 			name: "error body",
 			api:  APIOpenAIChat, ct: "application/json",
 			body: `{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`,
-			want: Usage{},
+			want: Usage{Error: ErrorRateLimited},
 		},
 		{
 			name: "empty body",
@@ -310,7 +310,7 @@ func TestUsageCases(t *testing.T) {
 			name: "responses: the event line names the type when the data does not",
 			api:  APIOpenAIResponses, ct: "text/event-stream",
 			body: "event: response.failed\ndata: {\"response\":{\"usage\":{\"input_tokens\":5,\"output_tokens\":0}}}\n\n",
-			want: Usage{PromptTokens: 5, TotalTokens: 5, Known: true, PromptKnown: true},
+			want: Usage{PromptTokens: 5, TotalTokens: 5, Known: true, PromptKnown: true, Error: ErrorServer},
 		},
 		{
 			name: "responses: other deltas are not text",
@@ -356,7 +356,7 @@ func TestUsageCases(t *testing.T) {
 			name: "anthropic: error event mid-stream",
 			api:  APIAnthropicMessages, ct: "text/event-stream",
 			body: "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
-			want: Usage{},
+			want: Usage{Error: ErrorServer},
 		},
 		{
 			name: "embeddings: prompt alone is complete",
