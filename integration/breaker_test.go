@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/breaker"
 )
 
 func deepseekChat() *envoysim.Request {
@@ -140,5 +142,119 @@ func TestBreakerAdmin(t *testing.T) {
 	}
 	if r, _ := s.Do(context.Background(), req); r.Status != 200 {
 		t.Errorf("after reset: %d", r.Status)
+	}
+}
+
+// lockedBuffer collects the server's log lines from several goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestBreakerEventsEndpoint: GET /admin/breakers/{name}/events serves a per-model breaker (a
+// name with a slash) its transitions with the calls before them, beside the POST route of the
+// same names; refusals are logged once per breaker per second with a count of the rest.
+func TestBreakerEventsEndpoint(t *testing.T) {
+	clk := newManualClock()
+	logs := &lockedBuffer{}
+	s := start(t, harness.Options{Clock: clk, Logs: logs, Mock: mock.Options{TimeScale: 0.001, Seed: 7},
+		Env: []string{"LLM_BULKHEAD_ADMIN_TOKEN=s3cret", "LLM_BULKHEAD_PROVIDERS__DEEPSEEK__BREAKER_PER_MODEL=true"}})
+	const name = "deepseek/deepseek-*"
+	ctx := context.Background()
+	if err := s.Mock.SetFaults([]mock.FaultRule{{Provider: "deepseek", Fault: mock.Fault{Status: 503}}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 10; i++ { // minimum_calls 10, all failing: the tenth opens the breaker
+		if _, err := s.Do(ctx, deepseekChat()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 5; i++ { // refused by the open breaker, re-routed to qwen
+		r, err := s.Do(ctx, deepseekChat())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p := upstreamHeader(r, "x-llm-provider"); p != "qwen" {
+			t.Fatalf("call %d with %s open went to %q (%d)", i, name, p, r.Status)
+		}
+	}
+
+	var out struct {
+		Breaker     string                 `json:"breaker"`
+		HistorySize int                    `json:"history_size"`
+		Events      []breaker.HistoryEntry `json:"events"`
+	}
+	if err := s.Get("/admin/breakers/"+name+"/events", &out); err != nil {
+		t.Fatal(err)
+	}
+	if out.Breaker != name || out.HistorySize != breaker.HistorySize || len(out.Events) != 1 {
+		t.Fatalf("events of %s: %+v", name, out)
+	}
+	ev := out.Events[0]
+	if ev.From != breaker.Closed || ev.To != breaker.Open || ev.Reason != breaker.ReasonFailureRate || ev.FailureRate != 100 {
+		t.Fatalf("event %+v", ev)
+	}
+	if len(ev.Calls) != breaker.RecentCalls {
+		t.Fatalf("%d calls with the event, want %d", len(ev.Calls), breaker.RecentCalls)
+	}
+	for _, c := range ev.Calls {
+		if c.Status != 503 || c.Kind != "failure" || c.Provider != "deepseek" {
+			t.Errorf("call %+v, want a 503 failure from deepseek", c)
+		}
+	}
+
+	// The POST route of the same name still forces the breaker.
+	req, _ := http.NewRequest("POST", s.AdminURL()+"/admin/breakers/"+name, bytes.NewBufferString(`{"state":"CLOSED"}`))
+	req.Header.Set("Authorization", "Bearer s3cret")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("POST %s: %d", name, resp.StatusCode)
+	}
+	if err := s.Get("/admin/breakers/"+name+"/events", &out); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(out.Events); n != 2 || out.Events[1].To != breaker.Closed || out.Events[1].Reason != breaker.ReasonForced {
+		t.Errorf("after the forced close: %+v", out.Events)
+	}
+	for _, path := range []string{"/admin/breakers/" + name, "/admin/breakers/nosuch/events", "/admin/breakers/events"} {
+		resp, err := http.Get(s.AdminURL() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 404 {
+			t.Errorf("GET %s: %d, want 404", path, resp.StatusCode)
+		}
+	}
+
+	// Five refusals at one instant: one line. A second later the next says how many it held back.
+	if n := strings.Count(logs.String(), `"msg":"breaker refused a call"`); n != 1 {
+		t.Errorf("%d refusal lines for five refusals within a second, want 1:\n%s", n, logs)
+	}
+	if err := s.App.Engine().ForceBreaker(name, "FORCED_OPEN"); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(1500 * time.Millisecond)
+	if _, err := s.Do(ctx, deepseekChat()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), `"suppressed":4`) {
+		t.Errorf("no refusal line counting the 4 held back:\n%s", logs)
 	}
 }

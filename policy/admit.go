@@ -315,6 +315,11 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 			if retry <= 0 {
 				retry = bs.cfg.WaitInOpen
 			}
+			fallback := ""
+			if fb := s.providers[dims.Provider].fallback; fb >= 0 {
+				fallback = s.providers[fb].name
+			}
+			e.logBreakerRefusal(b, retry, fallback, now)
 			return refuse(ReasonCircuitOpen, "provider/"+s.providers[dims.Provider].name, retry)
 		}
 		t.brk, t.permit = b, p
@@ -525,7 +530,7 @@ func (t *Ticket) Done(o Outcome) (settled Settled) {
 	if t.brk != nil {
 		bs := s.providers[t.dims.Provider].breakers
 		outcome, d, openFor := bs.judge.outcome(o)
-		t.brk.Record(t.permit, outcome, d, now)
+		t.brk.RecordDetail(t.permit, outcome, d, now, breaker.Detail{Status: o.Status, Provider: bs.provider})
 		recorded = true
 		bs.holdFor(t.dims.Tenant, o.Status, openFor, t.brk, now)
 	}

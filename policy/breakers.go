@@ -164,13 +164,7 @@ func (e *Engine) newBreaker(name string, s config.BreakerSettings, c breaker.Con
 
 func (e *Engine) onBreakerEvent(ev breaker.Event) {
 	e.metrics.breakerEvent(ev)
-	if ev.Kind == breaker.EventThresholdExceeded {
-		e.log.Warn("breaker threshold exceeded (metrics only, not opening)", "breaker", ev.Name, "state", ev.To.String(),
-			"reason", string(ev.Reason), "failure_rate", ev.FailureRate, "slow_rate", ev.SlowRate)
-		return
-	}
-	e.log.Warn("breaker state changed", "breaker", ev.Name, "from", ev.From.String(), "to", ev.To.String(),
-		"reason", string(ev.Reason), "failure_rate", ev.FailureRate, "slow_rate", ev.SlowRate)
+	e.logBreakerEvent(ev)
 }
 
 // buildBreakers gives every provider with a breaker its breaker set, carrying breakers (state and

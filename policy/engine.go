@@ -76,6 +76,8 @@ type Engine struct {
 	afterBuildStep func(step string) error
 	// clampLoggedAt is when a clamped settlement was last logged (Unix nanoseconds).
 	clampLoggedAt atomic.Int64
+	// breakerLogs rate-limits each breaker's log lines.
+	breakerLogs breakerLogs
 }
 
 // NewEngine builds an engine running policy p.

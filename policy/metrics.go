@@ -188,6 +188,7 @@ var (
 	descBrCalls     = prometheus.NewDesc(Namespace+"_breaker_calls_total", "Calls seen by a breaker, by kind (success, failure, slow_success, slow_failure, not_permitted, ignored, stale).", []string{"breaker", "kind"}, nil)
 	descBrRate      = prometheus.NewDesc(Namespace+"_breaker_failure_rate", "A breaker's failure rate in percent over its window (-1 below minimum calls).", []string{"breaker"}, nil)
 	descBrSlow      = prometheus.NewDesc(Namespace+"_breaker_slow_call_rate", "A breaker's slow-call rate in percent over its window (-1 below minimum calls).", []string{"breaker"}, nil)
+	descBrWouldOpen = prometheus.NewDesc(Namespace+"_breaker_would_open_total", "Times a METRICS_ONLY breaker saw a rate reach its threshold, where CLOSED would have opened (once per stay in METRICS_ONLY).", []string{"breaker"}, nil)
 	descInflightReq = prometheus.NewDesc(Namespace+"_inflight_requests", "Admitted requests not finished yet.", nil, nil)
 	descGen         = prometheus.NewDesc(Namespace+"_policy_generation", "Generation of the live policy (1 at start, +1 per successful reload).", nil, nil)
 	breakerStates   = []breaker.State{breaker.Closed, breaker.Open, breaker.HalfOpen, breaker.Disabled, breaker.ForcedOpen, breaker.MetricsOnly}
@@ -196,7 +197,7 @@ var (
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInflight, descLimit, descTokens, descTokLimit, descQueued, descAdmitted, descRefused,
 		descTimedOut, descShadow, descBudget, descBudgetCap, descRate, descPoolIn, descPoolCap, descBrState, descBrCalls, descBrRate,
-		descBrSlow, descInflightReq, descGen} {
+		descBrSlow, descBrWouldOpen, descInflightReq, descGen} {
 		ch <- d
 	}
 }
@@ -332,6 +333,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 				{"not_permitted", k.NotPermitted}, {"ignored", k.Ignored}, {"stale", k.Stale}} {
 				counter(descBrCalls, float64(kv.n), b.Name(), kv.kind)
 			}
+			counter(descBrWouldOpen, float64(k.WouldOpen), b.Name())
 		}
 	}
 }

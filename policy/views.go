@@ -145,6 +145,23 @@ func (e *Engine) ForceBreaker(name string, state string) error {
 	return fmt.Errorf("%w: %s", ErrNoSuchBreaker, name)
 }
 
+// BreakerEvents returns the history of the named breaker: its last breaker.HistorySize
+// transitions and threshold breaches, oldest first, each with the calls recorded just before it.
+func (e *Engine) BreakerEvents(name string) ([]breaker.HistoryEntry, error) {
+	s := e.Snapshot()
+	for _, pr := range s.providers {
+		if pr.breakers == nil {
+			continue
+		}
+		for _, b := range pr.breakers.all() {
+			if b.Name() == name {
+				return b.History(), nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("%w: %s", ErrNoSuchBreaker, name)
+}
+
 // FeatureDecisions counts one feature's admissions and refusals since the process started.
 type FeatureDecisions struct {
 	Feature  string            `json:"feature"`

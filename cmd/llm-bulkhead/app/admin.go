@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/breaker"
 )
 
 type appMetrics struct {
@@ -102,6 +103,9 @@ func (a *App) adminHandler() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]any{"breakers": a.engine.Breakers()})
 	}))
 	mux.HandleFunc("POST /admin/breakers/{name...}", a.forceBreaker)
+	// Breaker names contain slashes (per-model breakers such as deepseek/deepseek-r*), and a
+	// wildcard must end a pattern, so the /events suffix is cut here.
+	mux.HandleFunc("GET /admin/breakers/{path...}", a.guardRead(a.breakerEvents))
 	mux.HandleFunc("GET /admin/config", a.guardRead(func(w http.ResponseWriter, r *http.Request) {
 		// The addresses actually bound, not the policy's: flags override those, and port 0 in
 		// either picks a free port. The copy is shallow; only its Server strings change.
@@ -159,6 +163,22 @@ func (a *App) forceBreaker(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"breaker": name})
+}
+
+// breakerEvents handles GET /admin/breakers/{name}/events: the breaker's last transitions and
+// threshold breaches with the calls recorded before each.
+func (a *App) breakerEvents(w http.ResponseWriter, r *http.Request) {
+	name, ok := strings.CutSuffix(r.PathValue("path"), "/events")
+	if !ok || name == "" {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "GET /admin/breakers/{name}/events lists a breaker's events; GET /admin/breakers lists the breakers"})
+		return
+	}
+	events, err := a.engine.BreakerEvents(name)
+	if err != nil {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"breaker": name, "history_size": breaker.HistorySize, "recent_calls": breaker.RecentCalls, "events": events})
 }
 
 func (a *App) unauthorised(w http.ResponseWriter) {

@@ -1,0 +1,94 @@
+package policy
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/breaker"
+)
+
+// breakerLogInterval is the least time between two log lines of one kind (refusals, events)
+// for one breaker. The lines held back in between are counted, and the next line that goes
+// out says how many (suppressed): a storm of refusals, or a breaker flapping, writes at most
+// one line per second per breaker and kind.
+const breakerLogInterval = time.Second
+
+// logLimit lets one line through per breakerLogInterval and counts the ones it holds back.
+// Lock-free; safe for concurrent use.
+type logLimit struct {
+	last       atomic.Int64 // Unix nanoseconds of the last line let through
+	suppressed atomic.Uint64
+}
+
+// allow reports whether a line may go out at now and, if so, how many were held back since
+// the last one.
+func (l *logLimit) allow(now time.Time) (bool, uint64) {
+	n := now.UnixNano()
+	last := l.last.Load()
+	if last != 0 && n-last < int64(breakerLogInterval) || !l.last.CompareAndSwap(last, n) {
+		l.suppressed.Add(1)
+		return false, 0
+	}
+	return true, l.suppressed.Swap(0)
+}
+
+// breakerLog is one breaker's log limits, kept by name so that they outlive reloads.
+type breakerLog struct {
+	refusals, events logLimit
+}
+
+// breakerLogs holds the log limits of every breaker the engine has made, by name. Names come
+// from the policy (providers and model globs), never from clients, so the map stays bounded.
+type breakerLogs struct {
+	mu sync.RWMutex
+	m  map[string]*breakerLog
+}
+
+func (e *Engine) breakerLog(name string) *breakerLog {
+	bl := &e.breakerLogs
+	bl.mu.RLock()
+	l := bl.m[name]
+	bl.mu.RUnlock()
+	if l != nil {
+		return l
+	}
+	bl.mu.Lock()
+	defer bl.mu.Unlock()
+	if l = bl.m[name]; l == nil {
+		if bl.m == nil {
+			bl.m = map[string]*breakerLog{}
+		}
+		l = &breakerLog{}
+		bl.m[name] = l
+	}
+	return l
+}
+
+// logBreakerRefusal logs, at info and rate-limited, that breaker b refused a call; fallback is
+// the provider the request is re-routed to ("" when it is refused).
+func (e *Engine) logBreakerRefusal(b *breaker.Breaker, retry time.Duration, fallback string, now time.Time) {
+	ok, suppressed := e.breakerLog(b.Name()).refusals.allow(now)
+	if !ok {
+		return
+	}
+	e.log.Info("breaker refused a call", "breaker", b.Name(), "state", b.State().String(), "retry_after", retry.Round(time.Millisecond).String(),
+		"fallback", fallback, "suppressed", suppressed)
+}
+
+// logBreakerEvent logs a transition or threshold breach at info, rate-limited per breaker.
+// Every event is also in the breaker's history (GET /admin/breakers/{name}/events) and the
+// metrics, so a line held back loses nothing but the line.
+func (e *Engine) logBreakerEvent(ev breaker.Event) {
+	ok, suppressed := e.breakerLog(ev.Name).events.allow(e.clock.Now())
+	if !ok {
+		return
+	}
+	if ev.Kind == breaker.EventThresholdExceeded {
+		e.log.Info("breaker threshold exceeded (metrics only, not opening)", "breaker", ev.Name, "state", ev.To.String(),
+			"reason", string(ev.Reason), "failure_rate", ev.FailureRate, "slow_rate", ev.SlowRate, "suppressed", suppressed)
+		return
+	}
+	e.log.Info("breaker state changed", "breaker", ev.Name, "from", ev.From.String(), "to", ev.To.String(),
+		"reason", string(ev.Reason), "failure_rate", ev.FailureRate, "slow_rate", ev.SlowRate, "suppressed", suppressed)
+}
