@@ -416,10 +416,19 @@ func (s *Snapshot) label(in *instance) string {
 type Outcome struct {
 	// Status is the upstream response status, 0 when the stream ended without response headers.
 	Status int
-	// TTFB is admission to response headers (0 without response headers).
+	// TTFB is admission to the first token: the arrival of the first response body chunk with
+	// generated content (for a stream, the first event with generated text; for a JSON body,
+	// its first byte). A response whose body was not read has its Headers time here, and a read
+	// body that ended without any content the time it ended. 0 without response headers.
+	// slow_call_measure: ttfb compares it with slow_call_duration.
 	TTFB time.Duration
+	// Headers is admission to the response headers (0 without response headers).
+	Headers time.Duration
 	// Duration is admission to the end of the stream.
 	Duration time.Duration
+	// StreamError is an error the response body reported although the status said success
+	// (an error event inside a 200 stream, or a 200 JSON body with an error object).
+	StreamError StreamError
 	// Cancelled reports that the client went away before the response was complete.
 	Cancelled bool
 	// RetryAfter is the upstream retry-after on a 429 or 503.
@@ -427,6 +436,21 @@ type Outcome struct {
 	// Usage is what the response reported.
 	Usage Usage
 }
+
+// StreamError classifies an error reported inside a successful response.
+type StreamError uint8
+
+const (
+	// StreamErrorNone: the body reported no error.
+	StreamErrorNone StreamError = iota
+	// StreamErrorServer: the provider failed the call (overloaded, server error, or an error of
+	// unknown type); judged by the breaker's stream_error verdict (a failure by default).
+	StreamErrorServer
+	// StreamErrorRateLimited: a rate-limit error; judged as an upstream 429 (rate_limited_as).
+	StreamErrorRateLimited
+	// StreamErrorClient: the request was at fault (an invalid request); judged as a 400.
+	StreamErrorClient
+)
 
 // Usage is the token use a response reported.
 type Usage struct {

@@ -269,6 +269,8 @@ type judge struct {
 	holdCap time.Duration
 	failure statusSet
 	ignore  statusSet
+	// streamError is how a server error reported inside a 2xx response counts (stream_error).
+	streamError breaker.Outcome
 }
 
 // statusSet is a set of HTTP status codes (0-639).
@@ -292,6 +294,10 @@ func newJudge(s config.BreakerSettings) judge {
 	if s.NoResponseAs == "ignore" {
 		j.noResponse = breaker.Ignored
 	}
+	j.streamError = breaker.Failure
+	if s.StreamErrorAs == "ignore" {
+		j.streamError = breaker.Ignored
+	}
 	switch s.RateLimitedAs {
 	case "failure":
 		j.rateLimited = breaker.Failure
@@ -310,10 +316,22 @@ func newJudge(s config.BreakerSettings) judge {
 // outcome judges a finished call for the breaker of its provider: which outcome to record, the
 // duration compared with slow_call_duration, and how long an upstream retry-after asks to hold
 // calls back (0 for none). Failure statuses win over ignored ones; 429 goes by rate_limited_as.
+// An error the body reported inside a 2xx response is judged first, even when the stream was
+// then cut short: the provider had said the call failed. A rate-limit error counts as a 429
+// (without a retry-after), a client error as a 400, any other by stream_error.
 func (j *judge) outcome(o Outcome) (breaker.Outcome, time.Duration, time.Duration) {
 	d := o.TTFB
 	if j.totalDuration || o.Status == 0 {
 		d = o.Duration
+	}
+	switch o.StreamError {
+	case StreamErrorNone:
+	case StreamErrorRateLimited:
+		return j.rateLimited, d, 0
+	case StreamErrorClient:
+		return j.status(400), d, 0
+	default:
+		return j.streamError, d, 0
 	}
 	switch {
 	case o.Cancelled:
@@ -325,13 +343,18 @@ func (j *judge) outcome(o Outcome) (breaker.Outcome, time.Duration, time.Duratio
 	if j.retryAfter && (o.Status == 429 || o.Status == 503) && o.RetryAfter > 0 {
 		openFor = o.RetryAfter
 	}
+	return j.status(o.Status), d, openFor
+}
+
+// status judges a call by its HTTP status alone.
+func (j *judge) status(code int) breaker.Outcome {
 	switch {
-	case o.Status == 429:
-		return j.rateLimited, d, openFor
-	case j.failure.has(o.Status):
-		return breaker.Failure, d, openFor
-	case j.ignore.has(o.Status):
-		return breaker.Ignored, d, openFor
+	case code == 429:
+		return j.rateLimited
+	case j.failure.has(code):
+		return breaker.Failure
+	case j.ignore.has(code):
+		return breaker.Ignored
 	}
-	return breaker.Success, d, openFor
+	return breaker.Success
 }

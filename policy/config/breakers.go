@@ -30,6 +30,7 @@ type BreakerSettings struct {
 	HonorRetryAfter          bool
 	RetryAfterScope          string // tenant or provider
 	NoResponseAs             string // failure or ignore
+	StreamErrorAs            string // failure or ignore
 }
 
 // RetryAfterCap is the longest an upstream retry-after may hold calls back.
@@ -43,6 +44,7 @@ func (s BreakerSettings) RetryAfterCap() time.Duration {
 // ResolveBreaker applies the base chain of breakers[name] and the defaults.
 func (p *Policy) ResolveBreaker(name string) BreakerSettings {
 	b := p.Breakers[name]
+	v := verdictsOf(b)
 	seen := map[string]bool{name: true}
 	for cur := b.Base; cur != "" && !seen[cur]; {
 		seen[cur] = true
@@ -51,9 +53,75 @@ func (p *Policy) ResolveBreaker(name string) BreakerSettings {
 			break
 		}
 		fillBreaker(&b, base)
+		v.fill(verdictsOf(base))
 		cur = base.Base
 	}
-	return finishBreaker(b)
+	s := finishBreaker(b)
+	v.apply(&s)
+	return s
+}
+
+// verdicts is what one breaker entry says about which calls fail and which are ignored, with
+// record and ignore and their older forms (failure_statuses, ignore_statuses, no_response_as)
+// read into one shape. nil means the entry does not say.
+type verdicts struct {
+	failure, ignore         []string // statuses
+	noResponse, streamError *string  // failure or ignore
+}
+
+// Verdict tokens of record and ignore besides statuses.
+const (
+	verdictTimeout     = "timeout"
+	verdictStreamError = "stream_error"
+)
+
+func verdictsOf(b Breaker) verdicts {
+	v := verdicts{failure: b.FailureStatuses, ignore: b.IgnoreStatuses, noResponse: b.NoResponseAs}
+	read := func(items []string, as string, statuses *[]string) {
+		for _, it := range items {
+			switch it {
+			case verdictTimeout:
+				v.noResponse = &as
+			case verdictStreamError:
+				v.streamError = &as
+			default:
+				*statuses = append(slices.Clip(*statuses), it)
+			}
+		}
+	}
+	read(b.Record, "failure", &v.failure)
+	read(b.Ignore, "ignore", &v.ignore)
+	return v
+}
+
+// fill takes what v does not say from a base entry's verdicts.
+func (v *verdicts) fill(base verdicts) {
+	if v.failure == nil {
+		v.failure = base.failure
+	}
+	if v.ignore == nil {
+		v.ignore = base.ignore
+	}
+	setIfNil(&v.noResponse, base.noResponse)
+	setIfNil(&v.streamError, base.streamError)
+}
+
+// apply sets the resolved verdicts, with their defaults, on s.
+func (v verdicts) apply(s *BreakerSettings) {
+	s.FailureStatuses, s.IgnoreStatuses = v.failure, v.ignore
+	if s.FailureStatuses == nil {
+		s.FailureStatuses = []string{"5xx"}
+	}
+	if s.IgnoreStatuses == nil {
+		s.IgnoreStatuses = []string{"4xx"}
+	}
+	s.NoResponseAs, s.StreamErrorAs = "failure", "failure"
+	if v.noResponse != nil {
+		s.NoResponseAs = *v.noResponse
+	}
+	if v.streamError != nil {
+		s.StreamErrorAs = *v.streamError
+	}
 }
 
 func fillBreaker(dst *Breaker, src Breaker) {
@@ -171,11 +239,46 @@ func validateBreaker(v *validator, path string, b Breaker) {
 	if !v.breakerChainBroken(path) {
 		breakerRules(v, path, path[len("breakers."):])
 	}
-	if b.FailureStatuses != nil && b.IgnoreStatuses != nil {
-		for _, st := range b.FailureStatuses {
-			if slices.Contains(b.IgnoreStatuses, st) {
-				v.add(path+".ignore_statuses", "%s is listed both as failure and ignored", st)
+	validateVerdicts(v, path, b)
+}
+
+// validateVerdicts checks record and ignore, and that no entry says the same thing twice: with a
+// new key and its older form, or as both a failure and ignored.
+func validateVerdicts(v *validator, path string, b Breaker) {
+	for _, l := range []struct {
+		key   string
+		items []string
+	}{{"record", b.Record}, {"ignore", b.Ignore}} {
+		for i, it := range l.items {
+			if it != verdictTimeout && it != verdictStreamError && !validStatusPattern(it) {
+				v.add(path+"."+l.key+"["+strconv.Itoa(i)+"]", "%q is not a status code (100-599), a class (4xx, 5xx), timeout or stream_error", it)
 			}
+		}
+	}
+	if b.Record != nil && b.FailureStatuses != nil {
+		v.add(path+".failure_statuses", "failure_statuses is the older name of record's statuses: list them in record only")
+	}
+	if b.Ignore != nil && b.IgnoreStatuses != nil {
+		v.add(path+".ignore_statuses", "ignore_statuses is the older name of ignore's statuses: list them in ignore only")
+	}
+	if b.NoResponseAs != nil && (slices.Contains(b.Record, verdictTimeout) || slices.Contains(b.Ignore, verdictTimeout)) {
+		v.add(path+".no_response_as", "no_response_as is the older form of timeout in record or ignore: use one")
+	}
+	ignoreKey := ".ignore"
+	if b.IgnoreStatuses != nil {
+		ignoreKey = ".ignore_statuses"
+	}
+	vs := verdictsOf(b)
+	if b.FailureStatuses != nil || b.Record != nil {
+		for _, st := range vs.failure {
+			if slices.Contains(vs.ignore, st) && (b.IgnoreStatuses != nil || b.Ignore != nil) {
+				v.add(path+ignoreKey, "%s is listed both as failure and ignored", st)
+			}
+		}
+	}
+	for _, it := range []string{verdictTimeout, verdictStreamError} {
+		if slices.Contains(b.Record, it) && slices.Contains(b.Ignore, it) {
+			v.add(path+".ignore", "%s is listed both as failure and ignored", it)
 		}
 	}
 }

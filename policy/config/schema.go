@@ -348,8 +348,13 @@ type Breaker struct {
 	SlowCallRateThreshold *float64 `koanf:"slow_call_rate_threshold" json:"slow_call_rate_threshold,omitempty"`
 	// SlowCallDuration is the time above which a call is slow. Default 60s.
 	SlowCallDuration *Duration `koanf:"slow_call_duration" json:"slow_call_duration,omitempty"`
-	// SlowCallMeasure is ttfb (time to first byte) or total. Default ttfb: a long streamed answer
-	// is not a slow provider.
+	// SlowCallMeasure is ttfb or total. ttfb is the time from admission to the first token: the
+	// first response body chunk with generated content (in a stream, the first event with
+	// generated text; in a JSON body, its first byte), not the response headers, which many
+	// providers send before the model has produced anything. A response whose body is not read
+	// (an error status, or a response body mode of NONE) is measured at its headers, and a read
+	// body that ends without any content at its end. total is admission to the end of the
+	// response. Default ttfb: a long streamed answer is not a slow provider.
 	SlowCallMeasure *string `koanf:"slow_call_measure" json:"slow_call_measure,omitempty"`
 	// WaitInOpen is how long the breaker stays OPEN. Default 60s.
 	WaitInOpen *Duration `koanf:"wait_in_open" json:"wait_in_open,omitempty"`
@@ -365,11 +370,27 @@ type Breaker struct {
 	MaxWaitInHalfOpen *Duration `koanf:"max_wait_in_half_open" json:"max_wait_in_half_open,omitempty"`
 	// State starts the breaker in CLOSED, DISABLED, METRICS_ONLY or FORCED_OPEN. Default CLOSED.
 	State *string `koanf:"state" json:"state,omitempty"`
-	// FailureStatuses are upstream status codes or classes ("5xx") that count as failures.
-	// Default ["5xx"].
+	// Record lists what counts as a failure, like Resilience4j's record predicate: status codes
+	// ("503") or classes ("5xx", "4xx"), timeout (the stream ended after admission without
+	// response headers) and stream_error (a 2xx response whose body reported a server error: an
+	// error event in a stream, or a JSON body with a top-level error object). The statuses listed
+	// replace the failure statuses (default ["5xx"]); a list without any status keeps them.
+	// timeout and stream_error are failures unless listed in ignore. A status neither recorded
+	// nor ignored counts as a success. 429, and a rate-limit error inside a 2xx response, go by
+	// rate_limited_as; a client error inside a 2xx response (invalid_request_error, …) is judged
+	// as a 400. Exclusive with failure_statuses (its older name for the statuses) and, for
+	// timeout, with no_response_as. Example: [5xx, timeout, stream_error].
+	Record []string `koanf:"record" json:"record,omitempty"`
+	// Ignore lists what records nothing, in record's terms. The statuses listed replace the
+	// ignored statuses (default ["4xx"]: client errors say nothing about the provider); a list
+	// without any status keeps them. A status both recorded and ignored is a failure (across
+	// base entries; within one entry it is an error). Exclusive with ignore_statuses (its older
+	// name for the statuses) and, for timeout, with no_response_as.
+	Ignore []string `koanf:"ignore" json:"ignore,omitempty"`
+	// FailureStatuses is the older name of record's statuses. Default ["5xx"].
 	FailureStatuses []string `koanf:"failure_statuses" json:"failure_statuses,omitempty"`
-	// IgnoreStatuses are statuses that record nothing. Default ["4xx"] (client errors say nothing
-	// about the provider). 429 is handled by RateLimitedAs.
+	// IgnoreStatuses is the older name of ignore's statuses. Default ["4xx"]. 429 is handled by
+	// RateLimitedAs.
 	IgnoreStatuses []string `koanf:"ignore_statuses" json:"ignore_statuses,omitempty"`
 	// RateLimitedAs is how an upstream 429 counts: neutral (recorded as success, not a failure),
 	// failure, or ignore. Default neutral.
@@ -383,7 +404,7 @@ type Breaker struct {
 	// A 503's retry-after always opens the breaker. Default tenant.
 	RetryAfterScope *string `koanf:"retry_after_scope" json:"retry_after_scope,omitempty"`
 	// NoResponseAs is how a stream that ended after admission without response headers counts:
-	// failure or ignore. Default failure.
+	// failure or ignore; the older form of timeout in record or ignore. Default failure.
 	NoResponseAs *string `koanf:"no_response_as" json:"no_response_as,omitempty"`
 }
 
