@@ -82,6 +82,16 @@ Flags:
 	fs.IntVar(&cfg.opts.ChunkTokens, "chunk-tokens", mock.DefaultChunkTokens, "completion tokens per streamed content event")
 	fs.IntVar(&cfg.opts.EmbeddingDimensions, "embedding-dimensions", mock.DefaultEmbeddingDimensions, "embedding vector length when the request gives no dimensions")
 	fs.IntVar(&cfg.opts.RequestLogSize, "request-log", mock.DefaultRequestLogSize, "how many recent requests GET /mockllm/requests keeps")
+	var checkModels bool
+	fs.BoolVar(&checkModels, "check-model-provider", false, "answer 404 model_not_found when x-llm-provider names a provider that does not serve the body's model, per llm-bulkhead's example policy (deepseek-* on deepseek, qwen-* on qwen, anything else on local) unless -model-provider rules are given")
+	fs.Func("model-provider", "`glob=provider`: the provider serving the models glob matches, for the model check (repeatable; the first matching rule wins; implies -check-model-provider)", func(v string) error {
+		glob, provider, ok := strings.Cut(v, "=")
+		if !ok || glob == "" || provider == "" {
+			return errors.New("want glob=provider")
+		}
+		cfg.opts.ModelProviders = append(cfg.opts.ModelProviders, mock.ModelProvider{Match: glob, Provider: provider})
+		return nil
+	})
 	fs.Func("fail", "fault `rule` for the whole run, e.g. provider=deepseek,rate=0.6,status=503; keys: provider, model (glob), status, rate, retry-after, delay-headers, disconnect-after, no-usage, gzip, report-prompt, report-completion, report-total (repeatable; later rules refine earlier ones)", func(v string) error {
 		r, err := mock.ParseFaultRule(v)
 		if err != nil {
@@ -95,6 +105,9 @@ Flags:
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	if checkModels && len(cfg.opts.ModelProviders) == 0 {
+		cfg.opts.ModelProviders = mock.ExampleModelProviders
 	}
 	if cfg.grace < 0 {
 		return cfg, fmt.Errorf("-grace %v must not be negative", cfg.grace)

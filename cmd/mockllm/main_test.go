@@ -66,6 +66,26 @@ func TestParseFlags(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "model check with the example's table",
+			args: []string{"-check-model-provider"},
+			check: func(t *testing.T, c config) {
+				if len(c.opts.ModelProviders) != 3 || c.opts.ModelProviders[0] != (mock.ModelProvider{Match: "deepseek-*", Provider: "deepseek"}) {
+					t.Fatalf("model providers = %+v", c.opts.ModelProviders)
+				}
+			},
+		},
+		{
+			name: "model check with rules in order",
+			args: []string{"-model-provider", "gpt-4*=openai", "-model-provider", "*=local", "-check-model-provider"},
+			check: func(t *testing.T, c config) {
+				want := []mock.ModelProvider{{Match: "gpt-4*", Provider: "openai"}, {Match: "*", Provider: "local"}}
+				if len(c.opts.ModelProviders) != 2 || c.opts.ModelProviders[0] != want[0] || c.opts.ModelProviders[1] != want[1] {
+					t.Fatalf("model providers = %+v, want %+v", c.opts.ModelProviders, want)
+				}
+			},
+		},
+		{name: "bad model provider", args: []string{"-model-provider", "gpt-4*"}, wantErr: "glob=provider"},
 		{name: "bad fault rule", args: []string{"-fail", "provider=x,colour=red"}, wantErr: "colour"},
 		{name: "bad provider capacity", args: []string{"-provider-capacity", "deepseek"}, wantErr: "name=N"},
 		{name: "provider capacity not a number", args: []string{"-provider-capacity", "deepseek=two"}, wantErr: "invalid"},
@@ -98,7 +118,7 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	for _, name := range []string{
 		"listen", "grace", "log-level", "time-scale", "seed", "capacity", "provider-capacity", "default-completion-tokens",
 		"base-latency", "tokens-per-second", "jitter-min", "jitter-max", "ttfb-fraction", "chunk-tokens",
-		"embedding-dimensions", "request-log", "fail", mock.HeaderStatus, mock.HeaderDisconnectAfter, "/mockllm/faults",
+		"embedding-dimensions", "request-log", "check-model-provider", "model-provider", "fail", mock.HeaderStatus, mock.HeaderDisconnectAfter, "/mockllm/faults",
 	} {
 		if !strings.Contains(out.String(), name) {
 			t.Errorf("help does not mention %q", name)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -140,6 +141,14 @@ type Options struct {
 	// EmbeddingDimensions is the vector length when the request gives no
 	// dimensions. Zero means 64 (kept small so tests stay fast).
 	EmbeddingDimensions int
+	// ModelProviders, when not empty, makes the fake provider check that a
+	// request reached a provider serving its model, as a real one would: a
+	// request whose x-llm-provider names a provider listed here, for a model
+	// whose first matching entry names another provider (or none), is answered
+	// 404 model_not_found in the API's error format. Requests without the
+	// header, or for providers not listed, are not checked. Empty (the default)
+	// checks nothing; ExampleModelProviders is llm-bulkhead's example policy.
+	ModelProviders []ModelProvider
 	// Faults are applied to every matching request from the start; they can be
 	// replaced at run time with Server.SetFaults or POST /mockllm/faults.
 	Faults []FaultRule
@@ -185,6 +194,7 @@ func (o Options) withDefaults() Options {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	o.ModelProviders = slices.Clone(o.ModelProviders)
 	return o
 }
 
@@ -230,6 +240,9 @@ func (o Options) validate() error {
 		errs = append(errs, fmt.Errorf("max request body bytes %d must not be negative", o.MaxRequestBodyBytes))
 	}
 	if err := validateRules(o.Faults); err != nil {
+		errs = append(errs, err)
+	}
+	if err := validateModelProviders(o.ModelProviders); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

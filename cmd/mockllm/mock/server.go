@@ -4,8 +4,10 @@
 // It serves POST /v1/chat/completions, /v1/completions, /v1/embeddings,
 // /v1/responses and /v1/messages (JSON and SSE) and GET /v1/models, with a
 // latency model (LatencyModel), a capacity that queues requests FIFO when the
-// fake provider is full, and faults injected by request header, by rule per
-// provider or model, or at run time (Fault, FaultRule). Every API response
+// fake provider is full, faults injected by request header, by rule per
+// provider or model, or at run time (Fault, FaultRule), and optionally a
+// check that each provider is sent only the models it serves
+// (Options.ModelProviders; 404 model_not_found otherwise). Every API response
 // carries x-mockllm-prompt-tokens, x-mockllm-completion-tokens and
 // x-mockllm-request-id, so a test can compare what a client settled with what
 // was reported. Responses always hold one choice, whatever n asks for.
@@ -300,6 +302,10 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, a api, pathLab
 		return
 	}
 	provider := r.Header.Get(ProviderHeader)
+	if wrongProvider(s.opts.ModelProviders, provider, p.Model) {
+		e.rejectModel(p.Model)
+		return
+	}
 	f, err := applyFaultHeaders(mergeRules(*s.faults.Load(), provider, p.Model), r.Header)
 	if err != nil {
 		e.reject(http.StatusBadRequest, err.Error())
