@@ -1,6 +1,8 @@
 package extproc
 
 import (
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -55,6 +57,85 @@ type metrics struct {
 	refusedMaxStreams prometheus.Counter
 	idleReleased      prometheus.Counter
 	bodiesRefused     prometheus.Counter
+
+	// Upstream latency and status class per provider; series are made for a provider on its
+	// first response, and providers are configured names only.
+	upHeaders, upFirstToken, upTotal *prometheus.HistogramVec
+	upResponses                      *prometheus.CounterVec
+	upMu                             sync.RWMutex
+	up                               map[string]*upstreamObs
+}
+
+// Status classes of upstream responses, labelling llm_bulkhead_upstream_responses_total.
+const (
+	class2xx = iota
+	class4xx
+	class5xx
+	classOther
+	classNone
+	numClasses
+)
+
+var classNames = [numClasses]string{"2xx", "4xx", "5xx", "other", "none"}
+
+// upstreamObs are one provider's upstream series.
+type upstreamObs struct {
+	headers, firstToken, total prometheus.Observer
+	responses                  [numClasses]prometheus.Counter
+}
+
+// upstream returns provider's series, making them on first use.
+func (m *metrics) upstream(provider string) *upstreamObs {
+	m.upMu.RLock()
+	u := m.up[provider]
+	m.upMu.RUnlock()
+	if u != nil {
+		return u
+	}
+	m.upMu.Lock()
+	defer m.upMu.Unlock()
+	if u = m.up[provider]; u != nil {
+		return u
+	}
+	provider = strings.Clone(provider)
+	u = &upstreamObs{headers: m.upHeaders.WithLabelValues(provider), firstToken: m.upFirstToken.WithLabelValues(provider),
+		total: m.upTotal.WithLabelValues(provider)}
+	for i, n := range classNames {
+		u.responses[i] = m.upResponses.WithLabelValues(provider, n)
+	}
+	m.up[provider] = u
+	return u
+}
+
+// observeUpstream records what one admitted call to provider showed: its latencies when the
+// provider answered, and its status class ("none" when the stream ended without response
+// headers). A call released as a cancel before any response is not counted.
+func (m *metrics) observeUpstream(provider string, o policy.Outcome, firstToken bool) {
+	if o.Status == 0 && o.Cancelled {
+		return
+	}
+	u := m.upstream(provider)
+	c := classNone
+	switch {
+	case o.Status == 0:
+	case o.Status >= 200 && o.Status < 300:
+		c = class2xx
+	case o.Status >= 400 && o.Status < 500:
+		c = class4xx
+	case o.Status >= 500 && o.Status < 600:
+		c = class5xx
+	default:
+		c = classOther
+	}
+	u.responses[c].Inc()
+	if o.Status == 0 {
+		return
+	}
+	u.headers.Observe(o.Headers.Seconds())
+	if firstToken {
+		u.firstToken.Observe(o.TTFB.Seconds())
+	}
+	u.total.Observe(o.Duration.Seconds())
 }
 
 func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
@@ -97,7 +178,18 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 		Help: "Requests refused with server_busy because holding their body would pass server.max_buffered_body_bytes."})
 	buffered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "extproc_buffered_body_bytes",
 		Help: "Request-body bytes held now while their requests are decided."}, func() float64 { return float64(s.buffered.Load()) })
+	latency := []float64{0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300}
+	m.upHeaders = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "upstream_headers_seconds",
+		Help: "Time from admission to the provider's response headers, by provider.", Buckets: latency}, []string{"provider"})
+	m.upFirstToken = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "upstream_first_token_seconds",
+		Help: "Time from admission to the first response body chunk with generated content, by provider.", Buckets: latency}, []string{"provider"})
+	m.upTotal = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "upstream_duration_seconds",
+		Help: "Time from admission to the end of the response, by provider.", Buckets: latency}, []string{"provider"})
+	m.upResponses = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "upstream_responses_total",
+		Help: "Admitted calls by provider and response status class (2xx, 4xx, 5xx, other, none: no response headers)."}, []string{"provider", "class"})
+	m.up = map[string]*upstreamObs{}
 	if reg != nil {
+		reg.MustRegister(m.upHeaders, m.upFirstToken, m.upTotal, m.upResponses)
 		reg.MustRegister(m.streams, m.passthrough, m.panics, m.overrides, m.endedEarly, m.admissionsEnded, m.admissionsReleased, hist, active,
 			protocol, refused, m.idleReleased, m.bodiesRefused, buffered)
 	}

@@ -89,9 +89,15 @@ type decisionPart struct {
 // responsePart is what the response showed and how the request was settled.
 type responsePart struct {
 	// started: the response headers came (the request reached the provider and it answered).
-	started    bool
-	status     int
-	ttfb       time.Duration
+	started bool
+	status  int
+	// headers is admission to the response headers.
+	headers time.Duration
+	// firstToken is admission to the arrival of the body chunk that carried the first token;
+	// tokenSeen says it came. chunkAt is when the chunk still to be scanned (pending) arrived.
+	firstToken time.Duration
+	tokenSeen  bool
+	chunkAt    time.Time
 	retryAfter time.Duration
 	// reading: the response body is scanned for usage.
 	reading bool
@@ -520,7 +526,7 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 	p.headers = h.GetHeaders().GetHeaders()
 	st, _ := p.Header(":status")
 	p.res.status, _ = strconv.Atoi(st)
-	p.res.ttfb = p.srv.engine.Now().Sub(p.dec.admittedAt)
+	p.res.headers = p.srv.engine.Now().Sub(p.dec.admittedAt)
 	if ra, ok := p.Header("retry-after"); ok {
 		p.res.retryAfter = parseRetryAfter(ra, p.srv.engine.Now())
 	}
@@ -570,13 +576,21 @@ func (p *processor) onResponseBody(b *extprocv3.HttpBody) *extprocv3.ProcessingR
 	}
 	if !b.EndOfStream {
 		if p.res.reading {
-			// Reply first, read after: the client's stream must not wait for the scan.
+			// Reply first, read after: the client's stream must not wait for the scan. The
+			// first token's time is when its chunk arrived, not when it was scanned.
 			p.res.pending = b.Body
+			if !p.res.tokenSeen {
+				p.res.chunkAt = p.srv.engine.Now()
+			}
 		}
 		return continueResponseBody
 	}
 	if p.res.reading {
+		if !p.res.tokenSeen {
+			p.res.chunkAt = p.srv.engine.Now()
+		}
 		p.res.scanner.Write(b.Body)
+		p.noteFirstToken()
 	}
 	p.complete()
 	return p.withMetadata(bodyReply(false, nil))
@@ -587,9 +601,19 @@ func (p *processor) afterSend(resp *extprocv3.ProcessingResponse) {
 	if p.res.pending != nil {
 		p.res.scanner.Write(p.res.pending)
 		p.res.pending = nil
+		p.noteFirstToken()
 	}
 	if _, ok := resp.Response.(*extprocv3.ProcessingResponse_ImmediateResponse); ok {
 		p.phase = phaseDone
+	}
+}
+
+// noteFirstToken records, once the scanner has seen the first token, the arrival of the chunk
+// just scanned.
+func (p *processor) noteFirstToken() {
+	if !p.res.tokenSeen && p.res.scanner.FirstToken() {
+		p.res.tokenSeen = true
+		p.res.firstToken = p.res.chunkAt.Sub(p.dec.admittedAt)
 	}
 }
 
@@ -647,14 +671,15 @@ func (p *processor) settleOnce(cancelled bool) {
 // its slots before any settlement work, so a failed settlement leaves nothing held.
 func (p *processor) settle(cancelled bool) {
 	p.stopIdle()
-	// ttfb is set with the response headers; 0 means there were none.
-	o := policy.Outcome{Status: p.res.status, Cancelled: cancelled, RetryAfter: p.res.retryAfter, TTFB: p.res.ttfb}
+	// headers is set with the response headers; 0 means there were none. A response whose body
+	// is not read is timed to its first token at its headers.
+	o := policy.Outcome{Status: p.res.status, Cancelled: cancelled, RetryAfter: p.res.retryAfter, Headers: p.res.headers, TTFB: p.res.headers}
 	o.Duration = p.srv.engine.Now().Sub(p.dec.admittedAt)
 	defer func() {
 		if r := recover(); r != nil {
 			// Reading the usage failed: settle without it (Done is idempotent, so a panic inside
 			// Done itself, which already released, is not settled twice).
-			p.res.settled = p.dec.ticket.Done(policy.Outcome{Status: o.Status, Cancelled: o.Cancelled, TTFB: o.TTFB, Duration: o.Duration})
+			p.res.settled = p.dec.ticket.Done(policy.Outcome{Status: o.Status, Cancelled: o.Cancelled, TTFB: o.TTFB, Headers: o.Headers, Duration: o.Duration})
 			p.srv.metrics.panics.Inc()
 			p.srv.log.Error("panic while settling a request; its slots were released", "request_id", p.req.id,
 				"panic", r, "stack", string(debug.Stack()))
@@ -664,13 +689,34 @@ func (p *processor) settle(cancelled bool) {
 		if p.res.pending != nil {
 			p.res.scanner.Write(p.res.pending)
 			p.res.pending = nil
+			p.noteFirstToken()
 		}
 		u := p.res.scanner.Finish()
 		o.Usage = policy.Usage{Prompt: u.PromptTokens, Completion: u.CompletionTokens, Total: u.TotalTokens,
 			Cached: u.CachedTokens, Reasoning: u.ReasoningTokens, Known: u.Known, PromptKnown: u.PromptKnown, ContentBytes: u.ContentBytes}
+		o.StreamError = streamError(u.Error)
+		// A body read to its end without a token waited for one all along.
+		o.TTFB = o.Duration
+	}
+	if p.res.tokenSeen {
+		o.TTFB = p.res.firstToken
 	}
 	p.res.outcome = o
 	p.res.settled = p.dec.ticket.Done(o)
+	p.srv.metrics.observeUpstream(p.snap.ProviderName(p.dec.decision.Dims.Provider), o, p.res.tokenSeen)
+}
+
+// streamError maps an error a response body reported to the policy's kinds.
+func streamError(k llmapi.ErrorKind) policy.StreamError {
+	switch k {
+	case llmapi.ErrorServer:
+		return policy.StreamErrorServer
+	case llmapi.ErrorRateLimited:
+		return policy.StreamErrorRateLimited
+	case llmapi.ErrorClient:
+		return policy.StreamErrorClient
+	}
+	return policy.StreamErrorNone
 }
 
 // Header implements policy.Input over the current message's headers. The value aliases the
