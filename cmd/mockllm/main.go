@@ -45,7 +45,8 @@ GET /mockllm/stats, GET|POST /mockllm/faults, POST /mockllm/reset,
 GET /mockllm/healthz.
 
 Per-request headers: x-mockllm-status, x-mockllm-retry-after,
-x-mockllm-delay-headers, x-mockllm-disconnect-after, x-mockllm-no-usage,
+x-mockllm-delay-headers, x-mockllm-first-token-delay,
+x-mockllm-stream-error, x-mockllm-disconnect-after, x-mockllm-no-usage,
 x-mockllm-fail-rate, x-mockllm-gzip, x-mockllm-completion-tokens,
 x-mockllm-cached-tokens, x-mockllm-reasoning-tokens,
 x-mockllm-report-prompt-tokens, x-mockllm-report-completion-tokens,
@@ -92,7 +93,7 @@ Flags:
 		cfg.opts.ModelProviders = append(cfg.opts.ModelProviders, mock.ModelProvider{Match: glob, Provider: provider})
 		return nil
 	})
-	fs.Func("fail", "fault `rule` for the whole run, e.g. provider=deepseek,rate=0.6,status=503; keys: provider, model (glob), status, rate, retry-after, delay-headers, disconnect-after, no-usage, gzip, report-prompt, report-completion, report-total (repeatable; later rules refine earlier ones)", func(v string) error {
+	fs.Func("fail", "fault `rule` for the whole run, e.g. provider=deepseek,rate=0.6,status=503; keys: provider, model (glob), status, rate, retry-after, delay-headers, first-token-delay, stream-error, disconnect-after, no-usage, gzip, report-prompt, report-completion, report-total (repeatable; later rules refine earlier ones)", func(v string) error {
 		r, err := mock.ParseFaultRule(v)
 		if err != nil {
 			return err

@@ -17,13 +17,15 @@ import (
 // same field of the merged FaultRules, even when its value is zero, so a test
 // can switch a run-wide fault off for a single request.
 const (
-	HeaderStatus          = "x-mockllm-status"           // respond with this HTTP status and the API's error body
-	HeaderRetryAfter      = "x-mockllm-retry-after"      // integer seconds put in the retry-after response header
-	HeaderDelayHeaders    = "x-mockllm-delay-headers"    // Go duration ("2s") or seconds ("0.5") before headers, scaled
-	HeaderDisconnectAfter = "x-mockllm-disconnect-after" // close the connection after this many SSE events
-	HeaderNoUsage         = "x-mockllm-no-usage"         // boolean: leave usage out of the response
-	HeaderFailRate        = "x-mockllm-fail-rate"        // fraction in [0, 1] of requests that fail
-	HeaderGzip            = "x-mockllm-gzip"             // boolean: gzip the body if accept-encoding allows it
+	HeaderStatus          = "x-mockllm-status"            // respond with this HTTP status and the API's error body
+	HeaderRetryAfter      = "x-mockllm-retry-after"       // integer seconds put in the retry-after response header
+	HeaderDelayHeaders    = "x-mockllm-delay-headers"     // Go duration ("2s") or seconds ("0.5") before headers, scaled
+	HeaderFirstTokenDelay = "x-mockllm-first-token-delay" // Go duration or seconds between the headers and the first token, scaled
+	HeaderStreamError     = "x-mockllm-stream-error"      // status (400-599) of an error reported inside a 200 response
+	HeaderDisconnectAfter = "x-mockllm-disconnect-after"  // close the connection after this many SSE events
+	HeaderNoUsage         = "x-mockllm-no-usage"          // boolean: leave usage out of the response
+	HeaderFailRate        = "x-mockllm-fail-rate"         // fraction in [0, 1] of requests that fail
+	HeaderGzip            = "x-mockllm-gzip"              // boolean: gzip the body if accept-encoding allows it
 	// Integers reported in usage instead of the real counts (see Fault.ReportPrompt); an empty
 	// value reports the real count.
 	HeaderReportPrompt     = "x-mockllm-report-prompt-tokens"
@@ -134,6 +136,21 @@ type Fault struct {
 	// DelayHeaders is waited (times the time scale) before the response
 	// headers, on top of the latency model, while holding a capacity slot.
 	DelayHeaders Duration `json:"delay_headers,omitempty"`
+	// FirstTokenDelay sends the response headers at once (a stream also its
+	// opening events, which carry no text) and holds the first token back
+	// this long (times the time scale) on top of the latency model, as a
+	// provider that answers 200 before its model has produced anything. A
+	// JSON response sends its headers at once and its body after the
+	// latency plus this delay.
+	FirstTokenDelay Duration `json:"first_token_delay,omitempty"`
+	// StreamError, when set, answers 200 and reports an error of this status
+	// (400–599) inside the body, in the called API's format: a stream sends
+	// it as an error event after its first content event (OpenAI: a chunk
+	// with an "error" object; Anthropic and the Responses API: an "error"
+	// event) and ends without usage; a JSON response is the API's error body
+	// with status 200. 429 reports a rate limit, 503 and 529 an overloaded
+	// provider, other 5xx a server error.
+	StreamError int `json:"stream_error,omitempty"`
 	// DisconnectAfter, when positive, closes the connection abruptly after at
 	// most this many SSE events and never sends the final one ([DONE],
 	// message_stop or response.completed). A JSON response is cut after half
@@ -172,6 +189,12 @@ func (f Fault) validate() error {
 	if f.DelayHeaders < 0 || time.Duration(f.DelayHeaders) > maxDelay {
 		errs = append(errs, fmt.Errorf("delay %v must lie in [0, %v]", time.Duration(f.DelayHeaders), maxDelay))
 	}
+	if f.FirstTokenDelay < 0 || time.Duration(f.FirstTokenDelay) > maxDelay {
+		errs = append(errs, fmt.Errorf("first-token delay %v must lie in [0, %v]", time.Duration(f.FirstTokenDelay), maxDelay))
+	}
+	if f.StreamError != 0 && (f.StreamError < 400 || f.StreamError > 599) {
+		errs = append(errs, fmt.Errorf("stream error status %d must lie in [400, 599]", f.StreamError))
+	}
 	if f.DisconnectAfter < 0 {
 		errs = append(errs, fmt.Errorf("disconnect-after %d must not be negative", f.DisconnectAfter))
 	}
@@ -194,6 +217,12 @@ func (f Fault) overlay(g Fault) Fault {
 	}
 	if g.DisconnectAfter != 0 {
 		f.DisconnectAfter = g.DisconnectAfter
+	}
+	if g.FirstTokenDelay != 0 {
+		f.FirstTokenDelay = g.FirstTokenDelay
+	}
+	if g.StreamError != 0 {
+		f.StreamError = g.StreamError
 	}
 	f.NoUsage = f.NoUsage || g.NoUsage
 	f.Gzip = f.Gzip || g.Gzip
@@ -312,13 +341,16 @@ func mergeRules(rules []FaultRule, provider, model string) Fault {
 }
 
 // faultRuleKeys are the keys ParseFaultRule understands, for its error text.
-var faultRuleKeys = []string{"provider", "model", "status", "rate", "retry-after", "delay-headers", "disconnect-after", "no-usage", "gzip",
+var faultRuleKeys = []string{"provider", "model", "status", "rate", "retry-after", "delay-headers", "first-token-delay", "stream-error",
+	"disconnect-after", "no-usage", "gzip",
 	"report-prompt", "report-completion", "report-total"}
 
 // ParseFaultRule reads a rule written as comma-separated key=value pairs, the
 // syntax of the -fail flag: provider, model (glob), status, rate (alias
 // fail-rate), retry-after (seconds), delay-headers (alias delay; Go duration
-// or seconds), disconnect-after (events), no-usage and gzip (booleans), and
+// or seconds), first-token-delay (Go duration or seconds), stream-error (the
+// status of an error reported inside a 200 response), disconnect-after
+// (events), no-usage and gzip (booleans), and
 // report-prompt, report-completion and report-total (integers reported in
 // usage instead of the real counts). For example
 // "provider=deepseek,rate=0.6,status=503". A key given twice, an
@@ -362,6 +394,12 @@ func ParseFaultRule(spec string) (FaultRule, error) {
 			var d time.Duration
 			d, err = parseDelay(value)
 			r.DelayHeaders = Duration(d)
+		case "first-token-delay":
+			var d time.Duration
+			d, err = parseDelay(value)
+			r.FirstTokenDelay = Duration(d)
+		case "stream-error":
+			r.StreamError, err = strconv.Atoi(value)
 		case "disconnect-after":
 			r.DisconnectAfter, err = strconv.Atoi(value)
 		case "no-usage":
@@ -423,6 +461,25 @@ func applyFaultHeaders(f Fault, h http.Header) (Fault, error) {
 			fail(HeaderDelayHeaders, v, err)
 		} else {
 			f.DelayHeaders = Duration(d)
+		}
+	}
+	if v, ok := headerValue(h, HeaderFirstTokenDelay); ok {
+		d, err := parseDelay(v)
+		if err != nil {
+			fail(HeaderFirstTokenDelay, v, err)
+		} else {
+			f.FirstTokenDelay = Duration(d)
+		}
+	}
+	if v, ok := headerValue(h, HeaderStreamError); ok {
+		n, err := strconv.Atoi(v)
+		switch {
+		case err != nil:
+			fail(HeaderStreamError, v, err)
+		case n != 0 && (n < 400 || n > 599):
+			fail(HeaderStreamError, v, errors.New("must be 0 or lie in [400, 599]"))
+		default:
+			f.StreamError = n
 		}
 	}
 	if v, ok := headerValue(h, HeaderDisconnectAfter); ok {

@@ -164,6 +164,18 @@ func TestLatencyTimeline(t *testing.T) {
 			wantHead: time.Second + 13750*time.Microsecond, wantFirst: time.Second + 13750*time.Microsecond, wantLast: time.Second + 55*time.Millisecond,
 		},
 		{
+			name: "first-token delay: sse headers and preamble on time, the rest later",
+			path: "/v1/chat/completions", body: chat + `,"stream":true}`,
+			headers: map[string]string{HeaderFirstTokenDelay: "1s"}, scale: 1,
+			wantHead: 27500 * time.Microsecond, wantFirst: 27500 * time.Microsecond, wantLast: time.Second + 110*time.Millisecond,
+		},
+		{
+			name: "first-token delay: json headers at once, the body after latency and delay",
+			path: "/v1/chat/completions", body: chat + `}`,
+			headers: map[string]string{HeaderFirstTokenDelay: "2s"}, scale: 0.5,
+			wantHead: 0, wantFirst: time.Second + 55*time.Millisecond, wantLast: time.Second + 55*time.Millisecond,
+		},
+		{
 			name: "injected error skips the model but not the header delay",
 			path: "/v1/chat/completions", body: chat + `}`,
 			headers: map[string]string{HeaderStatus: "503", HeaderDelayHeaders: "300ms"}, scale: 1,
@@ -365,4 +377,41 @@ func TestClientLeavingWhileQueuedFreesItsPlace(t *testing.T) {
 			t.Errorf("outcomes = %v, want one ok and one client_gone", st.ByOutcome)
 		}
 	})
+}
+
+// TestFirstTokenDelayHoldsTheText: under a first-token delay the headers and
+// the opening events leave on the latency model's time and the first text
+// only after the delay.
+func TestFirstTokenDelayHoldsTheText(t *testing.T) {
+	for _, tt := range []struct{ path, body, text string }{
+		{"/v1/chat/completions", `{"model":"m","messages":[{"content":"0123456789abcdef"}],"max_tokens":4,"stream":true}`, `"delta":{"content":"`},
+		{"/v1/messages", `{"model":"c","messages":[{"content":"0123456789abcdef"}],"max_tokens":4,"stream":true}`, `"text_delta"`},
+		{"/v1/responses", `{"model":"m","input":"0123456789abcdef","max_output_tokens":4,"stream":true}`, `response.output_text.delta`},
+	} {
+		t.Run(tt.path, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s, err := New(Options{Latency: fixedLatency})
+				if err != nil {
+					t.Fatal(err)
+				}
+				req := httptest.NewRequest(http.MethodPost, tt.path, strings.NewReader(tt.body))
+				req.Header.Set(HeaderFirstTokenDelay, "20s")
+				w := newTimedWriter()
+				s.ServeHTTP(w, req)
+				if w.headerAt != 27*time.Millisecond {
+					t.Errorf("headers at %v, want 27ms", w.headerAt)
+				}
+				var first time.Duration = -1
+				for _, wr := range w.writes {
+					if strings.Contains(wr.data, tt.text) && !strings.Contains(wr.data, `"content":""`) {
+						first = wr.at
+						break
+					}
+				}
+				if first != 20*time.Second+47250*time.Microsecond {
+					t.Errorf("first text at %v, want 20.04725s", first)
+				}
+			})
+		})
+	}
 }

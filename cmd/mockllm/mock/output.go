@@ -114,6 +114,12 @@ func (o *output) abort() error {
 // Content-Length promising the whole.
 func (o *output) json(status int, body []byte) error {
 	o.start(status, contentTypeJSON, len(body))
+	return o.body(body)
+}
+
+// body sends the whole body of a response whose headers went out with
+// start, cut after half under a disconnect fault.
+func (o *output) body(body []byte) error {
 	if o.limit > 0 {
 		if err := o.write(body[:len(body)/2]); err != nil {
 			return err

@@ -345,12 +345,29 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, a api, pathLab
 	}
 	start := time.Now().Add(delay)
 	latency := s.scale(s.opts.Latency.Latency(e.usage.total(), jitter))
+	t := timing{start: start, latency: latency, firstToken: s.scale(time.Duration(f.FirstTokenDelay))}
+	var errEv *sseEvent
+	if f.StreamError != 0 {
+		msg := defaultErrorMessage(f.StreamError)
+		ev, err := streamErrorEvent(a, f.StreamError, msg)
+		if err == nil && !p.Stream {
+			ev.data, err = e.errorBody(f.StreamError, msg)
+		}
+		if err != nil {
+			e.s.log.Warn("encoding a stream error", "id", e.id, "err", err)
+			e.finish(0, OutcomeClientGone)
+			return
+		}
+		errEv = &ev
+	}
 	if p.Stream {
-		err = s.stream(ctx, out, streamRendererFor(a, resp), e.usage, start, latency)
+		err = s.stream(ctx, out, streamRendererFor(a, resp), e.usage, t, errEv)
 	} else {
-		err = s.whole(ctx, out, bodyRendererFor(a, resp), start, latency)
+		err = s.whole(ctx, out, bodyRendererFor(a, resp), t, errEv)
 	}
 	switch {
+	case err == nil && errEv != nil:
+		e.finish(out.status, OutcomeFault)
 	case err == nil:
 		e.finish(out.status, OutcomeOK)
 	case errors.Is(err, errDisconnected):
@@ -391,23 +408,79 @@ func streamRendererFor(a api, r *response) streamRenderer {
 	}
 }
 
+// timing is when one response's parts are due.
+type timing struct {
+	start   time.Time     // the latency model's origin (after any header delay)
+	latency time.Duration // the latency model's whole response
+	// firstToken holds the first token back on top of the latency, with the
+	// headers sent at once (first-token-delay).
+	firstToken time.Duration
+}
+
 // whole answers with one JSON body once the whole latency has passed, as a
-// non-streaming provider does.
-func (s *Server) whole(ctx context.Context, out *output, rend bodyRenderer, start time.Time, latency time.Duration) error {
-	if err := sleepUntil(ctx, start.Add(latency)); err != nil {
+// non-streaming provider does. Under a first-token delay the headers leave
+// at once and the body after the latency plus the delay. errEv, when set,
+// holds an error body sent instead, with status 200.
+func (s *Server) whole(ctx context.Context, out *output, rend bodyRenderer, t timing, errEv *sseEvent) error {
+	var body []byte
+	var err error
+	if errEv != nil {
+		body = errEv.data
+	} else if body, err = rend.body(); err != nil {
+		return fmt.Errorf("encoding the response: %w", err)
+	}
+	if t.firstToken > 0 {
+		if err := sleepUntil(ctx, t.start); err != nil {
+			return err
+		}
+		out.start(http.StatusOK, contentTypeJSON, len(body))
+		if err := out.flush(); err != nil {
+			return err
+		}
+	}
+	if err := sleepUntil(ctx, t.start.Add(t.latency+t.firstToken)); err != nil {
 		return err
 	}
-	body, err := rend.body()
-	if err != nil {
-		return fmt.Errorf("encoding the response: %w", err)
+	if t.firstToken > 0 {
+		return out.body(body)
 	}
 	return out.json(http.StatusOK, body)
 }
 
+// streamErrorEvent renders the event a provider sends inside a 200 stream
+// to report an error of status.
+func streamErrorEvent(a api, status int, message string) (sseEvent, error) {
+	switch {
+	case a.anthropic():
+		b, err := json.Marshal(anthropicError{Type: "error", Error: anthropicErrorDetail{Type: anthropicErrorType(status), Message: message}})
+		return sseEvent{name: "error", data: b}, err
+	case a == apiResponses:
+		code := "server_error"
+		switch {
+		case status == http.StatusTooManyRequests:
+			code = "rate_limit_exceeded"
+		case status < 500:
+			code = "invalid_request_error"
+		}
+		b, err := json.Marshal(struct {
+			Type    string  `json:"type"`
+			Code    string  `json:"code"`
+			Message string  `json:"message"`
+			Param   *string `json:"param"`
+		}{Type: "error", Code: code, Message: message})
+		return sseEvent{name: "error", data: b}, err
+	}
+	b, err := openAIErrorBody(status, message)
+	return sseEvent{data: b}, err
+}
+
 // stream answers with SSE: headers and the preamble at TTFBFraction of the
 // latency, content events evenly spread until the full latency, then the
-// trailer events at once.
-func (s *Server) stream(ctx context.Context, out *output, rend streamRenderer, u usage, start time.Time, latency time.Duration) error {
+// trailer events at once. A first-token delay moves the content events and
+// the trailer that much later. errEv, when set, is sent after the first
+// content event (or the preamble, without content) and ends the stream.
+func (s *Server) stream(ctx context.Context, out *output, rend streamRenderer, u usage, t timing, errEv *sseEvent) error {
+	start, latency := t.start, t.latency
 	ttfb := time.Duration(float64(latency) * s.opts.Latency.TTFBFraction)
 	pre, err := rend.preamble()
 	if err != nil {
@@ -429,7 +502,7 @@ func (s *Server) stream(ctx context.Context, out *output, rend streamRenderer, u
 	n := chunkCount(visible, s.opts.ChunkTokens)
 	rest := float64(latency - ttfb)
 	for i := range n {
-		at := ttfb + time.Duration(rest*float64(i+1)/float64(n))
+		at := ttfb + t.firstToken + time.Duration(rest*float64(i+1)/float64(n))
 		if err := sleepUntil(ctx, start.Add(at)); err != nil {
 			return err
 		}
@@ -440,8 +513,20 @@ func (s *Server) stream(ctx context.Context, out *output, rend streamRenderer, u
 		if err := out.event(ev.name, ev.data, false); err != nil {
 			return err
 		}
+		if errEv != nil {
+			break
+		}
 	}
-	if err := sleepUntil(ctx, start.Add(latency)); err != nil {
+	if errEv != nil {
+		if err := sleepUntil(ctx, start.Add(ttfb+t.firstToken)); err != nil {
+			return err
+		}
+		if err := out.event(errEv.name, errEv.data, false); err != nil {
+			return err
+		}
+		return out.finish()
+	}
+	if err := sleepUntil(ctx, start.Add(latency+t.firstToken)); err != nil {
 		return err
 	}
 	tr, err := rend.trailer()

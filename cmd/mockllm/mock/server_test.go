@@ -1029,3 +1029,52 @@ func TestRunShutsDownGracefully(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamErrorFault: a stream-error fault answers 200 and reports the
+// error in the body, in each API's format: an error event after the first
+// content event, ending the stream without usage; a JSON response is the
+// API's error body.
+func TestStreamErrorFault(t *testing.T) {
+	_, base, client := startServer(t, Options{})
+	tests := []struct {
+		name   string
+		api    api
+		stream bool
+		status string
+		want   []string // in order in the body
+	}{
+		{"openai chat overloaded", apiChat, true, "503", []string{`"delta":{"content":"`, "data: {\"error\":{", `"type":"server_error"`}},
+		{"openai chat rate limit", apiChat, true, "429", []string{`"delta":{"content":"`, "data: {\"error\":{", `"code":"rate_limit_exceeded"`}},
+		{"completions", apiCompletions, true, "500", []string{`"text":"`, "data: {\"error\":{"}},
+		{"anthropic overloaded", apiMessages, true, "529", []string{`"text_delta"`, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\""}},
+		{"anthropic rate limit", apiMessages, true, "429", []string{`"text_delta"`, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"rate_limit_error\""}},
+		{"responses", apiResponses, true, "503", []string{`response.output_text.delta`, "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\""}},
+		{"openai json", apiChat, false, "503", []string{`{"error":{`, `"type":"server_error"`}},
+		{"anthropic json", apiMessages, false, "529", []string{`{"type":"error","error":{"type":"overloaded_error"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path, body := requestBody(tt.api, tt.stream)
+			resp, got, err := call(t, client, http.MethodPost, base+path, body, map[string]string{HeaderStreamError: tt.status})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d, want 200", resp.StatusCode)
+			}
+			rest := string(got)
+			for _, w := range tt.want {
+				i := strings.Index(rest, w)
+				if i < 0 {
+					t.Fatalf("body lacks %q after the parts before it:\n%s", w, got)
+				}
+				rest = rest[i+len(w):]
+			}
+			for _, bad := range []string{"[DONE]", "message_delta", "message_stop", "response.completed"} {
+				if tt.stream && strings.Contains(string(got), bad) {
+					t.Fatalf("stream with an error still sent %s:\n%s", bad, got)
+				}
+			}
+		})
+	}
+}
