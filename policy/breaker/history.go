@@ -78,7 +78,10 @@ type history struct {
 
 // call remembers a recorded call. The caller holds the breaker's lock.
 func (h *history) call(n int64, d time.Duration, bits uint8, dt Detail) {
-	h.calls[h.nCalls%RecentCalls] = callRecord{n: n, d: d, status: int32(dt.Status), bits: bits, provider: dt.Provider}
+	// Field by field: a composite literal with a string would be copied with typedmemmove.
+	c := &h.calls[h.nCalls%RecentCalls]
+	c.n, c.d, c.status, c.bits = n, d, int32(dt.Status), bits
+	c.provider = dt.Provider
 	h.nCalls++
 }
 
