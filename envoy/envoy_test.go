@@ -2,6 +2,8 @@ package envoy_test
 
 import (
 	"encoding/json"
+	"slices"
+	"strings"
 	"testing"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
@@ -116,6 +118,57 @@ func TestBootstrapIsValidEnvoyConfig(t *testing.T) {
 	}
 	if got := b.GetStaticResources().GetListeners()[0].GetPerConnectionBufferLimitBytes().GetValue(); int64(got) < int64(p.Envoy.MaxRequestBody) {
 		t.Errorf("listener buffer limit %d is below the policy's max_request_body %d: Envoy would answer 413", got, p.Envoy.MaxRequestBody)
+	}
+}
+
+// TestProviderRoutesRetry: the provider routes retry resets, connect failures, 503 and 429
+// a few times, backing off and honouring a short retry-after, and every provider cluster bounds
+// retries with a retry budget.
+func TestProviderRoutesRetry(t *testing.T) {
+	hcm, b := bootstrapFilters(t)
+	vh := hcm.GetRouteConfig().GetVirtualHosts()[0]
+	rp := vh.GetRetryPolicy()
+	if rp == nil {
+		t.Fatal("the virtual host has no retry_policy")
+	}
+	on := map[string]bool{}
+	for _, c := range strings.Split(rp.GetRetryOn(), ",") {
+		on[c] = true
+	}
+	for _, want := range []string{"reset", "connect-failure", "retriable-status-codes"} {
+		if !on[want] {
+			t.Errorf("retry_on %q lacks %s", rp.GetRetryOn(), want)
+		}
+	}
+	if codes := rp.GetRetriableStatusCodes(); !slices.Contains(codes, 503) || !slices.Contains(codes, 429) {
+		t.Errorf("retriable_status_codes %v, want 503 and 429", codes)
+	}
+	if n := rp.GetNumRetries().GetValue(); n < 1 || n > 3 {
+		t.Errorf("num_retries %d, want a few (1-3)", n)
+	}
+	if rp.GetRetryBackOff().GetBaseInterval() == nil {
+		t.Error("no retry_back_off")
+	}
+	rl := rp.GetRateLimitedRetryBackOff()
+	if hs := rl.GetResetHeaders(); len(hs) == 0 || !strings.EqualFold(hs[0].GetName(), "retry-after") || hs[0].GetFormat() != routev3.RetryPolicy_SECONDS {
+		t.Errorf("rate_limited_retry_back_off %v does not honour retry-after in seconds", rl)
+	}
+	if rp.GetPerTryTimeout() != nil {
+		t.Error("a per_try_timeout would cut long streamed answers")
+	}
+	for _, r := range vh.GetRoutes() {
+		if r.GetRoute().GetRetryPolicy() != nil {
+			t.Errorf("route %v replaces the virtual host's retry_policy", r.GetMatch())
+		}
+	}
+	for _, c := range b.GetStaticResources().GetClusters() {
+		if c.GetName() == "llm_bulkhead" {
+			continue
+		}
+		th := c.GetCircuitBreakers().GetThresholds()
+		if len(th) == 0 || th[0].GetRetryBudget().GetBudgetPercent().GetValue() <= 0 {
+			t.Errorf("provider cluster %s has no retry budget", c.GetName())
+		}
 	}
 }
 

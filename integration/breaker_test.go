@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -256,5 +257,60 @@ func TestBreakerEventsEndpoint(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), `"suppressed":4`) {
 		t.Errorf("no refusal line counting the 4 held back:\n%s", logs)
+	}
+}
+
+// TestRouterRetriesOneBreakerOutcome: with Envoy's router retrying 503s behind the ext_proc
+// filter (envoy/envoy.yaml's retry_policy), the breaker records one outcome per client request,
+// the last attempt's: a request whose first attempt got 503 and whose retry succeeded is one
+// success, one whose every attempt got 503 is one failure. The retried attempts are invisible.
+func TestRouterRetriesOneBreakerOutcome(t *testing.T) {
+	s := start(t, harness.Options{NoMock: true})
+	ctx := context.Background()
+	jsonCT := envoysim.Headers{{Key: "content-type", Value: "application/json"}}
+	ok := envoysim.Respond(200, jsonCT, `{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":10,"total_tokens":20}}`)
+	unavailable := envoysim.Respond(503, jsonCT, `{"error":{"message":"overloaded","type":"server_error"}}`)
+	var failing atomic.Int64 // attempts still to answer 503
+	up := envoysim.UpstreamFunc(func(ctx context.Context, req *envoysim.UpstreamRequest) (*envoysim.UpstreamResponse, error) {
+		if failing.Add(-1) >= 0 {
+			return unavailable.Serve(ctx, req)
+		}
+		return ok.Serve(ctx, req)
+	})
+	var attempts atomic.Int64
+	router := envoysim.Retrying(up, envoysim.RetryPolicy{NumRetries: 2, RetriableStatusCodes: []int{503, 429}, OnFailure: true,
+		BackOff: time.Millisecond, MaxRetryAfter: time.Second, OnAttempt: func(int, bool) { attempts.Add(1) }})
+	calls := func() breaker.Counts {
+		for _, b := range s.App.Engine().Breakers() {
+			if b.Name == "deepseek" {
+				return b.Calls
+			}
+		}
+		t.Fatal("no deepseek breaker")
+		return breaker.Counts{}
+	}
+
+	failing.Store(1)
+	r, err := s.Sim.RoundTrip(ctx, deepseekChat(), router)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != 200 || attempts.Load() != 2 {
+		t.Fatalf("status %d after %d attempts, want 200 after 2", r.Status, attempts.Load())
+	}
+	if c := calls(); c.Success != 1 || c.Failure != 0 {
+		t.Fatalf("breaker calls %+v after a retried success, want one success", c)
+	}
+
+	attempts.Store(0)
+	failing.Store(3)
+	if r, err = s.Sim.RoundTrip(ctx, deepseekChat(), router); err != nil {
+		t.Fatal(err)
+	}
+	if r.Status != 503 || attempts.Load() != 3 {
+		t.Fatalf("status %d after %d attempts, want 503 after 3", r.Status, attempts.Load())
+	}
+	if c := calls(); c.Success != 1 || c.Failure != 1 {
+		t.Fatalf("breaker calls %+v after retries ran out, want one success and one failure", c)
 	}
 }
