@@ -236,6 +236,8 @@ func TestIdentityChainIsValid(t *testing.T) {
 	}
 }
 
+// TestRateLimitSnippetIsValid: the shared token budget is checked on the request path and
+// charged with settled tokens when the stream is done, on the same descriptor.
 func TestRateLimitSnippetIsValid(t *testing.T) {
 	var vh routev3.VirtualHost
 	unmarshalYAML(t, envoy.RateLimit, &vh)
@@ -246,8 +248,33 @@ func TestRateLimitSnippetIsValid(t *testing.T) {
 	if err := rl.ValidateAll(); err != nil {
 		t.Fatal(err)
 	}
-	last := rl.GetRateLimits()[1]
-	if !last.GetApplyOnStreamDone() || last.GetHitsAddend().GetFormat() != "%DYNAMIC_METADATA(llm_bulkhead:total_tokens)%" {
-		t.Errorf("stream-done action %v", last)
+	key := func(r *routev3.RateLimit) string {
+		if a := r.GetActions(); len(a) == 1 {
+			return a[0].GetRequestHeaders().GetDescriptorKey()
+		}
+		return ""
+	}
+	var check, charge *routev3.RateLimit
+	for _, r := range rl.GetRateLimits() {
+		if key(r) != "tenant_tokens" {
+			continue
+		}
+		if r.GetApplyOnStreamDone() {
+			charge = r
+		} else {
+			check = r
+		}
+	}
+	if charge == nil || charge.GetHitsAddend().GetFormat() != "%DYNAMIC_METADATA(llm_bulkhead:total_tokens)%" {
+		t.Errorf("no stream-done action charging settled tokens to tenant_tokens: %v", charge)
+	}
+	if check == nil {
+		t.Fatal("no request-path action checks tenant_tokens: the shared budget would never refuse")
+	}
+	if n := check.GetHitsAddend().GetNumber(); n == nil || n.GetValue() > 1 {
+		t.Errorf("the request-path check costs %v hits, want at most 1", n)
+	}
+	if key(check) != key(charge) || check.GetActions()[0].GetRequestHeaders().GetHeaderName() != charge.GetActions()[0].GetRequestHeaders().GetHeaderName() {
+		t.Error("the check and the charge must produce the same descriptor")
 	}
 }
