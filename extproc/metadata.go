@@ -73,6 +73,9 @@ func (p *processor) appendMetadataFields(b []byte) []byte {
 	b = appendString(b, "tier", s.TierName(d.Dims.Tier))
 	b = appendString(b, "provider", s.ProviderName(d.Dims.Provider))
 	b = appendString(b, "model", d.Dims.Model)
+	if d.OriginalModel != "" {
+		b = appendString(b, "original_model", d.OriginalModel)
+	}
 	b = appendNumber(b, "estimated_tokens", float64(p.dec.estimate.Total))
 	switch {
 	case d.Verdict != policy.Admit:

@@ -2,6 +2,7 @@ package extproc_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 
 	"time"
@@ -23,7 +24,8 @@ classification:
   model: {rules: [{body: model}]}
 providers:
   main: {breaker: b, fallback: spare}
-  spare: {}
+  spare:
+    models: [{match: "m*", model: spare-m}]
 models:
   - {match: "m*", provider: main}
 breakers:
@@ -84,8 +86,16 @@ features:
 		t.Fatalf("%v %v", r, err)
 	}
 	check("rerouted", r, want(map[string]any{"provider": "spare", "decision": "rerouted", "reason": "circuit_open",
+		"model": "spare-m", "original_model": "m",
 		"compartment": "feature/default", "prompt_tokens": 7, "completion_tokens": 5,
 		"total_tokens": 12, "cached_tokens": 3, "reasoning_tokens": 0, "usage_reported": true}))
+	// The fallback was sent the model spare's map names for m, and a content-length that fits.
+	if got := string(r.Upstream.Body); got != `{"model":"spare-m","messages":[{"role":"user","content":"hi"}]}` {
+		t.Errorf("re-routed body %s", got)
+	}
+	if cl := r.Upstream.Headers.Get("content-length"); cl != strconv.Itoa(len(r.Upstream.Body)) {
+		t.Errorf("content-length %q for a %d-byte body", cl, len(r.Upstream.Body))
+	}
 
 	// Refused: the only slot is held by a request whose upstream has not answered.
 	held := make(chan struct{})
@@ -109,5 +119,5 @@ features:
 		t.Fatalf("%v %v", r, err)
 	}
 	check("rejected", r, want(map[string]any{"provider": "spare", "decision": "rejected", "reason": "bulkhead_full",
-		"compartment": "feature/default"}))
+		"model": "spare-m", "original_model": "m", "compartment": "feature/default"}))
 }

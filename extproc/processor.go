@@ -342,7 +342,9 @@ func (p *processor) override(req, res bodyMode) *extprocfilterv3.ProcessingMode 
 // wantBody reports whether deciding needs the request body.
 func (p *processor) wantBody() bool {
 	s := p.snap
-	if s.NeedsBodyForRules || s.TokenLimits {
+	if s.NeedsBodyForRules || s.TokenLimits || s.RewritesModels {
+		// RewritesModels: a re-route may have to rewrite the body's model, which only a reply to
+		// the buffered body can do.
 		return true
 	}
 	if s.Settings().InjectIncludeUsage && (p.req.api == llmapi.APIOpenAIChat || p.req.api == llmapi.APIOpenAICompletions) {
@@ -435,7 +437,8 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 	}
 	dims := s.Classify(p)
 	p.dec.estimate = s.Estimate(dims.Model, size)
-	r := policy.Request{Dims: dims, Estimate: p.dec.estimate, PromptBytes: size.PromptBytes}
+	r := policy.Request{Dims: dims, Estimate: p.dec.estimate, PromptBytes: size.PromptBytes,
+		CanRewriteModel: at == msgRequestBody && p.req.bodyOK}
 	d := e.Admit(p.ctx, s, &r, &p.dec.ticket, p.onQueueFn)
 	if d.Verdict != policy.Admit {
 		if d.Reason == policy.ReasonCancelled {
@@ -484,11 +487,22 @@ func (p *processor) admitReply(at int) *extprocv3.ProcessingResponse {
 		// The response must be readable to settle usage: ask the upstream not to compress it.
 		mut.RemoveHeaders = append(mut.RemoveHeaders, "accept-encoding")
 	}
-	if at == msgRequestBody && p.req.bodyOK && s.Settings().InjectIncludeUsage {
-		if nb, changed := llmapi.InjectIncludeUsage(p.req.api, p.req.body); changed {
-			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: nb}}
+	if at == msgRequestBody && p.req.bodyOK {
+		// One body mutation carries every rewrite: the model a re-route sends, then
+		// include_usage.
+		body, changed := p.req.body, false
+		if d.OriginalModel != "" {
+			body, changed = llmapi.RewriteModel(body, d.Dims.Model)
+		}
+		if s.Settings().InjectIncludeUsage {
+			if nb, ok := llmapi.InjectIncludeUsage(p.req.api, body); ok {
+				body, changed = nb, true
+			}
+		}
+		if changed {
+			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
 			if _, ok := p.Header("content-length"); ok {
-				mut.SetHeaders = append(mut.SetHeaders, setHeader("content-length", strconv.Itoa(len(nb))))
+				mut.SetHeaders = append(mut.SetHeaders, setHeader("content-length", strconv.Itoa(len(body))))
 			}
 		}
 	}

@@ -65,10 +65,15 @@ type Decision struct {
 	// RetryAfter is when a retry can succeed: refill time, predicted queue wait or remaining
 	// open time.
 	RetryAfter time.Duration
-	// Dims are the request's final dimensions (Provider changes on re-route).
+	// Dims are the request's final dimensions (Provider changes on re-route, and Model when the
+	// target's models map names another model).
 	Dims Dims
 	// Rerouted reports that Dims.Provider differs from the classified provider.
 	Rerouted bool
+	// OriginalModel is the classified model when a re-route changed Dims.Model to the model
+	// the target's models map names (an admitted request's body must then be rewritten to
+	// Dims.Model); empty otherwise.
+	OriginalModel string
 }
 
 // Err returns nil for an admission, else an error wrapping the reason's sentinel.
@@ -130,6 +135,10 @@ type Request struct {
 	Estimate Estimate
 	// PromptBytes is the scanned prompt text size, for learning the bytes-per-token ratio.
 	PromptBytes int64
+	// CanRewriteModel reports that the caller can rewrite the request body's model (it holds
+	// the whole body, a JSON object). Without it, a re-route to a provider whose models map
+	// would change the model does not happen.
+	CanRewriteModel bool
 }
 
 // maxCompartments bounds the compartments one request can be in (one per family).
@@ -202,6 +211,13 @@ func (e *Engine) Admit(ctx context.Context, s *Snapshot, r *Request, t *Ticket, 
 	dims := r.Dims
 	var visited uint64
 	var first Decision
+	decided := func(d Decision) Decision {
+		if d.Dims.Model != r.Dims.Model {
+			d.OriginalModel = r.Dims.Model
+		}
+		e.countDecision(s, d)
+		return d
+	}
 	for attempt := 0; attempt <= len(s.providers); attempt++ {
 		visited |= 1 << uint(dims.Provider)
 		d := e.tryAdmit(ctx, s, r, dims, t, onQueue)
@@ -211,21 +227,46 @@ func (e *Engine) Admit(ctx context.Context, s *Snapshot, r *Request, t *Ticket, 
 			e.metrics.rerouted.WithLabelValues(f.name, s.providers[r.Dims.Provider].name, s.providers[dims.Provider].name, string(first.Reason)).Inc()
 		}
 		if d.Verdict == Admit || d.Reason == ReasonCancelled {
-			e.countDecision(s, d)
-			return d
+			return decided(d)
 		}
 		if attempt == 0 {
 			first = d
 		}
 		next := s.rerouteTarget(dims, d.Reason)
 		if next < 0 || visited&(1<<uint(next)) != 0 {
-			e.countDecision(s, d)
-			return d
+			return decided(d)
 		}
-		dims.Provider = next
+		model, ok := s.modelFor(next, r)
+		if !ok {
+			// The target may not serve this model: refuse as the provider did rather than send it.
+			e.metrics.rerouteNoModel.WithLabelValues(s.features[dims.Feature].name, s.providers[dims.Provider].name, s.providers[next].name).Inc()
+			return decided(d)
+		}
+		dims.Provider, dims.Model = next, model
 	}
-	e.countDecision(s, first)
-	return first
+	return decided(first)
+}
+
+// modelFor returns the model request r is sent as when re-routed to provider p: the first entry
+// of p's models map that matches r's classified model, or that model unchanged when p has no
+// map. ok is false when p has a map without an entry for the model, or the entry changes the
+// model and the caller cannot rewrite the body: p is then no option for r.
+func (s *Snapshot) modelFor(p int, r *Request) (model string, ok bool) {
+	models := s.providers[p].models
+	if models == nil {
+		return r.Dims.Model, true
+	}
+	for i := range models {
+		m := &models[i]
+		if !globMatch(m.glob, r.Dims.Model) {
+			continue
+		}
+		if m.keep || m.model == r.Dims.Model {
+			return r.Dims.Model, true
+		}
+		return m.model, r.CanRewriteModel
+	}
+	return "", false
 }
 
 // rerouteTarget returns the provider to try after a refusal for reason, or -1.

@@ -253,6 +253,9 @@ type Snapshot struct {
 
 	// NeedsBodyForRules reports whether classification reads the request body.
 	NeedsBodyForRules bool
+	// RewritesModels reports whether a provider has a models map: a re-route may have to rewrite
+	// the body's model, so decisions should wait for the body.
+	RewritesModels bool
 	// TokenLimits reports whether any compartment limits tokens (so estimates matter).
 	TokenLimits bool
 }
@@ -291,6 +294,16 @@ type providerEntry struct {
 	name     string
 	fallback int // -1 when none
 	breakers *breakerSet
+	// models is the provider's models map (nil: re-routed requests keep their model).
+	models []modelTarget
+}
+
+// modelTarget is one entry of a provider's models map.
+type modelTarget struct {
+	glob  string
+	model string
+	// keep sends the request's model unchanged (model "*").
+	keep bool
 }
 
 // Gen returns the snapshot's generation (1 for the first policy, +1 per reload).
@@ -345,11 +358,20 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 		s.providers = append(s.providers, &providerEntry{name: name, fallback: -1})
 		s.providerIdx[name] = i
 	}
+	foldModels := !p.Classification.Model.CaseSensitive
 	for i, name := range p.ProviderNames() {
 		if fb := p.Providers[name].Fallback; fb != "" {
 			s.providers[i].fallback = s.providerIdx[fb]
 		}
+		for _, m := range p.Providers[name].Models {
+			glob := m.Match
+			if foldModels {
+				glob = strings.ToLower(glob)
+			}
+			s.providers[i].models = append(s.providers[i].models, modelTarget{glob: glob, model: m.Model, keep: m.Model == "*"})
+		}
 	}
+	s.RewritesModels = p.RewritesModels()
 	s.resolveLimits()
 	s.settings = compileSettings(p)
 	s.tenantLabel = p.Admin.TenantLabel

@@ -37,6 +37,7 @@ type metrics struct {
 	admitted       *prometheus.CounterVec
 	rejected       *prometheus.CounterVec
 	rerouted       *prometheus.CounterVec
+	rerouteNoModel *prometheus.CounterVec
 	tokensReserved *prometheus.CounterVec
 	tokensSettled  *prometheus.CounterVec
 	usageUnknown   *prometheus.CounterVec
@@ -83,6 +84,8 @@ func newMetrics(e *Engine, reg prometheus.Registerer) *metrics {
 			Help: "Requests refused, by feature and reason (token_budget, rate_limit, bulkhead_full, circuit_open, bad_request, cancelled)."}, []string{"feature", "reason"}),
 		rerouted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "rerouted_total",
 			Help: "Requests re-routed to another provider instead of refused, by feature, from and to provider, and the reason the first provider refused."}, []string{"feature", "from", "to", "reason"}),
+		rerouteNoModel: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "reroute_unmapped_total",
+			Help: "Re-routes not made because the target provider's models map names no model for the request (or the body could not be rewritten); the request got the refusal of the provider it came from. By feature, from and to provider."}, []string{"feature", "from", "to"}),
 		tokensReserved: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "tokens_reserved_total",
 			Help: "Estimated tokens of admitted requests, by feature."}, []string{"feature"}),
 		tokensSettled: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "tokens_settled_total",
@@ -104,7 +107,7 @@ func newMetrics(e *Engine, reg prometheus.Registerer) *metrics {
 	}
 	m.unknownFeature = m.classifyErrors.WithLabelValues("unknown_feature")
 	if reg != nil {
-		reg.MustRegister(m.admitted, m.rejected, m.rerouted, m.tokensReserved, m.tokensSettled, m.usageUnknown,
+		reg.MustRegister(m.admitted, m.rejected, m.rerouted, m.rerouteNoModel, m.tokensReserved, m.tokensSettled, m.usageUnknown,
 			m.usageClamped, m.estimateError, m.queueWait, m.classifyErrors, m.transitions, &stateCollector{m: m})
 	}
 	return m

@@ -37,6 +37,10 @@ type Options struct {
 	// Mock configures the mock LLM; NoMock runs without one (tests bring their own upstream).
 	Mock   mock.Options
 	NoMock bool
+	// CheckModels makes the mock LLM answer 404 model_not_found to a request whose provider does
+	// not serve its model, by the policy's models list (unless Mock.ModelProviders says
+	// otherwise): a re-route that sent a model unchanged to another provider fails.
+	CheckModels bool
 	// Clock is the server's clock (nil: the system clock).
 	Clock policy.Clock
 	// Logs receives the server's JSON logs (nil: discarded).
@@ -67,7 +71,22 @@ func Start(o Options) (*Stack, error) {
 			s.Close()
 		}
 	}()
+	env := o.Env
+	if env == nil {
+		env = []string{}
+	}
 	if !o.NoMock {
+		if o.CheckModels && len(o.Mock.ModelProviders) == 0 {
+			p, _, err := app.LoadPolicy(o.PolicyPath, env)
+			if err != nil {
+				return nil, err
+			}
+			for _, m := range p.Models {
+				if m.Provider != "" {
+					o.Mock.ModelProviders = append(o.Mock.ModelProviders, mock.ModelProvider{Match: m.Match, Provider: m.Provider})
+				}
+			}
+		}
 		m, err := mock.New(o.Mock)
 		if err != nil {
 			return nil, fmt.Errorf("mockllm: %w", err)
@@ -83,10 +102,6 @@ func Start(o Options) (*Stack, error) {
 	logs := o.Logs
 	if logs == nil {
 		logs = io.Discard
-	}
-	env := o.Env
-	if env == nil {
-		env = []string{}
 	}
 	a, err := app.New(app.Options{ConfigPath: o.PolicyPath, GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0",
 		Env: env, LogOutput: logs, Clock: o.Clock, Watch: o.Watch})

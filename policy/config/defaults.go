@@ -254,6 +254,17 @@ func (p *Policy) ProviderNames() []string {
 	return setNames(p.Providers, p.Classification.Provider.Default)
 }
 
+// RewritesModels reports whether any provider has a models map, so re-routed requests may need
+// their body rewritten.
+func (p *Policy) RewritesModels() bool {
+	for _, pr := range p.Providers {
+		if len(pr.Models) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 func setNames[V any](m map[string]V, def string) []string {
 	if len(m) == 0 {
 		if def == "" {

@@ -329,6 +329,27 @@ type Provider struct {
 	BreakerPerModel bool `koanf:"breaker_per_model" json:"breaker_per_model,omitempty"`
 	// Fallback is the provider to re-route to while this provider's breaker is open.
 	Fallback string `koanf:"fallback" json:"fallback,omitempty"`
+	// Models says which model to send this provider when a request is re-routed to it (a
+	// breaker's fallback or a feature's degrade rule): the first entry, in file order, whose
+	// match fits the request's model gives the model the body is rewritten to. A list rather
+	// than a mapping because order decides and model names contain dots. A re-route to a
+	// provider that has models but no entry for the request's model does not happen (the
+	// request gets the refusal it had): a model is never sent unchanged to a provider that may
+	// not serve it. Without models, re-routed requests keep their model, which validation
+	// allows only when the `models` list assigns no models to the providers they come from.
+	// Rewriting needs the buffered body (envoy.request_body_mode BUFFERED).
+	Models []ModelMapping `koanf:"models" json:"models,omitempty"`
+}
+
+// ModelMapping maps a model glob to the model a provider is sent instead.
+type ModelMapping struct {
+	// Match is a glob over the request's model (as classification gives it): `*` matches any
+	// run of characters, `?` one.
+	Match string `koanf:"match" json:"match,omitempty"`
+	// Model is the model name sent in the rewritten body, e.g. qwen-plus for match
+	// deepseek-chat; "*" alone sends the request's model unchanged (the provider serves the
+	// same names).
+	Model string `koanf:"model" json:"model,omitempty"`
 }
 
 // Breaker is a circuit breaker setting, Resilience4j style. Unset fields inherit from Base, then

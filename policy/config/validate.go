@@ -34,6 +34,7 @@ func validate(ps *problems, p *Policy) {
 	v.templates()
 	v.limitSets()
 	v.providers()
+	v.reroutes()
 	v.breakers()
 	v.families()
 	v.pools()
@@ -459,6 +460,7 @@ func (v *validator) providers() {
 		if pr.BreakerPerModel && pr.Breaker == "" {
 			v.add(path+".breaker_per_model", "needs a breaker")
 		}
+		v.providerModels(path, name, pr)
 		if pr.Fallback == "" {
 			continue
 		}
@@ -476,6 +478,94 @@ func (v *validator) providers() {
 				break
 			}
 			chain = append(chain, cur)
+		}
+	}
+}
+
+// maxModelMappings bounds a provider's models map: a re-route scans it.
+const maxModelMappings = 256
+
+// providerModels checks a provider's models map: every entry can match, and every model it
+// names can be written into a request body.
+func (v *validator) providerModels(path, name string, pr Provider) {
+	if len(pr.Models) == 0 {
+		return
+	}
+	path += ".models"
+	if len(pr.Models) > maxModelMappings {
+		v.add(path, "%d entries, at most %d", len(pr.Models), maxModelMappings)
+	}
+	if v.p.Envoy.RequestBodyMode != "BUFFERED" {
+		v.add(path, "rewriting the model of a request re-routed to %s needs its body: envoy.request_body_mode must be BUFFERED, not %s", name, v.p.Envoy.RequestBodyMode)
+	}
+	seen := map[string]int{}
+	catchAll := -1
+	for i, m := range pr.Models {
+		ip := fmt.Sprintf("%s[%d]", path, i)
+		g := strings.ToLower(m.Match)
+		switch j, dup := seen[g]; {
+		case m.Match == "":
+			v.add(ip+".match", "needs a model name or glob such as deepseek-*")
+		case catchAll >= 0:
+			v.add(ip+".match", "%q is never used: %s[%d] matches every model first (the first match wins)", m.Match, path, catchAll)
+		case dup:
+			v.add(ip+".match", "%q is never used: %s[%d] has the same match (the first match wins)", m.Match, path, j)
+		default:
+			seen[g] = i
+			if g == "*" {
+				catchAll = i
+			}
+		}
+		switch {
+		case m.Model == "":
+			v.add(ip+".model", "needs the model to send %s (or \"*\" to send the request's model unchanged)", name)
+		case m.Model == "*":
+		case strings.ContainsAny(m.Model, "*?"):
+			v.add(ip+".model", "%q is the model name sent, not a glob; \"*\" alone sends the request's model unchanged", m.Model)
+		case strings.TrimSpace(m.Model) != m.Model || strings.IndexFunc(m.Model, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
+			v.add(ip+".model", "%q must be a model name without surrounding spaces or control characters", m.Model)
+		}
+	}
+}
+
+// reroutes refuses a re-route that would send models unchanged to a provider that need not
+// serve them: a fallback or degrade target without a models map, reached from a provider the
+// models list gives models to. (With a map, a model it does not cover is not re-routed.)
+func (v *validator) reroutes() {
+	owned := map[string][]string{} // provider → the globs the models list gives it
+	for _, m := range v.p.Models {
+		if m.Provider != "" && m.Match != "" {
+			owned[m.Provider] = append(owned[m.Provider], m.Match)
+		}
+	}
+	check := func(path, target string, sources []string) {
+		if pr, ok := v.p.Providers[target]; !ok || len(pr.Models) > 0 {
+			return
+		}
+		var globs, from []string
+		for _, src := range sources {
+			if src != target && len(owned[src]) > 0 {
+				from = append(from, src)
+				globs = append(globs, owned[src]...)
+			}
+		}
+		if len(from) == 0 {
+			return
+		}
+		v.add(path, "re-routes requests for %s's models (%s) to %s, which has no models map, so their model would reach %s unchanged: "+
+			"set providers.%s.models to the model %s should be sent (\"*\" sends the same name, for a provider that serves it)",
+			strings.Join(from, ", "), strings.Join(globs, ", "), target, target, target, target)
+	}
+	for _, name := range sortedKeys(v.p.Providers) {
+		seen := map[string]bool{name: true}
+		for cur := v.p.Providers[name].Fallback; cur != "" && !seen[cur]; cur = v.p.Providers[cur].Fallback {
+			seen[cur] = true
+			check("providers."+name+".fallback", cur, []string{name})
+		}
+	}
+	for _, name := range sortedKeys(v.p.Features) {
+		if d := v.p.Features[name].Degrade; d != nil {
+			check("features."+name+".degrade.provider", d.Provider, sortedKeys(v.p.Providers))
 		}
 	}
 }
