@@ -1,6 +1,8 @@
 // Package llmapi reads the parts of LLM API traffic that admission control
 // needs: a few fields of a request body (model, output limit, streaming,
-// user, size of the prompt) and the token usage a response reports, for
+// user, size of the prompt) and what a response reports (its token usage, an
+// error reported inside a successful response, when its first generated
+// content arrived), for
 // OpenAI-compatible chat, completions, embeddings and Responses endpoints and
 // for Anthropic messages.
 //
