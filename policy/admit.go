@@ -302,6 +302,9 @@ func (e *Engine) countDecision(s *Snapshot, d Decision) {
 // breaker, token budgets, then concurrency. A failure at any step undoes the earlier ones.
 func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration)) Decision {
 	now := e.clock.Now()
+	if s.modelKeyed {
+		dims.modelGroup = s.modelGroup(dims.Model)
+	}
 	t.engine, t.snap, t.dims, t.est, t.bytes = e, s, dims, r.Estimate, r.PromptBytes
 	t.n, t.brk, t.active = 0, nil, false
 	t.done.Store(false)

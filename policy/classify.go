@@ -31,6 +31,9 @@ type Dims struct {
 	Provider int
 	Tenant   string
 	Model    string
+	// modelGroup indexes the snapshot's model groups (Model's first models glob), set by
+	// admission when a family keys or filters by model.
+	modelGroup int
 }
 
 type ruleKind uint8

@@ -19,6 +19,7 @@ package policy
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -235,6 +236,14 @@ type Snapshot struct {
 
 	limits resolvedLimits
 
+	// modelGroups are the values of the model dimension in compartment keys (config's
+	// ModelGroups); otherModels indexes the group of models no glob matches, -1 when a glob is
+	// "*". modelKeyed is set when some family keys or filters by model.
+	modelGroups   []string
+	modelGroupIdx map[string]int
+	otherModels   int
+	modelKeyed    bool
+
 	classifier classifier
 	families   []*family
 	estimation estimationSettings
@@ -371,6 +380,7 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 			s.providers[i].models = append(s.providers[i].models, modelTarget{glob: glob, model: m.Model, keep: m.Model == "*"})
 		}
 	}
+	s.buildModelGroups()
 	s.RewritesModels = p.RewritesModels()
 	s.resolveLimits()
 	s.settings = compileSettings(p)
@@ -425,6 +435,39 @@ func (s *Snapshot) buildClassifier() {
 		}
 		c.models = append(c.models, mr)
 	}
+}
+
+// buildModelGroups compiles the values the model dimension takes in compartment keys.
+func (s *Snapshot) buildModelGroups() {
+	p := s.policy
+	s.modelGroups = p.ModelGroups()
+	s.modelGroupIdx = make(map[string]int, len(s.modelGroups))
+	s.otherModels = -1
+	for i, g := range s.modelGroups {
+		s.modelGroupIdx[g] = i
+		if g == config.OtherModels && i == len(s.modelGroups)-1 {
+			s.otherModels = i
+		}
+	}
+	for _, f := range p.Compartments {
+		if slices.Contains(f.Key, config.DimModel) || len(f.Where[config.DimModel]) > 0 {
+			s.modelKeyed = true
+		}
+	}
+}
+
+// modelGroup returns the index of model's group: the first glob of the models list that
+// matches it, else the group of unmatched models.
+func (s *Snapshot) modelGroup(model string) int {
+	for i, g := range s.modelGroups {
+		if i == s.otherModels {
+			break
+		}
+		if globMatch(g, model) {
+			return i
+		}
+	}
+	return max(s.otherModels, 0)
 }
 
 func (s *Snapshot) buildPools() error {

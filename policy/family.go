@@ -18,6 +18,10 @@ const (
 	dimTenant
 	dimTier
 	dimProvider
+	// dimModel keys by model group: the models glob a request's model matches (Snapshot's
+	// modelGroups), never the model itself.
+	dimModel
+	numDims
 )
 
 func parseDim(s string) dim {
@@ -28,6 +32,8 @@ func parseDim(s string) dim {
 		return dimTier
 	case config.DimProvider:
 		return dimProvider
+	case config.DimModel:
+		return dimModel
 	}
 	return dimFeature
 }
@@ -55,7 +61,7 @@ type family struct {
 	name  string
 	key   []dim
 	cfg   config.Family
-	where [4][]bool // per dim, allowed value indexes (nil = any); tenant filter in whereTenant
+	where [numDims][]bool // per dim, allowed value indexes (nil = any); tenant filter in whereTenant
 	// whereTenant lists allowed tenants (nil = any).
 	whereTenant []string
 
@@ -65,6 +71,8 @@ type family struct {
 
 	// Dynamic families (tenant in key) create instances on demand.
 	dyn *dynStore
+	// modelGroups names the snapshot's model groups, for dynamic keys.
+	modelGroups []string
 
 	// fixed is the family's own limits (nil when they come from limits_from).
 	fixed          *config.Resolved
@@ -72,9 +80,11 @@ type family struct {
 	mode           familyMode
 }
 
-// dynKey identifies an instance of a tenant-keyed family.
+// dynKey identifies an instance of a tenant-keyed family. The model group is kept by name, which
+// stays the same across reloads that add or remove other globs.
 type dynKey struct {
 	tenant                  string
+	model                   string
 	feature, tier, provider int
 }
 
@@ -95,6 +105,8 @@ func (f *family) matches(d *Dims, keyOnly bool) bool {
 			idx = d.Tier
 		case dimProvider:
 			idx = d.Provider
+		case dimModel:
+			idx = d.modelGroup
 		default:
 			continue
 		}
@@ -120,6 +132,8 @@ func (f *family) staticIndex(d *Dims) int {
 			v = d.Tier
 		case dimProvider:
 			v = d.Provider
+		case dimModel:
+			v = d.modelGroup
 		}
 		idx += v * f.strides[i]
 	}
@@ -136,6 +150,8 @@ func (f *family) dynKeyOf(d *Dims) dynKey {
 			k.tier = d.Tier
 		case dimProvider:
 			k.provider = d.Provider
+		case dimModel:
+			k.model = f.modelGroups[d.modelGroup]
 		}
 	}
 	return k
@@ -159,6 +175,8 @@ func (s *Snapshot) keyValues(f *family, d *Dims) []string {
 			vals = append(vals, s.tiers[d.Tier])
 		case dimProvider:
 			vals = append(vals, s.providers[d.Provider].name)
+		case dimModel:
+			vals = append(vals, s.modelGroups[d.modelGroup])
 		}
 	}
 	return vals
@@ -321,7 +339,7 @@ func (s *Snapshot) buildFamilies(prev *Snapshot) {
 		}
 	}
 	for _, fc := range p.Compartments {
-		f := &family{name: fc.Name, cfg: fc, scaleByFeature: fc.ScaleBy == config.DimFeature}
+		f := &family{name: fc.Name, cfg: fc, scaleByFeature: fc.ScaleBy == config.DimFeature, modelGroups: s.modelGroups}
 		if fc.Limits != nil {
 			r := p.Resolve(*fc.Limits)
 			f.fixed = &r
@@ -345,6 +363,8 @@ func (s *Snapshot) buildFamilies(prev *Snapshot) {
 				f.where[dimTier] = s.allowed(s.tierIdx, vals)
 			case dimProvider:
 				f.where[dimProvider] = s.allowed(s.providerIdx, vals)
+			case dimModel:
+				f.where[dimModel] = s.allowed(s.modelGroupIdx, vals)
 			}
 		}
 		if slices.Contains(f.key, dimTenant) {
@@ -390,6 +410,8 @@ func (s *Snapshot) dimSize(k dim) int {
 		return len(s.tiers)
 	case dimProvider:
 		return len(s.providers)
+	case dimModel:
+		return len(s.modelGroups)
 	}
 	return 1
 }
@@ -415,6 +437,8 @@ func (s *Snapshot) buildStatic(f *family, old map[string]*instance) {
 				d.Tier = v
 			case dimProvider:
 				d.Provider = v
+			case dimModel:
+				d.modelGroup = v
 			}
 		}
 		if !f.matches(&d, true) {

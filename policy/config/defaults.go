@@ -3,7 +3,9 @@ package config
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -252,6 +254,30 @@ func (p *Policy) TierNames() []string {
 // ProviderNames returns the configured providers in name order (the default alone when none).
 func (p *Policy) ProviderNames() []string {
 	return setNames(p.Providers, p.Classification.Provider.Default)
+}
+
+// OtherModels names the compartment of a model-keyed family that models matching no glob of
+// the models list share.
+const OtherModels = "other"
+
+// ModelGroups returns the values a family keyed by model can have: the distinct globs of the
+// models list (lower-cased, as classification matches them) in file order, then OtherModels
+// unless a glob is "*" (which every model matches).
+func (p *Policy) ModelGroups() []string {
+	var out []string
+	catchAll := false
+	for _, m := range p.Models {
+		g := strings.ToLower(m.Match)
+		if g == "" || slices.Contains(out, g) {
+			continue
+		}
+		out = append(out, g)
+		catchAll = catchAll || g == "*"
+	}
+	if !catchAll {
+		out = append(out, OtherModels)
+	}
+	return out
 }
 
 // RewritesModels reports whether any provider has a models map, so re-routed requests may need

@@ -136,8 +136,9 @@ type Classification struct {
 	Tier Dimension `koanf:"tier" json:"tier,omitempty"`
 	// Provider rules. Values must name an entry of providers.
 	Provider Dimension `koanf:"provider" json:"provider,omitempty"`
-	// Model rules. Any value is kept (models are open-ended); it is used for estimation and the
-	// model map, never as a compartment key on its own.
+	// Model rules. Any value is kept (models are open-ended); it is used for estimation, the
+	// model map and provider model maps. A compartment family keyed by model is keyed by the
+	// `models` glob the value matches (or other), never by the value itself.
 	Model Dimension `koanf:"model" json:"model,omitempty"`
 }
 
@@ -433,7 +434,13 @@ type Breaker struct {
 type Family struct {
 	// Name is the family name; instances are named "<name>/<value>[/<value>…]".
 	Name string `koanf:"name" json:"name,omitempty"`
-	// Key lists the dimensions (feature, tenant, tier, provider) whose values key an instance.
+	// Key lists the dimensions (feature, tenant, tier, provider, model) whose values key an
+	// instance. Model keys by the first glob of the `models` list that matches the request's
+	// model, and by "other" for models no glob matches (no such instance when a glob is "*"):
+	// a client's model name never creates a compartment or a metric series. E.g. `key: [tenant,
+	// model]` with `limits: {max_concurrent: 5}` lets each tenant run 5 requests at once per
+	// model glob (tenant_model/acme/gpt-4o*), and `key: [model]` with tokens_per_minute gives
+	// each model glob a budget of its own.
 	Key []string `koanf:"key" json:"key,omitempty"`
 	// LimitsFrom names the dimension whose entries give each instance's limits: feature, tier,
 	// provider or tenant (the tenant's tier template with the tenant's own overrides). Exclusive
@@ -444,6 +451,7 @@ type Family struct {
 	// ScaleBy names a dimension whose entry's ratio scales every count limit (only feature).
 	ScaleBy string `koanf:"scale_by" json:"scale_by,omitempty"`
 	// Where restricts the family to requests whose dimensions have one of the listed values.
+	// Values of model are globs of the `models` list, or other.
 	Where map[string][]string `koanf:"where" json:"where,omitempty"`
 	// Mode overrides every instance's mode (enforce or shadow). Default: each limit set's own.
 	Mode string `koanf:"mode" json:"mode,omitempty"`

@@ -15,7 +15,10 @@ var (
 	bodyModes     = []string{"NONE", "BUFFERED", "STREAMED", "BUFFERED_PARTIAL"}
 	logLevels     = []string{"debug", "info", "warn", "error"}
 	modes         = []string{"enforce", "shadow"}
-	familyDims    = []string{DimFeature, DimTenant, DimTier, DimProvider}
+	// familyDims can key a compartment family and filter it (where); limitDims can give a
+	// family its limits.
+	familyDims = []string{DimFeature, DimTenant, DimTier, DimProvider, DimModel}
+	limitDims  = []string{DimFeature, DimTenant, DimTier, DimProvider}
 	// Reasons that can be degraded into a re-route.
 	degradeReasons = []string{"token_budget", "rate_limit", "bulkhead_full"}
 )
@@ -633,6 +636,9 @@ func (v *validator) families() {
 			}
 			seen[d] = true
 		}
+		if seen[DimModel] || hasKey(f.Where, DimModel) {
+			v.modelFamily(path)
+		}
 		switch {
 		case f.LimitsFrom == "" && f.Limits == nil:
 			v.add(path, "needs limits_from (feature, tier, provider or tenant) or limits")
@@ -641,8 +647,8 @@ func (v *validator) families() {
 		case f.Limits != nil:
 			v.limitSet(path+".limits", *f.Limits)
 		default:
-			if !slices.Contains(familyDims, f.LimitsFrom) {
-				v.add(path+".limits_from", "%q is not one of %s", f.LimitsFrom, strings.Join(familyDims, ", "))
+			if !slices.Contains(limitDims, f.LimitsFrom) {
+				v.add(path+".limits_from", "%q is not one of %s", f.LimitsFrom, strings.Join(limitDims, ", "))
 			} else if !seen[f.LimitsFrom] {
 				v.add(path+".limits_from", "limits come from the %s of each instance, so %s must be in key", f.LimitsFrom, f.LimitsFrom)
 			}
@@ -664,6 +670,9 @@ func (v *validator) families() {
 		}
 		for _, dim := range sortedKeys(f.Where) {
 			set := v.valueSet(dim)
+			if dim == DimModel {
+				set = v.p.ModelGroups()
+			}
 			if !slices.Contains(familyDims, dim) {
 				v.add(path+".where."+dim, "%q is not a dimension (%s)", dim, strings.Join(familyDims, ", "))
 				continue
@@ -682,6 +691,20 @@ func (v *validator) families() {
 		}
 	}
 	v.unusedLimits()
+}
+
+// modelFamily checks what a family keyed or filtered by model needs: globs to key by, and a
+// name for unmatched models that no glob takes.
+func (v *validator) modelFamily(path string) {
+	if len(v.p.Models) == 0 {
+		v.add(path, "keys or filters by model, but the models list is empty: models key compartments only by its globs (a client's model name never makes one), so every request would share one")
+		return
+	}
+	for i, m := range v.p.Models {
+		if strings.ToLower(m.Match) == OtherModels {
+			v.add(fmt.Sprintf("models[%d].match", i), "%q is the name of the compartment that unmatched models share in %s; a glob cannot take it", m.Match, path)
+		}
+	}
 }
 
 // unusedLimits refuses limits that no family reads: Resilience4j's classic pitfall of a setting
@@ -763,7 +786,8 @@ func (v *validator) pools() {
 }
 
 // staticInstance checks that name ("family/v1/v2") names a compartment that exists regardless
-// of traffic: a family keyed only by feature, tier and provider, with values from their sets.
+// of traffic: a family keyed only by feature, tier, provider and model, with values from their
+// sets (for model, the model groups).
 func (p *Policy) staticInstance(name string) string {
 	parts := strings.Split(name, "/")
 	for _, f := range p.Compartments {
@@ -782,6 +806,8 @@ func (p *Policy) staticInstance(name string) string {
 				set = p.TierNames()
 			case DimProvider:
 				set = p.ProviderNames()
+			case DimModel:
+				set = p.ModelGroups()
 			default:
 				return fmt.Sprintf("%s: instances keyed by %s come and go with traffic and cannot join a pool", name, dim)
 			}
