@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -122,4 +123,25 @@ func names(e *policy.Engine) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// BenchmarkAdmitDoneModelKeyed is BenchmarkAdmitDone through families keyed by tenant and model
+// glob and by model glob: finding the glob costs a scan of the models list, and no allocation.
+func BenchmarkAdmitDoneModelKeyed(b *testing.B) {
+	e, _ := engine(b, modelFamilyPolicy)
+	s := e.Snapshot()
+	in := &input{headers: map[string]string{"x-tenant-id": "acme"}, body: map[string]string{"model": "claude-sonnet-4"}}
+	size := policy.RequestSize{Scanned: true, PromptBytes: 4000, MaxTokens: 500, HasMaxTokens: true, N: 1}
+	tk := &policy.Ticket{}
+	ctx := context.Background()
+	o := policy.Outcome{Status: 200, Usage: policy.Usage{Known: true, PromptKnown: true}}
+	b.ReportAllocs()
+	for b.Loop() {
+		d := s.Classify(in)
+		r := policy.Request{Dims: d, Estimate: s.Estimate(d.Model, size), PromptBytes: 4000}
+		if dec := e.Admit(ctx, s, &r, tk, nil); dec.Verdict != policy.Admit {
+			b.Fatal(dec.Err())
+		}
+		tk.Done(o)
+	}
 }
