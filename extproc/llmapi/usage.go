@@ -121,16 +121,15 @@ func errClassBit(c int, slot uint8) uint32 {
 	return 0
 }
 
-// errorOf reads one valid document's error from its has bits and its type:
-// an error object, or an SSE event whose type is an error.
-func errorOf(api API, sse bool, typ []byte, has uint32) ErrorKind {
-	present := has&errPresentBits != 0
-	if !present && sse && len(typ) > 0 {
-		present = string(typ) == "error" || (api == APIOpenAIResponses && string(typ) == "response.failed")
-	}
+// errorEvent reports whether an SSE event's type says it reports an error.
+func errorEvent(api API, typ []byte) bool {
+	return string(typ) == "error" || (api == APIOpenAIResponses && string(typ) == "response.failed")
+}
+
+// errorKind classifies the error of a document that reported one, from the
+// classes of its error codes.
+func errorKind(has uint32) ErrorKind {
 	switch {
-	case !present:
-		return ErrorNone
 	case has&errRateBits != 0:
 		return ErrorRateLimited
 	case has&errServerBits != 0:
@@ -443,8 +442,8 @@ var (
 // tests' reference implementation so that both agree on the rules and differ
 // only in how documents are parsed.
 func (t *tally) add(api API, sse bool, valid bool, typ []byte, has uint32, vals *[numUsageSlots]int64, content int64) {
-	if valid && t.err == ErrorNone {
-		t.err = errorOf(api, sse, typ, has)
+	if valid && t.err == ErrorNone && (has&errPresentBits != 0 || (sse && errorEvent(api, typ))) {
+		t.err = errorKind(has)
 	}
 	group := -1
 	text := true
