@@ -128,12 +128,26 @@ func (s *Summary) Explain(w io.Writer) {
 			if pr.Fallback != "" {
 				fmt.Fprintf(w, ", falls back to %s", pr.Fallback)
 			}
-			fmt.Fprintln(w)
+			fmt.Fprintf(w, "; fail: %s; ignore: %s\n", strings.Join(verdictList(b.FailureStatuses, b, "failure"), ", "),
+				orDash(strings.Join(verdictList(b.IgnoreStatuses, b, "ignore"), ", ")))
 		}
 	}
 	e := p.Envoy
 	fmt.Fprintf(w, "\nEnvoy filter: request_body_mode %s, response_body_mode %s, message_timeout %s, max_message_timeout %s, allow_mode_override %v, failure_mode_allow %v\n",
 		e.RequestBodyMode, e.ResponseBodyMode, e.MessageTimeout, e.MaxMessageTimeout, e.AllowModeOverride, e.FailureModeAllow)
+}
+
+// verdictList is a breaker's resolved record or ignore list: its statuses, then timeout and
+// stream_error when they count as what.
+func verdictList(statuses []string, b config.BreakerSettings, what string) []string {
+	out := append([]string(nil), statuses...)
+	if b.NoResponseAs == what {
+		out = append(out, "timeout")
+	}
+	if b.StreamErrorAs == what {
+		out = append(out, "stream_error")
+	}
+	return out
 }
 
 func waitString(r config.Resolved) string {
