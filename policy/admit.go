@@ -348,13 +348,21 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 	}
 
 	// 2. The provider's breaker, and an upstream retry-after holding this tenant back.
+	// A provider whose limits run in shadow refuses nothing here either: the refusal is counted
+	// and the call goes on without a permit, so its outcome is not recorded and the breaker
+	// runs its course (OPEN, then probes) as if it were enforced.
 	if bs := s.providers[dims.Provider].breakers; bs != nil {
 		if wait := bs.holds.until(dims.Tenant, now); wait > 0 {
-			return refuse(ReasonRateLimit, "provider/"+s.providers[dims.Provider].name, wait)
+			if !bs.shadow {
+				return refuse(ReasonRateLimit, "provider/"+s.providers[dims.Provider].name, wait)
+			}
+			e.metrics.countShadow(bs.label, ReasonRateLimit)
 		}
 		b := bs.For(dims.Model)
 		p, err := b.Acquire(now)
-		if err != nil {
+		if err != nil && bs.shadow {
+			e.metrics.countShadow(bs.label, ReasonCircuitOpen)
+		} else if err != nil {
 			retry := b.RemainingOpen(now)
 			if retry <= 0 {
 				retry = bs.cfg.WaitInOpen
@@ -365,8 +373,9 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 			}
 			e.logBreakerRefusal(b, retry, fallback, now)
 			return refuse(ReasonCircuitOpen, "provider/"+s.providers[dims.Provider].name, retry)
+		} else {
+			t.brk, t.permit = b, p
 		}
-		t.brk, t.permit = b, p
 	}
 
 	// 3. Token budgets, reserved at the estimate.

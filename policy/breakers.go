@@ -31,6 +31,12 @@ type breakerSet struct {
 	engine *Engine
 
 	holds *tenantHolds
+
+	// shadow is set when the provider's limits run in shadow mode: its breaker's refusals (and
+	// retry-after holds) are counted in shadow_rejections_total under label, not enforced, and
+	// its openings count as would-open.
+	shadow bool
+	label  string
 }
 
 // For returns the breaker guarding calls to model: with breaker_per_model, the breaker of the
@@ -164,7 +170,22 @@ func (e *Engine) newBreaker(name string, s config.BreakerSettings, c breaker.Con
 
 func (e *Engine) onBreakerEvent(ev breaker.Event) {
 	e.metrics.breakerEvent(ev)
+	if ev.Kind == breaker.EventTransition && ev.To == breaker.Open && ev.Reason != breaker.ReasonForced && e.breakerShadowed(ev.Name) {
+		e.metrics.shadowOpening(ev.Name)
+	}
 	e.logBreakerEvent(ev)
+}
+
+// breakerShadowed reports whether the named breaker belongs to a provider whose limits run in
+// shadow (breaker names are the provider's, or provider/glob).
+func (e *Engine) breakerShadowed(name string) bool {
+	s := e.Snapshot()
+	if s == nil {
+		return false
+	}
+	provider, _, _ := strings.Cut(name, "/")
+	i, ok := s.providerIdx[provider]
+	return ok && s.providers[i].breakers != nil && s.providers[i].breakers.shadow
 }
 
 // buildBreakers gives every provider with a breaker its breaker set, carrying breakers (state and
@@ -189,7 +210,8 @@ func (s *Snapshot) buildBreakers(prev *Snapshot) error {
 			return fmt.Errorf("providers.%s.breaker (%s): %w", pr.name, pc.Breaker, err)
 		}
 		bs := &breakerSet{provider: pr.name, settings: settings, cfg: cfg, perModel: pc.BreakerPerModel, engine: s.engine,
-			judge: newJudge(settings), models: map[string]*breaker.Breaker{}, holds: newTenantHolds()}
+			judge: newJudge(settings), models: map[string]*breaker.Breaker{}, holds: newTenantHolds(),
+			shadow: s.policy.Resolve(pc.Limits).Shadow, label: "provider/" + pr.name}
 		for _, mr := range s.classifier.models {
 			if mr.provider < 0 || s.providers[mr.provider].name == pr.name {
 				bs.modelGlobs = append(bs.modelGlobs, mr.glob)

@@ -51,6 +51,9 @@ type metrics struct {
 	mu       sync.Mutex
 	features map[string]*featureMetrics
 	shadow   map[shadowKey]*atomic.Uint64
+	// shadowOpenings counts, by breaker, the automatic openings of breakers of providers in
+	// shadow mode (part of breaker_would_open_total).
+	shadowOpenings map[string]uint64
 }
 
 type shadowKey struct {
@@ -163,6 +166,15 @@ func (m *metrics) observeWait(c *bulkhead.Compartment, waited time.Duration, adm
 	m.queueWait.WithLabelValues(fam, result).Observe(waited.Seconds())
 }
 
+func (m *metrics) shadowOpening(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.shadowOpenings == nil {
+		m.shadowOpenings = map[string]uint64{}
+	}
+	m.shadowOpenings[name]++
+}
+
 func (m *metrics) breakerEvent(ev breaker.Event) {
 	if ev.Kind == breaker.EventTransition {
 		m.transitions.WithLabelValues(ev.Name, ev.From.String(), ev.To.String()).Inc()
@@ -191,7 +203,7 @@ var (
 	descBrCalls     = prometheus.NewDesc(Namespace+"_breaker_calls_total", "Calls seen by a breaker, by kind (success, failure, slow_success, slow_failure, not_permitted, ignored, stale).", []string{"breaker", "kind"}, nil)
 	descBrRate      = prometheus.NewDesc(Namespace+"_breaker_failure_rate", "A breaker's failure rate in percent over its window (-1 below minimum calls).", []string{"breaker"}, nil)
 	descBrSlow      = prometheus.NewDesc(Namespace+"_breaker_slow_call_rate", "A breaker's slow-call rate in percent over its window (-1 below minimum calls).", []string{"breaker"}, nil)
-	descBrWouldOpen = prometheus.NewDesc(Namespace+"_breaker_would_open_total", "Times a METRICS_ONLY breaker saw a rate reach its threshold, where CLOSED would have opened (once per stay in METRICS_ONLY).", []string{"breaker"}, nil)
+	descBrWouldOpen = prometheus.NewDesc(Namespace+"_breaker_would_open_total", "Times a breaker would have opened without doing so: a METRICS_ONLY breaker's rate reached its threshold (once per stay), or a breaker of a provider in shadow mode opened (refusing nothing).", []string{"breaker"}, nil)
 	descInflightReq = prometheus.NewDesc(Namespace+"_inflight_requests", "Admitted requests not finished yet.", nil, nil)
 	descGen         = prometheus.NewDesc(Namespace+"_policy_generation", "Generation of the live policy (1 at start, +1 per successful reload).", nil, nil)
 	breakerStates   = []breaker.State{breaker.Closed, breaker.Open, breaker.HalfOpen, breaker.Disabled, breaker.ForcedOpen, breaker.MetricsOnly}
@@ -336,7 +348,10 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 				{"not_permitted", k.NotPermitted}, {"ignored", k.Ignored}, {"stale", k.Stale}} {
 				counter(descBrCalls, float64(kv.n), b.Name(), kv.kind)
 			}
-			counter(descBrWouldOpen, float64(k.WouldOpen), b.Name())
+			c.m.mu.Lock()
+			shadowOpened := c.m.shadowOpenings[b.Name()]
+			c.m.mu.Unlock()
+			counter(descBrWouldOpen, float64(k.WouldOpen+shadowOpened), b.Name())
 		}
 	}
 }
