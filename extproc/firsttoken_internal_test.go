@@ -8,6 +8,7 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
@@ -105,5 +106,49 @@ func TestStreamErrorReachesTheOutcome(t *testing.T) {
 	o = respond(t, time.Millisecond, "data: {\"error\":{\"type\":\"requests\",\"code\":\"rate_limit_exceeded\"}}\n\n")
 	if o.StreamError != policy.StreamErrorRateLimited {
 		t.Errorf("stream error %v, want rate limited", o.StreamError)
+	}
+}
+
+// TestStreamErrorInMetadata: the access log can tell a 200 whose body reported an error.
+func TestStreamErrorInMetadata(t *testing.T) {
+	for _, tt := range []struct {
+		body, want string
+	}{
+		{"data: {\"error\":{\"type\":\"server_error\"}}\n\n", "server"},
+		{"data: {\"error\":{\"code\":\"rate_limit_exceeded\"}}\n\n", "rate_limited"},
+		{"data: {\"error\":{\"type\":\"invalid_request_error\"}}\n\n", "client"},
+		{"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n", ""},
+	} {
+		p, err := config.Load("p.yaml", []byte("features: {default: {max_concurrent: 1}}\n"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		log := slog.New(slog.DiscardHandler)
+		eng, err := policy.NewEngine(p, policy.Options{Logger: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := NewServer(eng, Options{Logger: log})
+		pr := newProcessor(srv, quietStream{ctx: context.Background()})
+		pr.handle(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+			RequestHeaders: headersMsg(true, ":method", "POST", ":path", "/v1/chat/completions")}})
+		pr.handle(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+			ResponseHeaders: headersMsg(false, ":status", "200", "content-type", "text/event-stream")}})
+		resp := pr.handle(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
+			ResponseBody: &extprocv3.HttpBody{Body: []byte(tt.body), EndOfStream: true}}})
+		wire, err := proto.Marshal(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back extprocv3.ProcessingResponse
+		if err := proto.Unmarshal(wire, &back); err != nil {
+			t.Fatal(err)
+		}
+		got := back.GetDynamicMetadata().GetFields()["llm_bulkhead"].GetStructValue().GetFields()["stream_error"].GetStringValue()
+		if got != tt.want {
+			t.Errorf("%q: stream_error %q, want %q", tt.body, got, tt.want)
+		}
+		pr.finish()
+		srv.Close()
 	}
 }

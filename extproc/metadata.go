@@ -98,9 +98,16 @@ func (p *processor) appendMetadataFields(b []byte) []byte {
 		b = appendNumber(b, "cached_tokens", float64(u.Cached))
 		b = appendNumber(b, "reasoning_tokens", float64(u.Reasoning))
 		b = appendBool(b, "usage_reported", u.Known)
+		if e := p.res.outcome.StreamError; e != policy.StreamErrorNone {
+			b = appendString(b, "stream_error", streamErrorNames[e])
+		}
 	}
 	return b
 }
+
+// streamErrorNames are the metadata values of the errors a 2xx response body may report.
+var streamErrorNames = [...]string{policy.StreamErrorServer: "server", policy.StreamErrorRateLimited: "rate_limited",
+	policy.StreamErrorClient: "client"}
 
 // metadataBytes returns the reply's dynamic_metadata field, tag included, in wire format:
 // a Struct with the policy's namespace holding the request's fields. It returns nil when
