@@ -303,6 +303,9 @@ func runOne(ctx context.Context, opts Options, c Configuration, policyPath strin
 		Env:        []string{},
 		Mock:       mock.Options{TimeScale: r.scale, Seed: r.seed, Capacity: opts.Capacity},
 		Logs:       opts.Logs,
+		// The mock LLM serves each provider only the models the policy gives it: a batch
+		// request degraded to local must arrive as local's model, or it fails.
+		CheckModels: true,
 	}
 	if c.PassThrough() {
 		// The server runs (the harness always starts one) but the filter never calls it.
