@@ -2,7 +2,9 @@ package extproc_test
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
@@ -107,5 +109,40 @@ func TestRerouteWithoutABodyToRewriteIsRefused(t *testing.T) {
 	}
 	if got := string(r.Upstream.Body); got != `{"model":"local-llama","max_tokens":500,"messages":[]}` {
 		t.Errorf("upstream body %s", got)
+	}
+}
+
+// TestRerouteRewritesTheModelOfEveryAPI: the rewrite works on every API's body (the model is a
+// top-level member of each), with content-length to match.
+func TestRerouteRewritesTheModelOfEveryAPI(t *testing.T) {
+	s := serve(t, degradePolicy, buffered)
+	spendPaid(t, s)
+	long := strings.Repeat("x", 2400)
+	for _, c := range []struct{ path, body string }{
+		{"/v1/completions", `{"model":"m","max_tokens":500,"prompt":"hi"}`},
+		{"/v1/embeddings", `{"input":"` + long + `","model":"m"}`},
+		{"/v1/responses", `{"model":"m","input":"hi","max_output_tokens":500}`},
+		{"/v1/messages", `{"model":"claude-sonnet-4","max_tokens":500,"messages":[{"role":"user","content":"hi"}]}`},
+	} {
+		req := request()
+		req.Path = c.path
+		req.Headers = append(req.Headers, envoysim.Header{Key: "x-llm-feature", Value: "batch"})
+		req.Body = []byte(c.body)
+		r, err := s.sim.RoundTrip(context.Background(), req, envoysim.Respond(200, nil, `{}`))
+		if err != nil || r.Status != 200 || upstreamProvider(r) != "local" {
+			t.Fatalf("%s: %v %v", c.path, r, err)
+		}
+		var got map[string]any
+		if err := json.Unmarshal(r.Upstream.Body, &got); err != nil || got["model"] != "local-llama" {
+			t.Errorf("%s arrived as %s", c.path, r.Upstream.Body)
+		}
+		want := strings.Replace(c.body, `"model":"claude-sonnet-4"`, `"model":"local-llama"`, 1)
+		want = strings.Replace(want, `"model":"m"`, `"model":"local-llama"`, 1)
+		if string(r.Upstream.Body) != want {
+			t.Errorf("%s: other bytes changed:\n%s\nwant\n%s", c.path, r.Upstream.Body, want)
+		}
+		if cl := r.Upstream.Headers.Get("content-length"); cl != strconv.Itoa(len(want)) {
+			t.Errorf("%s: content-length %q, want %d", c.path, cl, len(want))
+		}
 	}
 }
