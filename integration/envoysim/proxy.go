@@ -17,9 +17,10 @@ import (
 // cluster. Real clients (curl, SDKs) can be pointed at it. A Proxy is safe
 // for concurrent use.
 type Proxy struct {
-	sim *Sim
-	up  *HTTPUpstream
-	cfg FilterConfig
+	sim   *Sim
+	up    *HTTPUpstream
+	cfg   FilterConfig
+	retry *RetryPolicy
 }
 
 var _ http.Handler = (*Proxy)(nil)
@@ -40,6 +41,10 @@ func NewProxy(sim *Sim, upstreamBaseURL string, cfg FilterConfig) (*Proxy, error
 // Upstream exposes the HTTP upstream so callers can add re-routing rules
 // (RouteHeader, Routes) before serving.
 func (p *Proxy) Upstream() *HTTPUpstream { return p.up }
+
+// SetRetry makes the proxy's router retry like a route's retry_policy (see Retrying), behind
+// the filter. Call it before serving.
+func (p *Proxy) SetRetry(r RetryPolicy) { p.retry = &r }
 
 // ServeHTTP runs one request through the simulated filter and writes what
 // Envoy would send downstream, flushing every body chunk. A downstream
@@ -63,7 +68,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	cfg := p.cfg
 	req.Filter = &cfg
 	sk := &httpSink{w: w, rc: rc}
-	f, err := p.sim.prepare(r.Context(), req, p.up, sk)
+	var up Upstream = p.up
+	if p.retry != nil {
+		up = Retrying(p.up, *p.retry)
+	}
+	f, err := p.sim.prepare(r.Context(), req, up, sk)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -245,5 +246,54 @@ func TestProxyRequestBodyOverLimit(t *testing.T) {
 		if m.GetRequestBody() != nil {
 			t.Fatal("the body must never reach the server")
 		}
+	}
+}
+
+// TestProxyRetries: with SetRetry, a 503 from the upstream is retried behind the filter (the
+// replayed body intact), and the processor sees one response, the retry's 200.
+func TestProxyRetries(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	ts := startServer(t, scripted(func(_ int, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+		if rh := req.GetResponseHeaders(); rh != nil {
+			for _, h := range rh.GetHeaders().GetHeaders() {
+				if h.GetKey() == ":status" {
+					mu.Lock()
+					seen = append(seen, string(h.GetRawValue())+h.GetValue())
+					mu.Unlock()
+				}
+			}
+		}
+		return cont(req)
+	}))
+	attempts := 0
+	llm := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		attempts++
+		if string(body) != `{"model":"m"}` {
+			t.Errorf("attempt %d got body %q", attempts, body)
+		}
+		if attempts == 1 {
+			w.WriteHeader(503)
+			fmt.Fprint(w, `{"error":{"message":"overloaded"}}`)
+			return
+		}
+		fmt.Fprint(w, `{"ok":true}`)
+	}))
+	t.Cleanup(llm.Close)
+	ps := startProxy(t, ts.addr, llm.URL, FilterConfig{}, func(p *Proxy) {
+		p.SetRetry(RetryPolicy{NumRetries: 2, RetriableStatusCodes: []int{503, 429}, OnFailure: true, BackOff: time.Millisecond})
+	})
+	resp, err := http.Post(ps.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	ts.nextEnd(t)
+	mu.Lock()
+	defer mu.Unlock()
+	if resp.StatusCode != 200 || string(body) != `{"ok":true}` || attempts != 2 || len(seen) != 1 || seen[0] != "200" {
+		t.Fatalf("got %d %q after %d attempts; the processor saw statuses %q, want only 200", resp.StatusCode, body, attempts, seen)
 	}
 }

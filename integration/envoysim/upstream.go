@@ -388,6 +388,9 @@ func (b *httpBody) Next(ctx context.Context) ([]byte, error) {
 	return p, nil
 }
 
+// Close releases the response when the router drops it (a retried attempt).
+func (b *httpBody) Close() error { return b.resp.Body.Close() }
+
 func (b *httpBody) Trailers() Headers {
 	var out Headers
 	for k, vs := range b.resp.Trailer {

@@ -69,6 +69,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	respAttrs := fs.String("response-attributes", "", "comma-separated response_attributes")
 	routeHeader := fs.String("route-header", "", "request header whose value selects an upstream from -routes")
 	routes := fs.String("routes", "", "comma-separated value=baseURL pairs for -route-header")
+	retries := fs.Int("retries", 0, "route retry_policy num_retries on reset, connect-failure, 503 and 429, as envoy/envoy.yaml (0: no retries)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -130,6 +131,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			}
 			proxy.Upstream().Routes[k] = v
 		}
+	}
+	if *retries > 0 {
+		// envoy/envoy.yaml's retry_policy: 0.25 s back-off (Envoy's grows to 2 s, jittered), a
+		// retry-after of up to 5 s honoured.
+		proxy.SetRetry(envoysim.RetryPolicy{NumRetries: *retries, RetriableStatusCodes: []int{503, 429}, OnFailure: true,
+			BackOff: 250 * time.Millisecond, MaxRetryAfter: 5 * time.Second})
 	}
 	srv, err := envoysim.ServeProxy(proxy, *listen)
 	if err != nil {
