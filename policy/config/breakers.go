@@ -250,8 +250,11 @@ func validateVerdicts(v *validator, path string, b Breaker) {
 		items []string
 	}{{"record", b.Record}, {"ignore", b.Ignore}} {
 		for i, it := range l.items {
-			if it != verdictTimeout && it != verdictStreamError && !validStatusPattern(it) {
+			switch {
+			case it != verdictTimeout && it != verdictStreamError && !validStatusPattern(it):
 				v.add(path+"."+l.key+"["+strconv.Itoa(i)+"]", "%q is not a status code (100-599), a class (4xx, 5xx), timeout or stream_error", it)
+			case it == "429":
+				v.add(path+"."+l.key+"["+strconv.Itoa(i)+"]", "429 is judged by rate_limited_as, not by %s", l.key)
 			}
 		}
 	}

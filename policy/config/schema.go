@@ -399,9 +399,10 @@ type Breaker struct {
 	// replace the failure statuses (default ["5xx"]); a list without any status keeps them.
 	// timeout and stream_error are failures unless listed in ignore. A status neither recorded
 	// nor ignored counts as a success. 429, and a rate-limit error inside a 2xx response, go by
-	// rate_limited_as; a client error inside a 2xx response (invalid_request_error, …) is judged
-	// as a 400. Exclusive with failure_statuses (its older name for the statuses) and, for
-	// timeout, with no_response_as. Example: [5xx, timeout, stream_error].
+	// rate_limited_as (listing 429 is refused); a client error inside a 2xx response
+	// (invalid_request_error, …) is judged as a 400. Exclusive with failure_statuses (its older
+	// name for the statuses) and, for timeout, with no_response_as. Example: [5xx, timeout,
+	// stream_error].
 	Record []string `koanf:"record" json:"record,omitempty"`
 	// Ignore lists what records nothing, in record's terms. The statuses listed replace the
 	// ignored statuses (default ["4xx"]: client errors say nothing about the provider); a list
