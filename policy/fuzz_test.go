@@ -93,6 +93,8 @@ func FuzzGlob(f *testing.F) {
 func FuzzEngine(f *testing.F) {
 	f.Add([]byte(seedPolicy), "chat", "acme")
 	f.Add([]byte(breakerPolicy), "default", "")
+	f.Add([]byte(modelFamilyPolicy), "default", "acme")
+	f.Add([]byte(rerouteModelPolicy), "batch", "acme")
 	f.Add([]byte("features: {default: {max_concurrent: 1, tokens_per_minute: 5}}\ncompartments: [{name: t, key: [tenant, feature], limits: {max_concurrent: 2}}]\n"), "x", "t1")
 	f.Fuzz(func(t *testing.T, yaml []byte, feature, tenant string) {
 		p, err := config.Load("fuzz.yaml", yaml, nil)
