@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
 const modelFamilyPolicy = `
@@ -143,5 +144,37 @@ func BenchmarkAdmitDoneModelKeyed(b *testing.B) {
 			b.Fatal(dec.Err())
 		}
 		tk.Done(o)
+	}
+}
+
+// TestModelCompartmentsKeepTheirStateAcrossAReloadThatAddsAGlob: compartments are keyed by the
+// glob's name, not its position, so a reload that puts a new glob first finds acme's gpt-4o*
+// compartment with its two requests still in flight.
+func TestModelCompartmentsKeepTheirStateAcrossAReloadThatAddsAGlob(t *testing.T) {
+	e, _ := engine(t, modelFamilyPolicy)
+	_, a := tenantModel(t, e, "acme", "gpt-4o", 10)
+	_, b := tenantModel(t, e, "acme", "gpt-4o", 10)
+	p, err := config.Load("v2.yaml", []byte(strings.Replace(modelFamilyPolicy, `  - {match: "gpt-4o*"}`, `  - {match: "o1*"}
+  - {match: "gpt-4o*"}`, 1)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := tenantModel(t, e, "acme", "gpt-4o", 10); d.Verdict != policy.Reject || d.Compartment != "tenant_model/acme/gpt-4o*" {
+		t.Fatalf("third gpt-4o after the reload: %+v, want bulkhead_full in tenant_model/acme/gpt-4o*", d)
+	}
+	d, tk := tenantModel(t, e, "acme", "o1-mini", 10)
+	if d.Verdict != policy.Admit || strings.Join(tk.Compartments(), ",") != "tenant_model/acme/o1*,model/o1*" {
+		t.Fatalf("o1-mini: %+v in %v", d, tk.Compartments())
+	}
+	for _, tk := range []*policy.Ticket{a, b, tk} {
+		tk.Done(policy.Outcome{Status: 200})
+	}
+	for _, c := range e.Compartments() {
+		if c.InFlight != 0 {
+			t.Errorf("%s holds %d after every request ended", c.Name, c.InFlight)
+		}
 	}
 }
