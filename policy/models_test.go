@@ -70,7 +70,7 @@ func TestRerouteSendsTheTargetsModel(t *testing.T) {
 		t.Fatalf("within budget: %+v", d)
 	}
 	tk.Done(ok)
-	d, tk = modelRequest(t, e, "batch", "", "deepseek-chat", 8000, false)
+	d, _ = modelRequest(t, e, "batch", "", "deepseek-chat", 8000, false)
 	if d.Verdict != policy.Reject || d.Reason != policy.ReasonTokenBudget || s.ProviderName(d.Dims.Provider) != "deepseek" {
 		t.Fatalf("over budget, body not rewritable: %+v, want the token_budget refusal", d)
 	}
