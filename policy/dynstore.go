@@ -190,10 +190,3 @@ func (st *dynStore) drained(now time.Time) bool {
 	}
 	return st.overflow == nil || st.overflow.evictable(now)
 }
-
-// len returns the number of instances (not counting the overflow compartment).
-func (st *dynStore) len() int {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return len(st.entries)
-}

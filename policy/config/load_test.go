@@ -267,12 +267,13 @@ tenants:
     - {id: 2024-01-01, tier: free}
 tiers: {free: {}}
 `
-		p, err := config.Load("p.yaml", []byte(data), nil)
+		_, err := config.Load("p.yaml", []byte(data), nil)
 		if err == nil || !strings.Contains(err.Error(), `unknown anchor 'n'`) {
 			t.Fatalf("an alias before its anchor: err = %v", err)
 		}
 		data = strings.Replace(data, "*n}\n  batch: {max_concurrent: &n 4}", "4}\n  batch: {max_concurrent: 4}", 1)
-		if p, err = config.Load("p.yaml", []byte(data), nil); err != nil {
+		p, err := config.Load("p.yaml", []byte(data), nil)
+		if err != nil {
 			t.Fatal(err)
 		}
 		def, chat := p.Features["default"], p.Features["chat"]
