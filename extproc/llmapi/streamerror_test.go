@@ -257,3 +257,30 @@ func TestFirstToken(t *testing.T) {
 		})
 	}
 }
+
+// TestSniffedStreamWithIndentedFirstLine: without a content type, blanks before the first
+// line of a stream belong to that line's field name, which is no field the parser knows, as
+// in an SSE parser reading the body whole; blank lines before it change nothing.
+func TestSniffedStreamWithIndentedFirstLine(t *testing.T) {
+	second := "data: {\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\n\n"
+	tests := []struct {
+		body string
+		want Usage
+	}{
+		{" \t data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n" + second,
+			Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7, Known: true, PromptKnown: true}},
+		{"\n\r\n \n" + second, Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7, Known: true, PromptKnown: true}},
+		{"\n\n  data: {\"error\":{\"type\":\"server_error\"}}\n\n", Usage{}},
+	}
+	for _, tt := range tests {
+		body := []byte(tt.body)
+		for i := range len(body) + 1 {
+			if got, _ := scanChunks(APIOpenAIChat, "", "", body[:i], body[i:]); got != tt.want {
+				t.Fatalf("%q split at %d: %+v, want %+v", tt.body, i, got, tt.want)
+			}
+		}
+		if ref, _ := refUsage(APIOpenAIChat, "", body); ref != tt.want {
+			t.Fatalf("%q: reference %+v", tt.body, ref)
+		}
+	}
+}

@@ -185,6 +185,7 @@ type UsageScanner struct {
 	closed   bool
 	inDoc    bool
 	jsonSeen bool // a JSON body: some of it was read
+	indented bool // sniffing: the blanks skipped so far end with a space or tab, not a line end
 	err      error
 	dec      *decompressor
 
@@ -285,6 +286,7 @@ func (s *UsageScanner) plain(p []byte) {
 	switch s.mode {
 	case modeSniff:
 		for len(p) > 0 && (p[0] == ' ' || p[0] == '\n' || p[0] == '\r' || p[0] == '\t') {
+			s.indented = p[0] == ' ' || p[0] == '\t'
 			p = p[1:]
 		}
 		if len(p) == 0 {
@@ -294,6 +296,11 @@ func (s *UsageScanner) plain(p []byte) {
 			s.setMode(modeJSON)
 		} else {
 			s.setMode(modeSSE)
+			if s.indented {
+				// The line began with blanks, which belong to its field name: no field
+				// the parser knows, so the line is skipped.
+				s.events.state = sseSkip
+			}
 		}
 		s.plain(p)
 	case modeJSON:
