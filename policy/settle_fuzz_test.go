@@ -85,6 +85,9 @@ func FuzzSettlement(f *testing.F) {
 				tk := held[i]
 				o := policy.Outcome{Status: []int{0, 200, 200, 429, 500, 503}[next()%6], Cancelled: next()%3 == 0,
 					TTFB: time.Duration(next()) * time.Millisecond, RetryAfter: time.Duration(num())}
+				if o.Status == 200 {
+					o.StreamError = policy.StreamError(next() % 4) // an error reported inside the 200, or none
+				}
 				o.Usage = policy.Usage{Prompt: num(), Completion: num(), Total: num(), Cached: num(), Reasoning: num(),
 					Known: next()%2 == 0, PromptKnown: next()%2 == 0, ContentBytes: num()}
 				st := tk.Done(o)
