@@ -181,6 +181,11 @@ var faultShapes = []struct {
 	{"beyond_belief", envoysim.Headers{{Key: mock.HeaderReportPrompt, Value: "900000000000000"}, {Key: mock.HeaderReportTotal, Value: "9000000000000000000"}}},
 	{"negative", envoysim.Headers{{Key: mock.HeaderReportPrompt, Value: "-50"}, {Key: mock.HeaderReportCompletion, Value: "-7"}, {Key: mock.HeaderReportTotal, Value: "-57"}}},
 	{"cut_mid_body", envoysim.Headers{{Key: mock.HeaderDisconnectAfter, Value: "2"}}},
+	// A 200 whose body then reports an error: overloaded (a failure) or a rate limit (a 429).
+	{"stream_error_overloaded", envoysim.Headers{{Key: mock.HeaderStreamError, Value: "529"}}},
+	{"stream_error_rate_limit", envoysim.Headers{{Key: mock.HeaderStreamError, Value: "429"}}},
+	// Headers at once, the first token late.
+	{"first_token_late", envoysim.Headers{{Key: mock.HeaderFirstTokenDelay, Value: "2s"}}},
 }
 
 // How a request ends.
