@@ -364,7 +364,10 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 			e.metrics.countShadow(bs.label, ReasonCircuitOpen)
 		} else if err != nil {
 			retry := b.RemainingOpen(now)
-			if retry <= 0 {
+			// OPEN refuses up to and including the instant its wait ends, where RemainingOpen
+			// already says 0: probes are then a moment away, not a whole wait_in_open.
+			// FORCED_OPEN (no end) and HALF_OPEN without probe permits get wait_in_open.
+			if retry <= 0 && b.State() != breaker.Open {
 				retry = bs.cfg.WaitInOpen
 			}
 			fallback := ""

@@ -354,6 +354,31 @@ func TestRetryAfterOpensTheBreakerNoLongerThanMaxWaitInOpen(t *testing.T) {
 	}
 }
 
+// TestCircuitOpenRetryAfterAtTheEndOfTheWait: at the very instant an OPEN breaker's wait ends it
+// still refuses (probes start strictly after the wait), and its refusal says to retry in a
+// second, not after a whole new wait_in_open.
+func TestCircuitOpenRetryAfterAtTheEndOfTheWait(t *testing.T) {
+	e, clk := engine(t, fmt.Sprintf(retryAfterPolicy, ""))
+	for range 4 {
+		_, tk := admit(t, e, on("qwen", "acme"), 10)
+		tk.Done(policy.Outcome{Status: 503, TTFB: time.Millisecond})
+	}
+	for _, step := range []struct {
+		advance time.Duration
+		want    int64
+	}{{0, 10}, {9 * time.Second, 1}, {time.Second, 1}} {
+		clk.Advance(step.advance)
+		d, _ := admit(t, e, on("qwen", "acme"), 10)
+		if d.Verdict != policy.Reject || d.Reason != policy.ReasonCircuitOpen || d.RetryAfterSeconds() != step.want {
+			t.Fatalf("%v after opening: %+v (retry-after %ds), want circuit_open with retry-after %ds", step.advance, d, d.RetryAfterSeconds(), step.want)
+		}
+	}
+	clk.Advance(time.Millisecond)
+	if d, _ := admit(t, e, on("qwen", "acme"), 10); d.Verdict != policy.Admit {
+		t.Fatalf("just after the wait: %+v, want a probe admitted", d)
+	}
+}
+
 func TestPerModelBreakersOnlyForThePolicysModelGlobs(t *testing.T) {
 	e, _ := engine(t, `
 classification:
