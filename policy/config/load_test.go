@@ -356,3 +356,20 @@ compartments:
 		t.Errorf("default = %d / %d, want 1000 / 2", *l.MaxConcurrent, *l.TokensPerMinute)
 	}
 }
+
+// TestProviderDefaultIsDefault: without classification.provider.default, requests no rule
+// places go to the provider named "default" (not, say, the first provider in name order), so a
+// policy whose providers do not include it is refused, and says which provider it looked for.
+func TestProviderDefaultIsDefault(t *testing.T) {
+	const providers = "features: {default: {max_concurrent: 1}}\nproviders:\n  alpha: {}\n"
+	wantProblems(t, loadProblems(t, providers, nil), []string{
+		`p.yaml: classification.provider.default: provider "default" is not in providers (alpha)`,
+	})
+	p, err := config.Load("p.yaml", []byte(providers+"  default: {}\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Classification.Provider.Default; got != "default" {
+		t.Errorf("classification.provider.default = %q, want default", got)
+	}
+}

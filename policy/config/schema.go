@@ -145,7 +145,8 @@ type Classification struct {
 // Dimension is an ordered rule list: the first rule that yields a value wins, else Default.
 type Dimension struct {
 	// Default is the value when no rule matches. Defaults: feature "default", tenant "anonymous",
-	// tier tenants.default_tier, provider the first provider in name order, model "unknown".
+	// tier tenants.default_tier, provider "default" (which providers must then list when it lists
+	// any), model "unknown".
 	Default string `koanf:"default" json:"default,omitempty"`
 	// Rules are tried in order.
 	Rules []Rule `koanf:"rules" json:"rules,omitempty"`
