@@ -204,6 +204,9 @@ type FilterConfig struct {
 	// OmitProtocolConfig stops protocol_config from being sent on the first
 	// message, to exercise servers written against Envoy before 1.35.
 	OmitProtocolConfig bool
+	// RateLimit, when set, puts Envoy's global rate limit filter before the ext_proc filter
+	// (see RateLimit). The pointer is shared by copies of the config and never changed.
+	RateLimit *RateLimit
 }
 
 // withDefaults returns c with every unset field replaced by Envoy's default.
@@ -256,6 +259,11 @@ func (c FilterConfig) Validate() error {
 	}
 	if c.RemoteCloseTimeout < 0 || c.DeferredCloseTimeout < 0 {
 		errs = append(errs, errors.New("close timeouts must not be negative"))
+	}
+	if c.RateLimit != nil {
+		if err := c.RateLimit.Validate(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	switch strings.ToUpper(c.RouteCacheAction) {
 	case "", "DEFAULT", "CLEAR", "RETAIN":

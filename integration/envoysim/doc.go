@@ -26,6 +26,13 @@
 //	}, envoysim.Respond(200, envoysim.H("content-type", "application/json"), `{"usage":{}}`))
 //	// res.Status, res.Local, res.SentKinds(), res.Stream, res.CloseReason ...
 //
+// FilterConfig.RateLimit adds Envoy's global rate limit filter
+// (envoy.filters.http.ratelimit) in front of the ext_proc filter: it calls a
+// RateLimitService over gRPC on the request path, answers 429 when it says
+// OVER_LIMIT, and charges the stream-done descriptors (hits_addend from the
+// dynamic metadata the processor left) when the request is over. Its rules
+// can be read from the same YAML Envoy loads (RateLimitFromVirtualHostYAML).
+//
 // Where Envoy's source and the project's protocol notes differ, the
 // simulator follows the source (ext_proc.cc, processor_state.cc,
 // mutation_utils.cc); the differences are listed on the types and functions

@@ -191,6 +191,10 @@ type filter struct {
 	dynMeta    map[string]*structpb.Struct
 	routeCache bool
 
+	// rlStarted: the rate limit filter saw the request headers (Envoy's request_headers_);
+	// rlCanceled: its check was cancelled in flight.
+	rlStarted, rlCanceled bool
+
 	upCtx    context.Context
 	upCancel context.CancelFunc
 	upPipe   *bodyPipe
@@ -720,6 +724,12 @@ func (f *filter) startUpstream() {
 // localReply is FilterManager::sendLocalReply: before response headers went
 // downstream it replaces the response, afterwards it can only reset.
 func (f *filter) localReply(kind LocalReply, code int, mutation *extprocv3.HeaderMutation, body []byte, details string) {
+	f.localReplyWith(kind, code, mutation, nil, body, details)
+}
+
+// localReplyWith is localReply with headers the replying filter adds (extra), which no
+// mutation rule applies to.
+func (f *filter) localReplyWith(kind LocalReply, code int, mutation *extprocv3.HeaderMutation, extra Headers, body []byte, details string) {
 	if f.done {
 		return
 	}
@@ -743,6 +753,7 @@ func (f *filter) localReply(kind LocalReply, code int, mutation *extprocv3.Heade
 		}
 		h = full.WithoutPseudo()
 	}
+	h = append(h, extra...)
 	f.res.Local = kind
 	f.res.LocalDetails = strings.Join(strings.Fields(details), "_")
 	f.downHdrSent = true
@@ -847,6 +858,9 @@ func (f *filter) decodeHeaders() {
 	d := f.dec
 	d.started = true
 	d.headers = f.req.headerList()
+	if f.cfg.RateLimit != nil && !f.checkRateLimit() {
+		return
+	}
 	eos := !f.req.hasBody() && len(f.req.Trailers) == 0
 	if f.cfg.ObservabilityMode && d.sendHeaders {
 		f.sendObservability(d, headersMsg(d, eos))
@@ -1681,6 +1695,13 @@ func (f *filter) onGrpcError(err error) {
 	f.upCancel()
 	f.localReply(LocalProcessingError, f.cfg.StatusOnError, nil, nil,
 		fmt.Sprintf("ext_proc_error_gRPC_error_%d{%s}", int(st.Code()), st.Message()))
+}
+
+// finish is what happens after the HTTP exchange: the gRPC stream's close, then the rate
+// limit filter's stream-done call.
+func (f *filter) finish() {
+	f.awaitClose()
+	f.chargeOnStreamDone()
 }
 
 // awaitClose finishes the gRPC side after the HTTP exchange: it waits for a

@@ -78,8 +78,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f.run()
-	if !p.sim.background(f.awaitClose) {
-		f.awaitClose()
+	if !p.sim.background(f.finish) {
+		f.finish()
 	}
 	if sk.aborted {
 		// The documented way to make net/http reset the client connection,

@@ -186,10 +186,15 @@ const (
 	LocalResponseTooLarge
 	// LocalUpstreamFailure: 503/504 from the router; not sent to ext_proc.
 	LocalUpstreamFailure
+	// LocalRateLimited: 429 from the rate limit filter (RateLimit) before ext_proc ran.
+	LocalRateLimited
+	// LocalRateLimitError: the rate limit filter's status_on_error when the service failed
+	// and failure_mode_deny is set.
+	LocalRateLimitError
 )
 
 var localReplyNames = [...]string{"not_local", "immediate_response", "processing_error", "message_timeout",
-	"request_payload_too_large", "response_payload_too_large", "upstream_failure"}
+	"request_payload_too_large", "response_payload_too_large", "upstream_failure", "rate_limited", "rate_limit_error"}
 
 // String returns a stable name.
 func (l LocalReply) String() string {
@@ -276,6 +281,9 @@ type Result struct {
 	Stream      StreamEnd
 	StreamCode  codes.Code
 	CloseReason CloseReason
+	// RateLimitCalls are the rate limit filter's calls to the rate limit service (RateLimit),
+	// in order: the check on the request path, then the one made when the stream was done.
+	RateLimitCalls []RateLimitCall
 	// Problems lists protocol problems in the order they were detected.
 	Problems []Problem
 	// Started and Completed bracket the HTTP exchange as the client saw it;

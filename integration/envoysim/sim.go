@@ -33,6 +33,7 @@ type Sim struct {
 	closed   bool
 	deferred map[*procStream]*time.Timer
 	bg       sync.WaitGroup
+	rlConns  map[string]*grpc.ClientConn
 }
 
 // New connects (lazily, as gRPC does) to target, a gRPC target such as
@@ -80,6 +81,13 @@ func (s *Sim) Close() error {
 		<-st.sendDone
 	}
 	s.bg.Wait()
+	s.mu.Lock()
+	rl := s.rlConns
+	s.rlConns = nil
+	s.mu.Unlock()
+	for _, c := range rl {
+		_ = c.Close()
+	}
 	return s.conn.Close()
 }
 
@@ -122,7 +130,7 @@ func (s *Sim) RoundTrip(ctx context.Context, req *Request, up Upstream) (*Result
 		return nil, err
 	}
 	f.run()
-	f.awaitClose()
+	f.finish()
 	return f.res, nil
 }
 
