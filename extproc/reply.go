@@ -169,7 +169,7 @@ func refusalBody(d policy.Decision, api llmapi.API) []byte {
 		b := []byte(`{"type":"error","error":{"type":`)
 		b = strconv.AppendQuote(b, typ)
 		b = append(b, `,"message":`...)
-		b = appendJSONString(b, msg)
+		b = llmapi.AppendJSONString(b, msg)
 		return append(b, "}}"...)
 	}
 	typ := "server_overloaded"
@@ -180,31 +180,12 @@ func refusalBody(d policy.Decision, api llmapi.API) []byte {
 		typ = "invalid_request_error"
 	}
 	b := []byte(`{"error":{"message":`)
-	b = appendJSONString(b, msg)
+	b = llmapi.AppendJSONString(b, msg)
 	b = append(b, `,"type":`...)
 	b = strconv.AppendQuote(b, typ)
 	b = append(b, `,"code":`...)
 	b = strconv.AppendQuote(b, string(d.Reason))
 	return append(b, `,"param":null}}`...)
-}
-
-// appendJSONString appends s as a JSON string. Messages are plain ASCII sentences, but names
-// inside them come from configuration and may hold anything.
-func appendJSONString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c < 0x20:
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		default:
-			b = append(b, c)
-		}
-	}
-	return append(b, '"')
 }
 
 // immediateReply refuses a request with the degradation contract's status, headers and body.

@@ -127,39 +127,40 @@ func (e *Engine) ForceBreaker(name string, state string) error {
 	if err != nil {
 		return err
 	}
-	s := e.Snapshot()
+	b := e.Snapshot().breakerNamed(name)
+	if b == nil {
+		return fmt.Errorf("%w: %s", ErrNoSuchBreaker, name)
+	}
+	if err := b.Transition(to, e.clock.Now()); err != nil {
+		return err
+	}
+	e.log.Warn("breaker state forced by an operator", "breaker", name, "state", to.String())
+	return nil
+}
+
+// breakerNamed returns the breaker called name (a provider's, or a per-model one), or nil.
+func (s *Snapshot) breakerNamed(name string) *breaker.Breaker {
 	for _, pr := range s.providers {
 		if pr.breakers == nil {
 			continue
 		}
 		for _, b := range pr.breakers.all() {
 			if b.Name() == name {
-				if err := b.Transition(to, e.clock.Now()); err != nil {
-					return err
-				}
-				e.log.Warn("breaker state forced by an operator", "breaker", name, "state", to.String())
-				return nil
+				return b
 			}
 		}
 	}
-	return fmt.Errorf("%w: %s", ErrNoSuchBreaker, name)
+	return nil
 }
 
 // BreakerEvents returns the history of the named breaker: its last breaker.HistorySize
 // transitions and threshold breaches, oldest first, each with the calls recorded just before it.
 func (e *Engine) BreakerEvents(name string) ([]breaker.HistoryEntry, error) {
-	s := e.Snapshot()
-	for _, pr := range s.providers {
-		if pr.breakers == nil {
-			continue
-		}
-		for _, b := range pr.breakers.all() {
-			if b.Name() == name {
-				return b.History(), nil
-			}
-		}
+	b := e.Snapshot().breakerNamed(name)
+	if b == nil {
+		return nil, fmt.Errorf("%w: %s", ErrNoSuchBreaker, name)
 	}
-	return nil, fmt.Errorf("%w: %s", ErrNoSuchBreaker, name)
+	return b.History(), nil
 }
 
 // FeatureDecisions counts one feature's admissions and refusals since the process started.

@@ -43,7 +43,7 @@ func RewriteModel(body []byte, model string) ([]byte, bool) {
 	if it.bad || skipWS(body, it.i) != len(body) {
 		return body, false
 	}
-	quoted := appendJSONString(make([]byte, 0, len(model)+2), model)
+	quoted := AppendJSONString(make([]byte, 0, len(model)+2), model)
 	if len(found) == 0 {
 		member := `"model":` + string(quoted)
 		if j := skipWS(body, i+1); body[j] != '}' {
@@ -70,9 +70,9 @@ func RewriteModel(body []byte, model string) ([]byte, bool) {
 	return append(out, body[prev:]...), true
 }
 
-// appendJSONString appends s as a JSON string: quotes, backslashes and control
-// characters escaped, everything else as it is.
-func appendJSONString(b []byte, s string) []byte {
+// AppendJSONString appends s as a JSON string: quotes, backslashes and control characters are
+// escaped, every other byte is kept as it is (JSON allows any UTF-8 in strings).
+func AppendJSONString(b []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	b = append(b, '"')
 	for i := 0; i < len(s); i++ {
