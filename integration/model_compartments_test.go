@@ -70,9 +70,9 @@ func TestPerTenantPerModelConcurrency(t *testing.T) {
 
 	admit("acme", "gpt-4o")
 	refused("acme", "gpt-4o-2024-08-06", "tenant_model/acme/gpt-4o*") // same glob, same compartment
-	admit("acme", "gpt-4o-mini")                                       // its own glob
-	admit("globex", "gpt-4o")                                          // another tenant
-	admit("acme", "made-up-1")                                         // no glob: acme's "other"
+	admit("acme", "gpt-4o-mini")                                      // its own glob
+	admit("globex", "gpt-4o")                                         // another tenant
+	admit("acme", "made-up-1")                                        // no glob: acme's "other"
 	refused("acme", "made-up-2", "tenant_model/acme/other")
 
 	var names []string

@@ -83,7 +83,7 @@ type Level struct {
 	WorkAddedCPU Spread `json:"work_added_cpu_us_per_stream"`
 }
 
-// Target is one of DESIGN.md's performance targets and whether this run met it.
+// Target is one of the project's performance targets and whether this run met it.
 type Target struct {
 	Name     string `json:"name"`
 	Goal     string `json:"goal"`
@@ -99,7 +99,7 @@ const (
 	NotMeasured = "not measured"
 )
 
-// Target thresholds from DESIGN.md "Performance targets".
+// Target thresholds: the project's performance targets (docs/benchmarks.md).
 const (
 	TargetRatio       = 0.9
 	TargetAddedP50    = 25.0 // µs

@@ -26,7 +26,7 @@ func TestModelProviderCheck(t *testing.T) {
 		{"local", "deepseek-chat", 404},
 		{"local", "gpt-4o", 404}, // matches no entry
 		{"local", "local-llama", 200},
-		{"", "deepseek-chat", 200},      // no provider header: not checked
+		{"", "deepseek-chat", 200},       // no provider header: not checked
 		{"openai", "deepseek-chat", 200}, // a provider the table does not name
 	}
 	for _, tt := range tests {
