@@ -125,7 +125,12 @@ func (e *estimator) learn(model string, observed, start float64, st estimationSe
 
 // startRatio is a model's configured bytes per token before any learning.
 func (s *Snapshot) startRatio(model string) float64 {
-	if mr := s.classifier.modelRuleFor(model); mr != nil && mr.bpt > 0 {
+	return s.ruleRatio(s.classifier.modelRuleFor(model))
+}
+
+// ruleRatio is the configured bytes per token of a model whose rule is mr (nil: none).
+func (s *Snapshot) ruleRatio(mr *modelRule) float64 {
+	if mr != nil && mr.bpt > 0 {
 		return mr.bpt
 	}
 	return s.estimation.bpt
@@ -136,9 +141,11 @@ func (s *Snapshot) startRatio(model string) float64 {
 // (max_tokens, else the model's or the policy's default) times N.
 func (s *Snapshot) Estimate(model string, rs RequestSize) Estimate {
 	st := &s.estimation
+	// The model's rule, looked up once: ratio, default output and context all come from it.
+	mr := s.classifier.modelRuleFor(model)
 	bpt, ok := s.engine.est.ratio(model)
 	if !ok || !st.learn {
-		bpt = s.startRatio(model)
+		bpt = s.ruleRatio(mr)
 	}
 	var est Estimate
 	est.BytesPerToken = bpt
@@ -149,7 +156,7 @@ func (s *Snapshot) Estimate(model string, rs RequestSize) Estimate {
 	out := rs.MaxTokens
 	if !rs.HasMaxTokens || out <= 0 {
 		out = st.defMax
-		if mr := s.classifier.modelRuleFor(model); mr != nil && mr.maxOut > 0 {
+		if mr != nil && mr.maxOut > 0 {
 			out = mr.maxOut
 		}
 	}
@@ -160,7 +167,7 @@ func (s *Snapshot) Estimate(model string, rs RequestSize) Estimate {
 	est.Output = min(out, st.maxTok) * min(n, 128)
 	est.Total = min(est.Prompt+est.Output, st.maxTok)
 	est.Prompt = min(est.Prompt, est.Total)
-	est.MaxPrompt, est.MaxCompletion = s.usageCeiling(model, rs)
+	est.MaxPrompt, est.MaxCompletion = s.usageCeiling(mr, rs)
 	est.Bounded = true
 	return est
 }
@@ -168,11 +175,11 @@ func (s *Snapshot) Estimate(model string, rs RequestSize) Estimate {
 // usageCeiling bounds what a response may claim a request cost: the prompt by the body's size
 // (plus generous room for media and template tokens) unless it refers to files the body does
 // not contain, the completion by max_tokens × n, and both by the model's context window (or
-// estimation.max_tokens when the policy does not give one).
-func (s *Snapshot) usageCeiling(model string, rs RequestSize) (prompt, completion int64) {
+// estimation.max_tokens when the policy does not give one). mr is the model's rule (nil: none).
+func (s *Snapshot) usageCeiling(mr *modelRule, rs RequestSize) (prompt, completion int64) {
 	st := &s.estimation
 	ctx := st.maxTok
-	if mr := s.classifier.modelRuleFor(model); mr != nil && mr.context > 0 {
+	if mr != nil && mr.context > 0 {
 		ctx = mr.context
 	}
 	prompt, completion = ctx, ctx
