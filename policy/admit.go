@@ -30,6 +30,9 @@ const (
 	// ReasonCancelled: the client went away while the request was queued; nobody is left to
 	// answer.
 	ReasonCancelled Reason = "cancelled"
+	// ReasonClusterUnavailable: limits are shared through Redis, Redis is slow or gone, and
+	// cluster.on_unavailable is closed.
+	ReasonClusterUnavailable Reason = "cluster_unavailable"
 )
 
 // Sentinel errors for each refusal reason; Decision.Err wraps one, for errors.Is.
@@ -41,6 +44,8 @@ var (
 	ErrBadRequest   = errors.New("bad request")
 	ErrServerBusy   = errors.New("server busy")
 	ErrCancelled    = context.Canceled
+	// ErrClusterUnavailable: the shared state could not be reached and the policy refuses then.
+	ErrClusterUnavailable = errors.New("cluster state unavailable")
 )
 
 // Verdict is what to do with a request.
@@ -95,6 +100,8 @@ func (d Decision) Err() error {
 		base = ErrServerBusy
 	case ReasonCancelled:
 		base = ErrCancelled
+	case ReasonClusterUnavailable:
+		base = ErrClusterUnavailable
 	default:
 		base = ErrBulkheadFull
 	}
@@ -125,6 +132,8 @@ func (d Decision) Message() string {
 		return fmt.Sprintf("The server is busy. Retry after %d %s.", secs, unit)
 	case ReasonCancelled:
 		return "The client went away while the request was queued."
+	case ReasonClusterUnavailable:
+		return fmt.Sprintf("The service cannot check its shared limits right now. Retry after %d %s.", secs, unit)
 	}
 	return fmt.Sprintf("Compartment %s is at capacity. Retry after %d %s.", d.Compartment, secs, unit)
 }
@@ -169,7 +178,25 @@ type Ticket struct {
 	grantedAt time.Time
 	active    bool
 	done      atomic.Bool
+
+	// mode says where the admission's limits were enforced (cluster mode only).
+	mode ticketMode
+	// shared holds a cluster admission's lease and windows (allocated on first use).
+	shared *sharedTicket
 }
+
+// ticketMode says where an admission's limits were enforced.
+type ticketMode uint8
+
+const (
+	// ticketLocal: in this process alone (no cluster).
+	ticketLocal ticketMode = iota
+	// ticketShared: in the shared state (Redis), with the slots also held here.
+	ticketShared
+	// ticketTracked: in this process while the shared state was unavailable; the lease is
+	// known to the store so that it counts everywhere once the store rewrites its leases.
+	ticketTracked
+)
 
 // Admitted reports whether the ticket holds an admission not yet released.
 func (t *Ticket) Admitted() bool { return t.active && !t.done.Load() }
@@ -186,6 +213,10 @@ func (t *Ticket) Compartments() []string {
 // Remaining returns the tightest per-minute token budget among the ticket's compartments:
 // tokens left and time until it is full again. ok is false when no compartment has one.
 func (t *Ticket) Remaining() (tokens int64, reset time.Duration, ok bool) {
+	if t.mode == ticketShared {
+		sh := t.shared
+		return sh.remaining, sh.reset, sh.hasTPM
+	}
 	now := t.engine.clock.Now()
 	for i := 0; i < t.n; i++ {
 		w := t.insts[i].tpm
@@ -306,7 +337,7 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 		dims.modelGroup = s.modelGroup(dims.Model)
 	}
 	t.engine, t.snap, t.dims, t.est, t.bytes = e, s, dims, r.Estimate, r.PromptBytes
-	t.n, t.brk, t.active = 0, nil, false
+	t.n, t.brk, t.active, t.mode = 0, nil, false, ticketLocal
 	t.done.Store(false)
 	for _, f := range s.families {
 		if !f.applies(&dims) {
@@ -325,6 +356,27 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 		t.rpm[t.n], t.tpm[t.n], t.tpd[t.n] = budget.Charge{}, budget.Charge{}, budget.Charge{}
 		t.n++
 	}
+	refuse := func(reason Reason, in string, retry time.Duration) Decision {
+		t.undo(now)
+		return Decision{Verdict: Reject, Reason: reason, Compartment: in, RetryAfter: retry, Dims: dims}
+	}
+	if cs := e.cluster; cs != nil {
+		if cs.store.Available() {
+			return e.admitShared(ctx, s, r, dims, t, onQueue, now)
+		}
+		if cs.closed {
+			cs.unavailable.WithLabelValues("refused").Inc()
+			return refuse(ReasonClusterUnavailable, "cluster", cs.retryAfter())
+		}
+		cs.unavailable.WithLabelValues("local").Inc()
+	}
+	return e.admitLocal(ctx, s, r, dims, t, onQueue, now)
+}
+
+// admitLocal runs admission against this process's own compartments and windows: always
+// without a cluster, and with one while its shared state is unavailable (the limits are then
+// this replica's share).
+func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now time.Time) Decision {
 	refuse := func(reason Reason, in string, retry time.Duration) Decision {
 		t.undo(now)
 		return Decision{Verdict: Reject, Reason: reason, Compartment: in, RetryAfter: retry, Dims: dims}
@@ -348,9 +400,68 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 	}
 
 	// 2. The provider's breaker, and an upstream retry-after holding this tenant back.
-	// A provider whose limits run in shadow refuses nothing here either: the refusal is counted
-	// and the call goes on without a permit, so its outcome is not recorded and the breaker
-	// runs its course (OPEN, then probes) as if it were enforced.
+	if d, refused := e.checkBreaker(s, dims, t, now); refused {
+		t.undo(now)
+		return d
+	}
+
+	// 3. Token budgets, reserved at the estimate.
+	tokens := r.Estimate.Total
+	for i := 0; i < t.n; i++ {
+		in := t.insts[i]
+		for _, wb := range [2]struct {
+			w  *budget.Window
+			ch *budget.Charge
+		}{{in.tpm, &t.tpm[i]}, {in.tpd, &t.tpd[i]}} {
+			if wb.w == nil {
+				continue
+			}
+			ch, ok, wait := wb.w.Reserve(tokens, now)
+			if !ok {
+				if !in.limits.Shadow {
+					return refuse(ReasonTokenBudget, in.name, wait)
+				}
+				e.metrics.countShadow(s.label(in), ReasonTokenBudget)
+				ch = wb.w.Take(tokens, now)
+			}
+			*wb.ch = ch
+		}
+	}
+
+	// 4. Concurrency and in-flight tokens, possibly waiting.
+	want := t.want(tokens, dims.Tenant, now)
+	if err := e.sched.Acquire(ctx, t.set[:t.n], t.held[:t.n], want, onQueue); err != nil {
+		var rf *bulkhead.Refusal
+		if errors.As(err, &rf) {
+			reason := ReasonBulkheadFull
+			if rf.Cause == bulkhead.CauseCancelled {
+				reason = ReasonCancelled
+			}
+			return refuse(reason, rf.Compartment.Name(), rf.RetryAfter)
+		}
+		return refuse(ReasonBulkheadFull, "", 0)
+	}
+	t.grantedAt = e.clock.Now()
+	t.active = true
+	if e.cluster != nil {
+		e.trackLocal(s, t, tokens)
+	}
+	e.inflight.Add(1)
+	s.features[dims.Feature].stats.tokensReserved.Add(float64(tokens))
+	return Decision{Verdict: Admit, Dims: dims}
+}
+
+// checkBreaker runs the provider's breaker for dims, and an upstream retry-after holding this
+// tenant back. On a pass it leaves the breaker's permit in t; on a refusal it returns the
+// decision (t keeps what it held: the caller undoes it).
+//
+// A provider whose limits run in shadow refuses nothing here: the refusal is counted and the
+// call goes on without a permit, so its outcome is not recorded and the breaker runs its course
+// (OPEN, then probes) as if it were enforced.
+func (e *Engine) checkBreaker(s *Snapshot, dims Dims, t *Ticket, now time.Time) (Decision, bool) {
+	refuse := func(reason Reason, in string, retry time.Duration) (Decision, bool) {
+		return Decision{Verdict: Reject, Reason: reason, Compartment: in, RetryAfter: retry, Dims: dims}, true
+	}
 	if bs := s.providers[dims.Provider].breakers; bs != nil {
 		if wait := bs.holds.until(dims.Tenant, now); wait > 0 {
 			if !bs.shadow {
@@ -380,59 +491,25 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 			t.brk, t.permit = b, p
 		}
 	}
+	return Decision{}, false
+}
 
-	// 3. Token budgets, reserved at the estimate.
-	tokens := r.Estimate.Total
-	for i := 0; i < t.n; i++ {
-		in := t.insts[i]
-		for _, wb := range [2]struct {
-			w  *budget.Window
-			ch *budget.Charge
-		}{{in.tpm, &t.tpm[i]}, {in.tpd, &t.tpd[i]}} {
-			if wb.w == nil {
-				continue
-			}
-			ch, ok, wait := wb.w.Reserve(tokens, now)
-			if !ok {
-				if !in.limits.Shadow {
-					return refuse(ReasonTokenBudget, in.name, wait)
-				}
-				e.metrics.countShadow(s.label(in), ReasonTokenBudget)
-				ch = wb.w.Take(tokens, now)
-			}
-			*wb.ch = ch
-		}
-	}
-
-	// 4. Concurrency and in-flight tokens, possibly waiting.
-	want := bulkhead.Want{Tokens: tokens, Tenant: dims.Tenant, Now: now}
+// want is what the request asks of the scheduler: the highest priority and the shortest
+// max_wait among its enforced compartments.
+func (t *Ticket) want(tokens int64, tenant string, now time.Time) bulkhead.Want {
+	w := bulkhead.Want{Tokens: tokens, Tenant: tenant, Now: now}
 	first := true
 	for i := 0; i < t.n; i++ {
 		l := t.insts[i].limits
 		if l.Shadow {
 			continue
 		}
-		want.Priority = max(want.Priority, l.Priority)
-		if l.HasMaxWait && (first || l.MaxWait < want.MaxWait) {
-			want.MaxWait, first = l.MaxWait, false
+		w.Priority = max(w.Priority, l.Priority)
+		if l.HasMaxWait && (first || l.MaxWait < w.MaxWait) {
+			w.MaxWait, first = l.MaxWait, false
 		}
 	}
-	if err := e.sched.Acquire(ctx, t.set[:t.n], t.held[:t.n], want, onQueue); err != nil {
-		var rf *bulkhead.Refusal
-		if errors.As(err, &rf) {
-			reason := ReasonBulkheadFull
-			if rf.Cause == bulkhead.CauseCancelled {
-				reason = ReasonCancelled
-			}
-			return refuse(reason, rf.Compartment.Name(), rf.RetryAfter)
-		}
-		return refuse(ReasonBulkheadFull, "", 0)
-	}
-	t.grantedAt = e.clock.Now()
-	t.active = true
-	e.inflight.Add(1)
-	s.features[dims.Feature].stats.tokensReserved.Add(float64(tokens))
-	return Decision{Verdict: Admit, Dims: dims}
+	return w
 }
 
 // undo returns everything a refused admission took.
@@ -615,13 +692,21 @@ func (t *Ticket) Done(o Outcome) (settled Settled) {
 		bs.holdFor(t.dims.Tenant, o.Status, openFor, t.brk, now)
 	}
 	settled = t.Settle(o)
-	for i := 0; i < t.n; i++ {
-		in := t.insts[i]
-		if in.tpm != nil {
-			in.tpm.Settle(t.tpm[i], settled.Total, now)
-		}
-		if in.tpd != nil {
-			in.tpd.Settle(t.tpd[i], settled.Total, now)
+	switch t.mode {
+	case ticketShared:
+		e.cluster.store.Settle(t.shared.lease, settled.Total, t.shared.windows)
+	case ticketTracked:
+		e.cluster.store.Settle(t.shared.lease, settled.Total, nil)
+		fallthrough
+	default:
+		for i := 0; i < t.n; i++ {
+			in := t.insts[i]
+			if in.tpm != nil {
+				in.tpm.Settle(t.tpm[i], settled.Total, now)
+			}
+			if in.tpd != nil {
+				in.tpd.Settle(t.tpd[i], settled.Total, now)
+			}
 		}
 	}
 	f := s.features[t.dims.Feature].stats

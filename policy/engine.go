@@ -17,6 +17,7 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -52,6 +53,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Cluster connects to the shared state the policy's cluster section names (the server does;
+	// validation does not). Without it, or without a cluster section, limits are per process.
+	Cluster bool
 }
 
 // Engine holds the live policy and all state that outlives a policy reload: compartments,
@@ -79,6 +83,11 @@ type Engine struct {
 	clampLoggedAt atomic.Int64
 	// breakerLogs rate-limits each breaker's log lines.
 	breakerLogs breakerLogs
+	// cluster is the shared state of cluster mode (nil without one).
+	cluster *clusterState
+	// share divides every limit while the shared state is unavailable (1 otherwise); snapshots
+	// are built with it.
+	share atomic.Int64
 }
 
 // NewEngine builds an engine running policy p.
@@ -94,11 +103,21 @@ func NewEngine(p *config.Policy, o Options) (*Engine, error) {
 	e.est = newEstimator()
 	e.metrics = newMetrics(e, o.Registerer)
 	e.sched.OnWait = e.metrics.observeWait
+	e.share.Store(1)
 	if _, err := e.Apply(p); err != nil {
 		return nil, err
 	}
+	if o.Cluster {
+		if err := e.openCluster(p, o.Registerer); err != nil {
+			return nil, err
+		}
+	}
 	return e, nil
 }
+
+// Close disconnects from the shared state (giving this replica's slots back at once); ctx
+// bounds it. Without a cluster it does nothing.
+func (e *Engine) Close(ctx context.Context) error { return e.closeCluster(ctx) }
 
 // Snapshot returns the live policy. A request should use one Snapshot from start to end.
 func (e *Engine) Snapshot() *Snapshot { return e.cur.Load() }
@@ -226,6 +245,8 @@ type Snapshot struct {
 	engine *Engine
 	gen    uint64
 	built  time.Time
+	// share divides every limit (live replicas, while the cluster's shared state is unavailable).
+	share int64
 
 	features    []*featureEntry
 	tiers       []string
@@ -338,7 +359,7 @@ func (s *Snapshot) TierName(i int) string { return s.tiers[i] }
 func (s *Snapshot) ProviderName(i int) string { return s.providers[i].name }
 
 func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Snapshot, error) {
-	s := &Snapshot{policy: p, engine: e, gen: gen, built: e.clock.Now()}
+	s := &Snapshot{policy: p, engine: e, gen: gen, built: e.clock.Now(), share: max(e.share.Load(), 1)}
 	s.featureIdx, s.tierIdx, s.providerIdx = map[string]int{}, map[string]int{}, map[string]int{}
 	for i, name := range p.FeatureNames() {
 		f := &featureEntry{name: name, ratio: 1}

@@ -231,7 +231,7 @@ func (s *Snapshot) limitsFor(f *family, d *Dims) config.Resolved {
 	case modeEnforce:
 		r.Shadow = false
 	}
-	return r
+	return shareLimits(r, s.share)
 }
 
 // familyMode is a family's mode override.

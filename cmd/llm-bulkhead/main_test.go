@@ -35,6 +35,45 @@ const broken = `features:
     max_concurent: 3
 `
 
+const clusterPolicy = `features:
+  default: {max_concurrent: 5}
+cluster:
+  backend: redis
+  mode: sentinel
+  master_name: mymaster
+  addresses: [s1:26379, s2:26379]
+  password_env: REDIS_PASSWORD
+  tls: {enabled: true}
+  replica_id: pod-7
+  lease_ttl: 8s
+  on_unavailable: closed
+`
+
+const clusterPools = `compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+pools:
+  - name: shared
+    max_concurrent: 5
+    members:
+      - {compartment: feature/default, guaranteed: 1}
+      - {compartment: feature/default, guaranteed: 1}
+`
+
+// clusterExplained is what validate --explain says about clusterPolicy's cluster section.
+const clusterExplained = `
+cluster: backend redis, mode sentinel (master mymaster)
+  addresses:      s1:26379, s2:26379
+  connection:     password from $REDIS_PASSWORD, tls on, dial_timeout 1s, write_timeout 1s
+  key prefix:     llm-bulkhead
+  replica id:     pod-7
+  timeout:        20ms (the longest an admission waits for Redis)
+  on_unavailable: closed (requests refused with 503, reason cluster_unavailable)
+  leases:         lease_ttl 8s, heartbeat 2s (a replica that stops heartbeating frees its slots after lease_ttl)
+  settlements:    sent every 2ms, at most 100000 queued while Redis is unreachable
+  shared:         token budgets, request rates, concurrency (across every replica with this key prefix)
+  per replica:    breakers, learned estimates, queues
+`
+
 func TestValidate(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -45,6 +84,10 @@ func TestValidate(t *testing.T) {
 	}{
 		{"built-in policy", []string{"validate"}, 0, "<embedded examples/policy.yaml>: OK — 5 features, 3 tiers", ""},
 		{"explain", []string{"validate", "--explain"}, 0, "tier_feature/free/chat", ""},
+		{"explain cluster off", []string{"validate", "--explain"}, 0, "\ncluster: off (every limit is enforced per process)\n", ""},
+		{"explain cluster", []string{"validate", "--explain", "--config", write(t, clusterPolicy)}, 0, clusterExplained, ""},
+		{"cluster with pools refused", []string{"validate", "--config", write(t, clusterPolicy+clusterPools)}, 2, "",
+			"policy.yaml:15: pools: pools are enforced per process and cannot be shared across replicas yet"},
 		{"broken file names file, line and key", []string{"validate", "--config", write(t, broken)}, 2, "",
 			`policy.yaml:3: features.default.max_concurent: unknown key "max_concurent" (did you mean "max_concurrent"?)`},
 		{"missing file", []string{"validate", "--config", "/nonexistent/p.yaml"}, 2, "", "/nonexistent/p.yaml: cannot read policy file"},

@@ -47,6 +47,10 @@ type Compartment struct {
 	queue    fairQueue
 	member   *member
 	avgHold  float64 // EWMA of slot hold time, nanoseconds; 0 until the first release
+	// remote and remoteTokens are the slots and in-flight tokens other replicas hold when the
+	// limits are shared (cluster mode), as last reported: they count against the limits here,
+	// so that requests queue in this replica instead of asking Redis for slots that are taken.
+	remote, remoteTokens int64
 
 	admitted       atomic.Uint64
 	refused        atomic.Uint64
@@ -64,6 +68,10 @@ func NewCompartment(name string, l Limits) *Compartment {
 // Name returns the compartment's name, e.g. "feature/chat".
 func (c *Compartment) Name() string { return c.name }
 
+// CountShadowRefusal counts a refusal a shadow-mode compartment would have made elsewhere
+// (in the shared state of a cluster).
+func (c *Compartment) CountShadowRefusal() { c.shadowRefusals.Add(1) }
+
 // Stats is a point-in-time view of a compartment.
 type Stats struct {
 	Name           string
@@ -71,6 +79,8 @@ type Stats struct {
 	InFlight       int64
 	InFlightTokens int64
 	Queued         int
+	// Remote and RemoteTokens are what other replicas hold (cluster mode), as last reported.
+	Remote, RemoteTokens int64
 	// Pool, Guaranteed and PoolMax describe pool membership (Pool empty when none).
 	Pool            string
 	Guaranteed      int64
@@ -369,10 +379,10 @@ func (s *Scheduler) room(c *Compartment, tokens int64) bool {
 		if c.inflight >= m.guaranteed && s.guaranteedWaiting(m) {
 			return false
 		}
-	} else if l.MaxConcurrent > 0 && c.inflight >= l.MaxConcurrent {
+	} else if l.MaxConcurrent > 0 && c.inflight+c.remote >= l.MaxConcurrent {
 		return false
 	}
-	if l.MaxInflightTokens > 0 && c.tokens > 0 && c.tokens+min(tokens, l.MaxInflightTokens) > l.MaxInflightTokens {
+	if used := c.tokens + c.remoteTokens; l.MaxInflightTokens > 0 && used > 0 && used+min(tokens, l.MaxInflightTokens) > l.MaxInflightTokens {
 		return false
 	}
 	return true
@@ -519,6 +529,44 @@ func (s *Scheduler) SetLimits(c *Compartment, l Limits) {
 	s.mu.Unlock()
 }
 
+// SetRemote sets the slots and in-flight tokens other replicas hold in c (cluster mode). Room
+// that a decrease frees goes to c's waiters at once.
+func (s *Scheduler) SetRemote(c *Compartment, slots, tokens int64) {
+	s.mu.Lock()
+	s.setRemote(c, max(slots, 0), max(tokens, 0))
+	s.mu.Unlock()
+}
+
+// SetRemoteTotal is SetRemote from totals over every replica, this one included: what c holds
+// here is subtracted.
+func (s *Scheduler) SetRemoteTotal(c *Compartment, slots, tokens int64) {
+	s.mu.Lock()
+	s.setRemote(c, max(slots-c.inflight, 0), max(tokens-c.tokens, 0))
+	s.mu.Unlock()
+}
+
+func (s *Scheduler) setRemote(c *Compartment, slots, tokens int64) {
+	freed := slots < c.remote || tokens < c.remoteTokens
+	c.remote, c.remoteTokens = slots, tokens
+	if freed && c.queue.len() > 0 {
+		s.dispatch(c)
+	}
+}
+
+// Remote returns what other replicas hold in c, as last reported.
+func (s *Scheduler) Remote(c *Compartment) (slots, tokens int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return c.remote, c.remoteTokens
+}
+
+// Waiting reports whether requests are queued in c.
+func (s *Scheduler) Waiting(c *Compartment) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return c.queue.len() > 0
+}
+
 // SetPools replaces every pool. Compartments not in any pool leave their old one; capacity in
 // use carries over (a pool's use is recomputed from its members' in-flight counts).
 func (s *Scheduler) SetPools(pools []PoolSpec) []*Pool {
@@ -559,7 +607,7 @@ func (s *Scheduler) Stats(c *Compartment) Stats {
 	s.mu.Lock()
 	st := Stats{
 		Name: c.name, Limits: c.limits, InFlight: c.inflight, InFlightTokens: c.tokens,
-		Queued: c.queue.len(), AvgHold: time.Duration(c.avgHold),
+		Queued: c.queue.len(), AvgHold: time.Duration(c.avgHold), Remote: c.remote, RemoteTokens: c.remoteTokens,
 	}
 	if m := c.member; m != nil {
 		st.Pool, st.Guaranteed, st.PoolMax = m.pool.name, m.guaranteed, m.max

@@ -3,10 +3,13 @@ package config
 import (
 	"fmt"
 	"math"
+	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // Defaults that more than one place needs.
@@ -23,6 +26,29 @@ const (
 	DefaultMaxStreams        = 20000
 	DefaultMaxBufferedBody   = 256 << 20
 )
+
+// Cluster backends and modes, and the defaults of the cluster section (applied only when a
+// backend is set).
+const (
+	ClusterRedis      = "redis"
+	ClusterStandalone = "standalone"
+	ClusterSentinel   = "sentinel"
+	ClusterCluster    = "cluster"
+
+	OnUnavailableLocal  = "local"
+	OnUnavailableClosed = "closed"
+
+	DefaultClusterKeyPrefix             = "llm-bulkhead"
+	DefaultClusterTimeout               = 20 * time.Millisecond
+	DefaultClusterDialTimeout           = time.Second
+	DefaultClusterWriteTimeout          = time.Second
+	DefaultClusterLeaseTTL              = 10 * time.Second
+	DefaultClusterSettleInterval        = 2 * time.Millisecond
+	DefaultClusterMaxPendingSettlements = 100000
+)
+
+// MaxReplicaIDBytes bounds cluster.replica_id: it is part of Redis keys and of every lease.
+const MaxReplicaIDBytes = 128
 
 // Dimension names as used in compartment keys and classification.
 const (
@@ -127,6 +153,61 @@ func (p *Policy) applyDefaults() {
 			p.Features[name] = f
 		}
 	}
+	p.Cluster.applyDefaults()
+}
+
+// Enabled reports whether limits are shared through a backend (after defaults: "none" is
+// normalised to empty).
+func (c *Cluster) Enabled() bool { return c.Backend != "" && c.Backend != "none" }
+
+// applyDefaults normalises backend "none" to empty and, only when a backend is set, fills the
+// section's defaults. With the backend off every key stays as written, so validation can refuse
+// the ones that would do nothing.
+func (c *Cluster) applyDefaults() {
+	if c.Backend == "none" {
+		c.Backend = ""
+	}
+	if !c.Enabled() {
+		return
+	}
+	// Defaults are filled for any backend, not only redis: an unknown backend is refused anyway,
+	// and its other keys are then checked against the defaults a fixed backend would get.
+	c.Mode = orString(c.Mode, ClusterStandalone)
+	c.KeyPrefix = orString(c.KeyPrefix, DefaultClusterKeyPrefix)
+	c.ReplicaID = orString(c.ReplicaID, defaultReplicaID())
+	orDuration(&c.Timeout, DefaultClusterTimeout)
+	orDuration(&c.DialTimeout, DefaultClusterDialTimeout)
+	orDuration(&c.WriteTimeout, DefaultClusterWriteTimeout)
+	orDuration(&c.LeaseTTL, DefaultClusterLeaseTTL)
+	if c.LeaseTTL > 0 {
+		orDuration(&c.Heartbeat, c.LeaseTTL.D()/4)
+	} else {
+		// A lease_ttl that is refused must not also make the heartbeat derived from it wrong.
+		orDuration(&c.Heartbeat, DefaultClusterLeaseTTL/4)
+	}
+	orDuration(&c.SettleInterval, DefaultClusterSettleInterval)
+	c.MaxPendingSettlements = int(orInt(int64(c.MaxPendingSettlements), DefaultClusterMaxPendingSettlements))
+	c.OnUnavailable = orString(c.OnUnavailable, OnUnavailableLocal)
+}
+
+// defaultReplicaID is "<hostname>-<pid>", with whitespace in the host name replaced and the
+// host name shortened so the id always passes validation.
+func defaultReplicaID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "llm-bulkhead"
+	}
+	host = strings.Map(func(r rune) rune {
+		if unicode.IsSpace(r) || unicode.IsControl(r) {
+			return '-'
+		}
+		return r
+	}, host)
+	pid := "-" + strconv.Itoa(os.Getpid())
+	if len(host)+len(pid) > MaxReplicaIDBytes {
+		host = strings.ToValidUTF8(host[:MaxReplicaIDBytes-len(pid)], "")
+	}
+	return host + pid
 }
 
 // Resolved is a limit set with template inheritance and defaults applied. Zero in a count field
@@ -321,6 +402,12 @@ func orInt(v, def int64) int64 {
 		return def
 	}
 	return v
+}
+
+func orDuration(v *Duration, def time.Duration) {
+	if *v == 0 {
+		*v = Duration(def)
+	}
 }
 
 func orFloat(v, def float64) float64 {

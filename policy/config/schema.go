@@ -46,6 +46,8 @@ type Policy struct {
 	// any compartment and no breaker). Default false: such a policy is refused, so that an empty
 	// or truncated file cannot silently turn every limit off.
 	AllowEmpty bool `koanf:"allow_empty" json:"allow_empty,omitempty"`
+	// Cluster shares limits across replicas through Redis. Default off.
+	Cluster Cluster `koanf:"cluster" json:"cluster,omitempty"`
 }
 
 // Server holds listener and process settings. Command-line flags given explicitly win over these.
@@ -493,4 +495,78 @@ type Responses struct {
 	// RateLimitHeaders adds x-ratelimit-remaining-tokens and x-ratelimit-reset-tokens for the
 	// tightest token budget of the request's compartments. Default false.
 	RateLimitHeaders bool `koanf:"ratelimit_headers" json:"ratelimit_headers,omitempty"`
+}
+
+// Cluster makes every replica enforce one shared policy: token budgets, request rates and
+// concurrency are kept in Redis, so that "20 concurrent chat requests" means 20 across the whole
+// fleet, not 20 per replica. Off by default (backend empty): each process enforces the policy
+// alone.
+type Cluster struct {
+	// Backend is "redis" to share limits, or empty (or "none") to keep them per process.
+	// Default empty.
+	Backend string `koanf:"backend" json:"backend,omitempty"`
+	// Addresses lists host:port pairs: the server (standalone), the sentinels (sentinel) or some
+	// cluster nodes (cluster). Required with a backend.
+	Addresses []string `koanf:"addresses" json:"addresses,omitempty"`
+	// Mode is standalone, sentinel or cluster. Default standalone.
+	Mode string `koanf:"mode" json:"mode,omitempty"`
+	// MasterName is the sentinel master set's name. Required in sentinel mode, refused otherwise.
+	MasterName string `koanf:"master_name" json:"master_name,omitempty"`
+	// Username is the Redis ACL user. Default empty (the default user).
+	Username string `koanf:"username" json:"username,omitempty"`
+	// PasswordEnv names the environment variable holding the Redis password (never the password
+	// itself: policy files end up in config maps and logs). Default empty (no password).
+	PasswordEnv string `koanf:"password_env" json:"password_env,omitempty"`
+	// TLS configures TLS to Redis. Default off.
+	TLS ClusterTLS `koanf:"tls" json:"tls,omitempty"`
+	// KeyPrefix starts every Redis key and channel name, in a hash tag so that every key lives
+	// in one Redis Cluster slot (each admission is one atomic script). Replicas enforcing one
+	// policy must share it; different deployments sharing a Redis must not.
+	// Default "llm-bulkhead".
+	KeyPrefix string `koanf:"key_prefix" json:"key_prefix,omitempty"`
+	// ReplicaID names this replica among the others; leases held on it belong to it, and must
+	// be unique among live replicas.
+	// Default "<hostname>-<pid>".
+	ReplicaID string `koanf:"replica_id" json:"replica_id,omitempty"`
+	// Timeout is the longest an admission waits for Redis. Beyond it the admission proceeds as
+	// on_unavailable says. Default 20ms.
+	Timeout Duration `koanf:"timeout" json:"timeout,omitempty"`
+	// DialTimeout bounds connecting to Redis. Default 1s.
+	DialTimeout Duration `koanf:"dial_timeout" json:"dial_timeout,omitempty"`
+	// WriteTimeout bounds the calls off the admission path: settlements, heartbeats, resyncs.
+	// Default 1s.
+	WriteTimeout Duration `koanf:"write_timeout" json:"write_timeout,omitempty"`
+	// LeaseTTL is how long a replica's concurrency leases outlive its last heartbeat: the slots
+	// of a replica that died without saying so come back after this long. Default 10s.
+	LeaseTTL Duration `koanf:"lease_ttl" json:"lease_ttl,omitempty"`
+	// Heartbeat is how often a replica renews its leases (all of them in one call) and learns
+	// the live membership. At most lease_ttl / 2. Default lease_ttl / 4.
+	Heartbeat Duration `koanf:"heartbeat" json:"heartbeat,omitempty"`
+	// SettleInterval is how long settlements and releases may wait to be sent together in one
+	// call. Default 2ms.
+	SettleInterval Duration `koanf:"settle_interval" json:"settle_interval,omitempty"`
+	// MaxPendingSettlements bounds settlements queued while Redis is unreachable; beyond it the
+	// oldest are dropped (counted), and the replica's leases are rewritten from its own state when
+	// Redis is back. Default 100000.
+	MaxPendingSettlements int `koanf:"max_pending_settlements" json:"max_pending_settlements,omitempty"`
+	// OnUnavailable is what admission does while Redis is slow or gone: "local" enforces each
+	// limit divided by the live replicas last seen (at least 1) in this process, "closed" refuses
+	// with 503, reason cluster_unavailable. Default local.
+	OnUnavailable string `koanf:"on_unavailable" json:"on_unavailable,omitempty"`
+}
+
+// ClusterTLS configures TLS to Redis.
+type ClusterTLS struct {
+	// Enabled turns TLS on. Default false.
+	Enabled bool `koanf:"enabled" json:"enabled,omitempty"`
+	// CAFile is a PEM bundle of the CAs to trust. Default the system roots.
+	CAFile string `koanf:"ca_file" json:"ca_file,omitempty"`
+	// CertFile is a client certificate (PEM) for mutual TLS, with KeyFile. Both or neither.
+	CertFile string `koanf:"cert_file" json:"cert_file,omitempty"`
+	// KeyFile is the client certificate's private key (PEM), with CertFile. Both or neither.
+	KeyFile string `koanf:"key_file" json:"key_file,omitempty"`
+	// ServerName overrides the name checked in the server's certificate. Default the address's host.
+	ServerName string `koanf:"server_name" json:"server_name,omitempty"`
+	// InsecureSkipVerify accepts any server certificate (tests only). Default false.
+	InsecureSkipVerify bool `koanf:"insecure_skip_verify" json:"insecure_skip_verify,omitempty"`
 }

@@ -2,11 +2,15 @@ package config
 
 import (
 	"fmt"
+	"net"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
 )
 
 var (
@@ -21,6 +25,9 @@ var (
 	limitDims  = []string{DimFeature, DimTenant, DimTier, DimProvider}
 	// Reasons that can be degraded into a re-route.
 	degradeReasons = []string{"token_budget", "rate_limit", "bulkhead_full"}
+	clusterModes   = []string{ClusterStandalone, ClusterSentinel, ClusterCluster}
+	onUnavailable  = []string{OnUnavailableLocal, OnUnavailableClosed}
+	envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
 // validate checks a decoded policy with defaults applied and records every problem.
@@ -41,6 +48,7 @@ func validate(ps *problems, p *Policy) {
 	v.breakers()
 	v.families()
 	v.pools()
+	v.cluster()
 	v.waits()
 	v.limitsSomething()
 }
@@ -784,6 +792,181 @@ func (v *validator) pools() {
 		}
 	}
 }
+
+// Bounds of the cluster section's values.
+const (
+	maxClusterTimeout        = time.Second
+	minClusterLeaseTTL       = time.Second
+	maxClusterSettleInterval = 100 * time.Millisecond
+	minPendingSettlements    = 1000
+)
+
+// cluster checks the cluster section. With the backend off, every other key it sets would do
+// nothing, so each is refused; with a backend, every value is checked (defaults are filled).
+func (v *validator) cluster() {
+	c := v.p.Cluster
+	if !c.Enabled() {
+		for _, key := range setKeys(reflect.ValueOf(c), "cluster") {
+			if key != "cluster.backend" {
+				v.add(key, "is set but cluster.backend is empty (or none), so it would do nothing: set backend: redis to share limits across replicas, or remove it")
+			}
+		}
+		return
+	}
+	if c.Backend != ClusterRedis {
+		v.add("cluster.backend", "%q is not a cluster backend: use redis, or none (or leave it out) to enforce limits per process", c.Backend)
+	}
+	v.clusterAddresses(c)
+	if c.Mode == ClusterSentinel {
+		if c.MasterName == "" {
+			v.add("cluster.master_name", "sentinel mode needs the name of the master set the sentinels watch")
+		}
+	} else if c.MasterName != "" {
+		v.add("cluster.master_name", "is only for sentinel mode, not %s", c.Mode)
+	}
+	if c.PasswordEnv != "" {
+		if !envNamePattern.MatchString(c.PasswordEnv) {
+			v.add("cluster.password_env", "%q is not an environment variable name (letters, digits and '_', not starting with a digit); write the variable's name here, never the password", c.PasswordEnv)
+		} else if strings.HasPrefix(strings.ToUpper(c.PasswordEnv), EnvPrefix) && strings.Contains(c.PasswordEnv, "__") {
+			v.add("cluster.password_env", "%s would be read as a policy override (%s… with a double underscore); choose another name", c.PasswordEnv, EnvPrefix)
+		}
+	}
+	v.clusterTLS(c.TLS)
+	if c.KeyPrefix == "" {
+		v.add("cluster.key_prefix", "must not be empty")
+	} else if strings.ContainsAny(c.KeyPrefix, "{}") || strings.IndexFunc(c.KeyPrefix, spaceOrControl) >= 0 {
+		v.add("cluster.key_prefix", "%q must not contain '{', '}', whitespace or control characters: it is written inside the hash tag {…} that keeps every key in one Redis Cluster slot", c.KeyPrefix)
+	}
+	switch {
+	case c.ReplicaID == "":
+		v.add("cluster.replica_id", "must not be empty")
+	case strings.IndexFunc(c.ReplicaID, spaceOrControl) >= 0:
+		v.add("cluster.replica_id", "%q must not contain whitespace or control characters", c.ReplicaID)
+	case len(c.ReplicaID) > MaxReplicaIDBytes:
+		v.add("cluster.replica_id", "is %d bytes long, at most %d", len(c.ReplicaID), MaxReplicaIDBytes)
+	}
+	if c.Timeout <= 0 || c.Timeout.D() > maxClusterTimeout {
+		v.add("cluster.timeout", "must be positive and at most %s (every admission waits up to this long for Redis), got %s", maxClusterTimeout, c.Timeout)
+	}
+	if c.DialTimeout <= 0 {
+		v.add("cluster.dial_timeout", "must be positive, got %s", c.DialTimeout)
+	}
+	if c.WriteTimeout <= 0 {
+		v.add("cluster.write_timeout", "must be positive, got %s", c.WriteTimeout)
+	}
+	leaseOK := c.LeaseTTL.D() >= minClusterLeaseTTL
+	if !leaseOK {
+		v.add("cluster.lease_ttl", "must be at least %s, got %s", minClusterLeaseTTL, c.LeaseTTL)
+	}
+	if c.Heartbeat <= 0 {
+		v.add("cluster.heartbeat", "must be positive, got %s", c.Heartbeat)
+	} else if leaseOK && 2*c.Heartbeat > c.LeaseTTL {
+		v.add("cluster.heartbeat", "%s is more than half of cluster.lease_ttl (%s): one late heartbeat would let the replica's leases expire while it is alive; use at most %s", c.Heartbeat, c.LeaseTTL, c.LeaseTTL/2)
+	}
+	if c.SettleInterval < 0 || c.SettleInterval.D() > maxClusterSettleInterval {
+		v.add("cluster.settle_interval", "must be between 0s and %s, got %s", maxClusterSettleInterval, c.SettleInterval)
+	}
+	if c.MaxPendingSettlements < minPendingSettlements {
+		v.add("cluster.max_pending_settlements", "must be at least %d, got %d", minPendingSettlements, c.MaxPendingSettlements)
+	}
+	if !slices.Contains(onUnavailable, c.OnUnavailable) {
+		v.add("cluster.on_unavailable", "%q is not one of %s", c.OnUnavailable, strings.Join(onUnavailable, ", "))
+	}
+	if len(v.p.Pools) > 0 {
+		v.add("pools", "pools are enforced per process and cannot be shared across replicas yet, so with cluster.backend %s each replica would lend and borrow its own capacity: remove pools or the cluster backend", c.Backend)
+	}
+}
+
+// clusterAddresses checks the mode and the addresses it needs.
+func (v *validator) clusterAddresses(c Cluster) {
+	modeOK := slices.Contains(clusterModes, c.Mode)
+	if !modeOK {
+		v.add("cluster.mode", "%q is not one of %s", c.Mode, strings.Join(clusterModes, ", "))
+	}
+	switch {
+	case len(c.Addresses) == 0:
+		v.add("cluster.addresses", "cluster.backend %s needs at least one host:port address", c.Backend)
+	case c.Mode == ClusterStandalone && len(c.Addresses) > 1:
+		v.add("cluster.addresses", "standalone mode takes exactly one address, got %d; list sentinels with mode: sentinel, cluster nodes with mode: cluster", len(c.Addresses))
+	}
+	seen := map[string]int{}
+	for i, a := range c.Addresses {
+		path := fmt.Sprintf("cluster.addresses[%d]", i)
+		if msg := hostPortProblem(a); msg != "" {
+			v.add(path, "%q %s", a, msg)
+			continue
+		}
+		if j, dup := seen[a]; dup {
+			v.add(path, "%q is already listed at cluster.addresses[%d]", a, j)
+			continue
+		}
+		seen[a] = i
+	}
+}
+
+// hostPortProblem says what keeps address from being a host:port, or "".
+func hostPortProblem(address string) string {
+	host, port, err := net.SplitHostPort(address)
+	if err != nil {
+		return "is not a host:port address (write it like redis:6379 or [::1]:6379)"
+	}
+	if host == "" {
+		return "has no host"
+	}
+	if strings.IndexFunc(host, spaceOrControl) >= 0 {
+		return "has whitespace in its host"
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || port != strconv.Itoa(n) {
+		return "needs a numeric port between 1 and 65535"
+	}
+	return ""
+}
+
+// clusterTLS checks TLS to Redis: a client certificate needs its key, and settings without
+// enabled: true would silently not be used.
+func (v *validator) clusterTLS(t ClusterTLS) {
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		// Blamed on the key that is written, so the problem has its line.
+		if t.CertFile == "" {
+			v.add("cluster.tls.key_file", "is set without cert_file: a client certificate needs both (or neither)")
+		} else {
+			v.add("cluster.tls.cert_file", "is set without key_file: a client certificate needs both (or neither)")
+		}
+	}
+	if !t.Enabled {
+		for _, key := range setKeys(reflect.ValueOf(t), "cluster.tls") {
+			v.add(key, "is set but cluster.tls.enabled is false, so it would not be used: set enabled: true, or remove it")
+		}
+	}
+}
+
+// setKeys returns the key paths of the fields of the struct v that are set (not zero; an empty
+// list counts as unset), descending into nested structs, in field order.
+func setKeys(v reflect.Value, path string) []string {
+	var out []string
+	info := structInfoOf(v.Type())
+	for i := range v.NumField() {
+		f := v.Field(i)
+		tag, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("koanf"), ",")
+		if _, ok := info.fields[tag]; !ok {
+			continue
+		}
+		sub := joinPath(path, tag)
+		switch {
+		case f.Kind() == reflect.Struct:
+			out = append(out, setKeys(f, sub)...)
+		case f.Kind() == reflect.Slice:
+			if f.Len() > 0 {
+				out = append(out, sub)
+			}
+		case !f.IsZero():
+			out = append(out, sub)
+		}
+	}
+	return out
+}
+
+func spaceOrControl(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }
 
 // staticInstance checks that name ("family/v1/v2") names a compartment that exists regardless
 // of traffic: a family keyed only by feature, tier, provider and model, with values from their

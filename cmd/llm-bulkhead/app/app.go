@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -124,7 +125,7 @@ func New(o Options) (*App, error) {
 	}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.metrics = newAppMetrics(a.registry)
-	eng, err := policy.NewEngine(p, policy.Options{Clock: o.Clock, Registerer: a.registry, Logger: a.log})
+	eng, err := policy.NewEngine(p, policy.Options{Clock: o.Clock, Registerer: a.registry, Logger: a.log, Cluster: true})
 	if err != nil {
 		return nil, &ConfigError{Err: fmt.Errorf("%s: %w", name, err)}
 	}
@@ -138,6 +139,7 @@ func New(o Options) (*App, error) {
 		case o.AdminInsecure:
 			a.adminUnguarded = true
 		default:
+			_ = eng.Close(context.Background())
 			return nil, &ExposedAdminError{Addr: adminAddr, TokenEnv: p.Admin.TokenEnv}
 		}
 	}
@@ -253,6 +255,17 @@ func (a *App) Start() error {
 			a.watcher = w
 		}
 	}
+	if st := a.engine.Cluster(); st != nil {
+		// Give the first registration in Redis a moment, so that the first requests share
+		// limits; if Redis is not there yet, serve as cluster.on_unavailable says meanwhile.
+		c := a.current.Load().Cluster
+		ctx, cancel := context.WithTimeout(context.Background(), c.DialTimeout.D()+c.WriteTimeout.D())
+		if !st.WaitAvailable(ctx) {
+			a.log.Warn("Redis is not reachable yet: admissions follow cluster.on_unavailable until it is",
+				"on_unavailable", c.OnUnavailable, "addresses", c.Addresses)
+		}
+		cancel()
+	}
 	a.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	a.health.SetServingStatus(extprocv3.ExternalProcessor_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	a.ready.Store(true)
@@ -334,6 +347,9 @@ func (a *App) checkFixed(p *config.Policy) error {
 	if p.Server.KeepaliveTimeout != cur.Server.KeepaliveTimeout {
 		problems = append(problems, "server.keepalive_timeout")
 	}
+	if !reflect.DeepEqual(p.Cluster, cur.Cluster) {
+		problems = append(problems, "cluster")
+	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%s changed: these take effect only on restart", strings.Join(problems, ", "))
 	}
@@ -373,6 +389,10 @@ func (a *App) Shutdown(ctx context.Context) {
 		a.extproc.Close()
 		shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
+		// Every stream has ended: give this replica's shared slots back at once.
+		if err := a.engine.Close(shut); err != nil {
+			a.log.Warn("could not give this replica's shared slots back; they free when its leases expire", "error", err)
+		}
 		if err := a.admin.Shutdown(shut); err != nil {
 			a.admin.Close()
 		}

@@ -135,6 +135,7 @@ func (s *Summary) Explain(w io.Writer) {
 	e := p.Envoy
 	fmt.Fprintf(w, "\nEnvoy filter: request_body_mode %s, response_body_mode %s, message_timeout %s, max_message_timeout %s, allow_mode_override %v, failure_mode_allow %v\n",
 		e.RequestBodyMode, e.ResponseBodyMode, e.MessageTimeout, e.MaxMessageTimeout, e.AllowModeOverride, e.FailureModeAllow)
+	explainCluster(w, p.Cluster)
 }
 
 // verdictList is a breaker's resolved record or ignore list: its statuses, then timeout and

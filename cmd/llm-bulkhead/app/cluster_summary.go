@@ -1,0 +1,60 @@
+package app
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+)
+
+// explainCluster prints the cluster section: whether limits are shared across replicas, through
+// what, and which state stays in each process.
+func explainCluster(w io.Writer, c config.Cluster) {
+	if !c.Enabled() {
+		fmt.Fprintln(w, "\ncluster: off (every limit is enforced per process)")
+		return
+	}
+	mode := c.Mode
+	if c.Mode == config.ClusterSentinel {
+		mode += fmt.Sprintf(" (master %s)", c.MasterName)
+	}
+	fmt.Fprintf(w, "\ncluster: backend %s, mode %s\n", c.Backend, mode)
+	line := func(key, format string, args ...any) {
+		fmt.Fprintf(w, "  %-15s %s\n", key+":", fmt.Sprintf(format, args...))
+	}
+	line("addresses", "%s", strings.Join(c.Addresses, ", "))
+	auth := "no password"
+	if c.PasswordEnv != "" {
+		auth = "password from $" + c.PasswordEnv
+	}
+	if c.Username != "" {
+		auth = "user " + c.Username + ", " + auth
+	}
+	tls := "off"
+	if c.TLS.Enabled {
+		tls = "on"
+		if c.TLS.CertFile != "" {
+			tls += " (client certificate)"
+		}
+		if c.TLS.InsecureSkipVerify {
+			tls += " (server certificate NOT verified)"
+		}
+	}
+	line("connection", "%s, tls %s, dial_timeout %s, write_timeout %s", auth, tls, c.DialTimeout, c.WriteTimeout)
+	line("key prefix", "%s", c.KeyPrefix)
+	line("replica id", "%s", c.ReplicaID)
+	line("timeout", "%s (the longest an admission waits for Redis)", c.Timeout)
+	unavailable := c.OnUnavailable
+	switch c.OnUnavailable {
+	case config.OnUnavailableLocal:
+		unavailable += " (each limit divided by the live replicas last seen, enforced in this process)"
+	case config.OnUnavailableClosed:
+		unavailable += " (requests refused with 503, reason cluster_unavailable)"
+	}
+	line("on_unavailable", "%s", unavailable)
+	line("leases", "lease_ttl %s, heartbeat %s (a replica that stops heartbeating frees its slots after lease_ttl)", c.LeaseTTL, c.Heartbeat)
+	line("settlements", "sent every %s, at most %d queued while Redis is unreachable", c.SettleInterval, c.MaxPendingSettlements)
+	line("shared", "token budgets, request rates, concurrency (across every replica with this key prefix)")
+	line("per replica", "breakers, learned estimates, queues")
+}

@@ -1,0 +1,15 @@
+// Package cluster shares llm-bulkhead's limits across replicas through Redis: token budgets and
+// request rates as sliding windows, concurrency as leases that belong to a replica and expire
+// with it. Every admission is one atomic Lua script (all or nothing across the request's
+// compartments, timed by Redis's clock so replicas' clocks never matter); settlements and
+// releases are queued and sent in batches; one heartbeat per replica renews all its leases and
+// drops the leases of replicas that stopped beating. Changes to slot counts are published, so a
+// replica's queued requests wake when a slot frees anywhere.
+//
+// The Store knows nothing of policies: the caller names compartments and windows and gives their
+// limits with every call, so replicas on different policy versions apply their own limits to the
+// same counters, and a window's key includes its length so that no two versions read its slots
+// differently. When Redis is slow or gone the Store reports itself unavailable and the caller
+// decides (enforce a share locally, or refuse); it reconnects, rewrites its leases from its own
+// record of them and reports itself available again by itself.
+package cluster

@@ -1,0 +1,72 @@
+package cluster
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	reg       prometheus.Registerer
+	all       []prometheus.Collector
+	latency   *prometheus.HistogramVec
+	errors    *prometheus.CounterVec
+	available prometheus.Gauge
+	live      prometheus.Gauge
+	leases    prometheus.Gauge
+	queue     prometheus.Gauge
+	dropped   prometheus.Counter
+	resyncs   prometheus.Counter
+	updates   prometheus.Counter
+}
+
+const ns = "llm_bulkhead"
+
+func newMetrics(reg prometheus.Registerer, s *Store) *metrics {
+	m := &metrics{
+		reg: reg,
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "cluster_redis_seconds",
+			Help:    "Round-trip time of calls to Redis, by operation (admit, settle, heartbeat, resync, leave).",
+			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .02, .05, .1, .25, 1}}, []string{"op"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "cluster_redis_errors_total",
+			Help: "Calls to Redis that failed or timed out, by operation."}, []string{"op"}),
+		available: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "cluster_available",
+			Help: "1 while limits are shared through Redis, 0 while admissions follow cluster.on_unavailable."}),
+		live: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "cluster_live_replicas",
+			Help: "Replicas with live leases, as last seen in Redis."}),
+		leases: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "cluster_leases",
+			Help: "Admitted requests this replica holds shared slots and reservations for."}),
+		queue: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "cluster_settlement_queue",
+			Help: "Settlements and releases waiting to be sent to Redis."}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "cluster_settlements_dropped_total",
+			Help: "Settlements dropped because too many were queued while Redis was unreachable."}),
+		resyncs: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "cluster_resyncs_total",
+			Help: "Times this replica (re)registered and rewrote its leases in Redis (at start, and after Redis lost them)."}),
+		updates: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "cluster_count_updates_total",
+			Help: "Published slot totals received from Redis (each can wake requests queued here)."}),
+	}
+	m.all = []prometheus.Collector{m.latency, m.errors, m.available, m.live, m.leases, m.queue, m.dropped, m.resyncs, m.updates}
+	m.live.Set(1)
+	if reg != nil {
+		for _, c := range m.all {
+			reg.MustRegister(c)
+		}
+	}
+	return m
+}
+
+func (m *metrics) observe(op string, start time.Time, err error) {
+	m.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if err != nil {
+		m.errors.WithLabelValues(op).Inc()
+	}
+}
+
+func (m *metrics) unregister() {
+	if m.reg == nil {
+		return
+	}
+	for _, c := range m.all {
+		m.reg.Unregister(c)
+	}
+}

@@ -1,0 +1,192 @@
+package policy_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
+	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+)
+
+// Engines sharing one Redis, as replicas would.
+
+const sharedPolicy = `
+envoy: {max_message_timeout: 10s}
+classification:
+  feature:
+    rules: [{header: x-llm-feature}]
+features:
+  chat: {max_concurrent: 3, max_wait: 5s, tokens_per_minute: 1000}
+  default: {max_concurrent: 10}
+compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+cluster:
+  backend: redis
+  addresses: [%q]
+  replica_id: %s
+  key_prefix: %s
+  timeout: 500ms
+  lease_ttl: 60s
+  heartbeat: 30s
+  on_unavailable: %s
+`
+
+// sharedEngine starts an engine that shares its limits through the Redis at addr.
+func sharedEngine(t *testing.T, addr, id, prefix, onUnavailable string) *policy.Engine {
+	t.Helper()
+	p, err := config.Load("shared.yaml", []byte(fmt.Sprintf(sharedPolicy, addr, id, prefix, onUnavailable)), nil)
+	if err != nil {
+		t.Fatalf("policy:\n%v", err)
+	}
+	e, err := policy.NewEngine(p, policy.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Cluster: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close(context.Background()) })
+	waitFor(t, "the shared state to be available to "+id, func() bool { return e.Cluster().Available() })
+	return e
+}
+
+// waitFor polls cond until it holds (or fails the test after 10 s: a bound for a broken
+// build, not a timing assertion).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func chatDone(tk *policy.Ticket, tokens int64) {
+	tk.Done(policy.Outcome{Status: 200, Usage: policy.Usage{Prompt: tokens / 2, Completion: tokens - tokens/2, Known: true}})
+}
+
+func TestSharedConcurrencyHoldsAcrossEngines(t *testing.T) {
+	rd := redistest.Standalone(t)
+	a := sharedEngine(t, rd.Addr(), "a", "conc", "local")
+	b := sharedEngine(t, rd.Addr(), "b", "conc", "local")
+	noWait := input{headers: map[string]string{"x-llm-feature": "chat"}}
+	// Given chat's 3 slots are taken, two on a and one on b
+	var held []*policy.Ticket
+	for i, e := range []*policy.Engine{a, a, b} {
+		d, tk := admit(t, e, noWait, 10)
+		if d.Verdict != policy.Admit {
+			t.Fatalf("request %d: %+v", i, d)
+		}
+		held = append(held, tk)
+	}
+	// When b is asked for a fourth and the client gives up before a slot frees
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	s := b.Snapshot()
+	r := policy.Request{Dims: s.Classify(noWait), Estimate: policy.Estimate{Total: 10, Prompt: 5, Output: 5}}
+	d := b.Admit(ctx, s, &r, &policy.Ticket{}, nil)
+	cancel()
+	// Then it was not admitted: a's two slots count on b
+	if d.Verdict == policy.Admit {
+		t.Fatalf("a fourth request was admitted with 3 slots held across replicas")
+	}
+	// And a waiter on b is woken when a slot frees on a
+	got := make(chan policy.Decision, 1)
+	go func() {
+		d, tk := admit(t, b, noWait, 10)
+		got <- d
+		if d.Verdict == policy.Admit {
+			chatDone(tk, 10)
+		}
+	}()
+	waitFor(t, "the waiter to queue on b", func() bool { return b.Compartments()[0].Queued == 1 })
+	chatDone(held[0], 10)
+	if d := <-got; d.Verdict != policy.Admit {
+		t.Fatalf("waiter on b after a released: %+v", d)
+	}
+	for _, tk := range held[1:] {
+		chatDone(tk, 10)
+	}
+}
+
+func TestSharedTokenBudgetAcrossEngines(t *testing.T) {
+	rd := redistest.Standalone(t)
+	a := sharedEngine(t, rd.Addr(), "a", "budget", "local")
+	b := sharedEngine(t, rd.Addr(), "b", "budget", "local")
+	chat := feature("chat")
+	// Given a reserved 600 of chat's 1000 tokens a minute
+	d, tk := admit(t, a, chat, 600)
+	if d.Verdict != policy.Admit {
+		t.Fatalf("a: %+v", d)
+	}
+	// Then b cannot reserve another 600
+	if d, _ := admit(t, b, chat, 600); d.Verdict != policy.Reject || d.Reason != policy.ReasonTokenBudget || d.RetryAfter <= 0 {
+		t.Fatalf("b: %+v, want token_budget with a retry-after", d)
+	}
+	// When a's request turns out to cost 100 tokens
+	chatDone(tk, 100)
+	// Then the refund reaches b
+	waitFor(t, "the settlement to reach Redis", func() bool {
+		d, tk := admit(t, b, chat, 600)
+		if d.Verdict == policy.Admit {
+			chatDone(tk, 600)
+			return true
+		}
+		return false
+	})
+	remaining := int64(-1)
+	if d, tk := admit(t, a, chat, 200); d.Verdict == policy.Admit {
+		remaining, _, _ = tk.Remaining()
+		chatDone(tk, 200)
+	}
+	if remaining != 100 {
+		t.Errorf("remaining after 100 + 600 + 200 of 1000 tokens: %d, want 100", remaining)
+	}
+}
+
+func TestSharedStateUnavailableFallsBackToTheShare(t *testing.T) {
+	rd := redistest.Standalone(t)
+	a := sharedEngine(t, rd.Addr(), "a", "down", "local")
+	_ = sharedEngine(t, rd.Addr(), "b", "down", "local")
+	c := sharedEngine(t, rd.Addr(), "c", "down-closed", "closed")
+	chat := feature("chat")
+	waitFor(t, "a to see both replicas", func() bool {
+		d, tk := admit(t, a, chat, 1) // any admission refreshes nothing; the heartbeat sets live
+		if d.Verdict == policy.Admit {
+			chatDone(tk, 1)
+		}
+		return a.Cluster().Live() >= 1
+	})
+	rd.Kill()
+	// When Redis is gone, a enforces its share locally and c (closed) refuses.
+	waitFor(t, "a to notice Redis is gone", func() bool {
+		d, tk := admit(t, a, chat, 1)
+		if d.Verdict == policy.Admit {
+			chatDone(tk, 1)
+		}
+		return !a.Cluster().Available()
+	})
+	d, tk := admit(t, a, chat, 1)
+	if d.Verdict != policy.Admit {
+		t.Fatalf("a without Redis: %+v", d)
+	}
+	chatDone(tk, 1)
+	waitFor(t, "c to refuse with cluster_unavailable", func() bool {
+		d, tk := admit(t, c, chat, 1)
+		if d.Verdict == policy.Admit {
+			chatDone(tk, 1)
+		}
+		return d.Reason == policy.ReasonClusterUnavailable
+	})
+	// And both come back by themselves when Redis does.
+	rd.Restart()
+	waitFor(t, "a and c to share again", func() bool { return a.Cluster().Available() && c.Cluster().Available() })
+	if d, tk := admit(t, c, chat, 1); d.Verdict != policy.Admit {
+		t.Fatalf("c after Redis came back: %+v", d)
+	} else {
+		chatDone(tk, 1)
+	}
+}
