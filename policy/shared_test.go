@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -188,5 +189,38 @@ func TestSharedStateUnavailableFallsBackToTheShare(t *testing.T) {
 		t.Fatalf("c after Redis came back: %+v", d)
 	} else {
 		chatDone(tk, 1)
+	}
+}
+
+func TestSharedLimitsFollowEachReplicasPolicyAfterReload(t *testing.T) {
+	rd := redistest.Standalone(t)
+	a := sharedEngine(t, rd.Addr(), "a", "reload", "local")
+	b := sharedEngine(t, rd.Addr(), "b", "reload", "local")
+	chat := feature("chat")
+	// Given a reloads a policy that halves chat's token budget (b still runs the old one)
+	lower := strings.Replace(fmt.Sprintf(sharedPolicy, rd.Addr(), "a", "reload", "local"), "tokens_per_minute: 1000", "tokens_per_minute: 500", 1)
+	p, err := config.Load("shared.yaml", []byte(lower), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	// When b spends 400 tokens
+	d, tk := admit(t, b, chat, 400)
+	if d.Verdict != policy.Admit {
+		t.Fatalf("b: %+v", d)
+	}
+	chatDone(tk, 400)
+	// Then both replicas read the same shared window, each with its own limit: a (500) refuses
+	// 200 more, b (1000) admits them.
+	waitFor(t, "b's settlement", func() bool { return a.Cluster().Info(context.Background()).Pending == 0 && b.Cluster().Info(context.Background()).Pending == 0 })
+	if d, _ := admit(t, a, chat, 200); d.Verdict != policy.Reject || d.Reason != policy.ReasonTokenBudget {
+		t.Fatalf("a with the halved budget: %+v, want token_budget", d)
+	}
+	if d, tk := admit(t, b, chat, 200); d.Verdict != policy.Admit {
+		t.Fatalf("b with the old budget: %+v", d)
+	} else {
+		chatDone(tk, 200)
 	}
 }

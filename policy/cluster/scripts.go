@@ -125,17 +125,26 @@ local function totals(ckey, alive, me)
   return n, t, mn, mt
 end
 
--- publish announces the new totals of the compartment keys in set (a table key → true).
-local function publish(chan, rkey, seqkey, set, now)
-  local alive = live(rkey, now)
+-- announce publishes totals (a list of {key, slots, tokens}) under a new sequence number.
+local function announce(chan, seqkey, list)
   local seq = redis.call('INCR', seqkey)
   local parts = {tostring(seq)}
-  for ckey in pairs(set) do
-    local n, t = totals(ckey, alive, '')
-    parts[#parts + 1] = ckey .. '\t' .. n .. '\t' .. t
+  for _, e in ipairs(list) do
+    parts[#parts + 1] = e[1] .. '\t' .. e[2] .. '\t' .. e[3]
   end
   if #parts > 1 then redis.call('PUBLISH', chan, table.concat(parts, '\n')) end
   return seq
+end
+
+-- publish announces the new totals of the compartment keys in set (a table key → true).
+local function publish(chan, rkey, seqkey, set, now)
+  local alive = live(rkey, now)
+  local list = {}
+  for ckey in pairs(set) do
+    local n, t = totals(ckey, alive, '')
+    list[#list + 1] = {ckey, n, t}
+  end
+  return announce(chan, seqkey, list)
 end
 
 -- drop removes replica r's slots from every compartment it holds them in, and its leases.
@@ -197,7 +206,7 @@ end
 local out = {0, 0, 0, 0}
 for i, c in ipairs(comps) do
   local n, t, mn, mt = totals(c.key, alive, me)
-  c.others, c.otherst = n - mn, t - mt
+  c.others, c.otherst, c.mine_t = n - mn, t - mt, mt
   local full = (c.max > 0 and n >= c.max) or (c.maxt > 0 and t > 0 and t + math.min(c.tokens, c.maxt) > c.maxt)
   if full then
     if not c.shadow then
@@ -223,17 +232,16 @@ for i, wi in ipairs(wins) do
   wcharge(w, n)
   rec[i] = {w.cur, n}
 end
+local list = {}
 for _, c in ipairs(comps) do
-  redis.call('HINCRBY', c.key, 'n:' .. me, 1)
-  if c.tokens > 0 then redis.call('HINCRBY', c.key, 't:' .. me, c.tokens) end
+  local mn = redis.call('HINCRBY', c.key, 'n:' .. me, 1)
+  local mt = c.tokens
+  if c.tokens > 0 then mt = redis.call('HINCRBY', c.key, 't:' .. me, c.tokens) else mt = c.mine_t end
   redis.call('SADD', KEYS[3], c.key)
+  list[#list + 1] = {c.key, c.others + mn, c.otherst + mt}
 end
 redis.call('HSET', KEYS[2], lease, cjson.encode(rec))
-if nc > 0 then
-  local set = {}
-  for _, c in ipairs(comps) do set[c.key] = true end
-  out[4] = publish(chan, KEYS[1], KEYS[4], set, now)
-end
+if nc > 0 then out[4] = announce(chan, KEYS[4], list) end
 for _, c in ipairs(comps) do
   out[#out + 1] = c.others
   out[#out + 1] = c.otherst
