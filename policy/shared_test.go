@@ -37,10 +37,16 @@ cluster:
   on_unavailable: %s
 `
 
-// sharedEngine starts an engine that shares its limits through the Redis at addr.
-func sharedEngine(t *testing.T, addr, id, prefix, onUnavailable string) *policy.Engine {
+// sharedEngine starts an engine that shares its limits through the Redis at addr. Its
+// heartbeat is slow (30 s), so that only publications can wake waiters in a test; fastBeat
+// makes it 250 ms (lease_ttl 2 s) for tests that follow the membership.
+func sharedEngine(t *testing.T, addr, id, prefix, onUnavailable string, fastBeat ...bool) *policy.Engine {
 	t.Helper()
-	p, err := config.Load("shared.yaml", []byte(fmt.Sprintf(sharedPolicy, addr, id, prefix, onUnavailable)), nil)
+	yaml := fmt.Sprintf(sharedPolicy, addr, id, prefix, onUnavailable)
+	if len(fastBeat) > 0 && fastBeat[0] {
+		yaml = strings.Replace(yaml, "lease_ttl: 60s\n  heartbeat: 30s", "lease_ttl: 2s\n  heartbeat: 250ms", 1)
+	}
+	p, err := config.Load("shared.yaml", []byte(yaml), nil)
 	if err != nil {
 		t.Fatalf("policy:\n%v", err)
 	}
@@ -66,6 +72,21 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// admitWaiting asks e to admit in, giving up (as a client would) after wait; an admission is
+// released at once.
+func admitWaiting(e *policy.Engine, in input, tokens int64, wait time.Duration) policy.Decision {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	s := e.Snapshot()
+	r := policy.Request{Dims: s.Classify(in), Estimate: policy.Estimate{Total: tokens, Prompt: tokens / 2, Output: tokens - tokens/2}}
+	tk := &policy.Ticket{}
+	d := e.Admit(ctx, s, &r, tk, nil)
+	if d.Verdict == policy.Admit {
+		chatDone(tk, tokens)
+	}
+	return d
+}
+
 func chatDone(tk *policy.Ticket, tokens int64) {
 	tk.Done(policy.Outcome{Status: 200, Usage: policy.Usage{Prompt: tokens / 2, Completion: tokens - tokens/2, Known: true}})
 }
@@ -74,22 +95,18 @@ func TestSharedConcurrencyHoldsAcrossEngines(t *testing.T) {
 	rd := redistest.Standalone(t)
 	a := sharedEngine(t, rd.Addr(), "a", "conc", "local")
 	b := sharedEngine(t, rd.Addr(), "b", "conc", "local")
-	noWait := input{headers: map[string]string{"x-llm-feature": "chat"}}
+	chatReq := input{headers: map[string]string{"x-llm-feature": "chat"}}
 	// Given chat's 3 slots are taken, two on a and one on b
 	var held []*policy.Ticket
 	for i, e := range []*policy.Engine{a, a, b} {
-		d, tk := admit(t, e, noWait, 10)
+		d, tk := admit(t, e, chatReq, 10)
 		if d.Verdict != policy.Admit {
 			t.Fatalf("request %d: %+v", i, d)
 		}
 		held = append(held, tk)
 	}
 	// When b is asked for a fourth and the client gives up before a slot frees
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	s := b.Snapshot()
-	r := policy.Request{Dims: s.Classify(noWait), Estimate: policy.Estimate{Total: 10, Prompt: 5, Output: 5}}
-	d := b.Admit(ctx, s, &r, &policy.Ticket{}, nil)
-	cancel()
+	d := admitWaiting(b, chatReq, 10, 200*time.Millisecond)
 	// Then it was not admitted: a's two slots count on b
 	if d.Verdict == policy.Admit {
 		t.Fatalf("a fourth request was admitted with 3 slots held across replicas")
@@ -97,7 +114,7 @@ func TestSharedConcurrencyHoldsAcrossEngines(t *testing.T) {
 	// And a waiter on b is woken when a slot frees on a
 	got := make(chan policy.Decision, 1)
 	go func() {
-		d, tk := admit(t, b, noWait, 10)
+		d, tk := admit(t, b, chatReq, 10)
 		got <- d
 		if d.Verdict == policy.Admit {
 			chatDone(tk, 10)
@@ -214,7 +231,9 @@ func TestSharedLimitsFollowEachReplicasPolicyAfterReload(t *testing.T) {
 	chatDone(tk, 400)
 	// Then both replicas read the same shared window, each with its own limit: a (500) refuses
 	// 200 more, b (1000) admits them.
-	waitFor(t, "b's settlement", func() bool { return a.Cluster().Info(context.Background()).Pending == 0 && b.Cluster().Info(context.Background()).Pending == 0 })
+	waitFor(t, "b's settlement", func() bool {
+		return a.Cluster().Info(context.Background()).Pending == 0 && b.Cluster().Info(context.Background()).Pending == 0
+	})
 	if d, _ := admit(t, a, chat, 200); d.Verdict != policy.Reject || d.Reason != policy.ReasonTokenBudget {
 		t.Fatalf("a with the halved budget: %+v, want token_budget", d)
 	}
@@ -222,5 +241,70 @@ func TestSharedLimitsFollowEachReplicasPolicyAfterReload(t *testing.T) {
 		t.Fatalf("b with the old budget: %+v", d)
 	} else {
 		chatDone(tk, 200)
+	}
+}
+
+func TestRequestsAdmittedDuringAnOutageCountOnceRedisIsBack(t *testing.T) {
+	rd := redistest.Standalone(t)
+	a := sharedEngine(t, rd.Addr(), "a", "outage", "local", true)
+	b := sharedEngine(t, rd.Addr(), "b", "outage", "local", true)
+	chat := feature("chat")
+	waitFor(t, "a to see two live replicas", func() bool { return a.Cluster().Live() == 2 })
+	rd.Kill()
+	// Given a admitted a request on its own while Redis was gone (its share: 3 / 2 = 1 slot)
+	var held *policy.Ticket
+	waitFor(t, "a to admit without Redis", func() bool {
+		d, tk := admit(t, a, chat, 10)
+		if d.Verdict == policy.Admit && !a.Cluster().Available() {
+			held = tk
+			return true
+		}
+		if d.Verdict == policy.Admit {
+			chatDone(tk, 10)
+		}
+		return false
+	})
+	waitFor(t, "a to enforce its share", func() bool { return a.Compartments()[0].MaxConcurrent == 1 })
+	if d := admitWaiting(a, chat, 10, 100*time.Millisecond); d.Verdict == policy.Admit {
+		t.Fatalf("a admitted a second request beyond its share of 1")
+	}
+	// When Redis is back
+	rd.Restart()
+	waitFor(t, "both to share again", func() bool { return a.Cluster().Available() && b.Cluster().Available() })
+	waitFor(t, "a's full limits", func() bool { return a.Compartments()[0].MaxConcurrent == 3 })
+	// Then a's request holds one of the 3 shared slots: b gets 2, not 3
+	var bs []*policy.Ticket
+	for i := 0; i < 3; i++ {
+		d, tk := admit(t, b, input{headers: map[string]string{"x-llm-feature": "chat"}}, 10)
+		if d.Verdict == policy.Admit {
+			bs = append(bs, tk)
+		}
+		if len(bs) == 2 {
+			break
+		}
+	}
+	d := admitWaiting(b, chat, 10, 100*time.Millisecond)
+	if len(bs) != 2 || d.Verdict == policy.Admit {
+		t.Fatalf("b admitted %d + %v with a's outage request in flight, want 2 and a refusal", len(bs), d.Verdict == policy.Admit)
+	}
+	// And its release frees the slot once, everywhere
+	chatDone(held, 10)
+	waitFor(t, "b to get the slot a released", func() bool {
+		d, tk := admit(t, b, chat, 10)
+		if d.Verdict == policy.Admit {
+			bs = append(bs, tk)
+			return true
+		}
+		return false
+	})
+	for _, tk := range bs {
+		chatDone(tk, 10)
+	}
+	waitFor(t, "every slot back in Redis", func() bool {
+		out, err := rd.Do("HGETALL", "{outage}:c:feature/chat")
+		return err == nil && !strings.Contains(out, "n:")
+	})
+	if n := a.Cluster().Info(context.Background()).Leases + b.Cluster().Info(context.Background()).Leases; n != 0 {
+		t.Errorf("%d leases still held after every request ended", n)
 	}
 }

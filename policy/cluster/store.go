@@ -180,9 +180,11 @@ type Store struct {
 
 	pendMu  sync.Mutex
 	pending []settlement
-	dropped bool // settlements were dropped: leases must be rewritten
-	kick    chan struct{}
-	probe   chan struct{}
+	// drops counts settlements dropped from the front of pending, so that a flush removes only
+	// what it sent.
+	drops int64
+	kick  chan struct{}
+	probe chan struct{}
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -397,8 +399,12 @@ func (s *Store) enqueue(st settlement) {
 		// replica rewrites its leases; its budget correction is lost (counted).
 		copy(s.pending, s.pending[1:])
 		s.pending = s.pending[:len(s.pending)-1]
-		s.dropped = true
+		s.drops++
 		s.met.dropped.Inc()
+		if s.available.Load() {
+			// Its slots would stay taken in Redis: rewrite this replica's leases.
+			s.setAvailable(false, "settlements dropped", nil)
+		}
 	}
 	s.pending = append(s.pending, st)
 	s.met.queue.Set(float64(len(s.pending)))
@@ -563,9 +569,6 @@ func (s *Store) doResync() error {
 		return err
 	}
 	s.met.resyncs.Inc()
-	s.pendMu.Lock()
-	s.dropped = false
-	s.pendMu.Unlock()
 	if s.o.OnReset != nil {
 		s.o.OnReset()
 	}
@@ -617,6 +620,7 @@ func (s *Store) flush() error {
 		s.pendMu.Lock()
 		n := min(len(s.pending), maxBatch)
 		batch := append([]settlement(nil), s.pending[:n]...)
+		drops := s.drops
 		s.pendMu.Unlock()
 		if n == 0 {
 			return nil
@@ -652,12 +656,9 @@ func (s *Store) flush() error {
 			return err
 		}
 		s.pendMu.Lock()
-		// Only the front can have been dropped meanwhile; remove what was sent.
-		sent := n
-		if len(s.pending) < sent {
-			sent = len(s.pending)
-		}
-		s.pending = s.pending[sent:]
+		// Settlements dropped from the front meanwhile were among those sent.
+		sent := max(n-int(s.drops-drops), 0)
+		s.pending = s.pending[min(sent, len(s.pending)):]
 		s.met.queue.Set(float64(len(s.pending)))
 		s.pendMu.Unlock()
 	}
