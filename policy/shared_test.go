@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -307,4 +308,42 @@ func TestRequestsAdmittedDuringAnOutageCountOnceRedisIsBack(t *testing.T) {
 	if n := a.Cluster().Info(context.Background()).Leases + b.Cluster().Info(context.Background()).Leases; n != 0 {
 		t.Errorf("%d leases still held after every request ended", n)
 	}
+}
+
+// BenchmarkAdmitDoneShared is BenchmarkAdmitDone through a Redis shared by the engine (one
+// admission script per request, settlements batched), from parallel goroutines. It starts its
+// own redis-server, or uses the one at LLM_BULKHEAD_BENCH_REDIS (host:port).
+func BenchmarkAdmitDoneShared(b *testing.B) {
+	addr := os.Getenv("LLM_BULKHEAD_BENCH_REDIS")
+	if addr == "" {
+		addr = redistest.Standalone(b).Addr()
+	}
+	yaml := strings.Replace(fmt.Sprintf(sharedPolicy, addr, "bench", "bench", "local"),
+		"chat: {max_concurrent: 3, max_wait: 5s, tokens_per_minute: 1000}",
+		"chat: {max_concurrent: 100000, max_wait: 5s, tokens_per_minute: 1000000000000}", 1)
+	p, err := config.Load("shared.yaml", []byte(yaml), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	e, err := policy.NewEngine(p, policy.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Cluster: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	e.Cluster().WaitAvailable(ctx)
+	cancel()
+	s := e.Snapshot()
+	dims := s.Classify(feature("chat"))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		var tk policy.Ticket
+		r := policy.Request{Dims: dims, Estimate: policy.Estimate{Prompt: 500, Output: 500, Total: 1000}}
+		for pb.Next() {
+			if d := e.Admit(context.Background(), s, &r, &tk, nil); d.Verdict != policy.Admit {
+				b.Fatalf("%+v", d)
+			}
+			tk.Done(policy.Outcome{Status: 200, Usage: policy.Usage{Prompt: 400, Completion: 400, Known: true}})
+		}
+	})
 }
