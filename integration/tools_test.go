@@ -19,6 +19,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/mockllm/mock"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
+	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
 )
 
 // tool finds an external program the test needs. Locally a missing tool skips the test; CI sets
@@ -67,7 +68,7 @@ var (
 func definedMetrics(t *testing.T) []string {
 	t.Helper()
 	var files []string
-	for _, dir := range []string{"../policy", "../extproc", "../cmd/llm-bulkhead/app"} {
+	for _, dir := range []string{"../policy", "../policy/cluster", "../extproc", "../cmd/llm-bulkhead/app"} {
 		fs, _ := filepath.Glob(filepath.Join(dir, "*.go"))
 		files = append(files, fs...)
 	}
@@ -148,19 +149,89 @@ func TestMetricsDocumented(t *testing.T) {
 	}
 }
 
-// TestDashboard renders the admin dashboard in headless Chromium and checks that its script
-// drew the live state: compartments, breakers, features and the ready status.
-func TestDashboard(t *testing.T) {
-	chromium := ""
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			chromium = p
-			break
+// TestClusterMetricsExposed: a replica sharing its limits through Redis exposes every cluster
+// metric docs/metrics.md lists (once Redis went away, so that the error and unavailable-admission
+// series exist too), and the scrape passes promtool's lint.
+func TestClusterMetricsExposed(t *testing.T) {
+	promtool := tool(t, "promtool")
+	rd := redistest.Standalone(t)
+	s := start(t, harness.Options{PolicyPath: dashboardClusterPolicy(t, rd.Addr(), "metrics-a"), Mock: mock.Options{TimeScale: 0.001}})
+	if r, err := s.Do(context.Background(), chatRequest("chat")); err != nil || r.Status != 200 {
+		t.Fatalf("%v %v", r, err)
+	}
+	rd.Kill()
+	e := s.App.Engine()
+	waitFor(t, func() bool { return !e.Cluster().Available() })
+	if r, err := s.Do(context.Background(), chatRequest("chat")); err != nil || r.Status != 200 {
+		t.Fatalf("with Redis gone (on_unavailable local): %v %v", r, err)
+	}
+	resp, err := http.Get(s.AdminURL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if out := run(t, body, promtool, "check", "metrics"); strings.TrimSpace(out) != "" {
+		t.Errorf("promtool check metrics:\n%s", out)
+	}
+	doc, err := os.ReadFile("../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, m := range docName.FindAllStringSubmatch(string(doc), -1) {
+		if !strings.HasPrefix(m[1], "llm_bulkhead_cluster_") {
+			continue
+		}
+		n++
+		if !regexp.MustCompile(`(?m)^# TYPE ` + m[1] + ` `).Match(body) {
+			t.Errorf("%s is documented but a replica in cluster mode does not expose it", m[1])
 		}
 	}
-	if chromium == "" {
-		tool(t, "chromium")
+	if n < 10 {
+		t.Errorf("docs/metrics.md lists %d cluster metrics, want every one of them", n)
 	}
+	for _, want := range []string{`llm_bulkhead_cluster_available 0`, `llm_bulkhead_cluster_unavailable_admissions_total{action="local"} 1`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("scrape lacks %s", want)
+		}
+	}
+}
+
+// findChromium returns headless Chromium's path (skipping the test without it, as tool does).
+func findChromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return tool(t, "chromium")
+}
+
+// renderDashboard loads the dashboard at url in headless Chromium and returns the DOM its script
+// drew.
+func renderDashboard(t *testing.T, chromium, url string) string {
+	t.Helper()
+	args := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--user-data-dir=" + t.TempDir(),
+		"--virtual-time-budget=3000", "--dump-dom", url}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, chromium, args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	dom, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("chromium: %v\n%s", err, stderr.String())
+	}
+	return string(dom)
+}
+
+// TestDashboard renders the admin dashboard in headless Chromium and checks that its script
+// drew the live state: compartments, breakers, features, the ready status and the cluster panel.
+func TestDashboard(t *testing.T) {
+	chromium := findChromium(t)
 	s := start(t, harness.Options{Mock: mock.Options{TimeScale: 0.001}})
 	// Some traffic, and one refusal, so the page has something to show.
 	g := newGate()
@@ -190,24 +261,12 @@ func TestDashboard(t *testing.T) {
 		t.Fatalf("forced-open provider answered %d", r.Status)
 	}
 
-	dir := t.TempDir()
-	args := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--user-data-dir=" + dir,
-		"--virtual-time-budget=3000", "--dump-dom", s.AdminURL() + "/"}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, chromium, args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	dom, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("chromium: %v\n%s", err, stderr.String())
-	}
-	html := string(dom)
+	html := renderDashboard(t, chromium, s.AdminURL()+"/")
 	for _, want := range []string{
 		`data-compartment="feature/chat"`, `data-compartment="tier_feature/enterprise/batch_summarize"`,
 		`data-compartment="provider/deepseek"`, `data-breaker="qwen"`, `class="state FORCED_OPEN"`,
 		`data-feature="chat"`, `circuit_open 1`, `<b id="status" class="ok">ready</b>`,
+		`data-cluster="off"`, `cluster: off`,
 	} {
 		if !strings.Contains(html, want) {
 			t.Errorf("rendered dashboard lacks %s", want)
@@ -216,6 +275,91 @@ func TestDashboard(t *testing.T) {
 	// The batch compartment shows its three requests in flight.
 	if !regexp.MustCompile(`data-compartment="feature/batch_summarize".*?3 / 5`).MatchString(html) {
 		t.Error("feature/batch_summarize does not show 3 / 5 in flight")
+	}
+	if t.Failed() {
+		t.Logf("DOM:\n%s", html)
+	}
+}
+
+// dashboardClusterPolicy writes the example policy with a cluster section sharing its limits
+// through the Redis at addr, as replica id, and returns its path.
+func dashboardClusterPolicy(t *testing.T, addr, id string) string {
+	t.Helper()
+	base, err := os.ReadFile("../examples/policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), id+".yaml")
+	section := fmt.Sprintf("\ncluster:\n  backend: redis\n  addresses: [%q]\n  replica_id: %s\n  key_prefix: dashboard\n"+
+		"  timeout: 500ms\n  lease_ttl: 2s\n  heartbeat: 100ms\n", addr, id)
+	if err := os.WriteFile(path, append(base, section...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestDashboardCluster: with limits shared through Redis, the dashboard says so, names the live
+// replicas and shows what another replica holds; once Redis is gone it shows the share this
+// replica enforces.
+func TestDashboardCluster(t *testing.T) {
+	chromium := findChromium(t)
+	rd := redistest.Standalone(t)
+	s := start(t, harness.Options{PolicyPath: dashboardClusterPolicy(t, rd.Addr(), "dash-a"), Mock: mock.Options{TimeScale: 0.001}})
+	other := start(t, harness.Options{PolicyPath: dashboardClusterPolicy(t, rd.Addr(), "dash-b"), Mock: mock.Options{TimeScale: 0.001}})
+	// Given the other replica holds a chat request
+	g := newGate()
+	go func() { _, _ = other.Sim.RoundTrip(context.Background(), chatRequest("chat"), g) }()
+	<-g.arrived
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			g.release <- struct{}{}
+		}
+	}
+	defer release()
+	// And this replica served one (so it follows feature/chat's shared count)
+	if r, err := s.Do(context.Background(), chatRequest("chat")); err != nil || r.Status != 200 {
+		t.Fatalf("%v %v", r, err)
+	}
+	e := s.App.Engine()
+	// Both replicas live, this one's request done and the other's counted here
+	waitFor(t, func() bool {
+		if e.Cluster().Live() != 2 {
+			return false
+		}
+		for _, c := range e.Compartments() {
+			if c.Name == "feature/chat" {
+				return c.InFlight == 0 && c.RemoteInFlight == 1
+			}
+		}
+		return false
+	})
+	// Then the dashboard shows limits shared by two replicas, and the other's request in chat
+	html := renderDashboard(t, chromium, s.AdminURL()+"/")
+	for _, want := range []string{`data-cluster="shared"`, "shared via Redis — 2 replicas live", `data-replica="dash-a"`, `data-replica="dash-b"`} {
+		if !strings.Contains(html, want) {
+			t.Errorf("rendered dashboard lacks %s", want)
+		}
+	}
+	if !regexp.MustCompile(`data-compartment="feature/chat".*?0\+1 / 20`).MatchString(html) {
+		t.Error("feature/chat does not show 0+1 / 20 (none here, one on the other replica)")
+	}
+	if t.Failed() {
+		t.Fatalf("DOM:\n%s", html)
+	}
+
+	// When Redis is gone
+	release()
+	rd.Kill()
+	// Then this replica enforces its share
+	waitFor(t, func() bool { return !e.Cluster().Available() && e.ClusterShare() == 2 })
+	// And the dashboard says so
+	html = renderDashboard(t, chromium, s.AdminURL()+"/")
+	for _, want := range []string{`data-cluster="local"`, "Redis unavailable — enforcing 1/2 share locally", "on_unavailable local"} {
+		if !strings.Contains(html, want) {
+			t.Errorf("rendered dashboard lacks %s", want)
+		}
 	}
 	if t.Failed() {
 		t.Logf("DOM:\n%s", html)
@@ -231,6 +375,7 @@ func TestGrafanaDashboard(t *testing.T) {
 	}
 	var dash struct {
 		Panels []struct {
+			Type    string `json:"type"`
 			Title   string `json:"title"`
 			Targets []struct {
 				Expr string `json:"expr"`
@@ -246,6 +391,13 @@ func TestGrafanaDashboard(t *testing.T) {
 	rules.WriteString("groups:\n  - name: dashboard\n    rules:\n")
 	n := 0
 	for _, p := range dash.Panels {
+		if p.Type == "row" {
+			// A row only heads the panels below it.
+			if len(p.Targets) != 0 {
+				t.Errorf("row %q has queries", p.Title)
+			}
+			continue
+		}
 		if len(p.Targets) == 0 {
 			t.Errorf("panel %q has no query", p.Title)
 		}

@@ -29,6 +29,11 @@ type CompartmentView struct {
 	Refused           uint64       `json:"refused_full"`
 	ShadowRefusals    uint64       `json:"shadow_refusals"`
 	Budgets           []BudgetView `json:"budgets,omitempty"`
+
+	// RemoteInFlight and RemoteInFlightTokens are what other replicas hold (cluster mode), as
+	// last reported; the limits count them with this replica's own.
+	RemoteInFlight       int64 `json:"remote_in_flight,omitempty"`
+	RemoteInFlightTokens int64 `json:"remote_in_flight_tokens,omitempty"`
 }
 
 // BudgetView is one budget window of a compartment.
@@ -56,6 +61,7 @@ func (e *Engine) Compartments() []CompartmentView {
 			InFlightTokens: st.InFlightTokens, MaxInflightTokens: st.Limits.MaxInflightTokens, Queued: st.Queued,
 			QueueDepth: st.Limits.QueueDepth, Priority: st.Limits.Priority, Pool: st.Pool, Guaranteed: st.Guaranteed,
 			Admitted: st.Admitted, Refused: st.Refused, ShadowRefusals: st.ShadowRefusals,
+			RemoteInFlight: st.Remote, RemoteInFlightTokens: st.RemoteTokens,
 		}
 		if st.Limits.Shadow {
 			v.Mode = "shadow"

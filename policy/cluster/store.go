@@ -168,7 +168,9 @@ type Store struct {
 
 	nextLease atomic.Uint64
 	available atomic.Bool
-	live      atomic.Int64
+	// wasAvailable is set once the store has been available.
+	wasAvailable atomic.Bool
+	live         atomic.Int64
 	// failures counts admissions in a row that timed out.
 	failures atomic.Int32
 
@@ -434,7 +436,11 @@ func (s *Store) setAvailable(ok bool, why string, err error) {
 		return
 	}
 	if ok {
-		s.log.Info("cluster state shared again: limits are enforced across replicas", "replica", s.o.ReplicaID, "live_replicas", s.Live())
+		msg := "cluster state shared: limits are enforced across replicas"
+		if s.wasAvailable.Swap(true) {
+			msg = "cluster state shared again: limits are enforced across replicas"
+		}
+		s.log.Info(msg, "replica", s.o.ReplicaID, "live_replicas", s.Live())
 		s.met.available.Set(1)
 	} else {
 		s.log.Warn("cluster state unavailable: admissions follow cluster.on_unavailable until Redis answers again",

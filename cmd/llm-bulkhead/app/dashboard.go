@@ -8,8 +8,9 @@ import (
 //go:embed dashboard.html
 var dashboardHTML []byte
 
-// dashboard serves the live HTML dashboard: compartments as bars, breakers, and refusals over
-// time. The page polls the admin JSON endpoints; it needs nothing from outside the listener.
+// dashboard serves the live HTML dashboard: compartments as bars, breakers, refusals over time,
+// and whether limits are shared across replicas (cluster mode). The page polls the admin JSON
+// endpoints; it needs nothing from outside the listener.
 func (a *App) dashboard(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")

@@ -1,0 +1,54 @@
+package app
+
+import (
+	"net/http"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+)
+
+// Cluster states reported by GET /admin/cluster.
+const (
+	// clusterOff: no cluster section; every limit is enforced per process.
+	clusterOff = "off"
+	// clusterShared: limits are shared across replicas through Redis.
+	clusterShared = "shared"
+	// clusterLocal: Redis is unavailable and this replica enforces its share of every limit.
+	clusterLocal = "local"
+	// clusterRefusing: Redis is unavailable and admissions are refused (on_unavailable closed).
+	clusterRefusing = "refusing"
+)
+
+// clusterView is GET /admin/cluster with a cluster: the store's own view (replica, Redis, leases,
+// membership) and what admission does now.
+type clusterView struct {
+	cluster.Info
+	// State is shared, local or refusing.
+	State string `json:"state"`
+	// OnUnavailable is cluster.on_unavailable: local or closed.
+	OnUnavailable string `json:"on_unavailable"`
+	// Share is what every limit is divided by here: 1 while shared, the live replicas last seen
+	// while Redis is unavailable with on_unavailable local.
+	Share int `json:"share"`
+}
+
+// clusterInfo handles GET /admin/cluster: whether limits are shared across replicas, through
+// which Redis, with which replicas, and what this replica enforces while Redis is unavailable.
+// Without a cluster it answers {"mode": "off", "state": "off", "share": 1}.
+func (a *App) clusterInfo(w http.ResponseWriter, r *http.Request) {
+	st := a.engine.Cluster()
+	if st == nil {
+		writeJSON(w, http.StatusOK, map[string]any{"mode": clusterOff, "state": clusterOff, "share": 1})
+		return
+	}
+	v := clusterView{Info: st.Info(r.Context()), OnUnavailable: a.engine.ClusterOnUnavailable(), Share: a.engine.ClusterShare()}
+	switch {
+	case v.Available:
+		v.State = clusterShared
+	case v.OnUnavailable == config.OnUnavailableClosed:
+		v.State = clusterRefusing
+	default:
+		v.State = clusterLocal
+	}
+	writeJSON(w, http.StatusOK, v)
+}
