@@ -370,13 +370,13 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 		}
 		cs.unavailable.WithLabelValues("local").Inc()
 	}
-	return e.admitLocal(ctx, s, r, dims, t, onQueue, now)
+	return e.admitLocal(ctx, s, r, dims, t, onQueue, now, time.Time{})
 }
 
 // admitLocal runs admission against this process's own compartments and windows: always
 // without a cluster, and with one while its shared state is unavailable (the limits are then
 // this replica's share).
-func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now time.Time) Decision {
+func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now, deadline time.Time) Decision {
 	refuse := func(reason Reason, in string, retry time.Duration) Decision {
 		t.undo(now)
 		return Decision{Verdict: Reject, Reason: reason, Compartment: in, RetryAfter: retry, Dims: dims}
@@ -430,6 +430,9 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 
 	// 4. Concurrency and in-flight tokens, possibly waiting.
 	want := t.want(tokens, dims.Tenant, now)
+	if !deadline.IsZero() {
+		want.MaxWait = max(min(want.MaxWait, deadline.Sub(now)), 0)
+	}
 	if err := e.sched.Acquire(ctx, t.set[:t.n], t.held[:t.n], want, onQueue); err != nil {
 		var rf *bulkhead.Refusal
 		if errors.As(err, &rf) {

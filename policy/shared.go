@@ -142,6 +142,11 @@ func (cs *clusterState) watchCompartment(c *bulkhead.Compartment) *watched {
 // sharedCounts applies totals published by any replica.
 func (e *Engine) sharedCounts(name string, seq, slots, tokens int64) {
 	cs := e.cluster
+	if !cs.store.Available() {
+		// While unavailable, this replica enforces its share alone: other replicas' slots, as a
+		// late publication reports them, must not hold its requests back.
+		return
+	}
 	cs.mu.Lock()
 	w := cs.watch[name]
 	if w == nil || seq <= w.seq {
@@ -215,8 +220,14 @@ func (e *Engine) sharedWatched() []string {
 // local, every limit becomes this replica's share (limit ÷ live replicas last seen).
 func (e *Engine) sharedState(available bool, live int) {
 	share := 1
-	if !available && !e.cluster.closed {
-		share = max(live, 1)
+	if !available {
+		// What other replicas held no longer counts here: either this replica enforces its
+		// share of every limit alone, or it refuses everything. Counts start afresh once the
+		// store is back.
+		e.sharedReset()
+		if !e.cluster.closed {
+			share = max(live, 1)
+		}
 	}
 	if e.share.Swap(int64(share)) == int64(share) {
 		return
@@ -289,6 +300,7 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 	}
 
 	want := t.want(tokens, dims.Tenant, now)
+	want.Pending = true
 	deadline := now.Add(want.MaxWait)
 	for {
 		if err := e.sched.Acquire(ctx, t.set[:t.n], t.held[:t.n], want, onQueue); err != nil {
@@ -306,7 +318,7 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 		granted := e.clock.Now()
 		res := &sh.res
 		if err := cs.store.Admit(ctx, &sh.adm, res); err != nil {
-			e.sched.Release(t.set[:t.n], t.held[:t.n], granted, granted)
+			e.sched.Abandon(t.set[:t.n], t.held[:t.n])
 			if ctx.Err() != nil {
 				return refuse(ReasonCancelled, "", 0)
 			}
@@ -320,7 +332,8 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 				t.brk.Release(t.permit)
 				t.brk = nil
 			}
-			return e.admitLocal(ctx, s, r, dims, t, nil, e.clock.Now())
+			// The request goes on waiting, if it must, only for what is left of its max wait.
+			return e.admitLocal(ctx, s, r, dims, t, nil, e.clock.Now(), deadline)
 		}
 		for i := range res.Others {
 			if i < len(watches) {
@@ -329,7 +342,7 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 		}
 		switch res.Status {
 		case cluster.RefusedWindow:
-			e.sched.Release(t.set[:t.n], t.held[:t.n], granted, granted)
+			e.sched.Abandon(t.set[:t.n], t.held[:t.n])
 			w := &sh.windows[res.Index]
 			reason := ReasonTokenBudget
 			if w.Kind == "rpm" {
@@ -337,7 +350,7 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 			}
 			return refuse(reason, t.insts[sh.owners[res.Index]].name, res.RetryAfter)
 		case cluster.RefusedSlot:
-			e.sched.Release(t.set[:t.n], t.held[:t.n], granted, granted)
+			e.sched.Abandon(t.set[:t.n], t.held[:t.n])
 			in := t.insts[sh.slotOwner[res.Index]]
 			left := deadline.Sub(e.clock.Now())
 			if want.MaxWait <= 0 || left <= 0 {
@@ -349,6 +362,7 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 			continue
 		}
 		// Admitted.
+		e.sched.Confirm(t.set[:t.n], t.held[:t.n])
 		t.grantedAt = granted
 		e.sharedShadow(s, t, sh, res.Shadowed)
 		sh.hasTPM = false

@@ -51,6 +51,10 @@ type Compartment struct {
 	// limits are shared (cluster mode), as last reported: they count against the limits here,
 	// so that requests queue in this replica instead of asking Redis for slots that are taken.
 	remote, remoteTokens int64
+	// pending and pendingTokens are the part of inflight and tokens taken by requests whose
+	// shared admission is still being decided (cluster mode): they keep the room here, and count
+	// as in flight or admitted only once confirmed.
+	pending, pendingTokens int64
 
 	admitted       atomic.Uint64
 	refused        atomic.Uint64
@@ -81,6 +85,8 @@ type Stats struct {
 	Queued         int
 	// Remote and RemoteTokens are what other replicas hold (cluster mode), as last reported.
 	Remote, RemoteTokens int64
+	// Pending counts slots held here while their shared admission is decided (not in InFlight).
+	Pending int64
 	// Pool, Guaranteed and PoolMax describe pool membership (Pool empty when none).
 	Pool            string
 	Guaranteed      int64
@@ -152,6 +158,9 @@ type Want struct {
 	MaxWait time.Duration
 	// Now is the admission time.
 	Now time.Time
+	// Pending takes the slots provisionally: they keep the room but count as in flight (and the
+	// request as admitted) only after Confirm. Abandon gives back slots never confirmed.
+	Pending bool
 }
 
 // Cause says why a request was refused.
@@ -219,6 +228,7 @@ type waiter struct {
 	cost    int64
 	tenant  string
 	prio    int64
+	pending bool
 	in      *Compartment // the compartment whose queue holds it
 	granted bool
 	ready   chan struct{}
@@ -234,7 +244,7 @@ type waiter struct {
 func (s *Scheduler) Acquire(ctx context.Context, set []*Compartment, held []int64, w Want, onQueue func(time.Duration)) error {
 	s.mu.Lock()
 	if s.blocker(set, w.Tokens, true) == nil {
-		s.take(set, held, w.Tokens)
+		s.take(set, held, w.Tokens, w.Pending)
 		s.mu.Unlock()
 		return nil
 	}
@@ -261,7 +271,7 @@ func (s *Scheduler) queue(ctx context.Context, set []*Compartment, held []int64,
 	}
 	wt := &waiter{
 		set: set, held: held, tokens: want.Tokens, cost: max(want.Tokens, 1),
-		tenant: want.Tenant, prio: want.Priority, in: b, ready: make(chan struct{}, 1), since: want.Now,
+		tenant: want.Tenant, prio: want.Priority, pending: want.Pending, in: b, ready: make(chan struct{}, 1), since: want.Now,
 	}
 	b.queue.push(wt)
 	b.queued.Add(1)
@@ -350,6 +360,42 @@ func (s *Scheduler) Release(set []*Compartment, held []int64, heldSince, now tim
 	s.mu.Unlock()
 }
 
+// Confirm turns slots taken with Want.Pending into ordinary ones: they count as in flight, and
+// the request as admitted, from now on. Release them as usual.
+func (s *Scheduler) Confirm(set []*Compartment, held []int64) {
+	s.mu.Lock()
+	for i, c := range set {
+		c.pending--
+		c.pendingTokens -= held[i]
+		c.admitted.Add(1)
+	}
+	s.mu.Unlock()
+}
+
+// Abandon gives back slots taken with Want.Pending and never confirmed. The hold-time average
+// is not touched: the request never ran.
+func (s *Scheduler) Abandon(set []*Compartment, held []int64) {
+	s.mu.Lock()
+	for i, c := range set {
+		c.pending--
+		c.pendingTokens -= held[i]
+		c.inflight--
+		c.tokens -= held[i]
+		if m := c.member; m != nil {
+			m.pool.inflight--
+		}
+	}
+	for _, c := range set {
+		if c.queue.len() > 0 {
+			s.dispatch(c)
+		}
+		if m := c.member; m != nil {
+			s.dispatchPool(m.pool)
+		}
+	}
+	s.mu.Unlock()
+}
+
 // blocker returns the first compartment of set (in order) that cannot take a request of tokens
 // now, or nil. A compartment with waiters blocks newcomers so they cannot jump its queue. A
 // request already queued is held back only by capacity: were it also held back by other queues,
@@ -399,8 +445,9 @@ func (s *Scheduler) guaranteedWaiting(m *member) bool {
 	return false
 }
 
-// take occupies a slot in every compartment of set and counts shadow refusals.
-func (s *Scheduler) take(set []*Compartment, held []int64, tokens int64) {
+// take occupies a slot in every compartment of set and counts shadow refusals. Pending slots are
+// counted as admitted by Confirm.
+func (s *Scheduler) take(set []*Compartment, held []int64, tokens int64, pending bool) {
 	for i, c := range set {
 		l := c.limits
 		h := tokens
@@ -420,7 +467,12 @@ func (s *Scheduler) take(set []*Compartment, held []int64, tokens int64) {
 		if m := c.member; m != nil {
 			m.pool.inflight++
 		}
-		c.admitted.Add(1)
+		if pending {
+			c.pending++
+			c.pendingTokens += h
+		} else {
+			c.admitted.Add(1)
+		}
 	}
 	if s.checkTake != nil {
 		s.checkTake(set)
@@ -438,7 +490,7 @@ func (s *Scheduler) dispatch(c *Compartment) bool {
 		switch {
 		case b == nil:
 			c.queue.remove(w, true)
-			s.take(w.set, w.held, w.tokens)
+			s.take(w.set, w.held, w.tokens, w.pending)
 			w.granted = true
 			w.ready <- struct{}{}
 			granted = true
@@ -538,10 +590,10 @@ func (s *Scheduler) SetRemote(c *Compartment, slots, tokens int64) {
 }
 
 // SetRemoteTotal is SetRemote from totals over every replica, this one included: what c holds
-// here is subtracted.
+// here (confirmed; pending slots are not in the totals yet) is subtracted.
 func (s *Scheduler) SetRemoteTotal(c *Compartment, slots, tokens int64) {
 	s.mu.Lock()
-	s.setRemote(c, max(slots-c.inflight, 0), max(tokens-c.tokens, 0))
+	s.setRemote(c, max(slots-(c.inflight-c.pending), 0), max(tokens-(c.tokens-c.pendingTokens), 0))
 	s.mu.Unlock()
 }
 
@@ -606,8 +658,9 @@ type PoolSpec struct {
 func (s *Scheduler) Stats(c *Compartment) Stats {
 	s.mu.Lock()
 	st := Stats{
-		Name: c.name, Limits: c.limits, InFlight: c.inflight, InFlightTokens: c.tokens,
+		Name: c.name, Limits: c.limits, InFlight: c.inflight - c.pending, InFlightTokens: c.tokens - c.pendingTokens,
 		Queued: c.queue.len(), AvgHold: time.Duration(c.avgHold), Remote: c.remote, RemoteTokens: c.remoteTokens,
+		Pending: c.pending,
 	}
 	if m := c.member; m != nil {
 		st.Pool, st.Guaranteed, st.PoolMax = m.pool.name, m.guaranteed, m.max

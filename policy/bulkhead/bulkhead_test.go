@@ -521,3 +521,65 @@ func BenchmarkAcquireReleaseParallel(b *testing.B) {
 		}
 	})
 }
+
+func TestPendingSlotsKeepRoomButCountOnlyOnceConfirmed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Given a compartment of 2 with 1 slot held by another replica
+		s := &bulkhead.Scheduler{}
+		c := bulkhead.NewCompartment("feature/chat", bulkhead.Limits{MaxConcurrent: 2, MaxInflightTokens: 1000, QueueDepth: 10})
+		s.SetRemote(c, 1, 100)
+		// When a request takes its slot provisionally, while the shared store decides
+		w := want(300, "a", 0)
+		w.Pending = true
+		held, err := acquire(t, s, context.Background(), w, c)
+		if err != nil {
+			t.Fatalf("pending acquire refused: %v", err)
+		}
+		// Then it keeps the room (the next request queues) but is not in flight or admitted yet
+		st := s.Stats(c)
+		if st.InFlight != 0 || st.InFlightTokens != 0 || st.Admitted != 0 || st.Pending != 1 {
+			t.Fatalf("while pending: %+v", st)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := acquire(t, s, context.Background(), want(1, "b", 5*time.Second), c)
+			done <- err
+		}()
+		synctest.Wait()
+		if st := s.Stats(c); st.Queued != 1 {
+			t.Fatalf("a second request was not queued behind the pending slot: %+v", st)
+		}
+		// And totals published by the store, which do not include the pending slot yet, leave
+		// the other replica's slot counted as theirs
+		s.SetRemoteTotal(c, 1, 100)
+		if r, rt := s.Remote(c); r != 1 || rt != 100 {
+			t.Fatalf("remote = %d/%d after totals of 1/100, want 1/100", r, rt)
+		}
+		// When the store refuses it, the slot goes to the waiter at once
+		s.Abandon([]*bulkhead.Compartment{c}, held)
+		if err := <-done; err != nil {
+			t.Fatalf("waiter refused after the pending slot was abandoned: %v", err)
+		}
+		if st := s.Stats(c); st.InFlight != 1 || st.InFlightTokens != 1 || st.Pending != 0 || st.Admitted != 1 {
+			t.Fatalf("after abandon: %+v", st)
+		}
+		// And a confirmed pending slot counts as in flight and admitted, and releases as usual
+		s.SetRemote(c, 0, 0)
+		held, err = acquire(t, s, context.Background(), w, c)
+		if err != nil {
+			t.Fatalf("second pending acquire: %v", err)
+		}
+		s.Confirm([]*bulkhead.Compartment{c}, held)
+		if st := s.Stats(c); st.InFlight != 2 || st.InFlightTokens != 301 || st.Pending != 0 || st.Admitted != 2 {
+			t.Fatalf("after confirm: %+v", st)
+		}
+		s.SetRemoteTotal(c, 2, 301)
+		if r, rt := s.Remote(c); r != 0 || rt != 0 {
+			t.Fatalf("remote = %d/%d after totals equal to what is held here, want 0/0", r, rt)
+		}
+		release(s, held, c)
+		if st := s.Stats(c); st.InFlight != 1 || st.InFlightTokens != 1 {
+			t.Fatalf("after release: %+v", st)
+		}
+	})
+}

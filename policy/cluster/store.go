@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"runtime"
 	"strconv"
 	"strings"
@@ -421,7 +422,10 @@ func (s *Store) enqueue(st settlement) {
 // make the store unavailable until a heartbeat gets through.
 func (s *Store) noteFailure(err error) {
 	n := s.failures.Add(1)
-	if n >= 3 || !errors.Is(err, context.DeadlineExceeded) {
+	// go-redis reports a read that ran past the deadline as a net.Error, not as the context's.
+	var ne net.Error
+	timeout := errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+	if n >= 3 || !timeout {
 		s.setAvailable(false, "Redis did not answer an admission in time", err)
 	}
 }
