@@ -13,7 +13,7 @@ export GOFLAGS := $(strip $(GOFLAGS) -tags=vtprotobuf)
 
 .PHONY: help
 help: ## Show this help
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## Build llm-bulkhead, mockllm, envoysim and storm into bin/
@@ -53,9 +53,17 @@ bench: ## Benchmarks: hot paths, and llm-bulkhead against a no-op ext_proc serve
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./policy/... ./extproc/...
 	$(GO) run ./integration/cmd/bench
 
+.PHONY: bench-cluster
+bench-cluster: ## Cluster-mode benchmark: admission through Redis against local, one Redis for three replicas (needs redis-server)
+	$(GO) run ./integration/cmd/bench/cluster
+
 .PHONY: demo
 demo: ## The seed scenario in miniature: chat and a batch storm through envoysim, llm-bulkhead and mockllm
 	$(GO) run ./integration/cmd/storm --demo
+
+.PHONY: cluster-demo
+cluster-demo: ## Three replicas hold the example policy fleet-wide through Redis, then, without it, admit 3× (needs redis-server)
+	$(GO) run ./integration/cmd/clusterdemo
 
 .PHONY: storm
 storm: ## The seed's storm experiment, four configurations, results in results/storm
