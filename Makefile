@@ -35,13 +35,7 @@ test-race: ## Run every test with the race detector (no fuzzing)
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 5s)
-	@set -e; log=$$(mktemp); trap 'rm -f $$log' EXIT; for pkg in $$($(GO) list ./...); do \
-	  dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
-	  for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/func //'); do \
-	    echo "fuzz $$pkg $$f"; \
-	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg >$$log 2>&1 || { cat $$log; exit 1; }; \
-	  done; \
-	done
+	GO="$(GO)" FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
 
 .PHONY: lint
 lint: ## go vet and staticcheck
