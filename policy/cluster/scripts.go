@@ -10,7 +10,8 @@ package cluster
 //	{P}:c:<name>      hash  "n:<replica>" → slots held, "t:<replica>" → in-flight tokens held
 //	{P}:l:<replica>   hash  lease id → reservations of one admitted request (JSON)
 //	{P}:rc:<replica>  set   the compartment keys in which the replica holds slots
-//	{P}:w:<name>:<kind>:<window ms>  hash  slot number → amount charged, "L" → latest slot
+//	{P}:w:<name>:<kind>:<window ms>  hash  slot number → amount charged, and the window's running
+//	                  state: "L" → latest slot, "-1" → sum, "-2" → newest slot (see luaCommon)
 //	{P}:seq           counter bumped by every change to slots, ordering published counts
 //
 // and the channel "{P}:free", on which every change to slots publishes the compartments' new
@@ -24,27 +25,103 @@ local function nowms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- wload reads a sliding window: its charged slots, their sum within the window and the slot it
--- stands at (never earlier than the latest slot written: time never runs backwards for it).
-local function wload(key, slotlen, now)
-  local h = redis.call('HGETALL', key)
-  local w = {key = key, slotlen = slotlen, ring = {}, sum = 0, stale = {}, last = -1}
-  for i = 1, #h, 2 do
-    if h[i] == 'L' then w.last = tonumber(h[i + 1]) else w.ring[tonumber(h[i])] = tonumber(h[i + 1]) end
+-- A window's hash holds the amount charged in each slot that has one (always positive: a slot
+-- refunded to nothing is deleted), and:
+--   "L"   the latest slot written: the window's clock, which never runs backwards;
+--   "-1"  the sum of the slot fields present;
+--   "-2"  the newest slot field present (absent when there is none).
+-- Every slot field lies in (L - SLOTS, L]: whatever ages out is deleted when the window is next
+-- written. So reading a window takes a few fields (L, the sum, the newest slot and the current
+-- slot) plus only the slots that aged out since L (none, or one, under steady traffic), instead
+-- of the whole ring; only a refusal, computing its wait, reads the whole ring.
+-- The sum and newest fields have negative slot numbers so that a script that knows only the
+-- slot fields (an earlier version, during a rolling upgrade) takes them for slots long aged out:
+-- it counts them nowhere and deletes them at its next write. A window without the sum (written
+-- so, or so rewritten) is read whole, and gets its sum back at its next write.
+local SUM, NEWEST = '-1', '-2'
+
+-- wload reads a sliding window: the sum within the window, the slot it stands at (never
+-- earlier than the latest slot written: time never runs backwards for it), the amount at that
+-- slot, and the amount at slot extra (when given: the slot a refund goes to).
+local function wload(key, slotlen, now, extra)
+  local at = math.floor(now / slotlen)
+  local h
+  if extra then h = redis.call('HMGET', key, 'L', SUM, NEWEST, at, extra)
+  else h = redis.call('HMGET', key, 'L', SUM, NEWEST, at) end
+  local last = -1
+  if h[1] then last = tonumber(h[1]) end
+  local cur = math.max(at, last)
+  -- All fields named here, so that the table is sized once.
+  local w = {key = key, slotlen = slotlen, cur = cur, now = math.max(now, cur * slotlen), last = last,
+    sum = 0, newest = nil, hasnewest = h[3] ~= false, at = 0, extra = nil, stale = nil, wipe = false, ring = nil}
+  if h[1] and not h[2] then
+    -- No sum kept: read the window whole and keep the sum from its next write on.
+    local ring, stale, sum, newest = {}, {}, 0, nil
+    local all = redis.call('HGETALL', key)
+    for i = 1, #all, 2 do
+      local s = tonumber(all[i])
+      if s and s >= 0 then
+        if s <= cur - SLOTS then
+          stale[#stale + 1] = s
+        else
+          local a = tonumber(all[i + 1])
+          ring[s] = a
+          sum = sum + a
+          if a ~= 0 and (newest == nil or s > newest) then newest = s end
+        end
+      end
+    end
+    w.ring, w.sum, w.newest, w.at = ring, sum, newest, ring[cur] or 0
+    if #stale > 0 then w.stale = stale end
+    if extra then w.extra = ring[extra] end
+    return w
   end
-  local cur = math.floor(now / slotlen)
-  if cur < w.last then cur = w.last end
-  w.cur = cur
-  w.now = math.max(now, cur * slotlen)
-  for s, a in pairs(w.ring) do
-    if s <= cur - SLOTS then
-      w.stale[#w.stale + 1] = s
-      w.ring[s] = nil
+  if h[2] then w.sum = tonumber(h[2]) end
+  if h[3] then w.newest = tonumber(h[3]) end
+  if cur == at then w.at = tonumber(h[4]) or 0 else w.at = tonumber(redis.call('HGET', key, cur)) or 0 end
+  if extra and h[5] then w.extra = tonumber(h[5]) end
+  if cur > last and w.newest then
+    if w.newest <= cur - SLOTS then
+      -- Everything charged has aged out.
+      w.wipe, w.sum, w.newest, w.at, w.extra = true, 0, nil, 0, nil
     else
-      w.sum = w.sum + a
+      -- The slots that aged out since L: at least one, and fewer than SLOTS as the newest has not.
+      local old = {}
+      for s = last - SLOTS + 1, cur - SLOTS do old[#old + 1] = s end
+      local v = redis.call('HMGET', key, unpack(old))
+      local stale = {}
+      for i = 1, #old do
+        if v[i] then
+          w.sum = w.sum - tonumber(v[i])
+          stale[#stale + 1] = old[i]
+        end
+      end
+      if #stale > 0 then w.stale = stale end
     end
   end
   return w
+end
+
+-- wdrop deletes from the window what aged out.
+local function wdrop(w)
+  if w.wipe then
+    redis.call('DEL', w.key)
+    w.wipe, w.hasnewest = false, false
+  elseif w.stale then
+    redis.call('HDEL', w.key, unpack(w.stale))
+  end
+  w.stale = nil
+end
+
+-- wput writes the sum and the newest slot, and the fields and values given.
+local function wput(w, ...)
+  if w.newest then
+    redis.call('HSET', w.key, SUM, w.sum, NEWEST, w.newest, ...)
+  else
+    redis.call('HSET', w.key, SUM, w.sum, ...)
+    if w.hasnewest then redis.call('HDEL', w.key, NEWEST) end
+  end
+  w.hasnewest = w.newest ~= nil
 end
 
 -- wroom is how much may still be charged: capacity plus the debt bound, minus the sum.
@@ -54,34 +131,62 @@ end
 
 -- wcharge adds n at the current slot (the caller bounds n) and writes the window back.
 local function wcharge(w, n)
-  if #w.stale > 0 then redis.call('HDEL', w.key, unpack(w.stale)) w.stale = {} end
+  wdrop(w)
   if n > 0 then
-    redis.call('HINCRBY', w.key, w.cur, n)
-    w.ring[w.cur] = (w.ring[w.cur] or 0) + n
-    w.sum = w.sum + n
+    w.at, w.sum, w.newest = w.at + n, w.sum + n, w.cur
+    if w.ring then w.ring[w.cur] = w.at end
+    wput(w, 'L', w.cur, w.cur, w.at)
+  else
+    wput(w, 'L', w.cur)
   end
-  redis.call('HSET', w.key, 'L', w.cur)
   redis.call('PEXPIRE', w.key, (SLOTS + 1) * w.slotlen)
 end
 
--- wrefund gives n back to slot s if s is still in the window.
+-- wrefund gives n back to slot s if s is still in the window. The window must have been loaded
+-- with s as its extra slot.
 local function wrefund(w, s, n)
-  if #w.stale > 0 then redis.call('HDEL', w.key, unpack(w.stale)) w.stale = {} end
-  local have = w.ring[s]
+  local have = w.extra
   if have == nil or s <= w.cur - SLOTS or s > w.cur then return end
   n = math.min(n, have)
   if n <= 0 then return end
-  if have - n == 0 then redis.call('HDEL', w.key, s) w.ring[s] = nil
-  else redis.call('HINCRBY', w.key, s, -n) w.ring[s] = have - n end
-  w.sum = w.sum - n
+  have = have - n
+  w.sum, w.extra = w.sum - n, have
+  if s == w.cur then w.at = have end
+  wdrop(w)
+  if have ~= 0 then
+    if w.ring then w.ring[s] = have end
+    wput(w, s, have)
+    return
+  end
+  redis.call('HDEL', w.key, s)
+  if w.ring then w.ring[s] = nil end
+  if s == w.newest then
+    -- The newest slot is gone: find the one before it (rare: a whole slot refunded).
+    w.newest = nil
+    for _, f in ipairs(redis.call('HKEYS', w.key)) do
+      local k = tonumber(f)
+      if k and k > w.cur - SLOTS and k < s and (w.newest == nil or k > w.newest) then w.newest = k end
+    end
+  end
+  wput(w)
 end
 
--- wwait is the time (ms) until enough charges age out for need to fit under cap.
+-- wwait is the time (ms) until enough charges age out for need to fit under cap. It reads the
+-- whole window: it runs only on refusal.
 local function wwait(w, need, cap)
+  local ring = w.ring
+  if ring == nil then
+    ring = {}
+    local h = redis.call('HGETALL', w.key)
+    for i = 1, #h, 2 do
+      local s = tonumber(h[i])
+      if s and s >= 0 then ring[s] = tonumber(h[i + 1]) end
+    end
+  end
   local excess = w.sum + need - cap
   local freed = 0
   for k = w.cur - SLOTS + 1, w.cur do
-    freed = freed + (w.ring[k] or 0)
+    freed = freed + (ring[k] or 0)
     if freed >= excess then
       return math.max((k + SLOTS) * w.slotlen - w.now, 0)
     end
@@ -89,12 +194,12 @@ local function wwait(w, need, cap)
   return SLOTS * w.slotlen
 end
 
--- wreset is the time (ms) until everything charged has aged out.
+-- wreset is the time (ms) until everything charged has aged out: when the newest slot charged
+-- leaves the window.
 local function wreset(w)
-  for k = w.cur, w.cur - SLOTS + 1, -1 do
-    if (w.ring[k] or 0) ~= 0 then return math.max((k + SLOTS) * w.slotlen - w.now, 0) end
-  end
-  return 0
+  local k = w.newest
+  if k == nil or k <= w.cur - SLOTS then return 0 end
+  return math.max((k + SLOTS) * w.slotlen - w.now, 0)
 end
 
 -- live returns the set of live replicas.
@@ -166,11 +271,14 @@ end
 //	      then C × (key index, max slots, max tokens, tokens held, shadow),
 //	      then W × (key index, capacity, debt bound, slot length ms, amount, shadow)
 //
+// No two windows may share a key: each window is read once and written back from what was read.
+//
 // Returns {status, index, retry ms, seq, C × (others' slots, others' tokens),
 // W × (remaining, reset ms), shadowed} where shadowed has bit i-1 set for each window i and
 // bit W+i-1 for each compartment i that refused in shadow mode (and admitted), and status is 0 admitted, 1 refused by window
 // index (1-based), 2 refused by compartment index, 3 this replica is not registered (its state
-// was lost: it must resync first).
+// was lost: it must resync first). A window refusal is {1, index, retry ms, 0, remaining, reset ms}:
+// the refusing window's room and when it is all back, for the refusal's rate-limit headers.
 const luaAdmit = luaCommon + `
 local me, lease, chan = ARGV[1], ARGV[2], ARGV[3]
 local nc, nw = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -198,7 +306,7 @@ for i, wi in ipairs(wins) do
   wi.w = w
   local need = math.min(wi.amount, wi.cap)
   if w.sum + need > wi.cap then
-    if not wi.shadow then return {1, i, wwait(w, need, wi.cap), 0} end
+    if not wi.shadow then return {1, i, wwait(w, need, wi.cap), 0, wi.cap - w.sum, wreset(w)} end
     shadowed = shadowed + 2 ^ (i - 1)
   end
 end
@@ -299,11 +407,13 @@ for _ = 1, count do
       local wkey, cap, debt, slotlen = KEYS[tonumber(ARGV[b])], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
       b = b + 4
       local r = rec[i]
-      if r then
+      -- An exact estimate leaves the window as it is: it is not even read.
+      local d = r and actual - r[2] or 0
+      if d > 0 then
         local w = wload(wkey, slotlen, now)
-        local d = actual - r[2]
-        if d > 0 then wcharge(w, math.min(d, wroom(w, cap, debt)))
-        elseif d < 0 then wrefund(w, r[1], -d) end
+        wcharge(w, math.min(d, wroom(w, cap, debt)))
+      elseif d < 0 then
+        wrefund(wload(wkey, slotlen, now, r[1]), r[1], -d)
       end
     end
   end

@@ -56,14 +56,14 @@ var (
 // atInstant turns an admission or settlement script into one that reads the instant from its
 // last argument instead of Redis TIME, and replies {its own reply, {remaining, reset ms}} where
 // the pair is the state of window KEYS[5] after it, read with the capacity and slot length given
-// in the two arguments before the instant.
-func atInstant(script string) string {
+// in the two arguments before the instant. The script runs on common instead of luaCommon.
+func atInstant(common, script string) string {
 	body, ok := strings.CutPrefix(script, luaCommon)
 	if !ok || strings.Count(body, "local now = nowms()") != 1 {
 		panic("the script does not start with luaCommon and read the time once")
 	}
 	body = strings.Replace(body, "local now = nowms()", "local now = tonumber(ARGV[#ARGV])", 1)
-	return luaCommon + "local function op()\n" + body + `
+	return common + "local function op()\n" + body + `
 end
 local r = op()
 local w = wload(KEYS[5], tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV]))
@@ -81,8 +81,8 @@ return {tonumber(ARGV[1]) - w.sum, wreset(w)}
 `
 
 var (
-	admitAt     = redis.NewScript(atInstant(luaAdmit))
-	settleAt    = redis.NewScript(atInstant(luaSettle))
+	admitAt     = redis.NewScript(atInstant(luaCommon, luaAdmit))
+	settleAt    = redis.NewScript(atInstant(luaCommon, luaSettle))
 	windowState = redis.NewScript(luaWindowState)
 )
 
@@ -92,6 +92,17 @@ type sharedWindows struct {
 	keys []string // replicas, leases, compartments, seq
 	// ids numbers windows and leases, unique across the sequences run against one Redis.
 	ids atomic.Int64
+	// legacy, when set, tells for each operation whether the scripts of the earlier window
+	// layout run it instead of the current ones.
+	legacy func() bool
+}
+
+// scripts returns the admission, settlement and state scripts for the next operation.
+func (h *sharedWindows) scripts() (admit, settle, state *redis.Script) {
+	if h.legacy != nil && h.legacy() {
+		return legacyAdmitAt, legacySettleAt, legacyWindowState
+	}
+	return admitAt, settleAt, windowState
 }
 
 func newSharedWindows(tb testing.TB, addr string) *sharedWindows {
@@ -252,6 +263,7 @@ func (h *sharedWindows) run(t testing.TB, data []byte) {
 			}
 		}
 		n := int64(a) * capacity / 128
+		admitScript, settleScript, stateScript := h.scripts()
 		var st [2]int64
 		switch {
 		case kind <= 3:
@@ -265,7 +277,7 @@ func (h *sharedWindows) run(t testing.TB, data []byte) {
 				fmt.Fprintf(&hist, "reserve %d at %d ms%+dns (slot %d)", n, ms, now-ms*int64(time.Millisecond), cur)
 			}
 			var reply any
-			reply, st = h.call(t, admitAt, keys, diffMe, lease, channel, 0, 1, 5, capacity, debt, sl, n, b01(shadow), capacity, sl, ms)
+			reply, st = h.call(t, admitScript, keys, diffMe, lease, channel, 0, 1, 5, capacity, debt, sl, n, b01(shadow), capacity, sl, ms)
 			r := ints(t, reply)
 			var (
 				c    budget.Charge
@@ -314,7 +326,7 @@ func (h *sharedWindows) run(t testing.TB, data []byte) {
 				fmt.Fprintf(&hist, "settle lease %s (took %d) to %d at %d ms (slot %d)\n", o.lease, o.c.Amount(), n, ms, cur)
 			}
 			var reply any
-			reply, st = h.call(t, settleAt, keys, diffMe, channel, 1, o.lease, n, 0, 1, 5, capacity, debt, sl, capacity, sl, ms)
+			reply, st = h.call(t, settleScript, keys, diffMe, channel, 1, o.lease, n, 0, 1, 5, capacity, debt, sl, capacity, sl, ms)
 			if reply.(int64) != 1 {
 				fail("settled %v leases, want 1", reply)
 			}
@@ -326,13 +338,13 @@ func (h *sharedWindows) run(t testing.TB, data []byte) {
 			o := settled[int(p)%len(settled)]
 			fmt.Fprintf(&hist, "settle lease %s again, to %d, at %d ms (slot %d)\n", o.lease, n, ms, cur)
 			var reply any
-			reply, st = h.call(t, settleAt, keys, diffMe, channel, 1, o.lease, n, 0, 1, 5, capacity, debt, sl, capacity, sl, ms)
+			reply, st = h.call(t, settleScript, keys, diffMe, channel, 1, o.lease, n, 0, 1, 5, capacity, debt, sl, capacity, sl, ms)
 			if reply.(int64) != 0 {
 				fail("settled %v leases, want 0: a lease settles once", reply)
 			}
 		default:
 			fmt.Fprintf(&hist, "read at %d ms (slot %d)\n", ms, cur)
-			v, err := windowState.Run(context.Background(), h.rc, []string{key}, capacity, sl, ms).Slice()
+			v, err := stateScript.Run(context.Background(), h.rc, []string{key}, capacity, sl, ms).Slice()
 			if err != nil {
 				t.Fatal(err)
 			}
