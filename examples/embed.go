@@ -1,5 +1,5 @@
-// Package examples holds the example policy files. The seed-scenario policy is also embedded in
-// the server binary as its default policy.
+// Package examples holds the example policy files. examples/policy.yaml is also embedded in the
+// server binary as its default policy.
 package examples
 
 import _ "embed"

@@ -22,8 +22,8 @@ func TestPooledPolicyIsTheExamplePlusAPool(t *testing.T) {
 		t.Fatal("examples/policy.yaml no longer ends with its pointer to the pooled variant")
 	}
 	const (
-		title       = "# llm-bulkhead policy: the seed scenario.\n"
-		pooledTitle = "# llm-bulkhead policy: the seed scenario, with borrowing.\n#\n# This is examples/policy.yaml plus the pool at the end (a test keeps the two in step).\n"
+		title       = "# llm-bulkhead example policy: chat, a batch export and more sharing one LLM pool.\n"
+		pooledTitle = "# llm-bulkhead example policy: chat, a batch export and more sharing one LLM pool, with borrowing.\n#\n# This is examples/policy.yaml plus the pool at the end (a test keeps the two in step).\n"
 	)
 	body, ok := strings.CutPrefix(string(pooled), pooledTitle)
 	if !ok {

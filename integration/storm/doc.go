@@ -1,5 +1,6 @@
-// Package storm reproduces the seed incident's storm experiment end to end: chat users and a
-// batch summarisation export share one upstream LLM pool (mockllm with a Capacity), requests
+// Package storm reproduces the batch-export incident end to end (one tenant's export filled a
+// shared LLM pool and chat P99 went from 1.4 s to 23 s): chat users and a batch summarisation
+// export share one upstream LLM pool (mockllm with a Capacity), requests
 // pass through the Envoy simulator and, depending on the configuration, through llm-bulkhead,
 // and the chat latency distribution is compared with and without the storm and with and
 // without a policy.
@@ -12,7 +13,7 @@
 //
 // # Time
 //
-// Every duration of a Scenario is simulated time: the seed's seconds. Options.TimeScale runs
+// Every duration of a Scenario is simulated time: the seconds of the scenario as described. Options.TimeScale runs
 // the whole experiment faster: mockllm's latency model and the users' think times are
 // multiplied by it, and so are the policy's waits (max_wait) and breaker durations
 // (slow_call_duration, wait_in_open and their relatives), which are rewritten in a copy of the

@@ -27,7 +27,7 @@ type RunSummary struct {
 	ChatRefused  int `json:"chat_refused"`
 	ChatErrors   int `json:"chat_errors"`
 	// ChatP50, ChatP90 and ChatP99 count every failed chat request at the scenario's
-	// ChatTimeout, as the seed counted its timeouts.
+	// ChatTimeout: a user who got no answer waited at least that long.
 	ChatP50 *float64 `json:"chat_p50"`
 	ChatP90 *float64 `json:"chat_p90"`
 	ChatP99 *float64 `json:"chat_p99"`
@@ -349,7 +349,7 @@ func sortedKeys[V any](m map[string]V) []string {
 	return out
 }
 
-// Markdown renders the results table, as in the seed's section 8, with a line on the design
+// Markdown renders the results table (the layout of docs/benchmarks.md), with a line on the design
 // target below it. Latencies are simulated seconds; each cell is the median over the
 // repetitions with the range in brackets.
 func (r *Report) Markdown() string {
@@ -441,9 +441,13 @@ func (r *Report) Setting() string {
 	if r.LoadAverageStart != "" {
 		load = fmt.Sprintf(", load average %s at the start and %s at the end", r.LoadAverageStart, r.LoadAverageEnd)
 	}
-	return fmt.Sprintf("%d runs per configuration (median, range in brackets), time scale %v, upstream capacity %d, seed %d; "+
+	runs := fmt.Sprintf("%d runs", r.Repeat)
+	if r.Repeat == 1 {
+		runs = "1 run"
+	}
+	return fmt.Sprintf("%s per configuration (median, range in brackets), time scale %v, upstream capacity %d, random seed %d; "+
 		"%s/%s, %d CPUs, %s%s; %.0f s of wall time. Latencies in simulated seconds; failed chat requests count as %v.",
-		r.Repeat, r.TimeScale, r.Capacity, r.Seed, r.Machine.OS, r.Machine.Arch, r.Machine.CPUs, r.Machine.GoVersion, load,
+		runs, r.TimeScale, r.Capacity, r.Seed, r.Machine.OS, r.Machine.Arch, r.Machine.CPUs, r.Machine.GoVersion, load,
 		r.WallSeconds, r.Scenario.ChatTimeout)
 }
 

@@ -26,8 +26,8 @@ import (
 
 // Options configure Run. The zero value of each field is documented on it.
 type Options struct {
-	// Scenario is the traffic; DefaultScenario is the seed's. Scenario.Storm is overridden per
-	// configuration.
+	// Scenario is the traffic; DefaultScenario is the batch-export storm. Scenario.Storm is
+	// overridden per configuration.
 	Scenario Scenario
 	// Configurations run in this order within each repetition. Required.
 	Configurations []Configuration
@@ -127,6 +127,12 @@ type Sample struct {
 	Reason string `json:"reason,omitempty"`
 	// Attempts counts the requests sent for a batch document.
 	Attempts int `json:"attempts,omitempty"`
+	// Compartment is a refusal's x-bulkhead-compartment: the compartment that said no.
+	Compartment string `json:"compartment,omitempty"`
+	// RetryAfter is a refusal's retry-after in simulated seconds (0 when it had none). A batch
+	// document refused on its last attempt was given up because this wait would have ended
+	// after the run.
+	RetryAfter float64 `json:"retry_after,omitempty"`
 }
 
 // EngineCounts is what llm-bulkhead itself counted during a run.
@@ -138,8 +144,38 @@ type EngineCounts struct {
 	ShadowRejections map[string]map[string]int `json:"shadow_rejections,omitempty"`
 	// BreakerOpenings counts breaker transitions to OPEN.
 	BreakerOpenings int `json:"breaker_openings"`
-	// Rerouted counts requests sent to another provider instead of being refused.
-	Rerouted int `json:"rerouted"`
+	// Rerouted counts requests sent to another provider instead of being refused; Reroutes
+	// splits them by feature, providers and reason.
+	Rerouted int       `json:"rerouted"`
+	Reroutes []Reroute `json:"reroutes,omitempty"`
+	// Limits holds, for every compartment that refused a request of the run (see
+	// RunResult.RefusedBy), what it allows.
+	Limits map[string]CompartmentLimits `json:"limits,omitempty"`
+}
+
+// Reroute counts requests of one feature that one provider refused for Reason and that were
+// sent to another instead (a breaker's fallback or a feature's degrade rule).
+type Reroute struct {
+	Feature string `json:"feature"`
+	From    string `json:"from"`
+	To      string `json:"to"`
+	Reason  string `json:"reason"`
+	Count   int    `json:"count"`
+}
+
+// CompartmentLimits is what one compartment allows, as the server held it at the end of a run.
+// Zero means no such limit.
+type CompartmentLimits struct {
+	// MaxConcurrent is how many requests it holds at once (a pool's whole size when it borrows).
+	MaxConcurrent int64 `json:"max_concurrent,omitempty"`
+	// MaxWait is the compartment's own max_wait, in simulated time. A request queues at most
+	// the shortest max_wait of all its compartments, which may be another one's.
+	MaxWait string `json:"max_wait,omitempty"`
+	// TokensPerMinute, TokensPerDay and RequestsPerMinute are its budgets' capacities. Budgets
+	// are not time-scaled: a run, shorter than a minute, never sees them refill.
+	TokensPerMinute   int64 `json:"tokens_per_minute,omitempty"`
+	TokensPerDay      int64 `json:"tokens_per_day,omitempty"`
+	RequestsPerMinute int64 `json:"requests_per_minute,omitempty"`
 }
 
 // RunResult is one run of one configuration.
@@ -160,6 +196,9 @@ type RunResult struct {
 	Answered map[string]int `json:"answered"`
 	// Refusals counts refused requests per feature and x-bulkhead-reason.
 	Refusals map[string]map[string]int `json:"refusals"`
+	// RefusedBy counts refused requests per feature, x-bulkhead-compartment and
+	// x-bulkhead-reason: which compartment said no, and why.
+	RefusedBy map[string]map[string]map[string]int `json:"refused_by,omitempty"`
 	// Errors counts failed requests that were not refusals, per feature and kind.
 	Errors map[string]map[string]int `json:"errors"`
 	// UpstreamPeakInFlight and UpstreamPeakQueued are the most requests the mock LLM was
@@ -282,6 +321,7 @@ type run struct {
 	admitted  map[string]int
 	answered  map[string]int
 	refusals  map[string]map[string]int
+	refusedBy map[string]map[string]map[string]int
 	errs      map[string]map[string]int
 	tick      map[string]*FeatureTick
 	peakIn    int
@@ -295,7 +335,7 @@ func runOne(ctx context.Context, opts Options, c Configuration, policyPath strin
 	r := &run{
 		opts: opts, sc: opts.Scenario, cfg: c, rep: rep, seed: opts.Seed + uint64(rep), scale: opts.scale(),
 		admitted: map[string]int{}, answered: map[string]int{}, refusals: map[string]map[string]int{}, errs: map[string]map[string]int{},
-		tick: map[string]*FeatureTick{},
+		refusedBy: map[string]map[string]map[string]int{}, tick: map[string]*FeatureTick{},
 	}
 	r.sc.Storm = c.Storm
 	ho := harness.Options{
@@ -361,7 +401,7 @@ func runOne(ctx context.Context, opts Options, c Configuration, policyPath strin
 
 	res := &RunResult{
 		Configuration: c.Name, Repetition: rep, Seed: r.seed,
-		Chat: r.chat, Batch: r.batch, Admitted: r.admitted, Answered: r.answered, Refusals: r.refusals, Errors: r.errs,
+		Chat: r.chat, Batch: r.batch, Admitted: r.admitted, Answered: r.answered, Refusals: r.refusals, RefusedBy: r.refusedBy, Errors: r.errs,
 		UpstreamPeakInFlight: r.peakIn, UpstreamPeakQueued: r.peakQueue,
 		StallMillis: float64(r.stall.Microseconds()) / 1000,
 	}
@@ -373,6 +413,7 @@ func runOne(ctx context.Context, opts Options, c Configuration, policyPath strin
 	sort.Slice(res.Batch, func(i, j int) bool { return res.Batch[i].Start < res.Batch[j].Start })
 	if !c.PassThrough() {
 		res.Engine = engineCounts(st)
+		res.Engine.Limits = compartmentLimits(st.App.Engine().Compartments(), res.RefusedBy, r.scale)
 	}
 	running = false
 	st.Close()
@@ -494,7 +535,7 @@ func (r *run) document(ctx context.Context, doc int) {
 			r.simSince()+retry >= r.sc.Duration
 		if done {
 			s = Sample{Tenant: tenant, Start: r.sim(first), Latency: time.Since(first).Seconds() / r.scale,
-				Outcome: outcome, Reason: reason, Attempts: attempt}
+				Outcome: outcome, Reason: reason, Attempts: attempt, Compartment: s.Compartment, RetryAfter: s.RetryAfter}
 			r.recordDoc(s)
 			return
 		}
@@ -507,14 +548,23 @@ func (r *run) document(ctx context.Context, doc int) {
 // retryAfter returns a refusal's retry-after, read as simulated seconds (the server computes it
 // from scaled waits, rounded up to whole seconds), at least one second.
 func retryAfter(res *envoysim.Result) time.Duration {
+	if d, ok := retryAfterHeader(res); ok {
+		return d
+	}
+	return time.Second
+}
+
+// retryAfterHeader returns a response's retry-after of at least one second, read as simulated
+// seconds; false when there is none.
+func retryAfterHeader(res *envoysim.Result) (time.Duration, bool) {
 	if res == nil {
-		return time.Second
+		return 0, false
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(res.Headers.Get(extproc.HeaderRetryAfter)))
 	if err != nil || n < 1 {
-		return time.Second
+		return 0, false
 	}
-	return time.Duration(n) * time.Second
+	return time.Duration(n) * time.Second, true
 }
 
 // send runs one chat/completions request through the simulator to the mock LLM.
@@ -545,10 +595,17 @@ func (r *run) sampleOf(res *envoysim.Result, err error, tenant string) Sample {
 		return Sample{Tenant: tenant, Start: now, Outcome: OutcomeError, Reason: "simulator"}
 	}
 	outcome, reason := Classify(res)
-	return Sample{
+	s := Sample{
 		Tenant: tenant, Start: r.sim(res.Started), Latency: res.Completed.Sub(res.Started).Seconds() / r.scale,
 		Outcome: outcome, Reason: reason,
 	}
+	if outcome == OutcomeRefused {
+		s.Compartment = res.Headers.Get(extproc.HeaderCompartment)
+		if d, ok := retryAfterHeader(res); ok {
+			s.RetryAfter = d.Seconds()
+		}
+	}
+	return s
 }
 
 // Classify tells what the client got: an answer (ok), a refusal by llm-bulkhead (refused, with
@@ -597,6 +654,10 @@ func (r *run) record(feature string, s Sample, keep bool) {
 	switch s.Outcome {
 	case OutcomeRefused:
 		inc(r.refusals, feature, s.Reason)
+		if r.refusedBy[feature] == nil {
+			r.refusedBy[feature] = map[string]map[string]int{}
+		}
+		inc(r.refusedBy[feature], s.Compartment, s.Reason)
 		ft.Refused[s.Reason]++
 	case OutcomeError:
 		inc(r.errs, feature, s.Reason)
@@ -715,11 +776,66 @@ func engineCounts(st *harness.Stack) *EngineCounts {
 			}
 		case "llm_bulkhead_rerouted_total":
 			for _, m := range mf.GetMetric() {
-				ec.Rerouted += int(m.GetCounter().GetValue())
+				n := int(m.GetCounter().GetValue())
+				ec.Rerouted += n
+				if n == 0 {
+					continue
+				}
+				rr := Reroute{Count: n}
+				for _, l := range m.GetLabel() {
+					switch l.GetName() {
+					case "feature":
+						rr.Feature = l.GetValue()
+					case "from":
+						rr.From = l.GetValue()
+					case "to":
+						rr.To = l.GetValue()
+					case "reason":
+						rr.Reason = l.GetValue()
+					}
+				}
+				ec.Reroutes = append(ec.Reroutes, rr)
 			}
 		}
 	}
 	return ec
+}
+
+// compartmentLimits returns the limits of every compartment named in refusedBy (feature →
+// compartment → reason), from the server's view of its compartments; waits are converted to
+// simulated time by dividing by scale.
+func compartmentLimits(views []policy.CompartmentView, refusedBy map[string]map[string]map[string]int, scale float64) map[string]CompartmentLimits {
+	want := map[string]bool{}
+	for _, byComp := range refusedBy {
+		for comp := range byComp {
+			want[comp] = true
+		}
+	}
+	out := map[string]CompartmentLimits{}
+	for _, v := range views {
+		if !want[v.Name] {
+			continue
+		}
+		l := CompartmentLimits{MaxConcurrent: v.MaxConcurrent}
+		if d, err := time.ParseDuration(v.MaxWait); err == nil && v.MaxWait != "" {
+			l.MaxWait = time.Duration(float64(d) / scale).Round(time.Millisecond).String()
+		}
+		for _, b := range v.Budgets {
+			switch b.Kind {
+			case "tokens_per_minute":
+				l.TokensPerMinute = b.Capacity
+			case "tokens_per_day":
+				l.TokensPerDay = b.Capacity
+			case "requests_per_minute":
+				l.RequestsPerMinute = b.Capacity
+			}
+		}
+		out[v.Name] = l
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 // machine describes where the experiment ran.

@@ -33,11 +33,11 @@ type Tokens struct {
 	Completion int `json:"completion"`
 }
 
-// Total is the request's size in the seed's latency model.
+// Total is the request's size in mockllm's latency model.
 func (t Tokens) Total() int { return t.Prompt + t.Completion }
 
-// Scenario is the traffic of one run, in simulated time. DefaultScenario returns the seed's;
-// a Scenario is a plain value.
+// Scenario is the traffic of one run, in simulated time. DefaultScenario returns the
+// batch-export storm; a Scenario is a plain value.
 type Scenario struct {
 	// Duration is how long chat users keep sending and the batch job keeps retrying. It must be
 	// shorter than a minute (see the package documentation on budgets).
@@ -51,8 +51,8 @@ type Scenario struct {
 	ThinkMin time.Duration `json:"think_min"`
 	ThinkMax time.Duration `json:"think_max"`
 	// ChatTimeout is how long a chat user waits for an answer; a request that fails in any way
-	// (timeout, refusal, error) counts at this latency in the chat percentiles, as the seed
-	// counted its timeouts at 30 s.
+	// (timeout, refusal, error) counts at this latency in the chat percentiles: a user who got
+	// no answer waited at least that long.
 	ChatTimeout time.Duration `json:"chat_timeout"`
 	// Storm turns the batch job on; StormAt is when it starts.
 	Storm   bool          `json:"storm"`
@@ -63,20 +63,19 @@ type Scenario struct {
 	BatchPerWorker int    `json:"batch_per_worker"`
 	BatchTenant    string `json:"batch_tenant"`
 	// BatchWorkerConcurrency is how many of its documents a worker has in flight at once: equal
-	// to BatchPerWorker, every document is sent at once (the seed's 50 concurrent requests);
-	// 1 makes each worker sequential (the seed script's loop, at most BatchWorkers in flight).
+	// to BatchPerWorker, every document is sent at once (50 concurrent requests by default, close
+	// to the incident's 60); 1 makes each worker sequential (at most BatchWorkers in flight).
 	BatchWorkerConcurrency int `json:"batch_worker_concurrency"`
 	// BatchTokens sizes every batch request.
 	BatchTokens Tokens `json:"batch_tokens"`
 	// BatchRetry makes the batch job honour refusals: it waits the retry-after it was given and
-	// sends the document again, until Duration. Without it a refused document is dropped, as in
-	// the seed's script.
+	// sends the document again, until Duration. Without it a refused document is dropped.
 	BatchRetry bool `json:"batch_retry"`
 	// Model is the model of every request; the example policies map it to a provider.
 	Model string `json:"model"`
 }
 
-// DefaultScenario returns the seed's experiment: 30 chat users (22 of enterprise tenant acme, 8
+// DefaultScenario returns the batch-export storm: 30 chat users (22 of enterprise tenant acme, 8
 // of pro tenant globex) sending 2K-token requests with 7–21 s pauses for 30 s, and from 5 s on
 // acme's export: 10 workers × 5 documents of 5K tokens, all sent at once (50 in flight), which
 // honours refusals' retry-after.

@@ -2,6 +2,7 @@ package storm
 
 import (
 	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -110,6 +111,30 @@ func TestStormSmoke(t *testing.T) {
 				b := r.Refusals[FeatureBatch]
 				if b["bulkhead_full"]+b["token_budget"] == 0 {
 					t.Errorf("enforce mode refused no batch request for its compartments or budgets: %v", r.Refusals)
+				}
+				// Every refusal names its compartment, the counts by compartment add up to the
+				// counts by reason, and every refusing compartment's limits were read.
+				for feature, byComp := range r.RefusedBy {
+					byReason := map[string]int{}
+					for comp, reasons := range byComp {
+						if comp == "" {
+							t.Errorf("%s refusals without a compartment: %v", feature, reasons)
+						}
+						if l, ok := r.Engine.Limits[comp]; !ok || l == (CompartmentLimits{}) {
+							t.Errorf("no limits read for %s: %+v", comp, r.Engine.Limits)
+						}
+						for reason, n := range reasons {
+							byReason[reason] += n
+						}
+					}
+					if !maps.Equal(byReason, r.Refusals[feature]) {
+						t.Errorf("%s: refusals by compartment add up to %v, by reason %v", feature, byReason, r.Refusals[feature])
+					}
+				}
+				for _, d := range r.Batch {
+					if d.Outcome == OutcomeRefused && (d.Compartment == "" || d.RetryAfter <= 0) {
+						t.Errorf("given-up document without its compartment or retry-after: %+v", d)
+					}
 				}
 				// What the clients were told agrees with what the engine decided, except where
 				// Envoy's message timeout answered a request before the engine did.

@@ -19,10 +19,10 @@ func TestLatencyModel(t *testing.T) {
 		u      float64
 		want   time.Duration
 	}{
-		{name: "seed model, no tokens, lowest jitter", tokens: 0, u: 0, want: 180 * time.Millisecond},
-		{name: "seed model, 1000 tokens, lowest jitter", tokens: 1000, u: 0, want: 270 * time.Millisecond},
-		{name: "seed model, 1000 tokens, mid jitter", tokens: 1000, u: 0.5, want: 330 * time.Millisecond},
-		{name: "seed model, 10000 tokens, top jitter", tokens: 10000, u: 1, want: 1560 * time.Millisecond},
+		{name: "default model, no tokens, lowest jitter", tokens: 0, u: 0, want: 180 * time.Millisecond},
+		{name: "default model, 1000 tokens, lowest jitter", tokens: 1000, u: 0, want: 270 * time.Millisecond},
+		{name: "default model, 1000 tokens, mid jitter", tokens: 1000, u: 0.5, want: 330 * time.Millisecond},
+		{name: "default model, 10000 tokens, top jitter", tokens: 10000, u: 1, want: 1560 * time.Millisecond},
 		{name: "custom model", model: LatencyModel{Base: time.Second, TokensPerSecond: 100, JitterMin: 1, JitterMax: 1}, tokens: 50, u: 0.7, want: 1500 * time.Millisecond},
 	}
 	for _, tt := range tests {

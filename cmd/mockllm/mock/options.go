@@ -45,7 +45,7 @@ const (
 // where tokens is the request's prompt plus completion tokens. A streamed
 // response sends its first byte after TTFBFraction of the latency and spreads
 // the rest evenly over its chunks, so the last event leaves at the full latency.
-// The zero value is the model of the seed incident: (0.2 s + tokens/10000 s) ×
+// The zero value is the storm experiment's model: (0.2 s + tokens/10000 s) ×
 // uniform(0.9, 1.3) with the first byte at 20 %. Zero fields take those
 // defaults, which is why a first byte at exactly 0 % cannot be asked for (use a
 // tiny fraction instead).

@@ -1,12 +1,13 @@
-// Command storm reproduces the seed incident's storm experiment: chat users and a batch export
-// share one mock LLM pool, through the Envoy simulator and llm-bulkhead, in several
+// Command storm reproduces the batch-export incident: chat users and a batch export share one
+// mock LLM pool, through the Envoy simulator and llm-bulkhead, in several
 // configurations (no policy, the example policy, shadow mode, the pooled policy, and a chat-only
 // baseline). It prints a Markdown table and writes it, an SVG chart of the chat latency
 // distributions and the raw numbers as JSON to --out.
 //
 //	storm [--fast | --demo] [--out DIR] [--repeat N] [--seed N] [--capacity N] [--configs a,b]
 //
-// --demo is a short run for newcomers that prints, once a second, what was admitted and refused.
+// --demo is a short run for newcomers that prints, once a second, what was admitted and refused
+// and, after each run, what became of the batch documents and which limits decided it.
 // Run it from the repository root (the default policy paths are relative to it).
 package main
 
@@ -50,14 +51,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fast       = fs.Bool("fast", false, fmt.Sprintf("scale time by %v (mockllm, think times, the policy's waits and breaker timings)", fastScale))
 		demo       = fs.Bool("demo", false, fmt.Sprintf("a short run for newcomers: baseline, no policy and the example policy once each at time scale %v, printing admissions and refusals every second", demoScale))
 		scale      = fs.Float64("time-scale", 0, "time scale (overrides --fast and --demo; 1 is real time)")
-		seed       = fs.Uint64("seed", 1, "seed of think times and mockllm latencies")
+		seed       = fs.Uint64("seed", 1, "random seed of think times and mockllm latencies")
 		repeat     = fs.Int("repeat", 3, "runs per configuration; the table shows medians with the range (--demo: 1)")
 		capacity   = fs.Int("capacity", 10, "requests the mock LLM serves at once; the rest queue FIFO (0: unlimited)")
 		configs    = fs.String("configs", "", "comma-separated configurations to run (default: "+strings.Join(storm.DefaultConfigurationNames, ",")+"; also "+storm.ConfigBaselinePolicy+")")
 		policy     = fs.String("policy", "examples/policy.yaml", "the example policy")
 		pooled     = fs.String("pooled-policy", "examples/policy-pooled.yaml", "the policy with pools")
 		duration   = fs.Duration("duration", 0, "simulated length of a run (default 30s, --demo 20s; under a minute)")
-		batchConc  = fs.Int("batch-concurrency", 0, "documents each batch worker has in flight (default 5: all 50 at once; 1: the seed script's sequential workers)")
+		batchConc  = fs.Int("batch-concurrency", 0, "documents each batch worker has in flight (default 5: all 50 at once; 1: sequential workers, at most 10 in flight)")
 		batchRetry = fs.Bool("batch-retry", true, "the batch job waits each refusal's retry-after and tries again")
 		verbose    = fs.Bool("v", false, "print the server's JSON logs to stderr")
 	)
@@ -126,14 +127,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	total := len(o.Configurations) * max(o.Repeat, 1)
 	done := 0
-	fmt.Fprintf(stdout, "storm: %d configurations × %d runs, time scale %v, upstream capacity %d, %d chat users, %d batch documents\n",
-		len(o.Configurations), max(o.Repeat, 1), o.TimeScale, o.Capacity, sc.ChatUsers(), sc.BatchWorkers*sc.BatchPerWorker)
+	fmt.Fprintf(stdout, "storm: %s × %s, time scale %v, upstream capacity %d, %d chat users, %d batch documents\n",
+		plural(len(o.Configurations), "configuration"), plural(max(o.Repeat, 1), "run"), o.TimeScale, o.Capacity, sc.ChatUsers(), sc.BatchWorkers*sc.BatchPerWorker)
 	if *demo {
-		fmt.Fprintf(stdout, "%d chat users of acme and globex send 2K-token chat requests; %v in, acme's export sends %d 5K-token\n"+
-			"summaries at once. The mock LLM answers in (0.2 s + tokens/10000 s) × uniform(0.9, 1.3) and serves %d at a\n"+
-			"time, first come first served. Every wall-clock second, a line: what each feature got admitted (sent\n"+
-			"upstream) and refused since the last line, the slowest chat answer, and the mock LLM's pool. t is simulated\n"+
-			"time (%.1f× real time).\n", sc.ChatUsers(), sc.StormAt, sc.BatchWorkers*sc.BatchPerWorker, o.Capacity, 1/o.TimeScale)
+		fmt.Fprint(stdout, demoIntro(o.Scenario, o.Capacity, o.TimeScale))
 		last := ""
 		o.Progress = func(t storm.Tick) {
 			if t.Configuration != last {
@@ -151,6 +148,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			line += fmt.Sprintf(", batch %d/%d done", s.BatchDone, s.BatchDocuments)
 		}
 		fmt.Fprintf(stdout, "%s  (%.1f s)\n", line, r.WallSeconds)
+		if *demo {
+			for _, l := range explainRun(r, o.Scenario) {
+				fmt.Fprintf(stdout, "    %s\n", l)
+			}
+		}
 	}
 
 	start := time.Now()
@@ -192,8 +194,11 @@ func tickLine(t storm.Tick) string {
 		if f.Errors > 0 {
 			s += fmt.Sprintf(", %d failed", f.Errors)
 		}
-		if f.Answered > 0 && f.Feature == storm.FeatureChat {
+		switch {
+		case f.Answered > 0 && f.Feature == storm.FeatureChat:
 			s += fmt.Sprintf(", slowest answer %.2f s", f.Slowest)
+		case f.Answered > 0 && f.Feature == storm.FeatureBatch:
+			s += fmt.Sprintf(", %d summarised", f.Answered)
 		}
 		parts = append(parts, s)
 	}

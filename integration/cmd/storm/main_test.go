@@ -50,9 +50,9 @@ func TestMissingPolicyFile(t *testing.T) {
 func TestTickLine(t *testing.T) {
 	got := tickLine(storm.Tick{At: 7500 * time.Millisecond, UpstreamInFlight: 3, Features: []storm.FeatureTick{
 		{Feature: storm.FeatureChat, Admitted: 4, Answered: 3, Slowest: 0.6},
-		{Feature: storm.FeatureBatch, Admitted: 10, Refused: map[string]int{"token_budget": 40, "bulkhead_full": 26}, Errors: 1},
+		{Feature: storm.FeatureBatch, Admitted: 10, Refused: map[string]int{"token_budget": 40, "bulkhead_full": 26}, Errors: 1, Answered: 8, Slowest: 4.2},
 	}})
-	want := "t= 7.5s  chat    4 admitted, slowest answer 0.60 s | batch  10 admitted, 66 refused (bulkhead_full 26, token_budget 40), 1 failed | upstream 3 busy, 0 waiting"
+	want := "t= 7.5s  chat    4 admitted, slowest answer 0.60 s | batch  10 admitted, 66 refused (bulkhead_full 26, token_budget 40), 1 failed, 8 summarised | upstream 3 busy, 0 waiting"
 	if got != want {
 		t.Fatalf("tickLine =\n%s\nwant\n%s", got, want)
 	}
