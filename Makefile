@@ -3,8 +3,11 @@ GO       ?= go
 PKGS     ?= ./...
 FUZZTIME ?= 5s
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
-VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS  := -X main.version=$(VERSION)
+# The version stamped into llm-bulkhead (`llm-bulkhead version`, llm_bulkhead_build_info): git
+# describe in a checkout; without git or outside a checkout, nothing is stamped and the binary
+# reports the module version from the Go build record instead. Override with VERSION=v1.2.3.
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+LDFLAGS  := $(if $(strip $(VERSION)),-X main.version=$(strip $(VERSION)))
 # go-control-plane's generated marshalling (vtprotobuf) for the replies; without the tag the
 # server marshals with protobuf's reflection, correct but slower.
 export GOFLAGS := $(strip $(GOFLAGS) -tags=vtprotobuf)
@@ -52,7 +55,7 @@ bench-cluster: ## Cluster-mode benchmark: admission through Redis against local,
 	$(GO) run ./integration/cmd/bench/cluster
 
 .PHONY: demo
-demo: ## The seed scenario in miniature: chat and a batch storm through envoysim, llm-bulkhead and mockllm
+demo: ## The batch-export incident in miniature: chat and a batch storm through envoysim, llm-bulkhead and mockllm
 	$(GO) run ./integration/cmd/storm --demo
 
 .PHONY: cluster-demo
@@ -60,7 +63,7 @@ cluster-demo: ## Three replicas hold the example policy fleet-wide through Redis
 	$(GO) run ./integration/cmd/clusterdemo
 
 .PHONY: storm
-storm: ## The seed's storm experiment, four configurations, results in results/storm
+storm: ## The batch-export incident reproduced, four configurations, results in results/storm
 	$(GO) run ./integration/cmd/storm --fast --out results/storm
 
 .PHONY: clean

@@ -136,6 +136,8 @@ type processor struct {
 
 	// onQueueFn is p.onQueue bound once, so admission does not allocate a method value.
 	onQueueFn func(time.Duration)
+	// trace is the request's span, nil unless tracing is on and the request is sampled.
+	trace *requestTrace
 
 	idle idleWatch
 }
@@ -309,6 +311,7 @@ func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	p.req.id, _ = p.Header(HeaderRequestID)
 	p.req.metadata = req.MetadataContext
 	p.req.attrs = req.Attributes[attributesKey]
+	p.traceStart()
 
 	bodyComing := !h.EndOfStream && p.reqBodyMode != extprocfilterv3.ProcessingMode_NONE
 	if bodyComing && p.reqBodyMode == extprocfilterv3.ProcessingMode_BUFFERED && p.wantBody() {
@@ -440,12 +443,12 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 	r := policy.Request{Dims: dims, Estimate: p.dec.estimate, PromptBytes: size.PromptBytes,
 		CanRewriteModel: at == msgRequestBody && p.req.bodyOK}
 	d := e.Admit(p.ctx, s, &r, &p.dec.ticket, p.onQueueFn)
+	p.traceDecided(d, true)
 	if d.Verdict != policy.Admit {
 		if d.Reason == policy.ReasonCancelled {
 			p.dec.decision, p.phase = d, phaseDone
 			return nil
 		}
-		p.srv.log.Debug("request refused", "request_id", p.req.id, "reason", string(d.Reason), "compartment", d.Compartment)
 		return p.refuse(d)
 	}
 	if p.ctx.Err() != nil {
@@ -462,10 +465,17 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 	return p.admitReply(at)
 }
 
-// refuse records refusal d and answers with the degradation contract's ImmediateResponse.
+// refuse records refusal d, logs it (rate-limited) and answers with the degradation contract's
+// ImmediateResponse. A request Envoy sent without a usable x-request-id gets one here, so the
+// client, the log line and the operator all name the refusal alike.
 func (p *processor) refuse(d policy.Decision) *extprocv3.ProcessingResponse {
+	p.traceDecided(d, false)
 	p.dec.decision, p.phase = d, phaseDone
-	return p.withMetadata(immediateReply(d, p.req.api))
+	p.req.id = refusalRequestID(p.req.id)
+	st := p.snap.Settings()
+	r := refusal{requestID: p.req.id, now: p.srv.engine.Now(), noRetryAbove: st.NoRetryAbove, rateLimitHeaders: st.RefusalRateLimitHeaders}
+	p.logRefusal(d, refusalStatus(d.Reason, p.req.api))
+	return p.withMetadata(immediateReply(d, p.req.api, r))
 }
 
 // admitReply lets the request continue with the server's header (and body) mutations, in the
@@ -516,6 +526,7 @@ func (p *processor) admitReply(at int) *extprocv3.ProcessingResponse {
 // timeout, it asks Envoy (once per state, as Envoy allows) to wait longer, within
 // max_message_timeout.
 func (p *processor) onQueue(maxWait time.Duration) {
+	p.traceQueued()
 	st := p.snap.Settings()
 	limit := st.MaxMessageTimeout
 	if limit <= 0 || p.overrideFor == p.messages {
@@ -669,6 +680,7 @@ func (p *processor) finish() {
 		scanners.Put(p.res.scanner)
 		p.res.scanner = nil
 	}
+	p.traceEnd()
 }
 
 // settleOnce ends the request: the phase moves to done and the ticket is settled with the
@@ -717,6 +729,7 @@ func (p *processor) settle(cancelled bool) {
 	}
 	p.res.outcome = o
 	p.res.settled = p.dec.ticket.Done(o)
+	p.traceSettled()
 	p.srv.metrics.observeUpstream(p.snap.ProviderName(p.dec.decision.Dims.Provider), o, p.res.tokenSeen)
 }
 

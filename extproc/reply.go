@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"strconv"
+	"time"
 	"unsafe"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -20,6 +21,13 @@ const (
 	HeaderProvider    = "x-llm-provider"
 	HeaderRetryAfter  = "retry-after"
 	HeaderRequestID   = "x-request-id"
+	// HeaderRetryAfterMs is retry-after in milliseconds; the OpenAI and Anthropic SDKs read it
+	// before retry-after.
+	HeaderRetryAfterMs = "retry-after-ms"
+	// HeaderShouldRetry: false tells the OpenAI and Anthropic SDKs not to retry a refusal.
+	HeaderShouldRetry = "x-should-retry"
+	// HeaderAnthropicRequestID is where the Anthropic SDK reads a request id (Error.RequestID).
+	HeaderAnthropicRequestID = "request-id"
 	// HeaderRemainingTokens and HeaderResetTokens mirror OpenAI's rate-limit headers for the
 	// tightest per-minute token budget of the request's compartments.
 	HeaderRemainingTokens = "x-ratelimit-remaining-tokens"
@@ -154,9 +162,23 @@ func refusalStatus(r policy.Reason, api llmapi.API) int {
 	return 503
 }
 
+// refusal is what a refusal's reply says besides the decision.
+type refusal struct {
+	// requestID is the request's id (refusalRequestID): sent back in headers and the body.
+	requestID string
+	// now is the server's time, for Anthropic's reset timestamps.
+	now time.Time
+	// noRetryAbove is refusals.no_retry_above (0: never say not to retry).
+	noRetryAbove time.Duration
+	// rateLimitHeaders is refusals.ratelimit_headers.
+	rateLimitHeaders bool
+}
+
 // refusalBody writes the error JSON in the format of the API the client called, so the
-// client's own SDK raises its usual error types.
-func refusalBody(d policy.Decision, api llmapi.API) []byte {
+// client's own SDK raises its usual error types. Anthropic's error shape has a top-level
+// request_id; OpenAI's has no field for it, so it is an extra member of the error object
+// (SDKs keep unknown members: openai-go in Error.JSON.ExtraFields).
+func refusalBody(d policy.Decision, api llmapi.API, requestID string) []byte {
 	msg := d.Message()
 	if api.Anthropic() {
 		typ := "overloaded_error"
@@ -170,7 +192,12 @@ func refusalBody(d policy.Decision, api llmapi.API) []byte {
 		b = strconv.AppendQuote(b, typ)
 		b = append(b, `,"message":`...)
 		b = llmapi.AppendJSONString(b, msg)
-		return append(b, "}}"...)
+		b = append(b, '}')
+		if requestID != "" {
+			b = append(b, `,"request_id":`...)
+			b = llmapi.AppendJSONString(b, requestID)
+		}
+		return append(b, '}')
 	}
 	typ := "server_overloaded"
 	switch d.Reason {
@@ -185,27 +212,98 @@ func refusalBody(d policy.Decision, api llmapi.API) []byte {
 	b = strconv.AppendQuote(b, typ)
 	b = append(b, `,"code":`...)
 	b = strconv.AppendQuote(b, string(d.Reason))
-	return append(b, `,"param":null}}`...)
+	b = append(b, `,"param":null`...)
+	if requestID != "" {
+		b = append(b, `,"request_id":`...)
+		b = llmapi.AppendJSONString(b, requestID)
+	}
+	return append(b, "}}"...)
 }
 
-// immediateReply refuses a request with the degradation contract's status, headers and body.
-func immediateReply(d policy.Decision, api llmapi.API) *extprocv3.ProcessingResponse {
-	headers := []*corev3.HeaderValueOption{
+// retryAfterMillis is the retry-after-ms of a refusal: its wait in milliseconds, rounded up.
+// A refusal that knows no wait says 1000, as its retry-after says 1 (a client told 0 would
+// retry at once, into the same refusal).
+func retryAfterMillis(d policy.Decision) int64 {
+	if d.RetryAfter <= 0 {
+		return 1000
+	}
+	return int64((d.RetryAfter + time.Millisecond - 1) / time.Millisecond)
+}
+
+// immediateReply refuses a request with the degradation contract's status, headers and body:
+// x-bulkhead-reason and -compartment, retry-after and retry-after-ms (the SDKs prefer the
+// latter), x-should-retry: false when the wait is longer than the policy's bound, the request
+// id, and on a 429 by a rate or budget the refusing window's limit, remaining and reset in
+// the rate-limit headers of the API called.
+func immediateReply(d policy.Decision, api llmapi.API, r refusal) *extprocv3.ProcessingResponse {
+	status := refusalStatus(d.Reason, api)
+	headers := make([]*corev3.HeaderValueOption, 0, 16)
+	headers = append(headers,
 		setHeader("content-type", "application/json"),
 		setHeader(HeaderReason, string(d.Reason)),
-	}
+	)
 	if d.Compartment != "" {
 		headers = append(headers, setHeader(HeaderCompartment, d.Compartment))
 	}
 	if d.Reason != policy.ReasonBadRequest {
-		headers = append(headers, setHeader(HeaderRetryAfter, strconv.FormatInt(d.RetryAfterSeconds(), 10)))
+		ms := retryAfterMillis(d)
+		headers = append(headers,
+			setHeader(HeaderRetryAfter, strconv.FormatInt(d.RetryAfterSeconds(), 10)),
+			setHeader(HeaderRetryAfterMs, strconv.FormatInt(ms, 10)))
+		if r.noRetryAbove > 0 && time.Duration(ms)*time.Millisecond > r.noRetryAbove {
+			headers = append(headers, setHeader(HeaderShouldRetry, "false"))
+		}
+	}
+	if r.requestID != "" {
+		headers = append(headers, setHeader(HeaderRequestID, r.requestID))
+		if api.Anthropic() {
+			headers = append(headers, setHeader(HeaderAnthropicRequestID, r.requestID))
+		}
+	}
+	if status == 429 && r.rateLimitHeaders {
+		headers = appendRateLimitHeaders(headers, d.Limits, api, r.now)
 	}
 	return &extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
-			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(refusalStatus(d.Reason, api))},
+			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(status)},
 			Headers: &extprocv3.HeaderMutation{SetHeaders: headers},
-			Body:    refusalBody(d, api),
+			Body:    refusalBody(d, api, r.requestID),
 			Details: "llm_bulkhead_" + string(d.Reason),
 		}},
 	}
+}
+
+// appendRateLimitHeaders adds the headers of each window l has, named as the API called names
+// them: OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens}, the reset a duration
+// ("1s", "6m0s", "120ms"); Anthropic's anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset},
+// the reset an RFC 3339 time.
+func appendRateLimitHeaders(h []*corev3.HeaderValueOption, l policy.RefusalLimits, api llmapi.API, now time.Time) []*corev3.HeaderValueOption {
+	add := func(kind string, w policy.RateWindow) {
+		limit, remaining := strconv.FormatInt(w.Limit, 10), strconv.FormatInt(w.Remaining, 10)
+		if api.Anthropic() {
+			prefix := "anthropic-ratelimit-" + kind + "-"
+			h = append(h, setHeader(prefix+"limit", limit), setHeader(prefix+"remaining", remaining),
+				setHeader(prefix+"reset", formatResetTime(now, w.Reset)))
+			return
+		}
+		h = append(h, setHeader("x-ratelimit-limit-"+kind, limit), setHeader("x-ratelimit-remaining-"+kind, remaining),
+			setHeader("x-ratelimit-reset-"+kind, formatReset(w.Reset)))
+	}
+	if l.HasRequests {
+		add("requests", l.Requests)
+	}
+	if l.HasTokens {
+		add("tokens", l.Tokens)
+	}
+	return h
+}
+
+// formatResetTime is the instant reset from now, in RFC 3339 (UTC, whole seconds rounded up so
+// the window is full by then), as Anthropic's anthropic-ratelimit-*-reset headers write it.
+func formatResetTime(now time.Time, reset time.Duration) string {
+	t := now.Add(reset)
+	if u := t.Truncate(time.Second); u.Before(t) {
+		t = u.Add(time.Second)
+	}
+	return t.UTC().Format(time.RFC3339)
 }

@@ -32,6 +32,8 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the server's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
+	// Tracing records a span per request; the zero value records none.
+	Tracing Tracing
 }
 
 // Server implements Envoy's ExternalProcessor service over a policy Engine. Safe for
@@ -52,6 +54,10 @@ type Server struct {
 	idle idleReaper
 	// replyParts caches reply pieces of the live policy snapshot.
 	replyParts atomic.Pointer[replyParts]
+	// refusals limits the refusals' log lines.
+	refusals *refusalLog
+	// tracer records requests' spans; nil when tracing is off.
+	tracer *tracer
 
 	// beforeHandle, set only by tests, runs before each message is handled.
 	beforeHandle func(*extprocv3.ProcessingRequest)
@@ -64,16 +70,20 @@ func NewServer(engine *policy.Engine, o Options) *Server {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &Server{engine: engine, log: o.Logger, epoch: time.Now()}
+	s := &Server{engine: engine, log: o.Logger, epoch: time.Now(), refusals: newRefusalLog(o.Logger)}
 	s.idle.srv, s.idle.wake = s, make(chan struct{}, 1)
+	s.tracer = newTracer(o.Tracing)
 	s.metrics = newMetrics(s, o.Registerer)
 	return s
 }
 
-// Close stops the server's background work (the idle watch). Streams still open go on, but an
-// admitted one that goes silent is no longer released early. Call it after the gRPC server has
-// stopped. Idempotent.
-func (s *Server) Close() { s.idle.Close() }
+// Close stops the server's background work (the idle watch, the refusal log's reports of
+// lines it held back). Streams still open go on, but an admitted one that goes silent is no
+// longer released early. Call it after the gRPC server has stopped. Idempotent.
+func (s *Server) Close() {
+	s.idle.Close()
+	s.refusals.Close()
+}
 
 // ActiveStreams returns the number of Process streams currently open.
 func (s *Server) ActiveStreams() int64 { return s.active.Load() }

@@ -79,6 +79,9 @@ type Decision struct {
 	// the target's models map names (an admitted request's body must then be rewritten to
 	// Dims.Model); empty otherwise.
 	OriginalModel string
+	// Limits are the refusing compartment's window that had no room, for a rate_limit or
+	// token_budget refusal by a request rate or token budget; empty otherwise.
+	Limits RefusalLimits
 }
 
 // Err returns nil for an admission, else an error wrapping the reason's sentinel.
@@ -391,7 +394,9 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 		ch, ok, wait := in.rpm.Reserve(1, now)
 		if !ok {
 			if !in.limits.Shadow {
-				return refuse(ReasonRateLimit, in.name, wait)
+				d := refuse(ReasonRateLimit, in.name, wait)
+				d.Limits.refusedBy(in.rpm, true, now)
+				return d
 			}
 			e.metrics.countShadow(s.label(in), ReasonRateLimit)
 			ch = in.rpm.Take(1, now)
@@ -419,7 +424,9 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 			ch, ok, wait := wb.w.Reserve(tokens, now)
 			if !ok {
 				if !in.limits.Shadow {
-					return refuse(ReasonTokenBudget, in.name, wait)
+					d := refuse(ReasonTokenBudget, in.name, wait)
+					d.Limits.refusedBy(wb.w, false, now)
+					return d
 				}
 				e.metrics.countShadow(s.label(in), ReasonTokenBudget)
 				ch = wb.w.Take(tokens, now)

@@ -642,7 +642,7 @@ features:
 }
 
 // BenchmarkAdmitDone measures the admission fast path: classify, estimate, admit across the
-// seed's families, and release.
+// example policy's families, and release.
 func BenchmarkAdmitDone(b *testing.B) {
 	e, _ := engine(b, seedPolicy)
 	s := e.Snapshot()

@@ -50,6 +50,10 @@ type Settings struct {
 	RequireValidJSON []string
 	// CompartmentHeader and RateLimitHeaders say which headers admitted responses get.
 	CompartmentHeader, RateLimitHeaders bool
+	// NoRetryAbove is refusals.no_retry_above: a refusal whose retry-after is longer gets
+	// x-should-retry: false (0: never). RefusalRateLimitHeaders is refusals.ratelimit_headers.
+	NoRetryAbove            time.Duration
+	RefusalRateLimitHeaders bool
 	// StreamIdleTimeout releases an admitted stream that hears nothing from Envoy this long.
 	StreamIdleTimeout time.Duration
 	// MaxBufferedBodyBytes bounds the request bodies held while deciding, over all streams.
@@ -74,6 +78,9 @@ func compileSettings(p *config.Policy) Settings {
 		StreamIdleTimeout:    p.Server.StreamIdleTimeout.D(),
 		MaxBufferedBodyBytes: int64(p.Server.MaxBufferedBodyBytes),
 		MaxStreams:           p.Server.MaxStreams,
+
+		NoRetryAbove:            p.Refusals.NoRetryAboveOrDefault(),
+		RefusalRateLimitHeaders: p.Refusals.RateLimitHeadersOrDefault(),
 	}
 }
 

@@ -348,7 +348,12 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 			if w.Kind == "rpm" {
 				reason = ReasonRateLimit
 			}
-			return refuse(reason, t.insts[sh.owners[res.Index]].name, res.RetryAfter)
+			capacity, kind := w.Capacity, w.Kind
+			d := refuse(reason, t.insts[sh.owners[res.Index]].name, res.RetryAfter)
+			if res.WindowKnown {
+				d.Limits.refusedByShared(capacity, res.WindowLeft, res.WindowReset, kind == "rpm")
+			}
+			return d
 		case cluster.RefusedSlot:
 			e.sched.Abandon(t.set[:t.n], t.held[:t.n])
 			in := t.insts[sh.slotOwner[res.Index]]

@@ -34,6 +34,22 @@ type CompartmentView struct {
 	// last reported; the limits count them with this replica's own.
 	RemoteInFlight       int64 `json:"remote_in_flight,omitempty"`
 	RemoteInFlightTokens int64 `json:"remote_in_flight_tokens,omitempty"`
+
+	// Overflow is set only on the overflow compartment of a tenant-keyed family
+	// (<family>/_overflow), so that the dashboard can say what it is and how near the family is
+	// to needing it.
+	Overflow *OverflowView `json:"overflow,omitempty"`
+}
+
+// OverflowView describes a tenant-keyed family's overflow compartment: new tenants share it
+// while the family already tracks max_instances tenants and none of them can be evicted (each
+// has requests queued or in flight, or tokens still charged to a budget window). It has the
+// limits of tenants.default_tier.
+type OverflowView struct {
+	// Tracked is how many tenant compartments the family holds now (the overflow not counted).
+	Tracked int `json:"tracked"`
+	// MaxInstances is the family's compartments[].max_instances.
+	MaxInstances int `json:"max_instances"`
 }
 
 // BudgetView is one budget window of a compartment.
@@ -66,6 +82,11 @@ func (e *Engine) Compartments() []CompartmentView {
 		if st.Limits.Shadow {
 			v.Mode = "shadow"
 		}
+		if d := in.family.dyn; d != nil {
+			if tracked, max, ok := d.overflowOf(in); ok {
+				v.Overflow = &OverflowView{Tracked: tracked, MaxInstances: max}
+			}
+		}
 		if st.Pool != "" {
 			v.MaxConcurrent = st.PoolMax
 		}
@@ -87,6 +108,17 @@ func (e *Engine) Compartments() []CompartmentView {
 		out = append(out, v)
 	}
 	return out
+}
+
+// overflowOf reports whether in is the store's overflow compartment and, if so, how many
+// tenant compartments the store holds and may hold.
+func (st *dynStore) overflowOf(in *instance) (tracked, max int, ok bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if in != st.overflow {
+		return 0, 0, false
+	}
+	return len(st.entries), st.max, true
 }
 
 func budgetView(kind string, st budget.State) BudgetView {

@@ -4,16 +4,18 @@
 // Usage:
 //
 //	llm-bulkhead [serve] [--config FILE] [--grpc-addr ADDR] [--admin-addr ADDR] [--admin-insecure] [--log-level LEVEL] [--watch=true]
-//	llm-bulkhead validate --config FILE [--explain]
-//	llm-bulkhead envoy-config [--config FILE]
-//	llm-bulkhead version
+//	llm-bulkhead validate [--config FILE] [--explain] [FILE]
+//	llm-bulkhead envoy-config [--config FILE] [--cluster NAME] [--address HOST:PORT]
+//	llm-bulkhead health [--addr HOST:PORT] [--service NAME] [--timeout DURATION]
+//	llm-bulkhead version (or --version)
+//	llm-bulkhead help [COMMAND] (or -h; every command takes -h)
 //
 // Without --config the server runs the policy built into the binary (examples/policy.yaml).
 // An admin address that is not loopback needs the admin token (LLM_BULKHEAD_ADMIN_TOKEN), which
 // then guards /admin/* and the dashboard too, or --admin-insecure to serve it without one.
 // Exit status: 0 on success and after a graceful shutdown, 2 for an invalid policy or bad
 // usage (an unguarded admin address included), 1 when the server cannot run (e.g. an address
-// in use).
+// in use). health exits 0 only when the server answers SERVING, 1 otherwise, 2 for bad usage.
 package main
 
 import (
@@ -24,14 +26,16 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
+	"strings"
 	"syscall"
 
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead/app"
+	"github.com/llm-bulkhead/llm-bulkhead/examples"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
-// version is set at build time with -ldflags "-X main.version=…"; otherwise the module version.
+// version is set at build time with -ldflags "-X main.version=…" (make build stamps git describe);
+// otherwise the module version from the Go build record.
 var version = ""
 
 func main() {
@@ -42,57 +46,166 @@ func main() {
 	os.Exit(run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr, hup))
 }
 
+// command is one subcommand: its synopsis and one line about it for the help, and what runs it.
+type command struct {
+	name, synopsis, summary string
+	run                     func(c *command, ctx context.Context, args, env []string, stdout, stderr io.Writer, hup <-chan os.Signal) int
+}
+
+// commands in the order the help lists them.
+var commands []*command
+
+func init() {
+	commands = []*command{
+		{"serve", "[--config FILE] [--grpc-addr ADDR] [--admin-addr ADDR] [--admin-insecure] [--log-level LEVEL] [--watch=BOOL]",
+			"run the ext_proc server and the admin listener (the default command)", serve},
+		{"validate", "[--config FILE] [--explain] [FILE]",
+			"check a policy file and print every problem, or a summary of the effective policy", validate},
+		{"envoy-config", "[--config FILE] [--cluster NAME] [--address HOST:PORT]",
+			"print the Envoy ext_proc filter and cluster matching a policy", envoyConfig},
+		{"health", "[--addr HOST:PORT] [--service NAME] [--timeout DURATION]",
+			"ask a running server's gRPC health service; exit 0 only when it is SERVING", healthCheck},
+		{"version", "", "print the version, commit, Go version, build tags and platform", printVersion},
+		{"help", "[COMMAND]", "list the commands, or describe one", help},
+	}
+}
+
+func lookup(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
 // run is main without the process: it returns the exit status.
 func run(ctx context.Context, args, env []string, stdout, stderr io.Writer, hup <-chan os.Signal) int {
-	cmd := "serve"
-	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
-		cmd, args = args[0], args[1:]
+	name := "serve"
+	if len(args) > 0 {
+		switch args[0] {
+		case "-h", "-help", "--help":
+			usage(stdout)
+			return 0
+		case "-version", "--version":
+			name, args = "version", args[1:]
+		default:
+			if len(args[0]) > 0 && args[0][0] != '-' {
+				name, args = args[0], args[1:]
+			}
+		}
 	}
-	switch cmd {
-	case "serve":
-		return serve(ctx, args, env, stderr, hup)
-	case "validate":
-		return validate(args, env, stdout, stderr)
-	case "envoy-config":
-		return envoyConfig(args, env, stdout, stderr)
-	case "version":
-		fmt.Fprintln(stdout, "llm-bulkhead", versionString())
-		return 0
-	case "help", "-h", "--help":
-		usage(stdout)
-		return 0
+	c := lookup(name)
+	if c == nil {
+		fmt.Fprintf(stderr, "llm-bulkhead: unknown command %q\n\n", name)
+		usage(stderr)
+		return 2
 	}
-	fmt.Fprintf(stderr, "llm-bulkhead: unknown command %q\n\n", cmd)
-	usage(stderr)
-	return 2
+	return c.run(c, ctx, args, env, stdout, stderr, hup)
 }
 
 func usage(w io.Writer) {
 	fmt.Fprint(w, `llm-bulkhead — bulkheads, token budgets and circuit breakers for LLM traffic, as an Envoy ext_proc server.
 
-Commands:
-  serve         run the server (the default command)
-  validate      check a policy file and print every problem (or a summary with --explain)
-  envoy-config  print the Envoy ext_proc filter and cluster matching a policy
-  version       print the version
+Usage: llm-bulkhead [command] [flags]
 
-Run "llm-bulkhead <command> -h" for a command's flags.
+Commands:
+`)
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-13s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, `
+Without a command, llm-bulkhead serves. "llm-bulkhead help <command>" or "llm-bulkhead <command> -h"
+describes a command and its flags; "llm-bulkhead --version" prints the version.
 `)
 }
 
-func versionString() string {
-	if version != "" {
-		return version
+// usage prints a command's synopsis, what it does and its flags.
+func (c *command) usage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "Usage: %s\n\n%s.\n", strings.TrimSpace("llm-bulkhead "+c.name+" "+c.synopsis), upperFirst(c.summary))
+	if fs == nil {
+		return
 	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
+	has := false
+	fs.VisitAll(func(*flag.Flag) { has = true })
+	if has {
+		fmt.Fprintln(w, "\nFlags:")
+		fs.SetOutput(w)
+		fs.PrintDefaults()
 	}
-	return "(devel)"
 }
 
-func serve(ctx context.Context, args, env []string, stderr io.Writer, hup <-chan os.Signal) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+func upperFirst(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+// flags returns the command's flag set; define its flags, then call parse.
+func (c *command) flags() *flag.FlagSet {
+	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}
+
+// parse parses args. ok is false when the command should end with status code: 0 after -h
+// (usage on stdout), 2 after a bad flag (the problem and the usage on stderr).
+func (c *command) parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (code int, ok bool) {
+	err := fs.Parse(args)
+	switch {
+	case err == nil:
+		return 0, true
+	case errors.Is(err, flag.ErrHelp):
+		c.usage(stdout, fs)
+		return 0, false
+	}
+	fmt.Fprintf(stderr, "llm-bulkhead %s: %v\n\n", c.name, err)
+	c.usage(stderr, fs)
+	return 2, false
+}
+
+func buildInfo() app.BuildInfo { return app.ReadBuildInfo(version) }
+
+func printVersion(c *command, _ context.Context, args, _ []string, stdout, stderr io.Writer, _ <-chan os.Signal) int {
+	fs := c.flags()
+	if code, ok := c.parse(fs, args, stdout, stderr); !ok {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "llm-bulkhead version: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	fmt.Fprint(stdout, buildInfo())
+	return 0
+}
+
+func help(c *command, _ context.Context, args, _ []string, stdout, stderr io.Writer, _ <-chan os.Signal) int {
+	if len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		c.usage(stdout, nil)
+		return 0
+	}
+	switch len(args) {
+	case 0:
+		usage(stdout)
+		return 0
+	case 1:
+		target := lookup(args[0])
+		if target == nil {
+			fmt.Fprintf(stderr, "llm-bulkhead help: unknown command %q\n\n", args[0])
+			usage(stderr)
+			return 2
+		}
+		// A command's flags are defined where it runs: ask it for its own help.
+		return target.run(target, context.Background(), []string{"-h"}, nil, stdout, stderr, nil)
+	}
+	fmt.Fprintf(stderr, "llm-bulkhead help: unexpected arguments %q\n", args[1:])
+	return 2
+}
+
+func serve(c *command, ctx context.Context, args, env []string, stdout, stderr io.Writer, hup <-chan os.Signal) int {
+	fs := c.flags()
 	var o app.Options
 	fs.StringVar(&o.ConfigPath, "config", "", "policy file (default: the built-in examples/policy.yaml)")
 	fs.StringVar(&o.GRPCAddr, "grpc-addr", "", "ext_proc gRPC listen address (default: the policy's server.grpc_addr, 127.0.0.1:9002)")
@@ -100,8 +213,8 @@ func serve(ctx context.Context, args, env []string, stderr io.Writer, hup <-chan
 	fs.BoolVar(&o.AdminInsecure, "admin-insecure", false, "serve a non-loopback admin address without an admin token, to anyone who can connect (logs a warning)")
 	fs.StringVar(&o.LogLevel, "log-level", "", "debug, info, warn or error (default: the policy's server.log_level, info)")
 	fs.BoolVar(&o.Watch, "watch", true, "reload the policy file when it changes (SIGHUP always reloads)")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code, ok := c.parse(fs, args, stdout, stderr); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "serve: unexpected arguments %q\n", fs.Args())
@@ -109,12 +222,13 @@ func serve(ctx context.Context, args, env []string, stderr io.Writer, hup <-chan
 	}
 	o.Env = env
 	o.LogOutput = stderr
+	o.Build = buildInfo()
 	a, err := app.New(o)
 	if err != nil {
 		var ce *app.ConfigError
 		if errors.As(err, &ce) {
-			fmt.Fprintln(stderr, "llm-bulkhead: invalid policy, not starting:")
-			fmt.Fprintln(stderr, err)
+			fmt.Fprint(stderr, "llm-bulkhead: invalid policy, not starting: ")
+			printProblems(stderr, o.ConfigPath, ce.Err)
 			return 2
 		}
 		var exposed *app.ExposedAdminError
@@ -132,13 +246,12 @@ func serve(ctx context.Context, args, env []string, stderr io.Writer, hup <-chan
 	return 0
 }
 
-func validate(args, env []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+func validate(c *command, _ context.Context, args, env []string, stdout, stderr io.Writer, _ <-chan os.Signal) int {
+	fs := c.flags()
 	path := fs.String("config", "", "policy file to check (default: the built-in policy)")
-	explain := fs.Bool("explain", false, "print the effective policy: every compartment with its resolved limits")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	explain := fs.Bool("explain", false, "print the effective policy: classification, every compartment with its resolved limits, pools, degrade rules, fallbacks and breakers")
+	if code, ok := c.parse(fs, args, stdout, stderr); !ok {
+		return code
 	}
 	if fs.NArg() == 1 && *path == "" {
 		*path = fs.Arg(0)
@@ -148,15 +261,7 @@ func validate(args, env []string, stdout, stderr io.Writer) int {
 	}
 	p, name, err := app.LoadPolicy(*path, env)
 	if err != nil {
-		var problems config.Errors
-		if errors.As(err, &problems) {
-			fmt.Fprintf(stderr, "%s: %d problem(s):\n", name, len(problems))
-			for _, pr := range problems {
-				fmt.Fprintln(stderr, "  "+pr.String())
-			}
-		} else {
-			fmt.Fprintln(stderr, err)
-		}
+		printProblems(stderr, name, err)
 		return 2
 	}
 	sum, err := app.Summarize(p)
@@ -165,19 +270,42 @@ func validate(args, env []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	fmt.Fprintf(stdout, "%s: OK — %s\n", name, sum.Line())
+	for _, w := range sum.Warnings() {
+		fmt.Fprintf(stderr, "%s: warning: %s\n", name, w)
+	}
 	if *explain {
 		sum.Explain(stdout)
 	}
 	return 0
 }
 
-func envoyConfig(args, env []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("envoy-config", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// printProblems writes a policy that failed to load: with a count and one problem a line (each
+// names its file, line and key path) when they are config.Errors, else the error as it is.
+func printProblems(w io.Writer, name string, err error) {
+	var problems config.Errors
+	if !errors.As(err, &problems) {
+		fmt.Fprintln(w, err)
+		return
+	}
+	if name == "" {
+		name = examples.DefaultPolicyName
+	}
+	fmt.Fprintf(w, "%s: %d problem(s):\n", name, len(problems))
+	for _, pr := range problems {
+		fmt.Fprintln(w, "  "+pr.String())
+	}
+}
+
+func envoyConfig(c *command, _ context.Context, args, env []string, stdout, stderr io.Writer, _ <-chan os.Signal) int {
+	fs := c.flags()
 	path := fs.String("config", "", "policy file (default: the built-in policy)")
 	cluster := fs.String("cluster", "llm_bulkhead", "name of the Envoy cluster that reaches this server")
 	addr := fs.String("address", "", "address Envoy uses to reach this server (default: the policy's server.grpc_addr)")
-	if err := fs.Parse(args); err != nil {
+	if code, ok := c.parse(fs, args, stdout, stderr); !ok {
+		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "envoy-config: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
 	p, name, err := app.LoadPolicy(*path, env)

@@ -74,6 +74,61 @@ cluster: backend redis, mode sentinel (master mymaster)
   per replica:    breakers, learned estimates, queues
 `
 
+// fourProblems has an unknown key, a negative value and two bad max_waits (one that is not a
+// duration, one Envoy would cut short).
+const fourProblems = `features:
+  default:
+    max_concurrent: -3
+    max_wait: soon
+    max_concurent: 4
+  batch:
+    max_wait: 30s
+compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+`
+
+// reroutePolicy has a pool, a degrade rule and a fallback chain, for --explain.
+const reroutePolicy = `envoy: {request_body_mode: BUFFERED}
+compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+  - {name: provider, key: [provider], limits_from: provider}
+features:
+  default: {max_concurrent: 5}
+  chat: {max_concurrent: 10}
+  batch:
+    tokens_per_minute: 1000
+    degrade: {provider: local, on: [token_budget, rate_limit]}
+providers:
+  default: {max_concurrent: 30, breaker: standard, fallback: backup}
+  backup: {max_concurrent: 10, breaker: standard, fallback: local, models: [{match: "*", model: "*"}]}
+  local: {max_concurrent: 5, models: [{match: gpt-*, model: llama-3}]}
+breakers:
+  standard: {}
+pools:
+  - name: shared
+    max_concurrent: 12
+    members:
+      - {compartment: feature/chat, guaranteed: 8}
+      - {compartment: feature/batch, guaranteed: 2, max: 6}
+`
+
+const explainedPools = `
+Pools (a member always has its guaranteed share and borrows idle capacity up to its max):
+  shared: capacity 12
+    feature/chat   guaranteed 8  max 12
+    feature/batch  guaranteed 2  max 6
+`
+
+const explainedReroutes = `
+Degrade rules (a request refused for one of these reasons is re-routed instead, when the target can take it):
+  batch: refused for token_budget, rate_limit → local (models: gpt-* → llama-3)
+
+Fallbacks (while a provider's breaker is open, its requests try the next provider of the chain):
+  backup (breaker standard) → local (models: gpt-* → llama-3)
+  default (breaker standard) → backup (models: * → *) → local (models: gpt-* → llama-3)
+  (models: the model a re-routed request is sent, first match wins; a model no entry matches is not re-routed there)
+`
+
 func TestValidate(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -94,6 +149,10 @@ func TestValidate(t *testing.T) {
 		{"bad flag", []string{"validate", "--nope"}, 2, "", "flag provided but not defined"},
 		{"unknown command", []string{"frobnicate"}, 2, "", `unknown command "frobnicate"`},
 		{"version", []string{"version"}, 0, "llm-bulkhead ", ""},
+		{"no limits at all warned about", []string{"validate", "--config", write(t, "allow_empty: true\n")}, 0, "policy.yaml: OK",
+			"policy.yaml: warning: the policy sets no limit at all (no max_concurrent, max_inflight_tokens, token budget, request rate or breaker): every request would be admitted"},
+		{"explain pools", []string{"validate", "--explain", "--config", write(t, reroutePolicy)}, 0, explainedPools, ""},
+		{"explain degrade rules and fallbacks", []string{"validate", "--explain", "--config", write(t, reroutePolicy)}, 0, explainedReroutes, ""},
 		{"envoy-config", []string{"envoy-config", "--address", "llm-bulkhead:9002"}, 0, "max_message_timeout: 10s", ""},
 	}
 	for _, tt := range tests {
@@ -110,6 +169,32 @@ func TestValidate(t *testing.T) {
 				t.Errorf("stderr %q does not contain %q", errOut.String(), tt.wantErrOut)
 			}
 		})
+	}
+}
+
+// TestEveryProblemListed: validate and serve report all four problems of fourProblems, counted,
+// one a line, in line order, each with file, line and key path.
+func TestEveryProblemListed(t *testing.T) {
+	path := write(t, fourProblems)
+	want := path + `: 4 problem(s):
+  ` + path + `:3: features.default.max_concurrent: must not be negative, got -3
+  ` + path + `:4: features.default.max_wait: "soon" is not a duration (write it like 100ms, 5s or 1m30s)
+  ` + path + `:5: features.default.max_concurent: unknown key "max_concurent" (did you mean "max_concurrent"?)
+  ` + path + `:7: features.batch.max_wait: 30s is not shorter than envoy.message_timeout (200ms)`
+	for _, tt := range []struct {
+		args   []string
+		prefix string
+	}{
+		{[]string{"validate", path}, ""},
+		{[]string{"serve", "--config", path, "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"}, "llm-bulkhead: invalid policy, not starting: "},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(context.Background(), tt.args, []string{}, &out, &errOut, nil); code != 2 {
+			t.Fatalf("%s: exit %d, want 2", tt.args[0], code)
+		}
+		if !strings.HasPrefix(errOut.String(), tt.prefix+want) || strings.Count(errOut.String(), "\n") != 5 {
+			t.Errorf("%s: stderr\n%s\nwant\n%s%s", tt.args[0], errOut.String(), tt.prefix, want)
+		}
 	}
 }
 

@@ -129,6 +129,12 @@ type Result struct {
 	// back.
 	Remaining []int64
 	Reset     []time.Duration
+	// WindowLeft and WindowReset are, for a window refusal, what the refusing window has left
+	// (negative in debt) and when everything charged to it has aged out; WindowKnown says a
+	// reply carried them.
+	WindowLeft  int64
+	WindowReset time.Duration
+	WindowKnown bool
 	// Shadowed has bit i set for each window i, and bit len(Windows)+i for each slot i, that
 	// would have refused but is in shadow mode.
 	Shadowed uint64
@@ -330,6 +336,9 @@ func (s *Store) Admit(ctx context.Context, a *Admission, r *Result) error {
 		return fmt.Errorf("%w: replica not registered", ErrUnavailable)
 	case 1:
 		*r = Result{Status: RefusedWindow, Index: int(res[1]) - 1, RetryAfter: time.Duration(res[2]) * time.Millisecond}
+		if len(res) >= 6 {
+			r.WindowLeft, r.WindowReset, r.WindowKnown = res[4], time.Duration(res[5])*time.Millisecond, true
+		}
 		return nil
 	}
 	r.Seq = res[3]

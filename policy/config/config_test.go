@@ -73,7 +73,7 @@ func TestExamplePolicyIsValid(t *testing.T) {
 	}
 	chat := p.Resolve(p.Features["chat"].Limits)
 	if chat.MaxConcurrent != 20 || chat.MaxWait != 5*time.Second {
-		t.Errorf("chat = %d / %s, want 20 / 5s (the seed's numbers)", chat.MaxConcurrent, chat.MaxWait)
+		t.Errorf("chat = %d / %s, want 20 / 5s (the example policy's numbers)", chat.MaxConcurrent, chat.MaxWait)
 	}
 	batch := p.Resolve(p.Features["batch_summarize"].Limits)
 	if batch.MaxConcurrent != 5 || batch.MaxWait != 100*time.Millisecond {

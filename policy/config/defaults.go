@@ -154,6 +154,8 @@ func (p *Policy) applyDefaults() {
 		}
 	}
 	p.Cluster.applyDefaults()
+	p.Refusals.applyDefaults()
+	p.Tracing.applyDefaults()
 }
 
 // Enabled reports whether limits are shared through a backend (after defaults: "none" is
@@ -304,7 +306,7 @@ func finish(l Limits) Resolved {
 }
 
 // Scale multiplies every count limit by ratio, rounding down but never below 1 for a limit that
-// was set (the seed's tier × feature rule: max(1, int(base × ratio))).
+// was set (the tier × feature rule: max(1, int(base × ratio))).
 func (r Resolved) Scale(ratio float64) Resolved {
 	sc := func(v int64) int64 {
 		if v <= 0 {

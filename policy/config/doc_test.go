@@ -7,6 +7,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -51,18 +52,33 @@ type schema struct {
 
 func parseSchema(t *testing.T) *schema {
 	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, "schema.go", nil, parser.ParseComments)
+	// The policy's sections are declared in schema.go and in files of their own (refusals.go…).
+	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
+	var decls []ast.Decl
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		decls = append(decls, f.Decls...)
+	}
 	s := &schema{types: map[string]*ast.StructType{}, docs: map[string]string{}, tdocs: map[string]string{}}
-	for _, d := range f.Decls {
+	for _, d := range decls {
 		gd, ok := d.(*ast.GenDecl)
 		if !ok {
 			continue
 		}
 		for _, spec := range gd.Specs {
-			ts := spec.(*ast.TypeSpec)
+			ts, ok := spec.(*ast.TypeSpec)
+			if !ok {
+				continue
+			}
 			st, ok := ts.Type.(*ast.StructType)
 			if !ok {
 				continue
@@ -245,7 +261,12 @@ a test fails when this file and the schema disagree. Examples come from
 Rules that hold for the whole file:
 
 - Unknown keys are errors (with file, line and key path, and a suggestion for a misspelling).
-  Wrong types are errors that show the offending value. Every problem is reported at once.
+  Wrong types are errors that show the offending value. One run — ` + "`llm-bulkhead validate`" + `, the
+  server's start or a reload — reports every problem of every kind (unknown keys, wrong types,
+  values out of bounds, keys that contradict each other), counted and ordered by line, problems
+  of ` + "`LLM_BULKHEAD_`" + ` overrides first. Only checks that would judge a value the decoder could not
+  take are skipped: that value's own, and those reading several keys of the entry holding it
+  (a feature, a pool, a breaker…); a check of one sibling value against fixed bounds still runs.
 - Durations are written with a unit (` + "`100ms`, `5s`, `1m30s`" + `); sizes as bytes or with a unit
   (` + "`512KiB`, `8MiB`" + `).
 - ` + "`<name>`" + ` in a path stands for a name you choose (a feature, tier, provider, template or breaker

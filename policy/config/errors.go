@@ -56,30 +56,50 @@ type problems struct {
 	// value is blamed on the variable, not the file.
 	env  map[string]string
 	list Errors
-	// cols holds the column of each problem in list, so problems on one line (keys of a flow
-	// mapping) come out in the order they are written.
-	cols []int
+	// meta holds what sorting and filtering need to know about each problem in list.
+	meta []problemMeta
+}
+
+// problemMeta is what is known about a problem beyond what it says.
+type problemMeta struct {
+	// col is the problem's column, so problems on one line (keys of a flow mapping) come out in
+	// the order they are written.
+	col int
+	// own is true when the problem is about the value at its path alone (a negative limit, a
+	// mode that is not one of the modes), so it stands even when a sibling key of the same entry
+	// could not be decoded (see dropInside).
+	own bool
 }
 
 func (ps *problems) add(path, format string, args ...any) {
+	ps.record(path, false, format, args...)
+}
+
+// addOwn records a problem about the value at path alone: checking it read no other key.
+func (ps *problems) addOwn(path, format string, args ...any) {
+	ps.record(path, true, format, args...)
+}
+
+func (ps *problems) record(path string, own bool, format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	if name := ps.envVar(path); name != "" {
 		ps.addEnv(path, name, "%s", msg)
-		return
+	} else {
+		ps.addAt(ps.lines.at(path), path, "%s", msg)
 	}
-	ps.addAt(ps.lines.at(path), path, "%s", msg)
+	ps.meta[len(ps.meta)-1].own = own
 }
 
 // addAt records a problem in the file at an explicit position.
 func (ps *problems) addAt(at pos, path, format string, args ...any) {
 	ps.list = append(ps.list, Problem{File: ps.file, Line: at.line, Path: path, Msg: fmt.Sprintf(format, args...)})
-	ps.cols = append(ps.cols, at.col)
+	ps.meta = append(ps.meta, problemMeta{col: at.col})
 }
 
 // addEnv records a problem caused by the environment variable name.
 func (ps *problems) addEnv(path, name, format string, args ...any) {
 	ps.list = append(ps.list, Problem{File: envFile, Path: path, Msg: name + ": " + fmt.Sprintf(format, args...)})
-	ps.cols = append(ps.cols, 0)
+	ps.meta = append(ps.meta, problemMeta{})
 }
 
 // envVar returns the override that owns path, or "". An override owns the key it sets, and a
@@ -115,28 +135,32 @@ func inside(path, entry string) bool {
 	return rest == "" || rest[0] == '.' || rest[0] == '['
 }
 
-// dropInside removes the problems from index from on whose path lies inside one of holes (see
-// decoder.fail).
-func (ps *problems) dropInside(from int, holes []string) {
-	if len(holes) == 0 {
+// dropInside removes, from index from on, the validation problems that describe what the decoder
+// left rather than what the file says (see decoder.fail): a problem about a value that could not
+// be decoded (at or below a path in failed), and a problem that reads several keys of an entry
+// one of whose keys could not be decoded (inside one of holes). A problem about one value alone
+// (addOwn) is kept when only a sibling failed: `max_concurrent: -1` next to `max_wait: soon` is
+// two problems.
+func (ps *problems) dropInside(from int, holes, failed []string) {
+	if len(holes) == 0 && len(failed) == 0 {
 		return
 	}
 	keep := from
 	for i := from; i < len(ps.list); i++ {
-		if slices.ContainsFunc(holes, func(h string) bool { return inside(ps.list[i].Path, h) }) {
+		in := func(h string) bool { return inside(ps.list[i].Path, h) }
+		if slices.ContainsFunc(failed, in) || (!ps.meta[i].own && slices.ContainsFunc(holes, in)) {
 			continue
 		}
-		ps.list[keep] = ps.list[i]
-		if i < len(ps.cols) && keep < len(ps.cols) {
-			ps.cols[keep] = ps.cols[i]
-		}
+		ps.list[keep], ps.meta[keep] = ps.list[i], ps.meta[i]
 		keep++
 	}
-	ps.list = ps.list[:keep]
-	ps.cols = ps.cols[:min(keep, len(ps.cols))]
+	ps.list, ps.meta = ps.list[:keep], ps.meta[:keep]
 }
 
-// err returns the problems ordered by file, line, column and key path, or nil.
+// err returns the problems in reading order, or nil: first those of environment overrides (by
+// key path), then those of the file by line, column and key path; a problem of the file that has
+// no line (about the policy as a whole, or a key the file does not write) comes before the
+// file's first line.
 func (ps *problems) err() error {
 	if len(ps.list) == 0 {
 		return nil
@@ -147,13 +171,13 @@ func (ps *problems) err() error {
 	}
 	all := make([]entry, len(ps.list))
 	for i, p := range ps.list {
-		all[i].Problem = p
-		if i < len(ps.cols) {
-			all[i].col = ps.cols[i]
-		}
+		all[i] = entry{Problem: p, col: ps.meta[i].col}
 	}
 	sort.SliceStable(all, func(i, j int) bool {
 		a, b := all[i], all[j]
+		if ae, be := a.File == envFile, b.File == envFile; ae != be {
+			return ae
+		}
 		if a.File != b.File {
 			return a.File < b.File
 		}
@@ -172,6 +196,6 @@ func (ps *problems) err() error {
 			ps.list = append(ps.list, e.Problem)
 		}
 	}
-	ps.cols = nil
+	ps.meta = nil
 	return ps.list
 }

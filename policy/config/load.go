@@ -49,9 +49,11 @@ func LoadFile(path string, env []string) (*Policy, error) {
 //  3. One strict decoder fills the Policy from koanf's merged map. It records every unknown key
 //     and every value of the wrong type and carries on; where a value could not be taken it
 //     leaves the field zero and marks a hole (see decoder.fail).
-//  4. Defaults are filled and the decoded part validated. Validation problems inside a hole are
-//     dropped, because they would describe the zero the decoder left rather than what the file
-//     says; every other problem is reported with the decoding ones, ordered by line.
+//  4. Defaults are filled and the decoded part validated. Validation problems about a value that
+//     could not be taken, or about an entry as a whole (several of its keys read together) when
+//     one of its keys could not be taken, are dropped, because they would describe the zero the
+//     decoder left rather than what the file says. Every other problem (a negative limit beside a
+//     misspelt duration included) is reported with the decoding ones, ordered by line.
 func Load(name string, data []byte, env []string) (*Policy, error) {
 	ps := &problems{file: name}
 
@@ -83,9 +85,10 @@ func Load(name string, data []byte, env []string) (*Policy, error) {
 	d.decode(reflect.ValueOf(&p).Elem(), k.Raw(), "", "")
 	decoded := len(ps.list)
 
+	p.Tracing.fromEnv(ps, env)
 	p.applyDefaults()
 	validate(ps, &p)
-	ps.dropInside(decoded, d.holes)
+	ps.dropInside(decoded, d.holes, d.failed)
 	if err := ps.err(); err != nil {
 		return nil, err
 	}
@@ -365,8 +368,9 @@ func nodeKind(n *yaml.Node) string {
 // the problem, leaves the field zero and goes on, so one run reports everything.
 type decoder struct {
 	ps *problems
-	// holes are the entries a value could not be taken for (see fail).
-	holes []string
+	// holes are the entries a value could not be taken for, failed the values themselves (see
+	// fail).
+	holes, failed []string
 }
 
 var textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
@@ -575,8 +579,9 @@ func (d *decoder) mismatch(v reflect.Value, data any, path, hole string) bool {
 // validation problems at the hole or inside it are dropped: a family whose limits failed to
 // decode is not also told it "needs limits_from or limits", a pool whose max_concurrent failed
 // is not also told its capacity is below 1, and a breaker whose sliding_window_size failed is
-// not measured against the default window. Problems outside the hole stay even when they read
-// the hole's default; each names the value it used.
+// not measured against the default window. Only a check of one value alone (addOwn) still
+// reports a sibling of the failed value, since it never read the zero. Problems outside the
+// hole stay even when they read the hole's default; each names the value it used.
 func (d *decoder) fail(path, hole, format string, args ...any) {
 	if format != "" {
 		d.ps.add(path, format, args...)
@@ -585,6 +590,7 @@ func (d *decoder) fail(path, hole, format string, args ...any) {
 		hole = path
 	}
 	d.holes = append(d.holes, hole)
+	d.failed = append(d.failed, path)
 }
 
 func kindName(t reflect.Type) string {

@@ -69,10 +69,110 @@ compartments:
 	})
 }
 
+// TestEveryProblemCounted: an unknown key, a negative value and two bad max_waits (one that is not
+// a duration, one Envoy would cut short) are four problems in line order, though three of them sit
+// in one feature whose max_wait could not be decoded: a check of one value alone (the negative
+// max_concurrent) does not read the failed max_wait, so it is not silenced with it.
+func TestEveryProblemCounted(t *testing.T) {
+	data := `features:
+  default: {max_concurrent: 2}
+  chat:
+    max_concurrent: -3
+    max_wait: soon
+    max_concurent: 4
+  batch:
+    max_wait: 30s
+compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+`
+	wantProblems(t, loadProblems(t, data, nil), []string{
+		`p.yaml:4: features.chat.max_concurrent: must not be negative, got -3`,
+		`p.yaml:5: features.chat.max_wait: "soon" is not a duration`,
+		`p.yaml:6: features.chat.max_concurent: unknown key "max_concurent" (did you mean "max_concurrent"?)`,
+		`p.yaml:8: features.batch.max_wait: 30s is not shorter than envoy.message_timeout (200ms)`,
+	})
+}
+
+// TestOneValueChecksBesideAFailedSibling: beside a key that could not be decoded, each check of
+// one value against fixed bounds still reports, in every kind of entry that has such checks; the
+// checks that read the entry's keys together stay silenced (see TestAFailedValueSilencesOnlyItsEntry).
+func TestOneValueChecksBesideAFailedSibling(t *testing.T) {
+	data := `server:
+  drain_grace: soon
+  log_level: loud
+  max_streams: -1
+envoy: {message_timeout: -1s, max_request_body: 512, request_body_mode: lots, max_message_timeout: x}
+features:
+  default: {max_concurrent: 1, queue_depth: -1, mode: sometimes, max_debt: 11, ratio: 2, max_wait: -1s, tokens_per_minute: x}
+compartments:
+  - {name: feature, key: [feature], limits_from: feature, max_instances: -1, idle_ttl: -1s, mode: x, where: 5}
+pools:
+  - name: Shared
+    max_concurrent: 0
+    members:
+      - {compartment: feature/default, guaranteed: -1, max: lots}
+      - {compartment: feature/default}
+models:
+  - {match: gpt-*, bytes_per_token: -1, context_tokens: -1, provider: 5}
+estimation: {image_tokens: -1, learn_weight: x}
+`
+	wantProblems(t, loadProblems(t, data, nil), []string{
+		`p.yaml:2: server.drain_grace: "soon" is not a duration`,
+		`p.yaml:3: server.log_level: "loud" is not one of debug, info, warn, error`,
+		`p.yaml:4: server.max_streams: must be between 1 and 1000000, got -1`,
+		`p.yaml:5: envoy.message_timeout: must be positive`,
+		`p.yaml:5: envoy.max_request_body: must be at least 1KiB, got 512 bytes`,
+		`p.yaml:5: envoy.request_body_mode: "lots" is not one of NONE, BUFFERED, STREAMED, BUFFERED_PARTIAL`,
+		`p.yaml:5: envoy.max_message_timeout: "x" is not a duration`,
+		`p.yaml:7: features.default.queue_depth: must not be negative, got -1`,
+		`p.yaml:7: features.default.mode: "sometimes" is not one of enforce, shadow`,
+		`p.yaml:7: features.default.max_debt: must be in [0, 10]`,
+		`p.yaml:7: features.default.ratio: must be in (0, 1], got 2`,
+		`p.yaml:7: features.default.max_wait: must not be negative`,
+		`p.yaml:7: features.default.tokens_per_minute: expected an integer, got the string "x"`,
+		`p.yaml:9: compartments[0].max_instances: must be at least 1`,
+		`p.yaml:9: compartments[0].idle_ttl: must not be negative`,
+		`p.yaml:9: compartments[0].mode: "x" is not one of enforce, shadow`,
+		`p.yaml:9: compartments[0].where: expected a mapping, got 5`,
+		`p.yaml:11: pools[0].name: pool name "Shared" must be lower-case`,
+		`p.yaml:12: pools[0].max_concurrent: a pool needs a capacity of at least 1`,
+		`p.yaml:14: pools[0].members[0].guaranteed: must not be negative`,
+		`p.yaml:14: pools[0].members[0].max: expected an integer, got the string "lots"`,
+		`p.yaml:15: pools[0].members[1].compartment: feature/default is already a member of pool Shared`,
+		`p.yaml:17: models[0].bytes_per_token: must not be negative`,
+		`p.yaml:17: models[0].context_tokens: must not be negative`,
+		`p.yaml:17: models[0].provider: expected a string, got 5`,
+		`p.yaml:18: estimation.image_tokens: must not be negative`,
+		`p.yaml:18: estimation.learn_weight: expected a number, got the string "x"`,
+	})
+}
+
+// TestOverrideProblemsComeFirst: problems of environment overrides come before the file's,
+// whatever the file is called (they used to be ordered by comparing "<env>" with the file name,
+// so an absolute path put them last and a relative one first).
+func TestOverrideProblemsComeFirst(t *testing.T) {
+	data := `features:
+  default: {max_concurrent: 1, max_concurent: 2}
+compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+`
+	for _, name := range []string{"/etc/llm-bulkhead/policy.yaml", "policy.yaml", "0.yaml"} {
+		_, err := config.Load(name, []byte(data), []string{"LLM_BULKHEAD_SERVER__LOG_LEVEL=loud"})
+		var problems config.Errors
+		if !errors.As(err, &problems) || len(problems) != 2 {
+			t.Fatalf("%s: got %v, want 2 problems", name, err)
+		}
+		if problems[0].File != "<env>" || problems[1].File != name || problems[1].Line != 2 {
+			t.Errorf("%s: problems in the wrong order:\n%s", name, problems.Error())
+		}
+	}
+}
+
 // TestAFailedValueSilencesOnlyItsEntry pins the rule for values that could not be decoded: the
 // field stays zero, and validation problems about the entry holding it (the mapping or list item
 // whose keys are checked together) are dropped, since they would describe that zero rather than
-// the file. Problems in every other entry are still reported.
+// the file. Problems in every other entry are still reported, and so are checks of one value
+// alone in the same entry (TestOneValueChecksBesideAFailedSibling).
 func TestAFailedValueSilencesOnlyItsEntry(t *testing.T) {
 	const rest = `
 features:

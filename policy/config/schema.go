@@ -42,12 +42,17 @@ type Policy struct {
 	Pools []Pool `koanf:"pools" json:"pools,omitempty"`
 	// Responses sets which headers are added to responses for admitted requests.
 	Responses Responses `koanf:"responses" json:"responses,omitempty"`
+	// Refusals sets what refused requests tell their clients (rate-limit headers, when to say
+	// not to retry).
+	Refusals Refusals `koanf:"refusals" json:"refusals,omitempty"`
 	// AllowEmpty accepts a policy that limits nothing (no concurrency, token or request limit in
 	// any compartment and no breaker). Default false: such a policy is refused, so that an empty
 	// or truncated file cannot silently turn every limit off.
 	AllowEmpty bool `koanf:"allow_empty" json:"allow_empty,omitempty"`
 	// Cluster shares limits across replicas through Redis. Default off.
 	Cluster Cluster `koanf:"cluster" json:"cluster,omitempty"`
+	// Tracing exports an OpenTelemetry span per request (docs/tracing.md). Default off.
+	Tracing Tracing `koanf:"tracing" json:"tracing,omitempty"`
 }
 
 // Server holds listener and process settings. Command-line flags given explicitly win over these.
@@ -304,7 +309,7 @@ type Feature struct {
 	// Limits of the feature's compartment (a `feature` family with `limits: feature`).
 	Limits `koanf:",squash"`
 	// Ratio is the feature's share of a tier template when a family scales by feature
-	// (the seed's tier × feature compartments): limits × ratio, never below 1. Default 1.
+	// (the example policies' tier × feature compartments): limits × ratio, never below 1. Default 1.
 	Ratio *float64 `koanf:"ratio" json:"ratio,omitempty"`
 	// Degrade re-routes instead of refusing when this feature's request is refused for budget or
 	// capacity and the target can take it.
@@ -460,7 +465,9 @@ type Family struct {
 	// Mode overrides every instance's mode (enforce or shadow). Default: each limit set's own.
 	Mode string `koanf:"mode" json:"mode,omitempty"`
 	// MaxInstances bounds instances of a family keyed by tenant; the least recently used idle
-	// instance is evicted first. Default 10000.
+	// instance is evicted first (idle: no request holds it and its budget windows are empty).
+	// While all are busy, new tenants share the family's overflow compartment, `<name>/_overflow`,
+	// which has the default tier's limits. Default 10000.
 	MaxInstances int `koanf:"max_instances" json:"max_instances,omitempty"`
 	// IdleTTL evicts tenant-keyed instances idle this long. Default 10m.
 	IdleTTL Duration `koanf:"idle_ttl" json:"idle_ttl,omitempty"`

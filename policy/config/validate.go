@@ -49,6 +49,8 @@ func validate(ps *problems, p *Policy) {
 	v.families()
 	v.pools()
 	v.cluster()
+	v.refusals()
+	v.tracing()
 	v.waits()
 	v.limitsSomething()
 }
@@ -71,22 +73,26 @@ type validator struct {
 
 func (v *validator) add(path, format string, args ...any) { v.ps.add(path, format, args...) }
 
+// own records a problem found by looking at the value at path alone, against fixed bounds: it
+// stands even when another key of the same entry could not be decoded (see problems.dropInside).
+func (v *validator) own(path, format string, args ...any) { v.ps.addOwn(path, format, args...) }
+
 func (v *validator) oneOf(path, got string, allowed []string) {
 	if !slices.Contains(allowed, got) {
-		v.add(path, "%q is not one of %s", got, strings.Join(allowed, ", "))
+		v.own(path, "%q is not one of %s", got, strings.Join(allowed, ", "))
 	}
 }
 
 func (v *validator) name(path, name, what string) {
 	if !namePattern.MatchString(name) {
-		v.add(path, "%s name %q must be lower-case letters, digits, '_' or '-', starting with a letter or digit", what, name)
+		v.own(path, "%s name %q must be lower-case letters, digits, '_' or '-', starting with a letter or digit", what, name)
 	}
 }
 
 func (v *validator) server() {
 	v.oneOf("server.log_level", v.p.Server.LogLevel, logLevels)
 	if v.p.Server.DrainGrace < 0 {
-		v.add("server.drain_grace", "must not be negative")
+		v.own("server.drain_grace", "must not be negative")
 	}
 	v.streamLimits()
 	if v.p.Admin.TokenEnv == "" {
@@ -103,16 +109,16 @@ const maxStreamsLimit = 1_000_000
 func (v *validator) streamLimits() {
 	s := v.p.Server
 	if s.MaxStreams < 1 || s.MaxStreams > maxStreamsLimit {
-		v.add("server.max_streams", "must be between 1 and %d, got %d", maxStreamsLimit, s.MaxStreams)
+		v.own("server.max_streams", "must be between 1 and %d, got %d", maxStreamsLimit, s.MaxStreams)
 	}
 	if s.KeepaliveTime.D() < time.Second {
-		v.add("server.keepalive_time", "must be at least 1s (gRPC pings no more often), got %s", s.KeepaliveTime)
+		v.own("server.keepalive_time", "must be at least 1s (gRPC pings no more often), got %s", s.KeepaliveTime)
 	}
 	if s.KeepaliveTimeout <= 0 {
-		v.add("server.keepalive_timeout", "must be positive, got %s", s.KeepaliveTimeout)
+		v.own("server.keepalive_timeout", "must be positive, got %s", s.KeepaliveTimeout)
 	}
 	if s.StreamIdleTimeout <= 0 {
-		v.add("server.stream_idle_timeout", "must be positive (and longer than any route timeout in Envoy), got %s", s.StreamIdleTimeout)
+		v.own("server.stream_idle_timeout", "must be positive (and longer than any route timeout in Envoy), got %s", s.StreamIdleTimeout)
 	}
 	if s.MaxBufferedBodyBytes < v.p.Envoy.MaxRequestBody {
 		v.add("server.max_buffered_body_bytes", "%s is less than envoy.max_request_body (%s): the largest body Envoy sends could never be held",
@@ -125,18 +131,18 @@ func (v *validator) envoy() {
 	v.oneOf("envoy.request_body_mode", e.RequestBodyMode, bodyModes)
 	v.oneOf("envoy.response_body_mode", e.ResponseBodyMode, bodyModes)
 	if e.MessageTimeout <= 0 {
-		v.add("envoy.message_timeout", "must be positive")
+		v.own("envoy.message_timeout", "must be positive")
 	}
 	if e.MaxMessageTimeout < 0 {
-		v.add("envoy.max_message_timeout", "must not be negative")
+		v.own("envoy.max_message_timeout", "must not be negative")
 	} else if e.MaxMessageTimeout > 0 && e.MaxMessageTimeout.D() < time.Millisecond {
-		v.add("envoy.max_message_timeout", "Envoy ignores values under 1ms; use 0 to disable overrides")
+		v.own("envoy.max_message_timeout", "Envoy ignores values under 1ms; use 0 to disable overrides")
 	}
 	if e.MaxRequestBody < 1024 {
-		v.add("envoy.max_request_body", "must be at least 1KiB, got %d bytes", e.MaxRequestBody)
+		v.own("envoy.max_request_body", "must be at least 1KiB, got %d bytes", e.MaxRequestBody)
 	}
 	if !namePattern.MatchString(strings.ReplaceAll(e.MetadataNamespace, ".", "_")) {
-		v.add("envoy.metadata_namespace", "%q is not a valid metadata namespace", e.MetadataNamespace)
+		v.own("envoy.metadata_namespace", "%q is not a valid metadata namespace", e.MetadataNamespace)
 	}
 }
 
@@ -327,13 +333,13 @@ func (v *validator) models() {
 			v.add(path+".provider", "provider %q is not one of %s", m.Provider, strings.Join(v.p.ProviderNames(), ", "))
 		}
 		if m.BytesPerToken < 0 {
-			v.add(path+".bytes_per_token", "must not be negative")
+			v.own(path+".bytes_per_token", "must not be negative")
 		}
 		if m.ContextTokens < 0 {
-			v.add(path+".context_tokens", "must not be negative")
+			v.own(path+".context_tokens", "must not be negative")
 		}
 		if m.DefaultMaxTokens < 0 {
-			v.add(path+".default_max_tokens", "must not be negative")
+			v.own(path+".default_max_tokens", "must not be negative")
 		}
 	}
 }
@@ -360,7 +366,7 @@ func (v *validator) estimation() {
 		{"estimation.audio_tokens", e.AudioTokens}, {"estimation.file_tokens", e.FileTokens}, {"estimation.max_tokens", e.MaxTokens},
 	} {
 		if f.n < 0 {
-			v.add(f.path, "must not be negative")
+			v.own(f.path, "must not be negative")
 		}
 	}
 }
@@ -411,7 +417,7 @@ func (v *validator) limitSet(path string, l Limits) {
 	}
 	nonNeg := func(key string, p *int64) {
 		if p != nil && *p < 0 {
-			v.add(path+"."+key, "must not be negative, got %d", *p)
+			v.own(path+"."+key, "must not be negative, got %d", *p)
 		}
 	}
 	nonNeg("max_concurrent", l.MaxConcurrent)
@@ -421,13 +427,13 @@ func (v *validator) limitSet(path string, l Limits) {
 	nonNeg("tokens_per_day", l.TokensPerDay)
 	nonNeg("requests_per_minute", l.RequestsPerMinute)
 	if l.MaxWait != nil && *l.MaxWait < 0 {
-		v.add(path+".max_wait", "must not be negative")
+		v.own(path+".max_wait", "must not be negative")
 	}
 	if l.Mode != nil {
 		v.oneOf(path+".mode", *l.Mode, modes)
 	}
 	if l.MaxDebt != nil && (*l.MaxDebt < 0 || *l.MaxDebt > 10) {
-		v.add(path+".max_debt", "must be in [0, 10] (a fraction of the budget's capacity), got %g", *l.MaxDebt)
+		v.own(path+".max_debt", "must be in [0, 10] (a fraction of the budget's capacity), got %g", *l.MaxDebt)
 	}
 }
 
@@ -439,7 +445,7 @@ func (v *validator) limitSets() {
 		f := v.p.Features[name]
 		v.limitSet("features."+name, f.Limits)
 		if f.Ratio != nil && (*f.Ratio <= 0 || *f.Ratio > 1) {
-			v.add("features."+name+".ratio", "must be in (0, 1], got %g", *f.Ratio)
+			v.own("features."+name+".ratio", "must be in (0, 1], got %g", *f.Ratio)
 		}
 		if d := f.Degrade; d != nil {
 			if !slices.Contains(v.p.ProviderNames(), d.Provider) {
@@ -692,10 +698,10 @@ func (v *validator) families() {
 			}
 		}
 		if f.MaxInstances < 1 {
-			v.add(path+".max_instances", "must be at least 1")
+			v.own(path+".max_instances", "must be at least 1")
 		}
 		if f.IdleTTL < 0 {
-			v.add(path+".idle_ttl", "must not be negative")
+			v.own(path+".idle_ttl", "must not be negative")
 		}
 	}
 	v.unusedLimits()
@@ -747,7 +753,7 @@ func (v *validator) pools() {
 		path := fmt.Sprintf("pools[%d]", i)
 		v.name(path+".name", pl.Name, "pool")
 		if pl.MaxConcurrent < 1 {
-			v.add(path+".max_concurrent", "a pool needs a capacity of at least 1")
+			v.own(path+".max_concurrent", "a pool needs a capacity of at least 1")
 		}
 		if len(pl.Members) < 2 {
 			v.add(path+".members", "a pool shares capacity between at least two compartments")
@@ -773,7 +779,7 @@ func (v *validator) pools() {
 			}
 			inPool[m.Compartment] = pl.Name
 			if m.Guaranteed < 0 {
-				v.add(mp+".guaranteed", "must not be negative")
+				v.own(mp+".guaranteed", "must not be negative")
 			}
 			maxv := m.Max
 			if maxv == 0 {

@@ -53,6 +53,9 @@ type Options struct {
 	Clock policy.Clock
 	// Watch reloads the policy file when it changes on disk (and on SIGHUP, see Run).
 	Watch bool
+	// Build describes the binary for llm_bulkhead_build_info and the start log line; the zero
+	// value reads it from the Go build record (ReadBuildInfo("")).
+	Build BuildInfo
 }
 
 // App is a running llm-bulkhead server. Safe for concurrent use.
@@ -85,6 +88,8 @@ type App struct {
 	serveErr chan error
 	stopOnce sync.Once
 	watcher  *watcher
+	// tracing exports requests' spans; nil when the policy does not trace.
+	tracing *tracingPipeline
 }
 
 // ConfigError is a policy that cannot be loaded; the process exits with status 2 for it.
@@ -125,6 +130,10 @@ func New(o Options) (*App, error) {
 	}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.metrics = newAppMetrics(a.registry)
+	if o.Build == (BuildInfo{}) {
+		a.opts.Build = ReadBuildInfo("")
+	}
+	registerBuildInfo(a.registry, a.opts.Build)
 	eng, err := policy.NewEngine(p, policy.Options{Clock: o.Clock, Registerer: a.registry, Logger: a.log, Cluster: true})
 	if err != nil {
 		return nil, &ConfigError{Err: fmt.Errorf("%s: %w", name, err)}
@@ -143,7 +152,12 @@ func New(o Options) (*App, error) {
 			return nil, &ExposedAdminError{Addr: adminAddr, TokenEnv: p.Admin.TokenEnv}
 		}
 	}
-	a.extproc = extproc.NewServer(eng, extproc.Options{Logger: a.log, Registerer: a.registry})
+	tracing, err := a.startTracing(p)
+	if err != nil {
+		_ = eng.Close(context.Background())
+		return nil, err
+	}
+	a.extproc = extproc.NewServer(eng, extproc.Options{Logger: a.log, Registerer: a.registry, Tracing: tracing})
 
 	a.grpc = grpc.NewServer(grpcOptions(p)...)
 	extprocv3.RegisterExternalProcessorServer(a.grpc, a.extproc)
@@ -273,7 +287,11 @@ func (a *App) Start() error {
 		a.log.Warn("the admin listener is reachable beyond this machine and has no token (--admin-insecure): "+
 			"anyone who can connect reads the policy, compartments and breakers", "admin_addr", a.AdminAddr())
 	}
-	a.log.Info("llm-bulkhead listening", "grpc_addr", a.GRPCAddr(), "admin_addr", a.AdminAddr(),
+	if w := NoLimitsWarning(a.current.Load()); w != "" {
+		a.log.Warn(w, "policy", a.policyName)
+	}
+	a.log.Info("llm-bulkhead listening", "version", a.opts.Build.Version, "commit", a.opts.Build.CommitString(),
+		"grpc_addr", a.GRPCAddr(), "admin_addr", a.AdminAddr(),
 		"policy", a.policyName, "generation", a.engine.Snapshot().Gen(),
 		"compartments", len(a.engine.Compartments()), "fast_marshal", extproc.FastMarshal())
 	return nil
@@ -296,8 +314,10 @@ func (a *App) Reload(why string) error {
 		a.metrics.reloadErrors.Inc()
 		var problems config.Errors
 		if errors.As(err, &problems) {
+			// One line per problem, in the order validate prints them, each saying how many
+			// there are, so that a log search for one finds the rest.
 			for _, pr := range problems {
-				a.log.Error("policy reload refused; keeping the running policy", "why", why, "problem", pr.String())
+				a.log.Error("policy reload refused; keeping the running policy", "why", why, "problems", len(problems), "problem", pr.String())
 			}
 		} else {
 			a.log.Error("policy reload refused; keeping the running policy", "why", why, "err", err)
@@ -350,6 +370,9 @@ func (a *App) checkFixed(p *config.Policy) error {
 	if !reflect.DeepEqual(p.Cluster, cur.Cluster) {
 		problems = append(problems, "cluster")
 	}
+	if !reflect.DeepEqual(p.Tracing, cur.Tracing) {
+		problems = append(problems, "tracing")
+	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%s changed: these take effect only on restart", strings.Join(problems, ", "))
 	}
@@ -393,6 +416,7 @@ func (a *App) Shutdown(ctx context.Context) {
 		if err := a.engine.Close(shut); err != nil {
 			a.log.Warn("could not give this replica's shared slots back; they free when its leases expire", "error", err)
 		}
+		a.stopTracing(shut)
 		if err := a.admin.Shutdown(shut); err != nil {
 			a.admin.Close()
 		}

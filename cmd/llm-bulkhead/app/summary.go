@@ -3,6 +3,7 @@ package app
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -132,10 +133,106 @@ func (s *Summary) Explain(w io.Writer) {
 				orDash(strings.Join(verdictList(b.IgnoreStatuses, b, "ignore"), ", ")))
 		}
 	}
+	explainPools(w, p)
+	explainReroutes(w, p)
 	e := p.Envoy
 	fmt.Fprintf(w, "\nEnvoy filter: request_body_mode %s, response_body_mode %s, message_timeout %s, max_message_timeout %s, allow_mode_override %v, failure_mode_allow %v\n",
 		e.RequestBodyMode, e.ResponseBodyMode, e.MessageTimeout, e.MaxMessageTimeout, e.AllowModeOverride, e.FailureModeAllow)
 	explainCluster(w, p.Cluster)
+	explainTracing(w, p.Tracing)
+}
+
+// NoLimitsWarning says, when p limits nothing at all (it can load only with allow_empty: true),
+// that every request would be admitted; otherwise it returns "". validate prints it and the
+// server logs it at start, since such a policy only counts and labels traffic.
+func NoLimitsWarning(p *config.Policy) string {
+	if p.AnyLimits() {
+		return ""
+	}
+	return "the policy sets no limit at all (no max_concurrent, max_inflight_tokens, token budget, request rate or breaker): " +
+		"every request would be admitted; it only classifies and counts traffic"
+}
+
+// Warnings are things about a valid policy that an operator should know before serving it.
+func (s *Summary) Warnings() []string {
+	if w := NoLimitsWarning(s.p); w != "" {
+		return []string{w}
+	}
+	return nil
+}
+
+// explainPools prints each pool: its capacity and every member's guaranteed share and the most it
+// may hold by borrowing.
+func explainPools(w io.Writer, p *config.Policy) {
+	if len(p.Pools) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nPools (a member always has its guaranteed share and borrows idle capacity up to its max):")
+	for _, pl := range p.Pools {
+		fmt.Fprintf(w, "  %s: capacity %d\n", pl.Name, pl.MaxConcurrent)
+		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		for _, m := range pl.Members {
+			maxv := m.Max
+			if maxv == 0 {
+				maxv = pl.MaxConcurrent
+			}
+			fmt.Fprintf(tw, "    %s\tguaranteed %d\tmax %d\n", m.Compartment, m.Guaranteed, maxv)
+		}
+		tw.Flush()
+	}
+}
+
+// explainReroutes prints where refused or failing requests go instead: each feature's degrade
+// rule and each provider's fallback chain, with the model each target is sent.
+func explainReroutes(w io.Writer, p *config.Policy) {
+	var degrade []string
+	for _, n := range p.FeatureNames() {
+		if d := p.Features[n].Degrade; d != nil {
+			degrade = append(degrade, fmt.Sprintf("  %s: refused for %s → %s", n, strings.Join(d.On, ", "), hop(p, d.Provider)))
+		}
+	}
+	var fallbacks []string
+	for _, n := range p.ProviderNames() {
+		pr := p.Providers[n]
+		if pr.Fallback == "" {
+			continue
+		}
+		chain := []string{n}
+		hops := []string{fmt.Sprintf("%s (breaker %s)", n, pr.Breaker)}
+		for cur := pr.Fallback; cur != "" && !slices.Contains(chain, cur); cur = p.Providers[cur].Fallback {
+			chain = append(chain, cur)
+			hops = append(hops, hop(p, cur))
+		}
+		fallbacks = append(fallbacks, "  "+strings.Join(hops, " → "))
+	}
+	if len(degrade) > 0 {
+		fmt.Fprintln(w, "\nDegrade rules (a request refused for one of these reasons is re-routed instead, when the target can take it):")
+		for _, l := range degrade {
+			fmt.Fprintln(w, l)
+		}
+	}
+	if len(fallbacks) > 0 {
+		fmt.Fprintln(w, "\nFallbacks (while a provider's breaker is open, its requests try the next provider of the chain):")
+		for _, l := range fallbacks {
+			fmt.Fprintln(w, l)
+		}
+	}
+	if len(degrade)+len(fallbacks) > 0 {
+		fmt.Fprintln(w, "  (models: the model a re-routed request is sent, first match wins; a model no entry matches is not re-routed there)")
+	}
+}
+
+// hop names a re-route target and the model a request re-routed there is sent.
+func hop(p *config.Policy, target string) string {
+	models := p.Providers[target].Models
+	if len(models) == 0 {
+		return target + " (model unchanged)"
+	}
+	var maps []string
+	for _, m := range models {
+		maps = append(maps, m.Match+" → "+m.Model)
+	}
+	return target + " (models: " + strings.Join(maps, ", ") + ")"
 }
 
 // verdictList is a breaker's resolved record or ignore list: its statuses, then timeout and
