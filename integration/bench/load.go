@@ -101,11 +101,11 @@ func (l Load) Run(ctx context.Context) (Sample, error) {
 		return s, SelfCPU(), err == nil
 	}
 	var s0, s1, g0, g1 time.Duration
-	okCPU := sleepUntil(ctx, wStart)
+	okCPU := SleepUntil(ctx, wStart)
 	if okCPU {
 		var ok bool
 		s0, g0, ok = cpuAt()
-		okCPU = ok && sleepUntil(ctx, wEnd)
+		okCPU = ok && SleepUntil(ctx, wEnd)
 	}
 	if okCPU {
 		var ok bool
@@ -145,8 +145,8 @@ func (l Load) Run(ctx context.Context) (Sample, error) {
 	return smp, nil
 }
 
-// sleepUntil waits until t or until ctx ends, reporting whether t was reached.
-func sleepUntil(ctx context.Context, t time.Time) bool {
+// SleepUntil waits until t or until ctx ends, reporting whether t was reached.
+func SleepUntil(ctx context.Context, t time.Time) bool {
 	d := time.Until(t)
 	if d <= 0 {
 		return ctx.Err() == nil

@@ -60,7 +60,7 @@ func Hold(ctx context.Context, p *Process, sim *envoysim.Sim, req *envoysim.Requ
 	if smp.Errors > 0 {
 		return m, fmt.Errorf("warm-up against %s: %d errors, first: %s", p.Name, smp.Errors, smp.FirstError)
 	}
-	if !sleepUntil(ctx, time.Now().Add(settle)) {
+	if !SleepUntil(ctx, time.Now().Add(settle)) {
 		return m, ctx.Err()
 	}
 	m.IdleRSS, m.IdleHeap, err = measureMemory(ctx, p, settle)
@@ -112,14 +112,14 @@ func Hold(ctx context.Context, p *Process, sim *envoysim.Sim, req *envoysim.Requ
 		if err := p.Alive(); err != nil {
 			return m, err
 		}
-		if !sleepUntil(ctx, time.Now().Add(50*time.Millisecond)) {
+		if !SleepUntil(ctx, time.Now().Add(50*time.Millisecond)) {
 			return m, ctx.Err()
 		}
 	}
 	m.OpenSeconds = time.Since(start).Seconds()
 	m.Held = up.Arrived()
 	// Let the server finish answering the request bodies and the runtime settle.
-	if !sleepUntil(ctx, time.Now().Add(settle)) {
+	if !SleepUntil(ctx, time.Now().Add(settle)) {
 		return m, ctx.Err()
 	}
 	if m.HeldRSS, m.HeldHeap, err = measureMemory(ctx, p, settle); err != nil {
@@ -127,7 +127,7 @@ func Hold(ctx context.Context, p *Process, sim *envoysim.Sim, req *envoysim.Requ
 	}
 	up.Release()
 	wg.Wait()
-	if !sleepUntil(ctx, time.Now().Add(settle)) {
+	if !SleepUntil(ctx, time.Now().Add(settle)) {
 		return m, ctx.Err()
 	}
 	if m.AfterRSS, m.AfterHeap, err = measureMemory(ctx, p, settle); err != nil {
@@ -148,7 +148,7 @@ func Hold(ctx context.Context, p *Process, sim *envoysim.Sim, req *envoysim.Requ
 func measureMemory(ctx context.Context, p *Process, settle time.Duration) (int64, float64, error) {
 	var rss int64
 	for i := range 3 {
-		if i > 0 && !sleepUntil(ctx, time.Now().Add(settle/5)) {
+		if i > 0 && !SleepUntil(ctx, time.Now().Add(settle/5)) {
 			return 0, 0, ctx.Err()
 		}
 		r, err := RSS(p.Pid())

@@ -49,7 +49,7 @@ func ProfileUnderLoad(ctx context.Context, p *Process, load Load, seconds int, d
 	pr.CPUFile = filepath.Join(dir, p.Name+"-cpu.pprof")
 	pr.AllocsFile = filepath.Join(dir, p.Name+"-allocs.pprof")
 	fetch := func(file, path string) {
-		if !sleepUntil(ctx, time.Now().Add(load.Warmup)) {
+		if !SleepUntil(ctx, time.Now().Add(load.Warmup)) {
 			results <- got{file, ctx.Err()}
 			return
 		}

@@ -109,7 +109,7 @@ const (
 )
 
 func newReport(cfg Config) *Report {
-	r := &Report{Started: time.Now(), Command: cfg.Command, Machine: machine(), Overrides: LimitOverrides}
+	r := &Report{Started: time.Now(), Command: cfg.Command, Machine: CurrentMachine(), Overrides: LimitOverrides}
 	r.Config.Concurrency = cfg.Concurrency
 	r.Config.Reps = cfg.Reps
 	r.Config.WarmupSeconds = cfg.Warmup.Seconds()

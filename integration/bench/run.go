@@ -345,7 +345,8 @@ type Machine struct {
 	LoadAvgEnd   string `json:"loadavg_end"`
 }
 
-func machine() Machine {
+// CurrentMachine describes this machine now; the caller sets LoadAvgEnd when the run ends.
+func CurrentMachine() Machine {
 	m := Machine{GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), LoadAvgStart: harness.LoadAverage()}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {

@@ -16,12 +16,12 @@ import (
 
 // Report is everything one run measured.
 type Report struct {
-	Started         time.Time `json:"started"`
-	Finished        time.Time `json:"finished"`
-	Command         string    `json:"command"`
-	Machine         Machine   `json:"machine"`
-	RedisVersion    string    `json:"redis_version"`
-	BulkheadCommand string    `json:"bulkhead_command"`
+	Started         time.Time     `json:"started"`
+	Finished        time.Time     `json:"finished"`
+	Command         string        `json:"command"`
+	Machine         bench.Machine `json:"machine"`
+	RedisVersion    string        `json:"redis_version"`
+	BulkheadCommand string        `json:"bulkhead_command"`
 	Config          struct {
 		Levels           []int   `json:"concurrency"`
 		Reps             int     `json:"reps"`
@@ -85,7 +85,7 @@ type Target struct {
 }
 
 func newReport(cfg Config) *Report {
-	r := &Report{Started: time.Now(), Command: cfg.Command, Machine: machine(), Overrides: bench.LimitOverrides}
+	r := &Report{Started: time.Now(), Command: cfg.Command, Machine: bench.CurrentMachine(), Overrides: bench.LimitOverrides}
 	r.Config.Levels, r.Config.Reps = cfg.Levels, cfg.Reps
 	r.Config.WarmupSeconds, r.Config.WindowSeconds = cfg.Warmup.Seconds(), cfg.Duration.Seconds()
 	r.Config.Replicas, r.Config.FleetConcurrency = cfg.Replicas, cfg.FleetConcurrency

@@ -8,15 +8,12 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"runtime"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/integration/bench"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/cmd/clusterdemo/fleet"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
-	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
 )
 
 // Sides of the comparison.
@@ -419,11 +416,11 @@ func fleetRuns(ctx context.Context, cfg Config, rep *Report, rd *fleet.Redis, sp
 				wg.Go(func() { samples[i], errs[i] = l.Run(ctx) })
 			}
 			// Redis's CPU time over the loads' common window.
-			redisOK = sleepUntil(ctx, start.Add(cfg.Warmup))
+			redisOK = bench.SleepUntil(ctx, start.Add(cfg.Warmup))
 			var cpuErr error
 			if redisOK {
 				redisCPU[0], cpuErr = rd.CPU()
-				redisOK = cpuErr == nil && sleepUntil(ctx, start.Add(cfg.Warmup+cfg.Duration))
+				redisOK = cpuErr == nil && bench.SleepUntil(ctx, start.Add(cfg.Warmup+cfg.Duration))
 			}
 			if redisOK {
 				redisCPU[1], cpuErr = rd.CPU()
@@ -472,44 +469,4 @@ func fleetRuns(ctx context.Context, cfg Config, rep *Report, rd *fleet.Redis, sp
 			r+1, cfg.FleetReps, fs.Rate, fs.Replicas, fs.RedisCores, fs.RedisCPU, fs.Ceiling, fs.ReplicaCores, fs.Errors)
 	}
 	return nil
-}
-
-// sleepUntil waits until t or until ctx ends, reporting whether t was reached.
-func sleepUntil(ctx context.Context, t time.Time) bool {
-	d := time.Until(t)
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-// Machine describes where the benchmark ran.
-type Machine struct {
-	GOOS         string `json:"goos"`
-	GOARCH       string `json:"goarch"`
-	CPUs         int    `json:"cpus"`
-	CPUModel     string `json:"cpu_model"`
-	GoVersion    string `json:"go_version"`
-	LoadAvgStart string `json:"loadavg_start"`
-	LoadAvgEnd   string `json:"loadavg_end"`
-}
-
-func machine() Machine {
-	m := Machine{GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), LoadAvgStart: harness.LoadAverage()}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-				m.CPUModel = strings.TrimSpace(v)
-				break
-			}
-		}
-	}
-	return m
 }
