@@ -333,8 +333,14 @@ func (s *Scheduler) now() time.Time {
 // Release gives back the slots Acquire took. now is the release time; heldSince the grant time
 // (for the hold-time average that predicts waits).
 func (s *Scheduler) Release(set []*Compartment, held []int64, heldSince, now time.Time) {
-	hold := float64(now.Sub(heldSince))
 	s.mu.Lock()
+	s.giveBack(set, held, float64(now.Sub(heldSince)))
+	s.mu.Unlock()
+}
+
+// giveBack frees set's slots and serves the queues that were waiting for them; a positive hold
+// (nanoseconds) feeds the hold-time average. Called with s.mu held.
+func (s *Scheduler) giveBack(set []*Compartment, held []int64, hold float64) {
 	for i, c := range set {
 		c.inflight--
 		c.tokens -= held[i]
@@ -357,7 +363,6 @@ func (s *Scheduler) Release(set []*Compartment, held []int64, heldSince, now tim
 			s.dispatchPool(m.pool)
 		}
 	}
-	s.mu.Unlock()
 }
 
 // Confirm turns slots taken with Want.Pending into ordinary ones: they count as in flight, and
@@ -379,20 +384,8 @@ func (s *Scheduler) Abandon(set []*Compartment, held []int64) {
 	for i, c := range set {
 		c.pending--
 		c.pendingTokens -= held[i]
-		c.inflight--
-		c.tokens -= held[i]
-		if m := c.member; m != nil {
-			m.pool.inflight--
-		}
 	}
-	for _, c := range set {
-		if c.queue.len() > 0 {
-			s.dispatch(c)
-		}
-		if m := c.member; m != nil {
-			s.dispatchPool(m.pool)
-		}
-	}
+	s.giveBack(set, held, 0)
 	s.mu.Unlock()
 }
 
