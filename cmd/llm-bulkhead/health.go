@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -9,9 +12,12 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
 // healthCheck asks a running server's standard gRPC health service (grpc.health.v1.Health/Check, the
@@ -21,7 +27,12 @@ import (
 // does not have) or when the server cannot be asked, 2 for bad usage.
 func healthCheck(c *command, ctx context.Context, args, _ []string, stdout, stderr io.Writer, _ <-chan os.Signal) int {
 	fs := c.flags()
-	addr := fs.String("addr", "127.0.0.1:9002", "the server's ext_proc gRPC address (its --grpc-addr or server.grpc_addr)")
+	addr := fs.String("addr", "127.0.0.1:9002", "the server's ext_proc gRPC address, host:port or unix:///path (its --grpc-addr or server.grpc_addr)")
+	var ct clientTLS
+	fs.StringVar(&ct.ca, "tls-ca", "", "speak TLS, verifying the server's certificate with this CA bundle (PEM)")
+	fs.StringVar(&ct.cert, "tls-client-cert", "", "client certificate (PEM) to present, for a server that requires mutual TLS; needs --tls-ca")
+	fs.StringVar(&ct.key, "tls-client-key", "", "private key (PEM) of --tls-client-cert")
+	fs.StringVar(&ct.serverName, "tls-server-name", "", "name to verify in the server's certificate (default: the host of --addr, localhost for a unix socket)")
 	service := fs.String("service", "", `service to ask about: "" for the whole server, or envoy.service.ext_proc.v3.ExternalProcessor`)
 	timeout := fs.Duration("timeout", 2*time.Second, "give up (exit 1) when there is no answer within this long")
 	if code, ok := c.parse(fs, args, stdout, stderr); !ok {
@@ -35,7 +46,16 @@ func healthCheck(c *command, ctx context.Context, args, _ []string, stdout, stde
 		fmt.Fprintln(stderr, "llm-bulkhead health: --timeout must be positive")
 		return 2
 	}
-	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if _, _, err := config.SplitListenAddr(*addr); err != nil {
+		fmt.Fprintf(stderr, "llm-bulkhead health: --addr %v\n", err)
+		return 2
+	}
+	creds, err := ct.credentials()
+	if err != nil {
+		fmt.Fprintf(stderr, "llm-bulkhead health: %v\n", err)
+		return 2
+	}
+	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		fmt.Fprintf(stderr, "llm-bulkhead health: %s: %v\n", *addr, err)
 		return 2
@@ -58,4 +78,37 @@ func healthCheck(c *command, ctx context.Context, args, _ []string, stdout, stde
 		return 1
 	}
 	return 0
+}
+
+// clientTLS is how health reaches a server that speaks TLS.
+type clientTLS struct{ ca, cert, key, serverName string }
+
+// credentials returns TLS credentials when a CA is given, plaintext when no TLS option is.
+func (c clientTLS) credentials() (credentials.TransportCredentials, error) {
+	if c.ca == "" {
+		if c.cert != "" || c.key != "" || c.serverName != "" {
+			return nil, errors.New("--tls-client-cert, --tls-client-key and --tls-server-name need --tls-ca, the CA that signed the server's certificate")
+		}
+		return insecure.NewCredentials(), nil
+	}
+	pem, err := os.ReadFile(c.ca)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--tls-ca: %s holds no PEM certificate", c.ca)
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, ServerName: c.serverName}
+	if (c.cert == "") != (c.key == "") {
+		return nil, errors.New("--tls-client-cert and --tls-client-key go together")
+	}
+	if c.cert != "" {
+		pair, err := tls.LoadX509KeyPair(c.cert, c.key)
+		if err != nil {
+			return nil, fmt.Errorf("client certificate %s, key %s: %w", c.cert, c.key, err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return credentials.NewTLS(cfg), nil
 }

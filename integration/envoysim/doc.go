@@ -26,6 +26,11 @@
 //	}, envoysim.Respond(200, envoysim.H("content-type", "application/json"), `{"usage":{}}`))
 //	// res.Status, res.Local, res.SentKinds(), res.Stream, res.CloseReason ...
 //
+// NewCluster reaches the server as Envoy's ext_proc cluster does: a host:port
+// or a unix socket (a pipe address), plaintext or TLS with Envoy's
+// verification rules (UpstreamTLS). ClusterFromYAML reads the cluster from the
+// YAML Envoy loads, so `llm-bulkhead envoy-config`'s output can be run as it is.
+//
 // FilterConfig.RateLimit adds Envoy's global rate limit filter
 // (envoy.filters.http.ratelimit) in front of the ext_proc filter: it calls a
 // RateLimitService over gRPC on the request path, answers 429 when it says

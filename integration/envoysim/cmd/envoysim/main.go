@@ -9,7 +9,10 @@
 // -filter-config reads an Envoy ExternalProcessor filter config (YAML or
 // JSON: the typed_config body of envoy.filters.http.ext_proc, with or without its
 // "@type", or the output of `llm-bulkhead envoy-config`) instead of the
-// mode flags.
+// mode flags. -cluster-config reads the ext_proc cluster the same way (an Envoy
+// Cluster, or the output of `llm-bulkhead envoy-config`, whose clusters[0] is
+// taken) instead of -extproc: a pipe address for a unix socket, and its TLS
+// transport socket (CA, SAN match, SNI, client certificate for mutual TLS).
 package main
 
 import (
@@ -45,7 +48,8 @@ func main() {
 // on out.
 func run(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("envoysim", flag.ContinueOnError)
-	extproc := fs.String("extproc", "127.0.0.1:9002", "gRPC address of the ext_proc server")
+	extproc := fs.String("extproc", "127.0.0.1:9002", "gRPC address of the ext_proc server (host:port or unix:///path), plaintext")
+	clusterConfig := fs.String("cluster-config", "", "Envoy cluster for the ext_proc server (YAML or JSON; envoy-config's output takes its first cluster); overrides -extproc")
 	upstream := fs.String("upstream", "http://127.0.0.1:8080", "base URL of the upstream")
 	listen := fs.String("listen", "127.0.0.1:10000", "HTTP listen address")
 	filterConfig := fs.String("filter-config", "", "Envoy ExternalProcessor config file (YAML or JSON); overrides the mode flags")
@@ -112,7 +116,15 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	cfg.BufferLimit = *bufferLimit
 	cfg.GracefulClose = *graceful
 
-	sim, err := envoysim.New(*extproc, cfg)
+	cluster := envoysim.Cluster{Target: *extproc}
+	if *clusterConfig != "" {
+		c, err := loadCluster(*clusterConfig)
+		if err != nil {
+			return err
+		}
+		cluster = c
+	}
+	sim, err := envoysim.NewCluster(cluster, cfg)
 	if err != nil {
 		return err
 	}
@@ -142,7 +154,11 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "envoysim listening on %s (ext_proc %s, upstream %s)\n", srv.URL, *extproc, *upstream)
+	security := "plaintext"
+	if cluster.TLS != nil {
+		security = "TLS"
+	}
+	fmt.Fprintf(out, "envoysim listening on %s (ext_proc %s over %s, upstream %s)\n", srv.URL, cluster.Target, security, *upstream)
 	<-ctx.Done()
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -212,4 +228,34 @@ func extProcConfig(v any) any {
 		return c
 	}
 	return m
+}
+
+// loadCluster reads an Envoy cluster, or the first cluster of a document with clusters (as
+// `llm-bulkhead envoy-config` prints).
+func loadCluster(path string) (envoysim.Cluster, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return envoysim.Cluster{}, err
+	}
+	var v any
+	if err := yaml.Unmarshal(raw, &v); err != nil {
+		return envoysim.Cluster{}, fmt.Errorf("%s: %w", path, err)
+	}
+	if m, ok := v.(map[string]any); ok {
+		if list, ok := m["clusters"].([]any); ok {
+			if len(list) == 0 {
+				return envoysim.Cluster{}, fmt.Errorf("%s: clusters is empty", path)
+			}
+			v = list[0]
+		}
+	}
+	one, err := yaml.Marshal(v)
+	if err != nil {
+		return envoysim.Cluster{}, fmt.Errorf("%s: %w", path, err)
+	}
+	c, err := envoysim.ClusterFromYAML(one)
+	if err != nil {
+		return envoysim.Cluster{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
 }

@@ -83,12 +83,23 @@ func TestRun(t *testing.T) {
 	if err := os.WriteFile(cfgFile, []byte("grpc_service: {envoy_grpc: {cluster_name: x}}\nprocessing_mode: {request_body_mode: BUFFERED}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	host, port, _ := net.SplitHostPort(extproc)
+	clusterFile := filepath.Join(t.TempDir(), "envoy-config.yaml")
+	cluster := "clusters:\n- name: llm_bulkhead\n  type: STATIC\n  connect_timeout: 1s\n" +
+		"  http2_protocol_options: {}\n" +
+		"  load_assignment:\n    cluster_name: llm_bulkhead\n    endpoints:\n    - lb_endpoints:\n" +
+		"      - endpoint: {address: {socket_address: {address: " + host + ", port_value: " + port + "}}}\n"
+	if err := os.WriteFile(clusterFile, []byte(cluster), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		args []string
 	}{
 		{"mode flags", []string{"-request-body-mode", "buffered", "-response-body-mode", "STREAMED"}},
 		{"filter config file", []string{"-filter-config", cfgFile}},
+		// The cluster, not -extproc (which points nowhere here), says where the server is.
+		{"cluster config file", []string{"-filter-config", cfgFile, "-extproc", "127.0.0.1:1", "-cluster-config", clusterFile}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -132,6 +143,7 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"bad body mode", []string{"-request-body-mode", "SOMETIMES"}},
 		{"bad routes", []string{"-route-header", "x-p", "-routes", "nonsense"}},
 		{"missing config file", []string{"-filter-config", "/nonexistent/filter.yaml"}},
+		{"missing cluster file", []string{"-cluster-config", "/nonexistent/cluster.yaml"}},
 		{"unknown flag", []string{"-nope"}},
 	}
 	for _, tc := range tests {
