@@ -1,0 +1,90 @@
+package deploy
+
+import (
+	"encoding/json"
+	"fmt"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// Envoy AI Gateway's resources (group aigateway.envoyproxy.io, version v1alpha1). Its Go module
+// (github.com/envoyproxy/ai-gateway) is not available from the module proxy this project
+// builds with, so these are the fields of its api/v1alpha1 types at the levels the example
+// uses, transcribed field for field; every value below them is the Gateway API's own type
+// (ParentReference, HTTPHeaderMatch, HTTPRouteTimeouts, BackendObjectReference), which the
+// AI Gateway types embed. Decoding stays strict: a field neither type knows fails.
+
+type aiGatewayRoute struct {
+	metav1.TypeMeta `json:",inline"`
+	Metadata        metav1.ObjectMeta `json:"metadata"`
+	Spec            struct {
+		ParentRefs      []gwapiv1.ParentReference `json:"parentRefs,omitempty"`
+		Rules           []aiGatewayRouteRule      `json:"rules"`
+		FilterConfig    json.RawMessage           `json:"filterConfig,omitempty"`
+		LLMRequestCosts json.RawMessage           `json:"llmRequestCosts,omitempty"`
+	} `json:"spec"`
+}
+
+type aiGatewayRouteRule struct {
+	BackendRefs []struct {
+		Name              string             `json:"name"`
+		Namespace         *gwapiv1.Namespace `json:"namespace,omitempty"`
+		Group             *string            `json:"group,omitempty"`
+		Kind              *string            `json:"kind,omitempty"`
+		ModelNameOverride string             `json:"modelNameOverride,omitempty"`
+		HeaderMutation    json.RawMessage    `json:"headerMutation,omitempty"`
+		BodyMutation      json.RawMessage    `json:"bodyMutation,omitempty"`
+		Weight            *int32             `json:"weight,omitempty"`
+		Priority          *uint32            `json:"priority,omitempty"`
+	} `json:"backendRefs,omitempty"`
+	Matches []struct {
+		Headers []gwapiv1.HTTPHeaderMatch `json:"headers,omitempty"`
+	} `json:"matches,omitempty"`
+	Timeouts        *gwapiv1.HTTPRouteTimeouts `json:"timeouts,omitempty"`
+	ModelsOwnedBy   *string                    `json:"modelsOwnedBy,omitempty"`
+	ModelsCreatedAt *metav1.Time               `json:"modelsCreatedAt,omitempty"`
+}
+
+type aiServiceBackend struct {
+	metav1.TypeMeta `json:",inline"`
+	Metadata        metav1.ObjectMeta `json:"metadata"`
+	Spec            struct {
+		APISchema struct {
+			Name    string  `json:"name"`
+			Version *string `json:"version,omitempty"`
+		} `json:"schema"`
+		BackendRef               gwapiv1.BackendObjectReference `json:"backendRef"`
+		BackendSecurityPolicyRef *gwapiv1.LocalObjectReference  `json:"backendSecurityPolicyRef,omitempty"`
+	} `json:"spec"`
+}
+
+func decodeAIGatewayRoute(m manifest) (any, error) {
+	v := new(aiGatewayRoute)
+	if err := yaml.UnmarshalStrict(m.doc, v); err != nil {
+		return nil, fmt.Errorf("does not decode strictly into AIGatewayRoute: %w", err)
+	}
+	if len(v.Spec.Rules) == 0 {
+		return nil, fmt.Errorf("AIGatewayRoute %s has no rules (required)", v.Metadata.Name)
+	}
+	for _, p := range v.Spec.ParentRefs {
+		if p.Kind == nil || *p.Kind != "Gateway" {
+			return nil, fmt.Errorf("AIGatewayRoute %s: only Gateway parents are supported", v.Metadata.Name)
+		}
+	}
+	return v, nil
+}
+
+func decodeAIServiceBackend(m manifest) (any, error) {
+	v := new(aiServiceBackend)
+	if err := yaml.UnmarshalStrict(m.doc, v); err != nil {
+		return nil, fmt.Errorf("does not decode strictly into AIServiceBackend: %w", err)
+	}
+	switch v.Spec.APISchema.Name {
+	case "OpenAI", "AWSBedrock", "AzureOpenAI", "GCPVertexAI", "GCPAnthropic", "Anthropic", "AWSAnthropic", "Cohere":
+	default:
+		return nil, fmt.Errorf("AIServiceBackend %s: unknown schema %q", v.Metadata.Name, v.Spec.APISchema.Name)
+	}
+	return v, nil
+}
