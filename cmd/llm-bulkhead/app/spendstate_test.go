@@ -1,0 +1,125 @@
+package app_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead/app"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+)
+
+// spendPolicy gives the chat feature $5 a day; interval is spend.state_interval.
+func spendPolicy(concurrent int, interval string) string {
+	return fmt.Sprintf(`classification:
+  feature: {default: chat}
+  provider: {default: p}
+models:
+  - {match: "*", provider: p}
+prices:
+  - {match: default, input_per_mtok: 1, output_per_mtok: 2}
+features:
+  chat: {max_concurrent: %d, spend_per_day: 5.00}
+providers:
+  p: {}
+compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+spend: {state_interval: %s}
+`, concurrent, interval)
+}
+
+func chatSpent(t *testing.T, a *app.App) spend.Micros {
+	t.Helper()
+	for _, b := range a.Engine().Snapshot().Spend(time.Now()).Budgets {
+		if b.Budget == "feature/chat" && b.Period == "day" {
+			return b.Spent
+		}
+	}
+	t.Fatal("no daily budget for feature/chat")
+	return 0
+}
+
+// TestSpendStateRestoredAndKeptOnReload: --spend-state restores chat's spend before serving; a
+// reload that changes limits keeps it; one that changes the state settings is refused (they
+// apply on restart); shutdown writes the file again.
+func TestSpendStateRestoredAndKeptOnReload(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "policy.yaml")
+	state := filepath.Join(dir, "spend.json")
+	if err := os.WriteFile(path, []byte(spendPolicy(4, "10s")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	start := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
+	if err := spend.WriteState(state, spend.SavedState{Currency: "USD", Windows: []spend.SavedWindow{
+		{Budget: "feature/chat", Period: "day", Start: start, End: start.AddDate(0, 0, 1), Settled: 1_250_000, InFlight: 250_000},
+		// Yesterday's window has ended: not restored.
+		{Budget: "feature/chat", Period: "day", Start: start.AddDate(0, 0, -1), End: start, Settled: 4_000_000},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := app.New(app.Options{ConfigPath: path, GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{},
+		LogOutput: io.Discard, SpendState: state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			a.Shutdown(context.Background())
+		}
+	})
+	if got := chatSpent(t, a); got != 1_500_000 {
+		t.Fatalf("chat spent %v after restore, want 1.5 (settled plus in flight)", got)
+	}
+	if err := os.WriteFile(path, []byte(spendPolicy(8, "10s")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Reload("test"); err != nil {
+		t.Fatal(err)
+	}
+	if got := chatSpent(t, a); got != 1_500_000 {
+		t.Fatalf("chat spent %v after a reload, want 1.5", got)
+	}
+	if err := os.WriteFile(path, []byte(spendPolicy(8, "1m")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Reload("test"); err == nil || !strings.Contains(err.Error(), "spend.state_interval") {
+		t.Fatalf("reload changing spend.state_interval: %v", err)
+	}
+	a.Shutdown(context.Background())
+	stopped = true
+	st, err := spend.ReadState(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Windows) != 1 || st.Windows[0].Settled+st.Windows[0].InFlight != 1_500_000 {
+		t.Fatalf("state written at shutdown: %+v", st.Windows)
+	}
+}
+
+// TestSpendStateRefusedWithCluster: --spend-state with a cluster backend is a configuration
+// error: Redis keeps spend there.
+func TestSpendStateRefusedWithCluster(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "policy.yaml")
+	pol := spendPolicy(4, "10s") + "cluster: {backend: redis, addresses: [\"127.0.0.1:1\"]}\n"
+	if err := os.WriteFile(path, []byte(pol), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := app.New(app.Options{ConfigPath: path, GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{},
+		LogOutput: io.Discard, SpendState: filepath.Join(dir, "spend.json")})
+	var ce *app.ConfigError
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "--spend-state") {
+		t.Fatalf("New: %v, want a ConfigError naming --spend-state", err)
+	}
+}

@@ -1,0 +1,355 @@
+package cluster
+
+// Spend windows: the sums of spend budgets (money, in micro-units of the policy's currency),
+// shared by every replica. Unlike token budgets they are calendar windows (an hour, a day, a
+// month in the policy's time zone), chosen by the caller: it names each window by its budget,
+// period and the instant it starts, so that replicas on the same policy name the same window
+// whatever Redis's own zone. Keys, for prefix P:
+//
+//	{P}:sp:<window key>  hash  "s" → spent (settled), "r" → reserved by requests in flight,
+//	                     "l" → limit (as of the last reservation), "e" → end (Unix ms),
+//	                     "h" → 1 for a shadow budget. Expires spendGrace after the window ends
+//	                     (by Redis's clock).
+//	{P}:spi              zset  window key → end (Unix ms): the windows not ended, for listing
+//	{P}:spq:<replica>:<incarnation>  hash  reservation token → amount: this process's
+//	                     reservations not settled yet. A settlement applies only if it removes
+//	                     its token, so a batch sent again is applied once, and a reservation
+//	                     whose answer was lost (a timeout) is undone exactly when it was made.
+//
+// A reservation is one script (one round trip); settlements and releases are queued and sent
+// in batches with the lease settlements, at most settle_interval later.
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// spendGrace is how long a window's key outlives the window's end, so that a settlement
+// arriving just after the end (or from a replica whose clock is a little behind) finds it.
+const spendGrace = 10 * time.Minute
+
+// SpendWindow is one calendar window of one spend budget.
+type SpendWindow struct {
+	// Key names the window: its budget, period and start, stable across replicas.
+	Key string
+	// Limit is the budget, in micro-units.
+	Limit int64
+	// End is when the window ends.
+	End    time.Time
+	Shadow bool
+}
+
+// SpendUsage is a shared window's sums.
+type SpendUsage struct {
+	Key             string
+	Limit           int64
+	End             time.Time
+	Shadow          bool
+	Spent, Reserved int64
+}
+
+// spendOp is a queued settlement (or release: actual 0) of one reservation.
+type spendOp struct {
+	token            uint64
+	reserved, actual int64
+	keys             []string
+}
+
+// tokenTTL is how long this process's table of reservations outlives its last reservation;
+// a process that died leaves it behind this long.
+const tokenTTL = 35 * 24 * time.Hour
+
+// luaSpendReserve reserves amount in every window, all or nothing.
+//
+//	KEYS: 1 the window index, 2 this process's reservations, then one key per window
+//	ARGV: 1 amount, 2 grace ms, 3 token, 4 token table ttl ms, then per window: limit, end ms, shadow
+//
+// A window has room when spent + reserved + amount ≤ limit, or when it holds nothing yet (a
+// request larger than the whole budget runs only into an untouched window). Returns
+// {over, refused, now ms}: over has bit i-1 set for each window i without room; refused is 1
+// when an enforced one had none, and then nothing changed.
+const luaSpendReserve = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local amount, grace = tonumber(ARGV[1]), tonumber(ARGV[2])
+local over, refused = 0, 0
+for i = 3, #KEYS do
+  local a = 5 + (i - 3) * 3
+  local limit, shadow = tonumber(ARGV[a]), ARGV[a + 2] == '1'
+  local h = redis.call('HMGET', KEYS[i], 's', 'r')
+  local used = (tonumber(h[1]) or 0) + (tonumber(h[2]) or 0)
+  if used > 0 and used > limit - amount then
+    over = over + 2 ^ (i - 3)
+    if not shadow then refused = 1 end
+  end
+end
+if refused == 1 then return {over, 1, now} end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - grace)
+redis.call('HSET', KEYS[2], ARGV[3], amount)
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+for i = 3, #KEYS do
+  local a = 5 + (i - 3) * 3
+  local e = tonumber(ARGV[a + 1])
+  redis.call('HINCRBY', KEYS[i], 'r', amount)
+  redis.call('HSET', KEYS[i], 'l', ARGV[a], 'e', ARGV[a + 1], 'h', ARGV[a + 2])
+  redis.call('PEXPIREAT', KEYS[i], e + grace)
+  redis.call('ZADD', KEYS[1], e, KEYS[i])
+end
+return {over, 0, now}
+`
+
+// luaSpendSettle applies a batch of settlements, each only if its reservation is still
+// recorded (it is removed as it is applied), so that none is applied twice and none undoes a
+// reservation that was never made.
+//
+//	KEYS: 1 this process's reservations, then window keys
+//	ARGV: 1 count, then per settlement: token, reserved, actual, n, n × key index
+//
+// A window that has ended (by Redis's clock) or expired is left alone: its budget has reset.
+// Returns the number of settlements applied.
+const luaSpendSettle = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local a, applied = 2, 0
+for _ = 1, tonumber(ARGV[1]) do
+  local token, reserved, actual, n = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  a = a + 4
+  if redis.call('HDEL', KEYS[1], token) == 1 then
+    applied = applied + 1
+    for j = 0, n - 1 do
+      local k = KEYS[tonumber(ARGV[a + j])]
+      local e = tonumber(redis.call('HGET', k, 'e') or 0)
+      if e > now then
+        if reserved > 0 then
+          local r = redis.call('HINCRBY', k, 'r', -reserved)
+          if r < 0 then redis.call('HSET', k, 'r', 0) end
+        end
+        if actual > 0 then redis.call('HINCRBY', k, 's', actual) end
+      end
+    end
+  end
+  a = a + n
+end
+return applied
+`
+
+func (s *Store) spendKey(key string) string { return s.tag + ":sp:" + key }
+
+// ReserveSpend reserves amount (micro-units) in every window of ws, all or nothing, waiting at
+// most the configured timeout. over has bit i set for each window i without room (shadow ones
+// included); refused says an enforced window had none, and then nothing was reserved. A
+// reservation made is settled or released with SettleSpend and its token. An error wraps
+// ErrUnavailable: the store is unavailable or did not answer in time; nothing is held (a
+// reservation whose answer was lost is undone in the background).
+func (s *Store) ReserveSpend(ctx context.Context, ws []SpendWindow, amount int64) (token uint64, over uint64, refused bool, err error) {
+	if !s.available.Load() {
+		return 0, 0, false, ErrUnavailable
+	}
+	token = s.NextLease()
+	keys := make([]string, 0, len(ws)+2)
+	keys = append(keys, s.keys.spendIndex, s.keys.spendTokens)
+	args := make([]any, 0, 4+3*len(ws))
+	args = append(args, amount, spendGrace.Milliseconds(), strconv.FormatUint(token, 10), tokenTTL.Milliseconds())
+	for i := range ws {
+		keys = append(keys, s.spendKey(ws[i].Key))
+		args = append(args, ws[i].Limit, ws[i].End.UnixMilli(), b01(ws[i].Shadow))
+	}
+	s.rewrite.RLock()
+	defer s.rewrite.RUnlock()
+	cctx, cancel := context.WithTimeout(ctx, s.o.Timeout)
+	start := time.Now()
+	res, err := s.spendReserve.Run(cctx, s.client, keys, args...).Int64Slice()
+	cancel()
+	s.met.observe("spend_reserve", start, err)
+	if err != nil {
+		// The script may have run without its answer reaching us: undo it, after anything
+		// queued (undoing a reservation Redis never recorded does nothing).
+		s.queueSpend(spendOp{token: token, reserved: amount, keys: keys[2:]})
+		if ctx.Err() == nil {
+			s.noteFailure(err)
+		}
+		return 0, 0, false, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	s.failures.Store(0)
+	if len(res) < 3 {
+		return 0, 0, false, fmt.Errorf("%w: short reply", ErrUnavailable)
+	}
+	s.noteRedisTime(start, res[2])
+	return token, uint64(res[0]), res[1] == 1, nil
+}
+
+// noteRedisTime records how far Redis's clock (now, Unix ms, read during a call started at
+// start) is from this replica's.
+func (s *Store) noteRedisTime(start time.Time, now int64) {
+	mid := start.Add(time.Since(start) / 2)
+	off := time.UnixMilli(now).Sub(mid)
+	s.met.clockOffset.Set(off.Seconds())
+	if off > time.Second || off < -time.Second {
+		if !s.skewLogged.Swap(true) {
+			s.log.Warn("this replica's clock differs from Redis's by more than a second: spend windows are chosen by each replica's clock, so charges near a window's start or end may land in the neighbouring window",
+				"replica", s.o.ReplicaID, "offset", off.String())
+		}
+	} else {
+		s.skewLogged.Store(false)
+	}
+}
+
+// SettleSpend queues the settlement of the reservation token of reserved micro-units in the
+// windows named by keys: reserved is given back and actual charged (a release is a settlement
+// with actual 0). It never blocks; settlements are sent in batches, each applied once.
+func (s *Store) SettleSpend(token uint64, keys []string, reserved, actual int64) {
+	ks := make([]string, len(keys))
+	for i, k := range keys {
+		ks[i] = s.spendKey(k)
+	}
+	s.queueSpend(spendOp{token: token, reserved: reserved, actual: actual, keys: ks})
+}
+
+func (s *Store) queueSpend(op spendOp) {
+	s.pendMu.Lock()
+	if len(s.spendPending) >= s.o.MaxPending {
+		// Redis has been gone long: forget the oldest. Its reservation stays counted in Redis
+		// until its window ends (on the side of refusing).
+		s.spendPending = s.spendPending[1:]
+		s.met.dropped.Inc()
+	}
+	s.spendPending = append(s.spendPending, op)
+	s.met.queue.Set(float64(len(s.pending) + len(s.spendPending)))
+	s.pendMu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// flushSpend sends every queued spend settlement. On error the unsent ones stay queued, in
+// order; a batch sent again after an error is applied once.
+func (s *Store) flushSpend() error {
+	for {
+		s.pendMu.Lock()
+		n := min(len(s.spendPending), maxBatch)
+		batch := append([]spendOp(nil), s.spendPending[:n]...)
+		s.pendMu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		keys := []string{s.keys.spendTokens}
+		idx := map[string]int{}
+		args := []any{n}
+		for _, op := range batch {
+			args = append(args, strconv.FormatUint(op.token, 10), op.reserved, op.actual, len(op.keys))
+			for _, k := range op.keys {
+				i, ok := idx[k]
+				if !ok {
+					keys = append(keys, k)
+					i = len(keys)
+					idx[k] = i
+				}
+				args = append(args, i)
+			}
+		}
+		ctx, cancel := context.WithTimeout(s.ctx, s.o.WriteTimeout)
+		start := time.Now()
+		err := s.spendSettle.Run(ctx, s.client, keys, args...).Err()
+		cancel()
+		s.met.observe("spend_settle", start, err)
+		if err != nil {
+			return err
+		}
+		s.pendMu.Lock()
+		// Drop what was sent: the queue up to the batch's last settlement, unless that was
+		// dropped from the front meanwhile (with everything before it).
+		last := batch[n-1].token
+		for j := range s.spendPending {
+			if s.spendPending[j].token == last {
+				s.spendPending = s.spendPending[j+1:]
+				break
+			}
+		}
+		s.met.queue.Set(float64(len(s.pending) + len(s.spendPending)))
+		s.pendMu.Unlock()
+	}
+}
+
+// SpendUsage lists the shared windows that have not ended (by Redis's clock), bounded by the
+// write timeout. It fails at once while the store is unavailable.
+func (s *Store) SpendUsage(ctx context.Context) ([]SpendUsage, error) {
+	if !s.available.Load() {
+		return nil, ErrUnavailable
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.o.WriteTimeout)
+	defer cancel()
+	// Windows that ended by this replica's clock, give or take the grace, are not asked for;
+	// Redis's clock decides about the rest.
+	pipe := s.client.Pipeline()
+	tc := pipe.Time(ctx)
+	zc := pipe.ZRangeByScore(ctx, s.keys.spendIndex, &redis.ZRangeBy{
+		Min: "(" + strconv.FormatInt(time.Now().Add(-spendGrace).UnixMilli(), 10), Max: "+inf"})
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	return s.spendGet(ctx, zc.Val(), tc.Val())
+}
+
+// SpendGet returns one shared window's sums; ok is false when Redis holds nothing for it. It
+// fails at once while the store is unavailable.
+func (s *Store) SpendGet(ctx context.Context, key string) (u SpendUsage, ok bool, err error) {
+	if !s.available.Load() {
+		return u, false, ErrUnavailable
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.o.WriteTimeout)
+	defer cancel()
+	us, err := s.spendGet(ctx, []string{s.spendKey(key)}, time.Time{})
+	if err != nil || len(us) == 0 {
+		return u, false, err
+	}
+	return us[0], true, nil
+}
+
+// spendGet reads the windows at keys, in one round trip with Redis's clock, and returns those
+// that have not ended by it (or by now, when given).
+func (s *Store) spendGet(ctx context.Context, keys []string, now time.Time) ([]SpendUsage, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	pipe := s.client.Pipeline()
+	var tc *redis.TimeCmd
+	if now.IsZero() {
+		tc = pipe.Time(ctx)
+	}
+	cmds := make([]*redis.SliceCmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = pipe.HMGet(ctx, k, "s", "r", "l", "e", "h")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
+		return nil, err
+	}
+	if tc != nil {
+		now = tc.Val()
+	}
+	prefix := s.tag + ":sp:"
+	out := make([]SpendUsage, 0, len(keys))
+	for i, c := range cmds {
+		v, err := c.Result()
+		if err != nil || len(v) != 5 || v[3] == nil {
+			continue
+		}
+		num := func(x any) int64 {
+			str, _ := x.(string)
+			n, _ := strconv.ParseInt(str, 10, 64)
+			return n
+		}
+		end := time.UnixMilli(num(v[3]))
+		if !end.After(now) {
+			continue
+		}
+		out = append(out, SpendUsage{Key: strings.TrimPrefix(keys[i], prefix), Spent: num(v[0]), Reserved: num(v[1]),
+			Limit: num(v[2]), End: end, Shadow: num(v[4]) == 1})
+	}
+	return out, nil
+}

@@ -1,0 +1,148 @@
+package config
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+)
+
+// currencyPattern is an ISO 4217 style currency code.
+var currencyPattern = regexp.MustCompile(`^[A-Z]{3}$`)
+
+func (l Limits) anySpend() bool {
+	return l.SpendPerHour != nil || l.SpendPerDay != nil || l.SpendPerMonth != nil
+}
+
+// AnySpendLimits reports whether any limit set a compartment reads has a spend budget.
+func (p *Policy) AnySpendLimits() bool {
+	found := false
+	p.eachLimitSet(func(_ string, l Limits) {
+		if p.Resolve(l).AnySpend() {
+			found = true
+		}
+	})
+	return found
+}
+
+// Location returns the time zone of spend windows (UTC when time_zone is unset or unknown,
+// which validation refuses).
+func (p *Policy) Location() *time.Location {
+	if p.TimeZone == "" {
+		return time.UTC
+	}
+	loc, err := time.LoadLocation(p.TimeZone)
+	if err != nil {
+		return time.UTC
+	}
+	return loc
+}
+
+// PriceTable compiles the prices list: the entries in order, the default entry, and the
+// highest price of each kind (what a model no entry prices is charged when there is no
+// default entry).
+func (p *Policy) PriceTable() *spend.Prices {
+	var rules []spend.PriceRule
+	var def *spend.Price
+	var highest spend.Price
+	for _, pr := range p.Prices {
+		price := pr.price()
+		highest.Input = max(highest.Input, price.Input)
+		highest.Output = max(highest.Output, price.Output)
+		highest.CachedInput = max(highest.CachedInput, price.CachedInput)
+		highest.Reasoning = max(highest.Reasoning, price.Reasoning)
+		if pr.Match == DefaultPrice {
+			def = &price
+			continue
+		}
+		rules = append(rules, spend.PriceRule{Match: pr.Match, Price: price})
+	}
+	if def == nil && len(p.Prices) > 0 {
+		// Every kind is priced explicitly: the highest cached price may be below the highest
+		// input price, and so on.
+		highest.HasCachedInput, highest.HasReasoning = true, true
+		def = &highest
+	}
+	return spend.NewPrices(rules, def, !p.Classification.Model.CaseSensitive)
+}
+
+func (r PriceRule) price() spend.Price {
+	pr := spend.Price{Input: deref(r.InputPerMtok), Output: deref(r.OutputPerMtok)}
+	pr.CachedInput, pr.HasCachedInput = pr.Input, false
+	if r.CachedInputPerMtok != nil {
+		pr.CachedInput, pr.HasCachedInput = *r.CachedInputPerMtok, true
+	}
+	pr.Reasoning = pr.Output
+	if r.ReasoningPerMtok != nil {
+		pr.Reasoning, pr.HasReasoning = *r.ReasoningPerMtok, true
+	}
+	return pr
+}
+
+// spend checks currency, time zone and prices, and that every model the policy names has a
+// price when a spend budget applies.
+func (v *validator) spend() {
+	p := v.p
+	if !currencyPattern.MatchString(p.Currency) {
+		v.own("currency", "%q is not a currency code (three capital letters, like USD or EUR)", p.Currency)
+	}
+	if _, err := time.LoadLocation(p.TimeZone); err != nil || p.TimeZone == "Local" {
+		v.own("time_zone", "%q is not an IANA time zone (like UTC, Europe/Berlin or America/New_York)", p.TimeZone)
+	}
+	defaults := 0
+	for i, pr := range p.Prices {
+		path := fmt.Sprintf("prices[%d]", i)
+		switch {
+		case pr.Match == "":
+			v.add(path+".match", "needs a model name, a glob such as deepseek-*, or default")
+		case pr.Match == DefaultPrice:
+			if defaults++; defaults > 1 {
+				v.add(path+".match", "a second default entry: only one may price the models no other entry matches")
+			}
+		}
+		if pr.InputPerMtok == nil {
+			v.add(path+".input_per_mtok", "is required (the price of a million prompt tokens; write 0 if they are free)")
+		}
+		if pr.OutputPerMtok == nil {
+			v.add(path+".output_per_mtok", "is required (the price of a million completion tokens; write 0 if they are free)")
+		}
+	}
+	if !p.AnySpendLimits() || defaults > 0 {
+		return
+	}
+	if len(p.Prices) == 0 {
+		v.add("prices", "spend budgets (spend_per_hour, spend_per_day, spend_per_month) need prices: list what the models cost, or a default entry")
+		return
+	}
+	priced := func(model string) bool {
+		for _, pr := range p.Prices {
+			if pr.Match == DefaultPrice {
+				continue
+			}
+			m, g := pr.Match, model
+			if !p.Classification.Model.CaseSensitive {
+				m, g = strings.ToLower(m), strings.ToLower(g)
+			}
+			// A models glob is priced by an entry whose glob matches it read as a name:
+			// deepseek-* by deepseek-* or by *, not by deepseek-chat.
+			if spend.Glob(m, g) {
+				return true
+			}
+		}
+		return false
+	}
+	for i, m := range p.Models {
+		if m.Match != "" && !priced(m.Match) {
+			v.add(fmt.Sprintf("models[%d].match", i), "model %q has no price, but spend budgets apply: add a prices entry that matches it, or a default entry", m.Match)
+		}
+	}
+	for _, name := range sortedKeys(p.Providers) {
+		for j, mm := range p.Providers[name].Models {
+			if mm.Model != "" && mm.Model != "*" && !priced(mm.Model) {
+				v.add(fmt.Sprintf("providers.%s.models[%d].model", name, j), "model %q has no price, but spend budgets apply: add a prices entry that matches it, or a default entry", mm.Model)
+			}
+		}
+	}
+}

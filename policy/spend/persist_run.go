@@ -1,0 +1,196 @@
+package spend
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Source is what a Persister saves and restores: the spend of every budget's current window.
+type Source interface {
+	// SaveState returns the current window of every budget with spend in it at now, with the
+	// policy's currency.
+	SaveState(now time.Time) SavedState
+	// RestoreState replaces (never adds to) the spend of each budget whose current window at now
+	// is one of st's, and returns how many windows it restored. A state in another currency is
+	// refused with a *StateError of ReasonCurrency and restores nothing.
+	RestoreState(st SavedState, now time.Time) (int, error)
+}
+
+// PersistOptions configure a Persister.
+type PersistOptions struct {
+	// Path is the state file.
+	Path string
+	// Interval is how often the state is written while running; at most this long of
+	// settlements is lost when the process is killed.
+	Interval time.Duration
+	Source   Source
+	// Now defaults to time.Now.
+	Now        func() time.Time
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Persister keeps a Source in a state file: restored once at start, written every interval and
+// once more at Close. Safe for concurrent use.
+type Persister struct {
+	o   PersistOptions
+	met *persistMetrics
+
+	mu sync.Mutex // serialises writes
+	// last is what the file holds, to skip writes that would change nothing.
+	last    []byte
+	failing bool
+
+	startOnce sync.Once
+	stop      chan struct{}
+	done      chan struct{}
+	closed    bool
+}
+
+type persistMetrics struct {
+	failures *prometheus.CounterVec
+	restored prometheus.Gauge
+	writes   *prometheus.CounterVec
+	saved    prometheus.Gauge
+}
+
+// NewPersister returns a Persister; nothing is read or written until Restore, Start or Save.
+func NewPersister(o PersistOptions) *Persister {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	m := &persistMetrics{
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "llm_bulkhead", Name: "spend_state_restore_failures_total",
+			Help: "Starts at which the spend state file could not be restored, so that spend budgets started empty, by reason: missing, unreadable, corrupt, version, currency."},
+			[]string{"reason"}),
+		restored: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "llm_bulkhead", Name: "spend_state_restored_windows",
+			Help: "Budget windows restored from the spend state file at start."}),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "llm_bulkhead", Name: "spend_state_writes_total",
+			Help: "Writes of the spend state file by result: ok, unchanged (the file already held the state) or error."},
+			[]string{"result"}),
+		saved: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "llm_bulkhead", Name: "spend_state_saved_timestamp_seconds",
+			Help: "When the spend state file last held the ledger's state (written, or found unchanged), in Unix seconds."}),
+	}
+	for _, r := range []string{ReasonMissing, ReasonUnreadable, ReasonCorrupt, ReasonVersion, ReasonCurrency} {
+		m.failures.WithLabelValues(r)
+	}
+	for _, r := range []string{"ok", "unchanged", "error"} {
+		m.writes.WithLabelValues(r)
+	}
+	if o.Registerer != nil {
+		o.Registerer.MustRegister(m.failures, m.restored, m.writes, m.saved)
+	}
+	return &Persister{o: o, met: m, stop: make(chan struct{}), done: make(chan struct{})}
+}
+
+// Restore reads the state file into the Source. When the file is missing, unreadable, corrupt,
+// of another version or currency, spend starts empty: Restore logs it at error level with the
+// file and the reason, counts it, renames a file it could not use aside (to
+// <path>.bad-<time>, so that nothing is lost and the next write does not replace it) and
+// returns the *StateError. It never panics on any content.
+func (p *Persister) Restore() error {
+	now := p.o.Now()
+	st, err := ReadState(p.o.Path)
+	n := 0
+	if err == nil {
+		n, err = p.o.Source.RestoreState(st, now)
+	}
+	if err == nil {
+		p.met.restored.Set(float64(n))
+		p.o.Logger.Info("spend restored from the state file", "file", p.o.Path, "windows_restored", n, "windows_in_file", len(st.Windows))
+		return nil
+	}
+	var se *StateError
+	if !errors.As(err, &se) {
+		se = &StateError{Reason: ReasonCorrupt, Err: err}
+	}
+	p.met.failures.WithLabelValues(se.Reason).Inc()
+	p.met.restored.Set(0)
+	attrs := []any{"file", p.o.Path, "reason", se.Reason, "error", se.Err.Error()}
+	if se.Reason != ReasonMissing {
+		if aside, aerr := keepAside(p.o.Path, now); aerr != nil {
+			attrs = append(attrs, "kept_aside_error", aerr.Error())
+		} else {
+			attrs = append(attrs, "kept_as", aside)
+		}
+	}
+	p.o.Logger.Error("spend state not restored: every spend budget starts empty", attrs...)
+	return se
+}
+
+// Start writes the state every interval until Close.
+func (p *Persister) Start() {
+	p.startOnce.Do(func() { go p.loop() })
+}
+
+func (p *Persister) loop() {
+	defer close(p.done)
+	t := time.NewTicker(p.o.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+			_ = p.Save()
+		}
+	}
+}
+
+// Save writes the Source's state now, unless the file already holds it.
+func (p *Persister) Save() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.o.Now()
+	data, err := EncodeState(p.o.Source.SaveState(now))
+	if err == nil && p.last != nil && bytes.Equal(data, p.last) {
+		p.met.writes.WithLabelValues("unchanged").Inc()
+		p.met.saved.Set(float64(now.UnixNano()) / 1e9)
+		return nil
+	}
+	if err == nil {
+		err = writeAtomic(p.o.Path, data)
+	}
+	if err != nil {
+		p.met.writes.WithLabelValues("error").Inc()
+		if !p.failing {
+			p.o.Logger.Error("cannot write the spend state file: spend settled since its last write is lost if the process stops now",
+				"file", p.o.Path, "error", err.Error())
+		}
+		p.failing = true
+		return err
+	}
+	if p.failing {
+		p.o.Logger.Info("spend state file written again", "file", p.o.Path)
+	}
+	p.failing = false
+	p.last = data
+	p.met.writes.WithLabelValues("ok").Inc()
+	p.met.saved.Set(float64(now.UnixNano()) / 1e9)
+	return nil
+}
+
+// Close stops the interval writes and writes the state a last time; call it once nothing can
+// reserve or settle any more (after the streams drained), so that the file is exact.
+func (p *Persister) Close() error {
+	p.mu.Lock()
+	closed := p.closed
+	p.closed = true
+	p.mu.Unlock()
+	if closed {
+		return nil
+	}
+	close(p.stop)
+	// Not started: nothing to wait for.
+	p.startOnce.Do(func() { close(p.done) })
+	<-p.done
+	return p.Save()
+}

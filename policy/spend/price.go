@@ -1,0 +1,184 @@
+package spend
+
+import (
+	"math"
+	"math/bits"
+	"strings"
+	"unicode/utf8"
+)
+
+// Price is what a model costs, per million tokens of each kind.
+type Price struct {
+	// Input is the price of a million prompt tokens not served from a cache.
+	Input Micros
+	// Output is the price of a million completion tokens.
+	Output Micros
+	// CachedInput is the price of a million prompt tokens served from a prompt cache; without
+	// HasCachedInput they cost Input.
+	CachedInput Micros
+	// Reasoning is the price of a million reasoning tokens (part of the completion); without
+	// HasReasoning they cost Output.
+	Reasoning                    Micros
+	HasCachedInput, HasReasoning bool
+}
+
+// Tokens is a request's token use by kind. Cached is the part of Prompt served from a prompt
+// cache, Reasoning the part of Completion spent reasoning (as OpenAI reports them; Anthropic's
+// separate cache counts are added to the prompt by the response parser).
+type Tokens struct {
+	Prompt, Cached, Completion, Reasoning int64
+}
+
+// Cost is what tokens t cost at price p: every part at its price per million, summed exactly,
+// then rounded up once to the next millionth of the currency unit, so that a request is never
+// charged less than it cost. Negative counts count as zero; a cached (reasoning) count above
+// the prompt (completion) is taken as all of it. The result saturates at the largest Micros.
+func (p Price) Cost(t Tokens) Micros {
+	prompt, completion := max(t.Prompt, 0), max(t.Completion, 0)
+	cached, reasoning := min(max(t.Cached, 0), prompt), min(max(t.Reasoning, 0), completion)
+	cachedPrice, reasoningPrice := p.Input, p.Output
+	if p.HasCachedInput {
+		cachedPrice = p.CachedInput
+	}
+	if p.HasReasoning {
+		reasoningPrice = p.Reasoning
+	}
+	var sum acc
+	sum.add(prompt-cached, p.Input)
+	sum.add(cached, cachedPrice)
+	sum.add(completion-reasoning, p.Output)
+	sum.add(reasoning, reasoningPrice)
+	return sum.micros()
+}
+
+// acc is a 128-bit sum of tokens × price-per-million products (in units of 10⁻¹² currency).
+type acc struct{ hi, lo uint64 }
+
+func (a *acc) add(n int64, price Micros) {
+	if n <= 0 || price <= 0 {
+		return
+	}
+	hi, lo := bits.Mul64(uint64(n), uint64(price))
+	var carry uint64
+	a.lo, carry = bits.Add64(a.lo, lo, 0)
+	a.hi, _ = bits.Add64(a.hi, hi, carry)
+}
+
+// micros divides by a million, rounding up, saturating at MaxInt64.
+func (a acc) micros() Micros {
+	const million = 1_000_000
+	if a.hi >= million {
+		return math.MaxInt64
+	}
+	q, r := bits.Div64(a.hi, a.lo, million)
+	if r > 0 {
+		q++
+	}
+	if q > math.MaxInt64 || q == 0 && r > 0 {
+		return math.MaxInt64
+	}
+	return Micros(q)
+}
+
+// PriceRule prices the models matching a glob.
+type PriceRule struct {
+	// Match is a glob over the model name: `*` matches any run of characters, `?` one.
+	Match string
+	Price Price
+}
+
+// Prices is a compiled price table: rules tried in order, first match wins, then the default.
+// Immutable; safe for concurrent use.
+type Prices struct {
+	rules    []PriceRule
+	def      Price
+	hasDef   bool
+	foldCase bool
+}
+
+// NewPrices compiles a price table. def (may be nil) prices models no rule matches. With
+// foldCase, globs and model names are compared in lower case.
+func NewPrices(rules []PriceRule, def *Price, foldCase bool) *Prices {
+	p := &Prices{foldCase: foldCase}
+	for _, r := range rules {
+		if foldCase {
+			r.Match = strings.ToLower(r.Match)
+		}
+		p.rules = append(p.rules, r)
+	}
+	if def != nil {
+		p.def, p.hasDef = *def, true
+	}
+	return p
+}
+
+// Lookup returns the price of model: the first rule whose glob matches it, else the default.
+// ok is false when neither prices it. Lookup does not allocate for a lower-case model name.
+func (p *Prices) Lookup(model string) (Price, bool) {
+	if pr, ok := p.LookupRule(model); ok {
+		return pr, true
+	}
+	if p == nil {
+		return Price{}, false
+	}
+	return p.def, p.hasDef
+}
+
+// LookupRule returns the price of the first rule whose glob matches model, ignoring the
+// default: ok is false when no rule names the model.
+func (p *Prices) LookupRule(model string) (Price, bool) {
+	if p == nil {
+		return Price{}, false
+	}
+	if p.foldCase && hasUpper(model) {
+		model = strings.ToLower(model)
+	}
+	for i := range p.rules {
+		if Glob(p.rules[i].Match, model) {
+			return p.rules[i].Price, true
+		}
+	}
+	return Price{}, false
+}
+
+func hasUpper(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= 'A' && c <= 'Z' || c >= 0x80 {
+			return true
+		}
+	}
+	return false
+}
+
+// Glob reports whether s matches pattern, where `*` matches any run of bytes (none included)
+// and `?` exactly one character; every other byte matches itself (the model globs of the
+// policy's other lists match the same way).
+func Glob(pattern, s string) bool {
+	// Iterative matching with one backtrack point: linear in practice, never exponential.
+	p, i := 0, 0
+	star, mark := -1, 0
+	for i < len(s) {
+		switch {
+		case p < len(pattern) && pattern[p] == '?':
+			_, size := utf8.DecodeRuneInString(s[i:])
+			p++
+			i += size
+		case p < len(pattern) && pattern[p] == s[i]:
+			p++
+			i++
+		case p < len(pattern) && pattern[p] == '*':
+			star, mark = p, i
+			p++
+		case star >= 0:
+			p = star + 1
+			mark++
+			i = mark
+		default:
+			return false
+		}
+	}
+	for p < len(pattern) && pattern[p] == '*' {
+		p++
+	}
+	return p == len(pattern)
+}

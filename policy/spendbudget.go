@@ -1,0 +1,396 @@
+package policy
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+)
+
+// Spend budgets (spend_per_hour, spend_per_day, spend_per_month) are kept by the engine's
+// ledger, which outlives reloads: each compartment instance names its budgets after itself, and
+// a request reserves its worst-case cost in every budget of its compartments at once, after
+// its token budgets and before it may queue for a slot. Done settles the reservation at the
+// cost the response reported, priced by the model that answered; a request that never reached
+// the provider is refunded. A policy without spend budgets skips all of this.
+
+// A reservation holds the budgets of every compartment a request is in.
+var _ [spend.MaxWindows - len(spend.Periods)*maxCompartments]struct{}
+
+// buildSpend compiles the prices and, once the snapshot goes live, sets the ledger's currency
+// and calendar and resolves the features' spend counters.
+func (s *Snapshot) buildSpend() {
+	p, e := s.policy, s.engine
+	s.prices = p.PriceTable()
+	s.SpendLimits = p.AnySpendLimits()
+	if !s.SpendLimits {
+		return
+	}
+	currency, cal := p.Currency, spend.NewCalendar(p.Location())
+	s.onCommit(func() { e.ledger.Configure(currency, cal) })
+	for _, f := range s.features {
+		s.onCommit(func() { f.spend = e.spendMetrics.feature(f.name) })
+	}
+}
+
+// spendBudgets returns the spend budgets of an instance with limits r, named after it.
+func spendBudgets(name string, r config.Resolved) []spend.Budget {
+	if !r.AnySpend() {
+		return nil
+	}
+	var out []spend.Budget
+	for i, limit := range r.Spend {
+		if limit > 0 {
+			out = append(out, spend.Budget{Name: name, Period: spend.Periods[i], Limit: limit, Shadow: r.Shadow})
+		}
+	}
+	return out
+}
+
+// Ledger returns the engine's spend ledger: the windows of every spend budget. A persister
+// restores it at start and saves it while the server runs.
+func (e *Engine) Ledger() *spend.Ledger { return e.ledger }
+
+// reserveSpend reserves the request's worst-case cost in every spend budget of t's
+// compartments: its estimated prompt at the input price plus its output allowance (max_tokens
+// or the default, times n) at the output price of the model it is sent as. On a refusal it
+// undoes everything t holds and returns the decision. A ticket that reserved already (a
+// cluster admission that fell back to local limits) keeps its reservation.
+func (e *Engine) reserveSpend(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, now time.Time) (Decision, bool) {
+	if t.spend != nil {
+		if t.spend.Active() {
+			return Decision{}, false
+		}
+		t.spend.Reset(now) // what an earlier attempt reserved was given back by its undo
+	}
+	if !s.SpendLimits {
+		return Decision{}, false
+	}
+	found := false
+	for i := 0; i < t.n && !found; i++ {
+		found = len(t.insts[i].spend) > 0
+	}
+	if !found {
+		return Decision{}, false
+	}
+	if t.spend == nil {
+		t.spend = &spend.Reservation{}
+	}
+	res := t.spend
+	for i := 0; i < t.n; i++ {
+		for _, b := range t.insts[i].spend {
+			res.Add(b)
+		}
+	}
+	price, _ := s.prices.Lookup(dims.Model)
+	amount := price.Cost(spend.Tokens{Prompt: r.Estimate.Prompt, Completion: r.Estimate.Output})
+	rf, ok := e.ledger.Reserve(ctx, res, amount, now)
+	if !ok {
+		t.undo(now)
+		return Decision{Verdict: Reject, Reason: ReasonSpendBudget, Compartment: rf.Budget.Name,
+			RetryAfter: max(rf.Window.End.Sub(now), 0), Dims: dims, SpendReset: rf.Window.End}, true
+	}
+	if over := res.Over(); over != 0 {
+		k := 0
+		for i := 0; i < t.n; i++ {
+			for range t.insts[i].spend {
+				if over&(1<<uint(k)) != 0 {
+					e.metrics.countShadow(s.label(t.insts[i]), ReasonSpendBudget)
+				}
+				k++
+			}
+		}
+	}
+	if c := s.features[dims.Feature].spend; c != nil {
+		c.reserved.Add(amount.Float())
+	}
+	return Decision{}, false
+}
+
+// SpendReserved returns what the ticket reserved in its spend budgets; ok is false when no
+// spend budget applied.
+func (t *Ticket) SpendReserved() (spend.Micros, bool) {
+	if t.spend == nil || t.spend.Len() == 0 {
+		return 0, false
+	}
+	return t.spend.Amount(), true
+}
+
+// settleSpend settles the ticket's spend reservation at the cost of settled, priced by the
+// model that answered (o.Model) when the prices list names it, else by the model the request
+// was sent as. Cached and reasoning tokens count only when usage was reported, and never beyond
+// the settled prompt and completion. A request that cost nothing because it never reached the
+// provider gets its reservation back. It returns the cost charged, and false when no spend
+// budget applied.
+func (t *Ticket) settleSpend(o Outcome, settled Settled, now time.Time) (spend.Micros, bool) {
+	res := t.spend
+	if res == nil || !res.Active() {
+		return 0, false
+	}
+	s := t.snap
+	c := s.features[t.dims.Feature].spend
+	if settled.Total == 0 && !o.Usage.Known {
+		res.Release(now)
+		if c != nil {
+			c.refunded.Add(res.Amount().Float())
+		}
+		return 0, true
+	}
+	price, ok := s.prices.LookupRule(o.Model)
+	if o.Model == "" || !ok {
+		price, _ = s.prices.Lookup(t.dims.Model)
+	}
+	tok := spend.Tokens{Prompt: settled.Prompt, Completion: settled.Completion}
+	if o.Usage.Known {
+		tok.Cached = min(max(o.Usage.Cached, 0), settled.Prompt)
+		tok.Reasoning = min(max(o.Usage.Reasoning, 0), settled.Completion)
+	}
+	cost := price.Cost(tok)
+	res.Settle(cost, now)
+	if c != nil {
+		c.settled.Add(cost.Float())
+	}
+	return cost, true
+}
+
+// spendCounters are one feature's spend counters.
+type spendCounters struct {
+	reserved, settled, refunded prometheus.Counter
+}
+
+// spendMetrics are the spend counters, resolved per feature only once a policy with spend
+// budgets is live (a policy without them adds no series).
+type spendMetrics struct {
+	reserved, settled, refunded *prometheus.CounterVec
+	fellBack                    prometheus.CounterFunc
+
+	mu        sync.Mutex
+	byFeature map[string]*spendCounters
+}
+
+func newSpendMetrics(e *Engine, reg prometheus.Registerer) *spendMetrics {
+	m := &spendMetrics{
+		byFeature: map[string]*spendCounters{},
+		reserved: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "spend_reserved_total",
+			Help: "Worst-case cost reserved in spend budgets by admitted requests, in units of the policy's currency, by feature."}, []string{"feature"}),
+		settled: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "spend_settled_total",
+			Help: "Real cost of finished requests settled in spend budgets, in units of the policy's currency, by feature."}, []string{"feature"}),
+		refunded: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "spend_refunded_total",
+			Help: "Reservations given back whole because the request never reached the provider, in units of the policy's currency, by feature."}, []string{"feature"}),
+	}
+	m.fellBack = prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: Namespace, Name: "spend_store_fallbacks_total",
+		Help: "Spend reservations made in this process's memory because the shared spend store could not be reached."},
+		func() float64 { return float64(e.ledger.FellBack()) })
+	if reg != nil {
+		reg.MustRegister(m.reserved, m.settled, m.refunded, m.fellBack, &spendCollector{e: e})
+	}
+	return m
+}
+
+func (m *spendMetrics) feature(name string) *spendCounters {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.byFeature[name]
+	if c == nil {
+		c = &spendCounters{reserved: m.reserved.WithLabelValues(name), settled: m.settled.WithLabelValues(name),
+			refunded: m.refunded.WithLabelValues(name)}
+		m.byFeature[name] = c
+	}
+	return c
+}
+
+var (
+	descSpendLimit = prometheus.NewDesc(Namespace+"_spend_budget_limit", "A spend budget's limit per window, in units of the policy's currency, by compartment and period (hour, day, month).", []string{"compartment", "period"}, nil)
+	descSpendUsed  = prometheus.NewDesc(Namespace+"_spend_budget_used", "Spend counted in a spend budget's current window (settled plus reserved by requests in flight), in units of the policy's currency, by compartment and period.", []string{"compartment", "period"}, nil)
+	descSpendLeft  = prometheus.NewDesc(Namespace+"_spend_budget_remaining", "What a spend budget has left in its current window (negative when settlement overran it), in units of the policy's currency, by compartment and period.", []string{"compartment", "period"}, nil)
+	descSpendRatio = prometheus.NewDesc(Namespace+"_spend_budget_used_ratio", "Used divided by limit for a spend budget's current window, by compartment and period; for tenant-keyed compartments without tenant labels (<family>/*), the highest ratio among the family's tenants.", []string{"compartment", "period"}, nil)
+	descSpendReset = prometheus.NewDesc(Namespace+"_spend_budget_reset_timestamp_seconds", "When a spend budget's current window ends and the budget resets (Unix time), by compartment and period.", []string{"compartment", "period"}, nil)
+)
+
+// spendCollector reports the spend budgets' windows at scrape time.
+type spendCollector struct{ e *Engine }
+
+func (c *spendCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descSpendLimit, descSpendUsed, descSpendLeft, descSpendRatio, descSpendReset} {
+		ch <- d
+	}
+}
+
+func (c *spendCollector) Collect(ch chan<- prometheus.Metric) {
+	e := c.e
+	s := e.Snapshot()
+	if s == nil || !s.SpendLimits {
+		return
+	}
+	now := e.clock.Now()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for _, b := range s.spendBudgets(now) {
+		switch {
+		case b.Aggregate:
+			gauge(descSpendRatio, b.ratio(), b.Label, b.Period)
+			continue
+		case b.Tenant && !s.tenantLabel:
+			continue // counted in the family's aggregate: tenants are unbounded
+		}
+		gauge(descSpendLimit, b.Limit.Float(), b.Label, b.Period)
+		gauge(descSpendUsed, (b.Spent + b.Reserved).Float(), b.Label, b.Period)
+		gauge(descSpendLeft, (b.Limit - b.Spent - b.Reserved).Float(), b.Label, b.Period)
+		gauge(descSpendRatio, b.ratio(), b.Label, b.Period)
+		gauge(descSpendReset, float64(b.End.Unix()), b.Label, b.Period)
+	}
+}
+
+// SpendBudgetView is one spend budget's current window.
+type SpendBudgetView struct {
+	// Budget is the compartment the budget belongs to; Label its metrics label.
+	Budget, Label string
+	Period        string
+	Start, End    time.Time
+	Limit         spend.Micros
+	Spent         spend.Micros
+	Reserved      spend.Micros
+	// Tenant marks a budget of a tenant-keyed compartment (its overflow compartment aside).
+	Tenant bool
+	// Aggregate marks the line that stands for every tenant of a tenant-keyed family in
+	// metrics without tenant labels (<family>/*): its numbers are those of the tenant closest
+	// to its limit.
+	Aggregate bool
+}
+
+func (b SpendBudgetView) ratio() float64 {
+	if b.Limit <= 0 {
+		return 0
+	}
+	return float64(b.Spent+b.Reserved) / float64(b.Limit)
+}
+
+// SpendView is the state of every spend budget, for /admin/spend.
+type SpendView struct {
+	Currency string
+	TimeZone string
+	// Budgets lists the current window of every spend budget of a compartment the policy has
+	// (even one nothing was spent in yet) and of every tenant compartment with spend in its
+	// current window (evicted tenants included), by budget, then period.
+	Budgets []SpendBudgetView
+}
+
+// Spend returns the state of every spend budget at now.
+func (s *Snapshot) Spend(now time.Time) SpendView {
+	v := SpendView{Currency: s.policy.Currency, TimeZone: s.policy.TimeZone}
+	if !s.SpendLimits {
+		return v
+	}
+	for _, b := range s.spendBudgets(now) {
+		if !b.Aggregate {
+			v.Budgets = append(v.Budgets, b)
+		}
+	}
+	return v
+}
+
+// spendBudgets lists the current windows of every spend budget: static instances' from their
+// limits, tenant instances' from the ledger (an evicted tenant keeps its spend there), plus one
+// aggregate per tenant-keyed family and period for metrics without tenant labels.
+func (s *Snapshot) spendBudgets(now time.Time) []SpendBudgetView {
+	e := s.engine
+	l := e.ledger
+	type key struct{ name, period string }
+	seen := map[key]bool{}
+	var out []SpendBudgetView
+	// One listing of the store for every budget (a shared store answers it in one call).
+	usage := l.Usage(now)
+	byID := make(map[spend.WindowID]spend.Usage, len(usage))
+	for _, u := range usage {
+		byID[u.ID] = u
+	}
+	view := func(b spend.Budget, label string) SpendBudgetView {
+		w := l.Window(b, now)
+		v := SpendBudgetView{Budget: b.Name, Label: label, Period: b.Period.String(), Start: time.Unix(w.ID.Start, 0).In(l.Calendar().Location()),
+			End: w.End, Limit: b.Limit}
+		if u, ok := byID[w.ID]; ok {
+			v.Spent, v.Reserved = u.Spent, u.Reserved
+		}
+		return v
+	}
+	for _, in := range s.staticInstances() {
+		for _, b := range in.spend {
+			out = append(out, view(b, in.name))
+			seen[key{in.name, b.Period.String()}] = true
+		}
+	}
+	dyn := map[string]*family{}
+	for _, f := range s.families {
+		if f.dyn == nil {
+			continue
+		}
+		dyn[f.name] = f
+		f.dyn.mu.Lock()
+		ov := f.dyn.overflow
+		f.dyn.mu.Unlock()
+		if ov == nil {
+			continue
+		}
+		for _, b := range ov.spend {
+			if k := (key{ov.name, b.Period.String()}); !seen[k] {
+				out = append(out, view(b, ov.name))
+				seen[k] = true
+			}
+		}
+	}
+	for _, in := range s.dynamicInstances() {
+		for _, b := range in.spend {
+			if !seen[key{in.name, b.Period.String()}] {
+				v := view(b, in.name)
+				v.Tenant = true
+				out = append(out, v)
+				seen[key{in.name, b.Period.String()}] = true
+			}
+		}
+	}
+	// Tenants evicted from memory (or restored from a saved state) still have spend in the
+	// ledger: they are listed with the limit their window was last reserved with.
+	for _, u := range usage {
+		fam, _, _ := strings.Cut(u.ID.Budget, "/")
+		f := dyn[fam]
+		k := key{u.ID.Budget, u.ID.Period.String()}
+		if f == nil || seen[k] {
+			continue
+		}
+		seen[k] = true
+		out = append(out, SpendBudgetView{Budget: u.ID.Budget, Label: u.ID.Budget, Period: u.ID.Period.String(), Tenant: true,
+			Start: time.Unix(u.ID.Start, 0).In(l.Calendar().Location()), End: u.End, Limit: u.Limit, Spent: u.Spent, Reserved: u.Reserved})
+	}
+	if !s.tenantLabel {
+		agg := map[key]int{}
+		n := len(out)
+		for i := 0; i < n; i++ {
+			b := out[i]
+			fam, _, _ := strings.Cut(b.Budget, "/")
+			if !b.Tenant {
+				continue
+			}
+			k := key{fam + "/*", b.Period}
+			j, ok := agg[k]
+			if !ok {
+				a := b
+				a.Budget, a.Label, a.Aggregate = fam+"/*", fam+"/*", true
+				out = append(out, a)
+				agg[k] = len(out) - 1
+				continue
+			}
+			if b.ratio() > out[j].ratio() {
+				a := b
+				a.Budget, a.Label, a.Aggregate = fam+"/*", fam+"/*", true
+				out[j] = a
+			}
+		}
+	}
+	return out
+}
