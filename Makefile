@@ -22,6 +22,19 @@ help: ## Show this help
 build: ## Build llm-bulkhead, mockllm, envoysim and storm into bin/
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/llm-bulkhead ./cmd/mockllm ./integration/envoysim/cmd/envoysim ./integration/cmd/storm
 
+# The image `make image` builds and tags.
+IMAGE    ?= llm-bulkhead:$(or $(strip $(VERSION)),dev)
+
+.PHONY: image
+image: ## Build the container image from examples/Dockerfile, version stamped (needs a running Docker)
+	@if docker info >/dev/null 2>&1; then \
+	  docker build -f examples/Dockerfile --build-arg VERSION="$(strip $(VERSION))" \
+	    --build-arg REVISION="$$(git rev-parse HEAD 2>/dev/null)" -t "$(IMAGE)" . ; \
+	else \
+	  echo "make image: no Docker daemon reachable here; on a machine with Docker run:"; \
+	  echo "  docker build -f examples/Dockerfile --build-arg VERSION=$(strip $(VERSION)) -t $(IMAGE) ."; \
+	fi
+
 .PHONY: run
 run: ## Run the server with the built-in policy (ext_proc on 127.0.0.1:9002, admin on 127.0.0.1:9090)
 	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/llm-bulkhead serve
@@ -30,7 +43,12 @@ run: ## Run the server with the built-in policy (ext_proc on 127.0.0.1:9002, adm
 test: ## Run every test with the race detector, then each fuzz target for FUZZTIME
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+	$(MAKE) --no-print-directory test-deploy
 	$(MAKE) --no-print-directory fuzz
+
+.PHONY: test-deploy
+test-deploy: ## Validate the Helm chart and the gateway examples in deploy/ (a module of its own)
+	cd deploy && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 .PHONY: test-race
 test-race: ## Run every test with the race detector (no fuzzing)
@@ -44,6 +62,7 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 5s)
 lint: ## go vet and staticcheck
 	$(GO) vet $(PKGS)
 	$(GO) run $(STATICCHECK) $(PKGS)
+	cd deploy && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
 
 .PHONY: bench
 bench: ## Benchmarks: hot paths, and llm-bulkhead against a no-op ext_proc server under the same load
@@ -63,8 +82,9 @@ cluster-demo: ## Three replicas hold the example policy fleet-wide through Redis
 	$(GO) run ./integration/cmd/clusterdemo
 
 .PHONY: storm
-storm: ## The batch-export incident reproduced, four configurations, results in results/storm
+storm: ## The batch-export incident, then the provider brownout (static vs adaptive limits); results in results/storm and results/storm-brownout
 	$(GO) run ./integration/cmd/storm --fast --out results/storm
+	$(GO) run ./integration/cmd/storm --scenario brownout --out results/storm-brownout
 
 .PHONY: clean
 clean: ## Remove build outputs and results

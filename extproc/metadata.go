@@ -90,6 +90,11 @@ func (p *processor) appendMetadataFields(b []byte) []byte {
 		b = appendString(b, "decision", "admitted")
 		b = appendString(b, "compartment", p.dec.compartments)
 	}
+	if d.Verdict == policy.Admit {
+		if amount, ok := p.dec.ticket.SpendReserved(); ok {
+			b = appendNumber(b, "spend_reserved", amount.Float())
+		}
+	}
 	if p.phase == phaseDone && d.Verdict == policy.Admit {
 		st, u := p.res.settled, p.res.outcome.Usage
 		b = appendNumber(b, "prompt_tokens", float64(st.Prompt))
@@ -98,6 +103,12 @@ func (p *processor) appendMetadataFields(b []byte) []byte {
 		b = appendNumber(b, "cached_tokens", float64(u.Cached))
 		b = appendNumber(b, "reasoning_tokens", float64(u.Reasoning))
 		b = appendBool(b, "usage_reported", u.Known)
+		if st.HasCost {
+			b = appendNumber(b, "spend", st.Cost.Float())
+		}
+		if m := p.res.outcome.Model; m != "" {
+			b = appendString(b, "response_model", m)
+		}
 		if e := p.res.outcome.StreamError; e != policy.StreamErrorNone {
 			b = appendString(b, "stream_error", streamErrorNames[e])
 		}

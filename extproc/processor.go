@@ -98,7 +98,13 @@ type responsePart struct {
 	firstToken time.Duration
 	tokenSeen  bool
 	chunkAt    time.Time
-	retryAfter time.Duration
+	// contentBytes is the generated text scanned so far and lastContentAt the arrival of the
+	// chunk that last added to it; contentChunks counts the chunks after the first token's that
+	// added to it. With firstToken they time the tokens of a stream.
+	contentBytes  int64
+	lastContentAt time.Time
+	contentChunks int
+	retryAfter    time.Duration
 	// reading: the response body is scanned for usage.
 	reading bool
 	// scanner is taken from scanners when the response is read, so streams that never reach
@@ -345,7 +351,7 @@ func (p *processor) override(req, res bodyMode) *extprocfilterv3.ProcessingMode 
 // wantBody reports whether deciding needs the request body.
 func (p *processor) wantBody() bool {
 	s := p.snap
-	if s.NeedsBodyForRules || s.TokenLimits || s.RewritesModels {
+	if s.NeedsBodyForRules || s.TokenLimits || s.SpendLimits || s.RewritesModels {
 		// RewritesModels: a re-route may have to rewrite the body's model, which only a reply to
 		// the buffered body can do.
 		return true
@@ -441,7 +447,7 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 	dims := s.Classify(p)
 	p.dec.estimate = s.Estimate(dims.Model, size)
 	r := policy.Request{Dims: dims, Estimate: p.dec.estimate, PromptBytes: size.PromptBytes,
-		CanRewriteModel: at == msgRequestBody && p.req.bodyOK}
+		CanRewriteModel: at == msgRequestBody && p.req.bodyOK, Stream: p.req.bodyOK && p.req.fields.Stream}
 	d := e.Admit(p.ctx, s, &r, &p.dec.ticket, p.onQueueFn)
 	p.traceDecided(d, true)
 	if d.Verdict != policy.Admit {
@@ -582,6 +588,10 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 		ce, _ := p.Header("content-encoding")
 		p.res.scanner = scanners.Get().(*llmapi.UsageScanner)
 		p.res.scanner.Reset(p.req.api, ct, ce)
+		if p.snap.SpendLimits {
+			// Spend is priced by the model that answered.
+			p.res.scanner.SniffModel()
+		}
 	} else if bodyComing && p.snap.Settings().AllowModeOverride {
 		// Nothing to read in an error response: ask Envoy not to send its body at all.
 		resp.ModeOverride = p.override(p.reqBodyMode, extprocfilterv3.ProcessingMode_NONE)
@@ -604,16 +614,12 @@ func (p *processor) onResponseBody(b *extprocv3.HttpBody) *extprocv3.ProcessingR
 			// Reply first, read after: the client's stream must not wait for the scan. The
 			// first token's time is when its chunk arrived, not when it was scanned.
 			p.res.pending = b.Body
-			if !p.res.tokenSeen {
-				p.res.chunkAt = p.srv.engine.Now()
-			}
+			p.res.chunkAt = p.srv.engine.Now()
 		}
 		return continueResponseBody
 	}
 	if p.res.reading {
-		if !p.res.tokenSeen {
-			p.res.chunkAt = p.srv.engine.Now()
-		}
+		p.res.chunkAt = p.srv.engine.Now()
 		p.res.scanner.Write(b.Body)
 		p.noteFirstToken()
 	}
@@ -634,12 +640,59 @@ func (p *processor) afterSend(resp *extprocv3.ProcessingResponse) {
 }
 
 // noteFirstToken records, once the scanner has seen the first token, the arrival of the chunk
-// just scanned.
+// just scanned, and reports it to the ticket when the response streams (adaptive limits learn
+// from it before the answer ends). In a stream it also notes when generated text last came.
 func (p *processor) noteFirstToken() {
 	if !p.res.tokenSeen && p.res.scanner.FirstToken() {
 		p.res.tokenSeen = true
 		p.res.firstToken = p.res.chunkAt.Sub(p.dec.admittedAt)
+		if p.res.scanner.Streaming() {
+			p.dec.ticket.FirstToken(p.res.firstToken)
+		}
 	}
+	if p.res.tokenSeen && p.res.scanner.Streaming() {
+		if n := p.res.scanner.ContentBytes(); n > p.res.contentBytes {
+			if p.res.contentBytes > 0 && p.res.chunkAt.After(p.res.lastContentAt) {
+				p.res.contentChunks++
+			}
+			p.res.contentBytes, p.res.lastContentAt = n, p.res.chunkAt
+		}
+	}
+}
+
+// An inter-token latency is measured only from text that arrived in at least
+// minContentChunks chunks after the first token's, at least minChunkGap apart on average:
+// a stream delivered in a burst (buffered on the way, or read late by a stalled process)
+// times the delivery, not the decode.
+const (
+	minContentChunks = 2
+	minChunkGap      = time.Millisecond
+)
+
+// interToken is the mean time between the tokens of a streamed answer after its first: from
+// the first token's chunk to the last chunk with generated text, over the tokens that came
+// after the first (the completion count reported, else the text seen at bytesPerToken). 0 when
+// the response did not stream, had fewer than two tokens, or came in a burst (see
+// minContentChunks).
+func (p *processor) interToken(u llmapi.Usage, bytesPerToken float64) time.Duration {
+	if !p.res.tokenSeen || p.res.scanner == nil || !p.res.scanner.Streaming() {
+		return 0
+	}
+	span := p.res.lastContentAt.Sub(p.dec.admittedAt.Add(p.res.firstToken))
+	if p.res.contentChunks < minContentChunks || span < time.Duration(p.res.contentChunks)*minChunkGap {
+		return 0
+	}
+	tokens := u.CompletionTokens - u.ReasoningTokens
+	if !u.Known || tokens <= 0 {
+		if bytesPerToken <= 0 {
+			bytesPerToken = 4
+		}
+		tokens = int64(float64(p.res.contentBytes) / bytesPerToken)
+	}
+	if tokens < 2 {
+		return 0
+	}
+	return span / time.Duration(tokens-1)
 }
 
 // complete settles a request whose response finished normally.
@@ -721,8 +774,10 @@ func (p *processor) settle(cancelled bool) {
 		o.Usage = policy.Usage{Prompt: u.PromptTokens, Completion: u.CompletionTokens, Total: u.TotalTokens,
 			Cached: u.CachedTokens, Reasoning: u.ReasoningTokens, Known: u.Known, PromptKnown: u.PromptKnown, ContentBytes: u.ContentBytes}
 		o.StreamError = streamError(u.Error)
+		o.Model = p.res.scanner.Model()
 		// A body read to its end without a token waited for one all along.
 		o.TTFB = o.Duration
+		o.InterToken = p.interToken(u, p.dec.estimate.BytesPerToken)
 	}
 	if p.res.tokenSeen {
 		o.TTFB = p.res.firstToken

@@ -32,6 +32,9 @@ const (
 	// tightest per-minute token budget of the request's compartments.
 	HeaderRemainingTokens = "x-ratelimit-remaining-tokens"
 	HeaderResetTokens     = "x-ratelimit-reset-tokens"
+	// HeaderSpendReset is when the spend budget that refused a request resets (the end of its
+	// window), in RFC 3339 with the offset of the policy's time_zone.
+	HeaderSpendReset = "x-bulkhead-spend-reset"
 )
 
 // Plain CONTINUE replies, one of each type, shared by every stream: most messages need nothing
@@ -151,7 +154,7 @@ func setHeader(key, value string) *corev3.HeaderValueOption {
 // body that cannot be read.
 func refusalStatus(r policy.Reason, api llmapi.API) int {
 	switch r {
-	case policy.ReasonTokenBudget, policy.ReasonRateLimit:
+	case policy.ReasonTokenBudget, policy.ReasonRateLimit, policy.ReasonSpendBudget:
 		return 429
 	case policy.ReasonBadRequest:
 		return 400
@@ -183,7 +186,7 @@ func refusalBody(d policy.Decision, api llmapi.API, requestID string) []byte {
 	if api.Anthropic() {
 		typ := "overloaded_error"
 		switch d.Reason {
-		case policy.ReasonTokenBudget, policy.ReasonRateLimit:
+		case policy.ReasonTokenBudget, policy.ReasonRateLimit, policy.ReasonSpendBudget:
 			typ = "rate_limit_error"
 		case policy.ReasonBadRequest:
 			typ = "invalid_request_error"
@@ -203,6 +206,9 @@ func refusalBody(d policy.Decision, api llmapi.API, requestID string) []byte {
 	switch d.Reason {
 	case policy.ReasonTokenBudget, policy.ReasonRateLimit:
 		typ = "rate_limit_exceeded"
+	case policy.ReasonSpendBudget:
+		// OpenAI's own error for a spending limit reached.
+		typ = "insufficient_quota"
 	case policy.ReasonBadRequest:
 		typ = "invalid_request_error"
 	}
@@ -244,6 +250,9 @@ func immediateReply(d policy.Decision, api llmapi.API, r refusal) *extprocv3.Pro
 	)
 	if d.Compartment != "" {
 		headers = append(headers, setHeader(HeaderCompartment, d.Compartment))
+	}
+	if d.Reason == policy.ReasonSpendBudget && !d.SpendReset.IsZero() {
+		headers = append(headers, setHeader(HeaderSpendReset, d.SpendReset.Format(time.RFC3339)))
 	}
 	if d.Reason != policy.ReasonBadRequest {
 		ms := retryAfterMillis(d)

@@ -7,10 +7,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/llm-bulkhead/llm-bulkhead/policy/adaptive"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/breaker"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
 )
 
 // Reason is a stable refusal code, used alike in the x-bulkhead-reason header, metrics and
@@ -33,6 +35,9 @@ const (
 	// ReasonClusterUnavailable: limits are shared through Redis, Redis is slow or gone, and
 	// cluster.on_unavailable is closed.
 	ReasonClusterUnavailable Reason = "cluster_unavailable"
+	// ReasonSpendBudget: a spend budget (spend_per_hour, spend_per_day, spend_per_month) cannot
+	// cover the request's worst-case cost until its window resets.
+	ReasonSpendBudget Reason = "spend_budget"
 )
 
 // Sentinel errors for each refusal reason; Decision.Err wraps one, for errors.Is.
@@ -46,6 +51,7 @@ var (
 	ErrCancelled    = context.Canceled
 	// ErrClusterUnavailable: the shared state could not be reached and the policy refuses then.
 	ErrClusterUnavailable = errors.New("cluster state unavailable")
+	ErrSpendBudget        = errors.New("spend budget exhausted")
 )
 
 // Verdict is what to do with a request.
@@ -82,6 +88,8 @@ type Decision struct {
 	// Limits are the refusing compartment's window that had no room, for a rate_limit or
 	// token_budget refusal by a request rate or token budget; empty otherwise.
 	Limits RefusalLimits
+	// SpendReset is when the refusing spend budget's window ends (a spend_budget refusal).
+	SpendReset time.Time
 }
 
 // Err returns nil for an admission, else an error wrapping the reason's sentinel.
@@ -105,6 +113,8 @@ func (d Decision) Err() error {
 		base = ErrCancelled
 	case ReasonClusterUnavailable:
 		base = ErrClusterUnavailable
+	case ReasonSpendBudget:
+		base = ErrSpendBudget
 	default:
 		base = ErrBulkheadFull
 	}
@@ -137,6 +147,8 @@ func (d Decision) Message() string {
 		return "The client went away while the request was queued."
 	case ReasonClusterUnavailable:
 		return fmt.Sprintf("The service cannot check its shared limits right now. Retry after %d %s.", secs, unit)
+	case ReasonSpendBudget:
+		return fmt.Sprintf("Spend budget of %s is used up until %s. Retry after %d %s.", d.Compartment, d.SpendReset.UTC().Format(time.RFC3339), secs, unit)
 	}
 	return fmt.Sprintf("Compartment %s is at capacity. Retry after %d %s.", d.Compartment, secs, unit)
 }
@@ -151,6 +163,9 @@ type Request struct {
 	// the whole body, a JSON object). Without it, a re-route to a provider whose models map
 	// would change the model does not happen.
 	CanRewriteModel bool
+	// Stream reports that the request asks for a streamed answer: adaptive limits then follow
+	// its wait for the first token (see Ticket.FirstToken).
+	Stream bool
 }
 
 // maxCompartments bounds the compartments one request can be in (one per family).
@@ -181,11 +196,18 @@ type Ticket struct {
 	grantedAt time.Time
 	active    bool
 	done      atomic.Bool
+	// firstToken: FirstToken reported the first token to adaptive limits.
+	firstToken atomic.Bool
+	// handles are the request's handles in the adaptive limits of its compartments.
+	handles [maxCompartments]adaptive.Handle
 
 	// mode says where the admission's limits were enforced (cluster mode only).
 	mode ticketMode
 	// shared holds a cluster admission's lease and windows (allocated on first use).
 	shared *sharedTicket
+	// spend holds the reservation in spend budgets (allocated on first use, only by requests
+	// that a spend budget applies to).
+	spend *spend.Reservation
 }
 
 // ticketMode says where an admission's limits were enforced.
@@ -342,6 +364,7 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 	t.engine, t.snap, t.dims, t.est, t.bytes = e, s, dims, r.Estimate, r.PromptBytes
 	t.n, t.brk, t.active, t.mode = 0, nil, false, ticketLocal
 	t.done.Store(false)
+	t.firstToken.Store(false)
 	for _, f := range s.families {
 		if !f.applies(&dims) {
 			continue
@@ -435,6 +458,11 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 		}
 	}
 
+	// 3b. Spend budgets, reserved at the worst-case cost.
+	if d, refused := e.reserveSpend(ctx, s, r, dims, t, now); refused {
+		return d
+	}
+
 	// 4. Concurrency and in-flight tokens, possibly waiting.
 	want := t.want(tokens, dims.Tenant, now)
 	if !deadline.IsZero() {
@@ -453,6 +481,7 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 	}
 	t.grantedAt = e.clock.Now()
 	t.active = true
+	t.startAdaptive(r.Stream)
 	if e.cluster != nil {
 		e.trackLocal(s, t, tokens)
 	}
@@ -543,6 +572,9 @@ func (t *Ticket) undo(now time.Time) {
 		t.brk.Release(t.permit)
 		t.brk = nil
 	}
+	if t.spend != nil {
+		t.spend.Release(now)
+	}
 	t.n = 0
 }
 
@@ -578,6 +610,12 @@ type Outcome struct {
 	RetryAfter time.Duration
 	// Usage is what the response reported.
 	Usage Usage
+	// Model is the model the response says answered (its model field), empty when it did not
+	// say; spend is priced by it.
+	Model string
+	// InterToken is the mean time between tokens after the first in a streamed response (0
+	// when it did not stream or had fewer than two tokens); adaptive limits read it.
+	InterToken time.Duration
 }
 
 // StreamError classifies an error reported inside a successful response.
@@ -615,6 +653,10 @@ type Settled struct {
 	// Clamped reports that the response claimed more than the request could have cost and was
 	// settled at that bound instead.
 	Clamped bool
+	// Cost is what the request was charged in its spend budgets (HasCost: a spend budget
+	// applied to it).
+	Cost    spend.Micros
+	HasCost bool
 }
 
 // maxReported bounds any one reported count before arithmetic (2^40, about 10^12 tokens).
@@ -694,6 +736,7 @@ func (t *Ticket) Done(o Outcome) (settled Settled) {
 		e.inflight.Add(-1)
 	}()
 	e.sched.Release(t.set[:t.n], t.held[:t.n], t.grantedAt, now)
+	t.observeAdaptive(o, now)
 	if t.brk != nil {
 		bs := s.providers[t.dims.Provider].breakers
 		outcome, d, openFor := bs.judge.outcome(o)
@@ -702,6 +745,7 @@ func (t *Ticket) Done(o Outcome) (settled Settled) {
 		bs.holdFor(t.dims.Tenant, o.Status, openFor, t.brk, now)
 	}
 	settled = t.Settle(o)
+	settled.Cost, settled.HasCost = t.settleSpend(o, settled, now)
 	switch t.mode {
 	case ticketShared:
 		e.cluster.store.Settle(t.shared.lease, settled.Total, t.shared.windows)

@@ -31,6 +31,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
 )
 
 // Clock tells the time. Policy code asks a Clock instead of calling time.Now, so tests can
@@ -56,6 +57,8 @@ type Options struct {
 	// Cluster connects to the shared state the policy's cluster section names (the server does;
 	// validation does not). Without it, or without a cluster section, limits are per process.
 	Cluster bool
+	// SpendStore keeps the sums of spend budgets. Default: in this process's memory.
+	SpendStore spend.Store
 }
 
 // Engine holds the live policy and all state that outlives a policy reload: compartments,
@@ -88,6 +91,9 @@ type Engine struct {
 	// share divides every limit while the shared state is unavailable (1 otherwise); snapshots
 	// are built with it.
 	share atomic.Int64
+	// ledger keeps spend budgets' windows; spendMetrics count what they reserve and settle.
+	ledger       *spend.Ledger
+	spendMetrics *spendMetrics
 }
 
 // NewEngine builds an engine running policy p.
@@ -101,7 +107,9 @@ func NewEngine(p *config.Policy, o Options) (*Engine, error) {
 	e := &Engine{clock: o.Clock, log: o.Logger, sched: &bulkhead.Scheduler{Now: o.Clock.Now},
 		retired: map[string]*instance{}, retiredDyn: map[string]*dynStore{}}
 	e.est = newEstimator()
+	e.ledger = spend.NewLedger(o.SpendStore)
 	e.metrics = newMetrics(e, o.Registerer)
+	e.spendMetrics = newSpendMetrics(e, o.Registerer)
 	e.sched.OnWait = e.metrics.observeWait
 	e.share.Store(1)
 	if _, err := e.Apply(p); err != nil {
@@ -288,6 +296,11 @@ type Snapshot struct {
 	RewritesModels bool
 	// TokenLimits reports whether any compartment limits tokens (so estimates matter).
 	TokenLimits bool
+	// SpendLimits reports whether any compartment has a spend budget (so estimates, and the
+	// model a response names, matter).
+	SpendLimits bool
+	// prices is the compiled prices list.
+	prices *spend.Prices
 }
 
 // buildSteps names the steps of building a snapshot, in order.
@@ -317,6 +330,8 @@ type featureEntry struct {
 	ratio   float64
 	degrade *config.Degrade
 	stats   *featureMetrics
+	// spend counts the feature's spend (nil while the policy has no spend budget).
+	spend *spendCounters
 }
 
 // providerEntry is everything per provider the hot path needs.
@@ -414,6 +429,7 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 	}
 	s.buildFamilies(prev)
 	s.TokenLimits = p.AnyTokenLimits()
+	s.buildSpend()
 	if err := e.buildStep("families"); err != nil {
 		return nil, err
 	}
@@ -502,6 +518,9 @@ func (s *Snapshot) buildPools() error {
 			in := byName[m.Compartment]
 			if in == nil {
 				return fmt.Errorf("pool %s: compartment %s does not exist", pc.Name, m.Compartment)
+			}
+			if in.limits.Adaptive.On() {
+				return fmt.Errorf("pool %s: compartment %s has max_concurrent: adaptive; a pool member's concurrency is its share of the pool, so it cannot also be learned", pc.Name, m.Compartment)
 			}
 			maxv := m.Max
 			if maxv == 0 {

@@ -9,6 +9,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
 )
 
 type dim uint8
@@ -54,6 +55,10 @@ type instance struct {
 	// dynamic marks instances created on demand for a tenant.
 	dynamic bool
 	gen     uint64
+	// spend are the compartment's spend budgets (none without spend_per_* limits).
+	spend []spend.Budget
+	// adaptive is the compartment's learned limit (nil unless max_concurrent is adaptive).
+	adaptive *adaptiveLimit
 }
 
 // family is a compiled compartment family.
@@ -187,6 +192,7 @@ func (s *Snapshot) newDynamic(f *family, d *Dims) *instance {
 	in.limits = s.limitsFor(f, d)
 	in.c = bulkhead.NewCompartment(in.name, compartmentLimits(in.limits))
 	s.attachBudgets(in, nil)
+	s.attachAdaptive(in, nil, false)
 	return in
 }
 
@@ -198,6 +204,7 @@ func (s *Snapshot) refreshDynamic(f *family, in *instance, d *Dims) *instance {
 	fresh.limits = s.limitsFor(f, d)
 	s.engine.sched.SetLimits(fresh.c, compartmentLimits(fresh.limits)) // s is live: apply now
 	s.attachBudgets(fresh, in)
+	s.attachAdaptive(fresh, in, false)
 	return fresh
 }
 
@@ -304,6 +311,7 @@ func (s *Snapshot) attachBudgets(in, prev *instance) {
 	if prev != nil {
 		otpm, otpd, orpm = prev.tpm, prev.tpd, prev.rpm
 	}
+	in.spend = spendBudgets(in.name, in.limits)
 	in.tpm = pick(otpm, in.limits.TokensPerMinute, time.Minute)
 	in.tpd = pick(otpd, in.limits.TokensPerDay, 24*time.Hour)
 	in.rpm = pick(orpm, in.limits.RequestsPerMinute, time.Minute)
@@ -481,6 +489,7 @@ func (s *Snapshot) adopt(in, prev *instance) {
 		in.c = bulkhead.NewCompartment(in.name, compartmentLimits(in.limits))
 	}
 	s.attachBudgets(in, prev)
+	s.attachAdaptive(in, prev, prev != nil)
 }
 
 // staticInstances lists every static instance in family order, then name order.

@@ -17,7 +17,7 @@ import (
 const Namespace = "llm_bulkhead"
 
 // reasons indexes per-reason counters on the hot path.
-var reasons = [...]Reason{ReasonTokenBudget, ReasonRateLimit, ReasonBulkheadFull, ReasonCircuitOpen, ReasonBadRequest, ReasonServerBusy, ReasonCancelled, ReasonClusterUnavailable}
+var reasons = [...]Reason{ReasonTokenBudget, ReasonRateLimit, ReasonBulkheadFull, ReasonCircuitOpen, ReasonBadRequest, ReasonServerBusy, ReasonCancelled, ReasonSpendBudget, ReasonClusterUnavailable}
 
 func reasonIndex(r Reason) int {
 	for i, x := range reasons {
@@ -84,7 +84,7 @@ func newMetrics(e *Engine, reg prometheus.Registerer) *metrics {
 		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "admitted_total",
 			Help: "Requests admitted, by feature."}, []string{"feature"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "rejected_total",
-			Help: "Requests refused, by feature and reason (token_budget, rate_limit, bulkhead_full, circuit_open, bad_request, cancelled)."}, []string{"feature", "reason"}),
+			Help: "Requests refused, by feature and reason (token_budget, rate_limit, bulkhead_full, circuit_open, bad_request, spend_budget, cancelled)."}, []string{"feature", "reason"}),
 		rerouted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "rerouted_total",
 			Help: "Requests re-routed to another provider instead of refused, by feature, from and to provider, and the reason the first provider refused."}, []string{"feature", "from", "to", "reason"}),
 		rerouteNoModel: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "reroute_unmapped_total",
@@ -215,6 +215,9 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 		descBrSlow, descBrWouldOpen, descInflightReq, descGen} {
 		ch <- d
 	}
+	for _, d := range adaptiveDescs {
+		ch <- d
+	}
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -269,6 +272,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		st := e.sched.Stats(in.c)
 		emit(in.name, in.family.name, st, true)
 		budgets(in.name, in)
+		collectAdaptive(ch, in.name, in)
 		shadowBulkhead[in.name] += st.ShadowRefusals
 	}
 	tenantLabel := s.policy.Admin.TenantLabel
@@ -279,6 +283,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		if tenantLabel {
 			emit(in.name, in.family.name, st, true)
 			budgets(in.name, in)
+			collectAdaptive(ch, in.name, in)
 			shadowBulkhead[in.name] += st.ShadowRefusals
 			continue
 		}

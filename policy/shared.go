@@ -13,6 +13,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
 )
 
 // clusterState is the engine's side of cluster mode: the shared store, what the engine knows of
@@ -99,6 +100,13 @@ func (e *Engine) openCluster(p *config.Policy, reg prometheus.Registerer) error 
 		return err
 	}
 	cs.store = st
+	if _, ok := e.ledger.Store().(*spend.MemoryStore); ok {
+		// Spend budgets are shared too, unless the caller gave a store of its own. No request
+		// has been served yet: nothing is in the memory store.
+		l := spend.NewLedger(spend.NewRedisStore(st))
+		l.Configure(e.ledger.Currency(), e.ledger.Calendar())
+		e.ledger = l
+	}
 	go e.shareWorker()
 	return nil
 }
@@ -285,6 +293,9 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 		t.undo(now)
 		return d
 	}
+	if d, refused := e.reserveSpend(ctx, s, r, dims, t, now); refused {
+		return d
+	}
 	sh := t.shared
 	if sh == nil {
 		sh = &sharedTicket{}
@@ -412,14 +423,20 @@ func (e *Engine) sharedRequest(s *Snapshot, t *Ticket, sh *sharedTicket, tokens 
 	}
 	for i := 0; i < t.n; i++ {
 		l := t.insts[i].limits
-		if l.MaxConcurrent <= 0 && l.MaxInflightTokens <= 0 {
+		maxConcurrent := l.MaxConcurrent
+		if l.Adaptive.On() {
+			// An adaptive limit is each replica's own (learned from its own requests), enforced
+			// here alone; only in-flight tokens are shared.
+			maxConcurrent = 0
+		}
+		if maxConcurrent <= 0 && l.MaxInflightTokens <= 0 {
 			continue
 		}
 		held := tokens
 		if l.MaxInflightTokens > 0 {
 			held = min(tokens, l.MaxInflightTokens)
 		}
-		sh.slots = append(sh.slots, cluster.Slot{Name: t.insts[i].name, Max: l.MaxConcurrent, MaxTokens: l.MaxInflightTokens,
+		sh.slots = append(sh.slots, cluster.Slot{Name: t.insts[i].name, Max: maxConcurrent, MaxTokens: l.MaxInflightTokens,
 			Tokens: held, Shadow: l.Shadow})
 		sh.slotOwner = append(sh.slotOwner, i)
 	}

@@ -39,6 +39,10 @@ type CompartmentView struct {
 	// (<family>/_overflow), so that the dashboard can say what it is and how near the family is
 	// to needing it.
 	Overflow *OverflowView `json:"overflow,omitempty"`
+
+	// Adaptive is set on compartments with max_concurrent: adaptive: the learned limit (also
+	// in MaxConcurrent), its baselines and last signals.
+	Adaptive *AdaptiveView `json:"adaptive,omitempty"`
 }
 
 // OverflowView describes a tenant-keyed family's overflow compartment: new tenants share it
@@ -89,6 +93,9 @@ func (e *Engine) Compartments() []CompartmentView {
 		}
 		if st.Pool != "" {
 			v.MaxConcurrent = st.PoolMax
+		}
+		if in.adaptive != nil {
+			v.Adaptive = in.adaptive.view()
 		}
 		if in.limits.HasMaxWait {
 			v.MaxWait = in.limits.MaxWait.String()

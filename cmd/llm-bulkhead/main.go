@@ -3,13 +3,14 @@
 //
 // Usage:
 //
-//	llm-bulkhead [serve] [--config FILE] [--grpc-addr ADDR] [--admin-addr ADDR] [--admin-insecure] [--log-level LEVEL] [--watch=true]
+//	llm-bulkhead [serve] [--config FILE] [--grpc-addr ADDR] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--admin-addr ADDR] [--admin-insecure] [--log-level LEVEL] [--watch=true]
 //	llm-bulkhead validate [--config FILE] [--explain] [FILE]
-//	llm-bulkhead envoy-config [--config FILE] [--cluster NAME] [--address HOST:PORT]
-//	llm-bulkhead health [--addr HOST:PORT] [--service NAME] [--timeout DURATION]
+//	llm-bulkhead envoy-config [--config FILE] [--cluster NAME] [--address ADDR] [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE] [--tls-server-name NAME]
+//	llm-bulkhead health [--addr ADDR] [--service NAME] [--timeout DURATION] [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE] [--tls-server-name NAME]
 //	llm-bulkhead version (or --version)
 //	llm-bulkhead help [COMMAND] (or -h; every command takes -h)
 //
+// ADDR is host:port, or unix:///path for a unix domain socket.
 // Without --config the server runs the policy built into the binary (examples/policy.yaml).
 // An admin address that is not loopback needs the admin token (LLM_BULKHEAD_ADMIN_TOKEN), which
 // then guards /admin/* and the dashboard too, or --admin-insecure to serve it without one.
@@ -57,13 +58,13 @@ var commands []*command
 
 func init() {
 	commands = []*command{
-		{"serve", "[--config FILE] [--grpc-addr ADDR] [--admin-addr ADDR] [--admin-insecure] [--log-level LEVEL] [--watch=BOOL]",
+		{"serve", "[--config FILE] [--grpc-addr ADDR] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--admin-addr ADDR] [--admin-insecure] [--log-level LEVEL] [--watch=BOOL]",
 			"run the ext_proc server and the admin listener (the default command)", serve},
 		{"validate", "[--config FILE] [--explain] [FILE]",
 			"check a policy file and print every problem, or a summary of the effective policy", validate},
-		{"envoy-config", "[--config FILE] [--cluster NAME] [--address HOST:PORT]",
+		{"envoy-config", "[--config FILE] [--cluster NAME] [--address ADDR] [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE] [--tls-server-name NAME]",
 			"print the Envoy ext_proc filter and cluster matching a policy", envoyConfig},
-		{"health", "[--addr HOST:PORT] [--service NAME] [--timeout DURATION]",
+		{"health", "[--addr ADDR] [--service NAME] [--timeout DURATION] [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE] [--tls-server-name NAME]",
 			"ask a running server's gRPC health service; exit 0 only when it is SERVING", healthCheck},
 		{"version", "", "print the version, commit, Go version, build tags and platform", printVersion},
 		{"help", "[COMMAND]", "list the commands, or describe one", help},
@@ -208,11 +209,15 @@ func serve(c *command, ctx context.Context, args, env []string, stdout, stderr i
 	fs := c.flags()
 	var o app.Options
 	fs.StringVar(&o.ConfigPath, "config", "", "policy file (default: the built-in examples/policy.yaml)")
-	fs.StringVar(&o.GRPCAddr, "grpc-addr", "", "ext_proc gRPC listen address (default: the policy's server.grpc_addr, 127.0.0.1:9002)")
+	fs.StringVar(&o.GRPCAddr, "grpc-addr", "", "ext_proc gRPC listen address, host:port or unix:///path (default: the policy's server.grpc_addr, 127.0.0.1:9002)")
+	fs.StringVar(&o.TLS.Cert, "tls-cert", "", "ext_proc listener's certificate chain (PEM), reloaded when it changes; the listener then speaks TLS only (default: the policy's server.tls_cert)")
+	fs.StringVar(&o.TLS.Key, "tls-key", "", "private key (PEM) of --tls-cert (default: the policy's server.tls_key)")
+	fs.StringVar(&o.TLS.ClientCA, "tls-client-ca", "", "CAs (PEM) that sign Envoy's client certificates: require mutual TLS (default: the policy's server.tls_client_ca)")
 	fs.StringVar(&o.AdminAddr, "admin-addr", "", "admin HTTP listen address (default: the policy's server.admin_addr, 127.0.0.1:9090)")
 	fs.BoolVar(&o.AdminInsecure, "admin-insecure", false, "serve a non-loopback admin address without an admin token, to anyone who can connect (logs a warning)")
 	fs.StringVar(&o.LogLevel, "log-level", "", "debug, info, warn or error (default: the policy's server.log_level, info)")
 	fs.BoolVar(&o.Watch, "watch", true, "reload the policy file when it changes (SIGHUP always reloads)")
+	fs.StringVar(&o.SpendState, "spend-state", "", "file keeping spend budgets' spend across restarts (default: the policy's spend.state_file; none: memory only)")
 	if code, ok := c.parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
@@ -232,7 +237,8 @@ func serve(c *command, ctx context.Context, args, env []string, stdout, stderr i
 			return 2
 		}
 		var exposed *app.ExposedAdminError
-		if errors.As(err, &exposed) {
+		var listener *app.ListenerError
+		if errors.As(err, &exposed) || errors.As(err, &listener) {
 			fmt.Fprintln(stderr, "llm-bulkhead: not starting:", err)
 			return 2
 		}
@@ -269,6 +275,10 @@ func validate(c *command, _ context.Context, args, env []string, stdout, stderr 
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 2
 	}
+	if err := app.CheckListenerTLS(p); err != nil {
+		fmt.Fprintf(stderr, "%s: server TLS: %v\n", name, err)
+		return 2
+	}
 	fmt.Fprintf(stdout, "%s: OK — %s\n", name, sum.Line())
 	for _, w := range sum.Warnings() {
 		fmt.Fprintf(stderr, "%s: warning: %s\n", name, w)
@@ -300,7 +310,12 @@ func envoyConfig(c *command, _ context.Context, args, env []string, stdout, stde
 	fs := c.flags()
 	path := fs.String("config", "", "policy file (default: the built-in policy)")
 	cluster := fs.String("cluster", "llm_bulkhead", "name of the Envoy cluster that reaches this server")
-	addr := fs.String("address", "", "address Envoy uses to reach this server (default: the policy's server.grpc_addr)")
+	addr := fs.String("address", "", "address Envoy uses to reach this server, host:port or unix:///path (default: the policy's server.grpc_addr)")
+	var ec app.EnvoyCluster
+	fs.StringVar(&ec.CA, "tls-ca", "", "CA bundle (PEM) with which Envoy verifies the server's certificate, as a path on Envoy's machine; needed when the server speaks TLS")
+	fs.StringVar(&ec.ClientCert, "tls-client-cert", "", "Envoy's client certificate (PEM) for mutual TLS, as a path on Envoy's machine; needed when the policy sets server.tls_client_ca")
+	fs.StringVar(&ec.ClientKey, "tls-client-key", "", "private key (PEM) of --tls-client-cert, as a path on Envoy's machine")
+	fs.StringVar(&ec.ServerName, "tls-server-name", "", "SNI Envoy sends and the DNS name it requires in the server's certificate (default: the host of --address)")
 	if code, ok := c.parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
@@ -313,10 +328,11 @@ func envoyConfig(c *command, _ context.Context, args, env []string, stdout, stde
 		fmt.Fprintf(stderr, "%s:\n%v\n", name, err)
 		return 2
 	}
-	out, err := app.EnvoyConfig(p, *cluster, *addr)
+	ec.Name, ec.Address = *cluster, *addr
+	out, err := app.EnvoyConfigFor(p, ec)
 	if err != nil {
-		fmt.Fprintln(stderr, err)
-		return 1
+		fmt.Fprintln(stderr, "llm-bulkhead envoy-config:", err)
+		return 2
 	}
 	_, _ = stdout.Write(out)
 	return 0

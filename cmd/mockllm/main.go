@@ -41,7 +41,8 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 A fake OpenAI- and Anthropic-compatible LLM provider. Endpoints: POST
 /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses,
 /v1/messages (JSON and SSE), GET /v1/models; admin: GET /mockllm/requests,
-GET /mockllm/stats, GET|POST /mockllm/faults, POST /mockllm/reset,
+GET /mockllm/stats, GET|POST /mockllm/faults, POST /mockllm/capacity
+({"capacity": N}: the capacity from now on), POST /mockllm/reset,
 GET /mockllm/healthz.
 
 Per-request headers: x-mockllm-status, x-mockllm-retry-after,
@@ -50,7 +51,14 @@ x-mockllm-stream-error, x-mockllm-disconnect-after, x-mockllm-no-usage,
 x-mockllm-fail-rate, x-mockllm-gzip, x-mockllm-completion-tokens,
 x-mockllm-cached-tokens, x-mockllm-reasoning-tokens,
 x-mockllm-report-prompt-tokens, x-mockllm-report-completion-tokens,
-x-mockllm-report-total-tokens.
+x-mockllm-report-total-tokens. Response headers: x-mockllm-prompt-tokens,
+x-mockllm-completion-tokens, x-mockllm-request-id, x-mockllm-queue-wait
+(simulated seconds the request queued for a capacity slot).
+
+Capacity: requests beyond -capacity (or the capacity -capacity-schedule has
+in force) wait in one FIFO queue; the wait adds to their time to first byte,
+and the pace of streamed tokens does not change with load unless
+-decode-slowdown says so.
 
 Flags:
 `)
@@ -62,6 +70,14 @@ Flags:
 	fs.Float64Var(&cfg.opts.TimeScale, "time-scale", 1, "multiplies every simulated delay; 0.01 runs 100x faster")
 	fs.Uint64Var(&cfg.opts.Seed, "seed", 1, "seed of the random jitter and fail-rate draws (same seed and request order, same run)")
 	fs.IntVar(&cfg.opts.Capacity, "capacity", 0, "requests processed at once by the whole provider; others wait FIFO (0: unlimited)")
+	fs.Func("capacity-schedule", "`capacity@offset,...`: a capacity that changes during the run, e.g. 10@0s,4@10s,10@25s (10 at once, 4 from 10 s, 10 again from 25 s; simulated time since start, restarted by POST /mockllm/reset; first step at 0s, offsets increasing; excludes -capacity)", func(v string) error {
+		sc, err := mock.ParseCapacitySchedule(v)
+		if err != nil {
+			return err
+		}
+		cfg.opts.CapacitySchedule = sc
+		return nil
+	})
 	fs.Func("provider-capacity", "`name=N`: requests processed at once for x-llm-provider value name, on top of -capacity (repeatable)", func(v string) error {
 		name, n, ok := strings.Cut(v, "=")
 		if !ok || name == "" {
@@ -80,6 +96,7 @@ Flags:
 	fs.Float64Var(&cfg.opts.Latency.JitterMin, "jitter-min", mock.DefaultJitterMin, "lower bound of the uniform factor applied to each latency")
 	fs.Float64Var(&cfg.opts.Latency.JitterMax, "jitter-max", mock.DefaultJitterMax, "upper bound of the uniform factor applied to each latency")
 	fs.Float64Var(&cfg.opts.Latency.TTFBFraction, "ttfb-fraction", mock.DefaultTTFBFraction, "share of a stream's latency before its first byte; the rest is spread over the chunks")
+	fs.Float64Var(&cfg.opts.Latency.DecodeSlowdown, "decode-slowdown", 0, "stretch a request's time after its first byte by this fraction per other request in service when it starts (a batching server's decode slowing with its batch; 0: pace independent of load)")
 	fs.IntVar(&cfg.opts.ChunkTokens, "chunk-tokens", mock.DefaultChunkTokens, "completion tokens per streamed content event")
 	fs.IntVar(&cfg.opts.EmbeddingDimensions, "embedding-dimensions", mock.DefaultEmbeddingDimensions, "embedding vector length when the request gives no dimensions")
 	fs.IntVar(&cfg.opts.RequestLogSize, "request-log", mock.DefaultRequestLogSize, "how many recent requests GET /mockllm/requests keeps")
@@ -113,6 +130,9 @@ Flags:
 	if cfg.grace < 0 {
 		return cfg, fmt.Errorf("-grace %v must not be negative", cfg.grace)
 	}
+	if cfg.opts.Capacity != 0 && len(cfg.opts.CapacitySchedule) > 0 {
+		return cfg, errors.New("-capacity and -capacity-schedule exclude each other: give the fixed capacity as a one-step schedule (N@0s) or drop one")
+	}
 	return cfg, nil
 }
 
@@ -134,7 +154,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(net.Ad
 		return err
 	}
 	logger.Info("mockllm listening", "addr", l.Addr().String(), "time_scale", cfg.opts.TimeScale,
-		"seed", cfg.opts.Seed, "capacity", cfg.opts.Capacity, "fault_rules", len(cfg.opts.Faults))
+		"seed", cfg.opts.Seed, "capacity", cfg.opts.Capacity, "capacity_schedule", cfg.opts.CapacitySchedule.String(),
+		"fault_rules", len(cfg.opts.Faults))
 	if ready != nil {
 		ready(l.Addr())
 	}

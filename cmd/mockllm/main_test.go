@@ -44,7 +44,7 @@ func TestParseFlags(t *testing.T) {
 				"-listen", "127.0.0.1:0", "-grace", "3s", "-log-level", "debug", "-time-scale", "0.01", "-seed", "9",
 				"-capacity", "8", "-provider-capacity", "deepseek=2", "-provider-capacity", "openai=5",
 				"-default-completion-tokens", "64", "-base-latency", "50ms", "-tokens-per-second", "2000",
-				"-jitter-min", "1", "-jitter-max", "1", "-ttfb-fraction", "0.5", "-chunk-tokens", "4",
+				"-jitter-min", "1", "-jitter-max", "1", "-ttfb-fraction", "0.5", "-decode-slowdown", "0.25", "-chunk-tokens", "4",
 				"-embedding-dimensions", "16", "-request-log", "10",
 				"-fail", "provider=deepseek,rate=0.6,status=503", "-fail", "model=gpt-4*,no-usage=1",
 			},
@@ -53,7 +53,7 @@ func TestParseFlags(t *testing.T) {
 				if c.listen != "127.0.0.1:0" || c.grace != 3*time.Second || c.logLevel.String() != "DEBUG" || o.TimeScale != 0.01 ||
 					o.Seed != 9 || o.Capacity != 8 || o.ProviderCapacity["deepseek"] != 2 || o.ProviderCapacity["openai"] != 5 ||
 					o.DefaultCompletionTokens != 64 || o.Latency.Base != 50*time.Millisecond || o.Latency.TokensPerSecond != 2000 ||
-					o.Latency.JitterMin != 1 || o.Latency.JitterMax != 1 || o.Latency.TTFBFraction != 0.5 || o.ChunkTokens != 4 ||
+					o.Latency.JitterMin != 1 || o.Latency.JitterMax != 1 || o.Latency.TTFBFraction != 0.5 || o.Latency.DecodeSlowdown != 0.25 || o.ChunkTokens != 4 ||
 					o.EmbeddingDimensions != 16 || o.RequestLogSize != 10 {
 					t.Fatalf("config = %+v", c)
 				}
@@ -85,6 +85,18 @@ func TestParseFlags(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "capacity schedule",
+			args: []string{"-capacity-schedule", "10@0s,4@10s,10@25s"},
+			check: func(t *testing.T, c config) {
+				want := mock.CapacitySchedule{{At: 0, Capacity: 10}, {At: 10 * time.Second, Capacity: 4}, {At: 25 * time.Second, Capacity: 10}}
+				if c.opts.Capacity != 0 || c.opts.CapacitySchedule.String() != want.String() {
+					t.Fatalf("capacity %d, schedule %v; want %v", c.opts.Capacity, c.opts.CapacitySchedule, want)
+				}
+			},
+		},
+		{name: "bad capacity schedule", args: []string{"-capacity-schedule", "10@0s,4@10s,5@5s"}, wantErr: "step 3: offset 5s must be later"},
+		{name: "capacity and schedule", args: []string{"-capacity", "3", "-capacity-schedule", "10@0s"}, wantErr: "exclude each other"},
 		{name: "bad model provider", args: []string{"-model-provider", "gpt-4*"}, wantErr: "glob=provider"},
 		{name: "bad fault rule", args: []string{"-fail", "provider=x,colour=red"}, wantErr: "colour"},
 		{name: "bad provider capacity", args: []string{"-provider-capacity", "deepseek"}, wantErr: "name=N"},
@@ -116,9 +128,9 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 		t.Fatalf("-h returned %v", err)
 	}
 	for _, name := range []string{
-		"listen", "grace", "log-level", "time-scale", "seed", "capacity", "provider-capacity", "default-completion-tokens",
-		"base-latency", "tokens-per-second", "jitter-min", "jitter-max", "ttfb-fraction", "chunk-tokens",
-		"embedding-dimensions", "request-log", "check-model-provider", "model-provider", "fail", mock.HeaderStatus, mock.HeaderDisconnectAfter, "/mockllm/faults",
+		"listen", "grace", "log-level", "time-scale", "seed", "capacity", "capacity-schedule", "provider-capacity", "default-completion-tokens",
+		"base-latency", "tokens-per-second", "jitter-min", "jitter-max", "ttfb-fraction", "decode-slowdown", "chunk-tokens",
+		"embedding-dimensions", "request-log", "check-model-provider", "model-provider", "fail", mock.HeaderStatus, mock.HeaderDisconnectAfter, mock.HeaderQueueWait, "/mockllm/faults", "/mockllm/capacity",
 	} {
 		if !strings.Contains(out.String(), name) {
 			t.Errorf("help does not mention %q", name)

@@ -196,6 +196,8 @@ type UsageScanner struct {
 	whole  docResult
 	shape  eventShape
 	doc    jsonStream
+	// model finds the model the response names, when asked to (SniffModel).
+	model modelSniffer
 }
 
 // tally merges the documents of one response.
@@ -221,8 +223,10 @@ type tally struct {
 func (s *UsageScanner) Reset(api API, contentType, contentEncoding string) {
 	s.Close()
 	buf := s.shape.doc[:0] // a template from the last response is no use, its buffer is
+	modelBuf := s.model.buf[:0]
 	*s = UsageScanner{api: api, err: treesErr}
 	s.shape.doc = buf
+	s.model.buf = modelBuf
 	mt, _, _ := strings.Cut(contentType, ";")
 	mt = strings.TrimSpace(mt)
 	switch {
@@ -283,6 +287,7 @@ func (s *UsageScanner) decodeFailed(err error) {
 
 // plain consumes decoded body bytes.
 func (s *UsageScanner) plain(p []byte) {
+	s.model.write(p)
 	switch s.mode {
 	case modeSniff:
 		for len(p) > 0 && (p[0] == ' ' || p[0] == '\n' || p[0] == '\r' || p[0] == '\t') {
@@ -408,6 +413,14 @@ func (s *UsageScanner) Close() {
 func (s *UsageScanner) FirstToken() bool {
 	return s.tally.content > 0 || s.jsonSeen
 }
+
+// Streaming reports whether the body is read as a text/event-stream. Not safe
+// for concurrent use.
+func (s *UsageScanner) Streaming() bool { return s.sse }
+
+// ContentBytes returns the size of the generated text seen so far. Not safe
+// for concurrent use.
+func (s *UsageScanner) ContentBytes() int64 { return s.tally.content }
 
 // Err reports why part of the body could not be read (an unsupported or
 // corrupt encoding), or nil. Malformed JSON or SSE is not an error here: it

@@ -55,8 +55,13 @@ type Compartment struct {
 	// shared admission is still being decided (cluster mode): they keep the room here, and count
 	// as in flight or admitted only once confirmed.
 	pending, pendingTokens int64
+	// adaptive, when positive, is the concurrency limit in force instead of
+	// limits.MaxConcurrent: a limit learned at run time (SetAdaptiveLimit). It is this
+	// replica's own, so slots other replicas hold do not count against it.
+	adaptive int64
 
 	admitted       atomic.Uint64
+	saturations    atomic.Uint64
 	refused        atomic.Uint64
 	shadowRefusals atomic.Uint64
 	queued         atomic.Uint64
@@ -78,8 +83,11 @@ func (c *Compartment) CountShadowRefusal() { c.shadowRefusals.Add(1) }
 
 // Stats is a point-in-time view of a compartment.
 type Stats struct {
-	Name           string
-	Limits         Limits
+	Name string
+	// Limits are the limits in force: MaxConcurrent is the adaptive limit when there is one.
+	Limits Limits
+	// Adaptive reports that MaxConcurrent is an adaptive limit (SetAdaptiveLimit).
+	Adaptive       bool
 	InFlight       int64
 	InFlightTokens int64
 	Queued         int
@@ -418,6 +426,10 @@ func (s *Scheduler) room(c *Compartment, tokens int64) bool {
 		if c.inflight >= m.guaranteed && s.guaranteedWaiting(m) {
 			return false
 		}
+	} else if c.adaptive > 0 {
+		if c.inflight >= c.adaptive {
+			return false
+		}
 	} else if l.MaxConcurrent > 0 && c.inflight+c.remote >= l.MaxConcurrent {
 		return false
 	}
@@ -447,12 +459,16 @@ func (s *Scheduler) take(set []*Compartment, held []int64, tokens int64, pending
 		if l.MaxInflightTokens > 0 {
 			h = min(tokens, l.MaxInflightTokens)
 		}
+		lim := c.maxConcurrent()
 		if l.Shadow {
-			over := (l.MaxConcurrent > 0 && c.inflight >= l.MaxConcurrent) ||
+			over := (lim > 0 && c.inflight >= lim) ||
 				(l.MaxInflightTokens > 0 && c.tokens > 0 && c.tokens+h > l.MaxInflightTokens)
 			if over {
 				c.shadowRefusals.Add(1)
 			}
+		}
+		if c.adaptive > 0 && (c.inflight+1 >= lim || c.queue.len() > 0) {
+			c.saturations.Add(1)
 		}
 		c.inflight++
 		c.tokens += h
@@ -543,7 +559,7 @@ func (c *Compartment) predict(ahead int) time.Duration {
 	if c.avgHold == 0 {
 		return 0
 	}
-	slots := c.limits.MaxConcurrent
+	slots := c.maxConcurrent()
 	if m := c.member; m != nil {
 		slots = m.max
 	}
@@ -555,9 +571,37 @@ func (c *Compartment) predict(ahead int) time.Duration {
 
 // holdEstimate is the expected time until one slot frees when nothing better is known.
 func (c *Compartment) holdEstimate() time.Duration {
-	slots := max(c.limits.MaxConcurrent, 1)
+	slots := max(c.maxConcurrent(), 1)
 	return time.Duration(c.avgHold / float64(slots))
 }
+
+// maxConcurrent is the concurrency limit in force: the adaptive one when set. Called with the
+// Scheduler's lock held.
+func (c *Compartment) maxConcurrent() int64 {
+	if c.adaptive > 0 {
+		return c.adaptive
+	}
+	return c.limits.MaxConcurrent
+}
+
+// SetAdaptiveLimit puts n in force as c's concurrency limit instead of its configured
+// MaxConcurrent (n <= 0 returns to the configured one). SetLimits leaves it in place. A lower
+// limit revokes nothing: requests in flight keep their slots and nothing new is admitted until
+// use drops below it; a higher one admits waiters at once. The predicted wait of a queued
+// request is computed from the limit in force. Counted in flight against n are this replica's
+// requests only: an adaptive limit is per replica.
+func (s *Scheduler) SetAdaptiveLimit(c *Compartment, n int64) {
+	s.mu.Lock()
+	c.adaptive = max(n, 0)
+	if c.queue.len() > 0 {
+		s.dispatch(c)
+	}
+	s.mu.Unlock()
+}
+
+// Saturations counts the admissions into c that took its last slot under an adaptive limit, or
+// came while requests waited: the sign that the limit, not demand, bounds c.
+func (c *Compartment) Saturations() uint64 { return c.saturations.Load() }
 
 // SetLimits changes c's limits. Lowering a limit below current use admits nothing new until
 // use drops below it; raising it admits waiters at once.
@@ -652,12 +696,14 @@ func (s *Scheduler) Stats(c *Compartment) Stats {
 	s.mu.Lock()
 	st := Stats{
 		Name: c.name, Limits: c.limits, InFlight: c.inflight - c.pending, InFlightTokens: c.tokens - c.pendingTokens,
-		Queued: c.queue.len(), AvgHold: time.Duration(c.avgHold), Remote: c.remote, RemoteTokens: c.remoteTokens,
+		Adaptive: c.adaptive > 0,
+		Queued:   c.queue.len(), AvgHold: time.Duration(c.avgHold), Remote: c.remote, RemoteTokens: c.remoteTokens,
 		Pending: c.pending,
 	}
 	if m := c.member; m != nil {
 		st.Pool, st.Guaranteed, st.PoolMax = m.pool.name, m.guaranteed, m.max
 	}
+	st.Limits.MaxConcurrent = c.maxConcurrent()
 	s.mu.Unlock()
 	st.Admitted = c.admitted.Load()
 	st.Refused = c.refused.Load()

@@ -12,7 +12,7 @@ func (c *Compartment) LimitLocked() int64 {
 	if c.member != nil {
 		return c.member.max
 	}
-	return c.limits.MaxConcurrent
+	return c.maxConcurrent()
 }
 
 // PoolInFlightLocked reads the in-flight count of c's pool; only from a SetCheckTake function.

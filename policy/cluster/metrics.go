@@ -18,6 +18,8 @@ type metrics struct {
 	dropped   prometheus.Counter
 	resyncs   prometheus.Counter
 	updates   prometheus.Counter
+	// clockOffset is Redis's clock minus this replica's, as last measured.
+	clockOffset prometheus.Gauge
 }
 
 const ns = "llm_bulkhead"
@@ -26,7 +28,7 @@ func newMetrics(reg prometheus.Registerer, s *Store) *metrics {
 	m := &metrics{
 		reg: reg,
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "cluster_redis_seconds",
-			Help:    "Round-trip time of calls to Redis, by operation (admit, settle, heartbeat, resync, leave).",
+			Help:    "Round-trip time of calls to Redis, by operation (admit, settle, heartbeat, resync, leave, spend_reserve, spend_settle).",
 			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .02, .05, .1, .25, 1}}, []string{"op"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "cluster_redis_errors_total",
 			Help: "Calls to Redis that failed or timed out, by operation."}, []string{"op"}),
@@ -44,8 +46,10 @@ func newMetrics(reg prometheus.Registerer, s *Store) *metrics {
 			Help: "Times this replica (re)registered and rewrote its leases in Redis (at start, and after Redis lost them)."}),
 		updates: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "cluster_count_updates_total",
 			Help: "Published slot totals received from Redis (each can wake requests queued here)."}),
+		clockOffset: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "cluster_clock_offset_seconds",
+			Help: "Redis's clock minus this replica's, measured at each spend reservation (spend windows are chosen by the replica's clock)."}),
 	}
-	m.all = []prometheus.Collector{m.latency, m.errors, m.available, m.live, m.leases, m.queue, m.dropped, m.resyncs, m.updates}
+	m.all = []prometheus.Collector{m.latency, m.errors, m.available, m.live, m.leases, m.queue, m.dropped, m.resyncs, m.updates, m.clockOffset}
 	m.live.Set(1)
 	if reg != nil {
 		for _, c := range m.all {

@@ -15,7 +15,8 @@ package cluster
 //	{P}:seq           counter bumped by every change to slots, ordering published counts
 //
 // and the channel "{P}:free", on which every change to slots publishes the compartments' new
-// totals over live replicas.
+// totals over live replicas. Spend budgets' keys ({P}:sp:…, {P}:spi, {P}:spq:…) and their
+// scripts are in spend.go.
 
 // luaCommon is shared by the scripts: time, the window arithmetic and slot totals.
 const luaCommon = `

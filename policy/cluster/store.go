@@ -167,8 +167,9 @@ type Store struct {
 	o                                       Options
 	client                                  redis.UniversalClient
 	tag                                     string // "{prefix}"
-	keys                                    struct{ replicas, leases, comps, seq, channel string }
+	keys                                    struct{ replicas, leases, comps, seq, channel, spendIndex, spendTokens string }
 	admit, settle, heartbeat, resync, leave *redis.Script
+	spendReserve, spendSettle               *redis.Script
 
 	log *slog.Logger
 	met *metrics
@@ -192,8 +193,12 @@ type Store struct {
 	// drops counts settlements dropped from the front of pending, so that a flush removes only
 	// what it sent.
 	drops int64
-	kick  chan struct{}
-	probe chan struct{}
+	// spendPending are spend settlements not sent yet (see spend.go).
+	spendPending []spendOp
+	// skewLogged is set while this replica's clock is known to differ from Redis's.
+	skewLogged atomic.Bool
+	kick       chan struct{}
+	probe      chan struct{}
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -241,6 +246,7 @@ func Open(o Options) (*Store, error) {
 		leases: map[uint64]lease{}, kick: make(chan struct{}, 1), probe: make(chan struct{}, 1),
 		admit: redis.NewScript(luaAdmit), settle: redis.NewScript(luaSettle),
 		heartbeat: redis.NewScript(luaHeartbeat), resync: redis.NewScript(luaResync), leave: redis.NewScript(luaLeave),
+		spendReserve: redis.NewScript(luaSpendReserve), spendSettle: redis.NewScript(luaSpendSettle),
 	}
 	s.keys.replicas = s.tag + ":r"
 	s.keys.leases = s.tag + ":l:" + o.ReplicaID
@@ -250,6 +256,10 @@ func Open(o Options) (*Store, error) {
 	s.met = newMetrics(o.Registerer, s)
 	s.live.Store(1)
 	s.nextLease.Store(uint64(time.Now().UnixNano()))
+	s.keys.spendIndex = s.tag + ":spi"
+	// Spend reservations are recorded per process: a replica restarted under the same id starts
+	// a table of its own.
+	s.keys.spendTokens = s.tag + ":spq:" + o.ReplicaID + ":" + strconv.FormatUint(s.nextLease.Load(), 36)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(3)
 	go s.heartbeatLoop()
@@ -616,6 +626,9 @@ func (s *Store) settleLoop() {
 		for {
 			s.rewrite.RLock()
 			err := s.flush()
+			if err == nil {
+				err = s.flushSpend()
+			}
 			s.rewrite.RUnlock()
 			if err == nil {
 				break
@@ -738,6 +751,9 @@ func (s *Store) Close(ctx context.Context) error {
 	if s.available.Load() {
 		s.rewrite.Lock()
 		if err = s.flush(); err == nil {
+			err = s.flushSpend()
+		}
+		if err == nil {
 			keys := []string{s.keys.replicas, s.keys.leases, s.keys.comps, s.keys.seq}
 			start := time.Now()
 			err = s.leave.Run(ctx, s.client, keys, s.o.ReplicaID, s.keys.channel, s.tag).Err()

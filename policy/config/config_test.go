@@ -152,7 +152,7 @@ features:
 		{
 			name:    "wrong type names the variable",
 			env:     []string{"LLM_BULKHEAD_FEATURES__CHAT__MAX_CONCURRENT=many"},
-			wantErr: `<env>: features.chat.max_concurrent: LLM_BULKHEAD_FEATURES__CHAT__MAX_CONCURRENT: expected an integer, got the string "many"`,
+			wantErr: `<env>: features.chat.max_concurrent: LLM_BULKHEAD_FEATURES__CHAT__MAX_CONCURRENT: expected an integer or adaptive, got the string "many"`,
 		},
 		{
 			name:    "invalid value after override",

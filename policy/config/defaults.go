@@ -82,6 +82,8 @@ func (p *Policy) applyDefaults() {
 	}
 
 	p.Admin.TokenEnv = orString(p.Admin.TokenEnv, DefaultTokenEnv)
+	p.Currency = orString(p.Currency, "USD")
+	p.TimeZone = orString(p.TimeZone, "UTC")
 
 	e := &p.Envoy
 	e.RequestBodyMode = orString(e.RequestBodyMode, "BUFFERED")
@@ -149,11 +151,12 @@ func (p *Policy) applyDefaults() {
 	}
 	for name, f := range p.Features {
 		if f.Degrade != nil && len(f.Degrade.On) == 0 {
-			f.Degrade.On = []string{"token_budget"}
+			f.Degrade.On = []string{"token_budget", "spend_budget"}
 			p.Features[name] = f
 		}
 	}
 	p.Cluster.applyDefaults()
+	p.Spend.applyDefaults()
 	p.Refusals.applyDefaults()
 	p.Tracing.applyDefaults()
 }
@@ -215,8 +218,11 @@ func defaultReplicaID() string {
 // Resolved is a limit set with template inheritance and defaults applied. Zero in a count field
 // means "no limit".
 type Resolved struct {
+	// MaxConcurrent is the fixed limit, or adaptive.max when the limit is adaptive.
 	MaxConcurrent     int64
 	MaxInflightTokens int64
+	// Adaptive is the adaptive limit's settings (zero for a fixed limit).
+	Adaptive AdaptiveLimit
 	// MaxWait is how long a request may queue here; meaningful only when HasMaxWait.
 	MaxWait time.Duration
 	// HasMaxWait reports whether the limit set (or a template) set max_wait at all. A compartment
@@ -229,7 +235,12 @@ type Resolved struct {
 	TokensPerDay      int64
 	RequestsPerMinute int64
 	MaxDebt           float64
+	// Spend holds the spend budgets by period (spend.Hour, spend.Day, spend.Month); 0 = none.
+	Spend [3]Amount
 }
+
+// AnySpend reports whether the limit set has a spend budget.
+func (r Resolved) AnySpend() bool { return r.Spend != [3]Amount{} }
 
 // Resolve applies l's template chain and the documented defaults. It assumes a validated policy;
 // a missing template or a cycle simply ends the chain.
@@ -260,6 +271,7 @@ func (p *Policy) inherit(l Limits) (Limits, []string) {
 // fillUnset copies every field of src that dst leaves unset.
 func fillUnset(dst *Limits, src Limits) {
 	setIfNil(&dst.MaxConcurrent, src.MaxConcurrent)
+	setIfNil(&dst.Adaptive, src.Adaptive)
 	setIfNil(&dst.MaxInflightTokens, src.MaxInflightTokens)
 	setIfNil(&dst.MaxWait, src.MaxWait)
 	setIfNil(&dst.QueueDepth, src.QueueDepth)
@@ -269,6 +281,9 @@ func fillUnset(dst *Limits, src Limits) {
 	setIfNil(&dst.TokensPerDay, src.TokensPerDay)
 	setIfNil(&dst.RequestsPerMinute, src.RequestsPerMinute)
 	setIfNil(&dst.MaxDebt, src.MaxDebt)
+	setIfNil(&dst.SpendPerHour, src.SpendPerHour)
+	setIfNil(&dst.SpendPerDay, src.SpendPerDay)
+	setIfNil(&dst.SpendPerMonth, src.SpendPerMonth)
 }
 
 // Overlay returns base with every field that over sets replaced; used for per-tenant overrides
@@ -280,7 +295,7 @@ func Overlay(base, over Limits) Limits {
 
 func finish(l Limits) Resolved {
 	r := Resolved{
-		MaxConcurrent:     deref(l.MaxConcurrent),
+		MaxConcurrent:     int64(deref(l.MaxConcurrent)),
 		MaxInflightTokens: deref(l.MaxInflightTokens),
 		Priority:          deref(l.Priority),
 		Shadow:            deref(l.Mode) == "shadow",
@@ -288,6 +303,11 @@ func finish(l Limits) Resolved {
 		TokensPerDay:      deref(l.TokensPerDay),
 		RequestsPerMinute: deref(l.RequestsPerMinute),
 		MaxDebt:           1,
+		Spend:             [3]Amount{deref(l.SpendPerHour), deref(l.SpendPerDay), deref(l.SpendPerMonth)},
+	}
+	if l.MaxConcurrent != nil && l.MaxConcurrent.IsAdaptive() {
+		r.Adaptive = resolveAdaptive(l.Adaptive)
+		r.MaxConcurrent = r.Adaptive.Max
 	}
 	if l.MaxWait != nil {
 		r.MaxWait, r.HasMaxWait = l.MaxWait.D(), true
@@ -320,6 +340,12 @@ func (r Resolved) Scale(ratio float64) Resolved {
 	r.TokensPerMinute = sc(r.TokensPerMinute)
 	r.TokensPerDay = sc(r.TokensPerDay)
 	r.RequestsPerMinute = sc(r.RequestsPerMinute)
+	for i, a := range r.Spend {
+		// Money scales to the nearest millionth (a float product may fall a hair short).
+		if a > 0 {
+			r.Spend[i] = Amount(max(1, int64(math.Round(float64(a)*ratio))))
+		}
+	}
 	return r
 }
 
@@ -471,7 +497,7 @@ func (p *Policy) AnyLimits() bool {
 	found := false
 	p.eachLimitSet(func(_ string, l Limits) {
 		r := p.Resolve(l)
-		if r.MaxConcurrent > 0 || r.MaxInflightTokens > 0 || r.TokensPerMinute > 0 || r.TokensPerDay > 0 || r.RequestsPerMinute > 0 {
+		if r.MaxConcurrent > 0 || r.MaxInflightTokens > 0 || r.TokensPerMinute > 0 || r.TokensPerDay > 0 || r.RequestsPerMinute > 0 || r.AnySpend() {
 			found = true
 		}
 	})

@@ -115,6 +115,10 @@ func typeName(e ast.Expr) (name string, elem ast.Expr, kind string) {
 			return "duration", nil, "scalar"
 		case "Size":
 			return "size", nil, "scalar"
+		case "Amount":
+			return "amount", nil, "scalar"
+		case "Concurrency":
+			return "integer or adaptive", nil, "scalar"
 		}
 		return x.Name, nil, "struct"
 	case *ast.ArrayType:

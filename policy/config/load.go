@@ -66,7 +66,7 @@ func Load(name string, data []byte, env []string) (*Policy, error) {
 			return nil, Errors{{File: name, Line: doc.Line, Msg: "a policy file must be a YAML mapping of sections (server, features, …)"}}
 		}
 	}
-	src := &yamlSource{root: &root, ps: ps, lines: lineIndex{}}
+	src := &yamlSource{root: &root, ps: ps, lines: lineIndex{}, texts: map[string]string{}}
 	ps.lines = src.lines
 	k := koanf.New(".")
 	if err := k.Load(src, nil); err != nil {
@@ -74,6 +74,12 @@ func Load(name string, data []byte, env []string) (*Policy, error) {
 	}
 	over, names := envOverrides(ps, env)
 	ps.env = names
+	for path, name := range names {
+		// An override's number is read from the variable's own text, like the file's.
+		if v, ok := envValue(env, name); ok {
+			src.texts[path] = strings.TrimSpace(v)
+		}
+	}
 	if len(over) > 0 {
 		if err := k.Load(confmapProvider(over), nil); err != nil {
 			ps.add("", "%v", err)
@@ -81,7 +87,7 @@ func Load(name string, data []byte, env []string) (*Policy, error) {
 	}
 
 	var p Policy
-	d := &decoder{ps: ps}
+	d := &decoder{ps: ps, texts: src.texts}
 	d.decode(reflect.ValueOf(&p).Elem(), k.Raw(), "", "")
 	decoded := len(ps.list)
 
@@ -166,7 +172,10 @@ type yamlSource struct {
 	// merging is above 0 while keys merged in with << are converted: an explicit key of the
 	// same path was converted first and keeps its position.
 	merging int
-	err     error
+	// texts keeps the text of every number by key path: an amount of money is read from the
+	// digits written, never from the float they would decode to.
+	texts map[string]string
+	err   error
 }
 
 // Read returns the file as a nested map, or an error when the file aliases excessively.
@@ -254,6 +263,14 @@ func (s *yamlSource) value(n *yaml.Node, path string, viaAlias bool) any {
 		}
 		return out
 	case yaml.ScalarNode:
+		if tag := n.ShortTag(); tag == "!!int" || tag == "!!float" {
+			if s.texts == nil {
+				s.texts = map[string]string{}
+			}
+			if _, ok := s.texts[path]; !ok || s.merging == 0 {
+				s.texts[path] = n.Value
+			}
+		}
 		return s.scalar(n)
 	}
 	return badValue{}
@@ -368,6 +385,8 @@ func nodeKind(n *yaml.Node) string {
 // the problem, leaves the field zero and goes on, so one run reports everything.
 type decoder struct {
 	ps *problems
+	// texts are the numbers' texts by key path (see yamlSource.texts).
+	texts map[string]string
 	// holes are the entries a value could not be taken for, failed the values themselves (see
 	// fail).
 	holes, failed []string
@@ -476,6 +495,23 @@ func (d *decoder) text(v reflect.Value, data any, path, hole string) bool {
 	case string:
 		text = x
 	case int, int64, uint64, float64:
+		if v.Type() == reflect.TypeFor[Concurrency]() {
+			n, ok, inRange := toInt(x)
+			if !ok || !inRange || n == math.MinInt64 {
+				d.fail(path, hole, "expected an integer or adaptive, got %v", x)
+				return false
+			}
+			v.SetInt(n)
+			return true
+		}
+		if v.Type() == reflect.TypeFor[Amount]() {
+			if t, ok := d.texts[path]; ok {
+				text = t
+			} else {
+				text = fmt.Sprint(x)
+			}
+			break
+		}
 		if v.Type() != reflect.TypeFor[Size]() {
 			d.fail(path, hole, "%v is not a duration (write it with a unit, like 100ms or 5s)", x)
 			return false
@@ -602,6 +638,10 @@ func kindName(t reflect.Type) string {
 		return "a duration"
 	case reflect.TypeFor[Size]():
 		return "a size"
+	case reflect.TypeFor[Amount]():
+		return "an amount"
+	case reflect.TypeFor[Concurrency]():
+		return "an integer or adaptive"
 	}
 	switch t.Kind() {
 	case reflect.Int, reflect.Int64, reflect.Int32:
@@ -759,6 +799,16 @@ func envOverrides(ps *problems, env []string) (map[string]any, map[string]string
 		}
 	}
 	return out, names
+}
+
+// envValue returns the value of the variable name in env (os.Environ() form).
+func envValue(env []string, name string) (string, bool) {
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
+			return v, true
+		}
+	}
+	return "", false
 }
 
 // confmapProvider feeds a ready nested map to koanf.

@@ -62,7 +62,7 @@ compartments:
 `
 	wantProblems(t, loadProblems(t, data, nil), []string{
 		`p.yaml:6: features.default.max_wait: 1s is not shorter than envoy.message_timeout (200ms)`,
-		`p.yaml:8: features.embedding.max_concurrent: expected an integer, got the string "lots"`,
+		`p.yaml:8: features.embedding.max_concurrent: expected an integer or adaptive, got the string "lots"`,
 		`p.yaml:10: features.chat.max_concurent: unknown key "max_concurent" (did you mean "max_concurrent"?)`,
 		`p.yaml:13: features.batch.max_concurrent: must not be negative, got -1`,
 		`p.yaml:14: features.batch.max_wait: 2s is not shorter than envoy.message_timeout (200ms)`,
@@ -441,7 +441,7 @@ compartments:
   - {name: feature, key: [feature], limits_from: feature}
 `
 	wantProblems(t, loadProblems(t, data, nil), []string{
-		`p.yaml:3: features.a.max_concurrent: expected an integer, got 1.5`,
+		`p.yaml:3: features.a.max_concurrent: expected an integer or adaptive, got 1.5`,
 		`p.yaml:4: features.b.ratio: expected a finite number, got NaN`,
 		`p.yaml:5: features.c.tokens_per_day: 1e+20 is out of range for an integer`,
 		`p.yaml:6: features.d.max_wait: 1.5 is not a duration (write it with a unit, like 100ms or 5s)`,

@@ -24,6 +24,49 @@ type Policy struct {
 	Models []ModelRule `koanf:"models" json:"models,omitempty"`
 	// Estimation sets how token use is estimated before a response reports it.
 	Estimation Estimation `koanf:"estimation" json:"estimation,omitempty"`
+	// Currency is the code of the currency that prices and spend budgets are written in, e.g.
+	// USD or EUR (three capital letters); amounts are never converted. Default USD.
+	Currency string `koanf:"currency" json:"currency,omitempty"`
+	// Prices lists what models cost, for spend budgets (spend_per_hour, spend_per_day,
+	// spend_per_month): the first entry whose match fits the model wins; an entry with match
+	// default prices models no other entry matches. Amounts are exact decimals of the currency
+	// per million tokens; costs are counted in millionths of the currency unit and a request's
+	// cost is rounded up once, to the next millionth. Nothing is fetched from the network: the
+	// prices are what you write. A request reserves its worst case before it runs, its
+	// estimated prompt tokens × input_per_mtok + max_tokens (or the default max tokens) × n ×
+	// output_per_mtok, in every spend budget of its compartments (all or nothing), and settles
+	// after at the usage the response reports, priced by the model that answered (the model
+	// field of the response): prompt tokens served from a cache at cached_input_per_mtok,
+	// reasoning tokens at reasoning_per_mtok; a request that never reached the provider is
+	// refunded. Worked example, with `{match: "deepseek-*", input_per_mtok: 0.27,
+	// output_per_mtok: 1.10, cached_input_per_mtok: 0.07}` (tokens × a price per million tokens
+	// is a cost in millionths): a request with about 2000 prompt tokens and max_tokens 1000
+	// reserves 2000 × 0.27 + 1000 × 1.10 = 1640 millionths, $0.00164;
+	// its response reports 2000 prompt tokens of which 1500 cached and 400 completion tokens, so
+	// it settles at 500 × 0.27 + 1500 × 0.07 + 400 × 1.10 = 135 + 105 + 440 = 680 millionths,
+	// $0.00068, and a tenant with spend_per_day 1.00 has $0.99932 left that day. When a spend
+	// budget applies, every model the models list and the providers' models maps name must be
+	// priced (by an entry or the default); a model nobody named that no entry prices is charged
+	// at the highest price of each kind in the list. Default empty.
+	Prices []PriceRule `koanf:"prices" json:"prices,omitempty"`
+	// TimeZone is the IANA time zone (e.g. Europe/Berlin, America/New_York) whose calendar the
+	// windows of spend budgets follow: an hour is a clock hour, a day runs from midnight to
+	// midnight (23 or 25 hours when the clocks change) and a month from the 1st to the 1st.
+	// The zone database is built in. Default UTC.
+	TimeZone string `koanf:"time_zone" json:"time_zone,omitempty"`
+	// Spend sets how spend budgets' spend outlives the process. A single process keeps it in a
+	// state file (state_file): read once at start before any request is served, written
+	// atomically every state_interval and once more at shutdown after the streams drained, so
+	// that a restart with SIGTERM continues exactly where it stopped and a crash (SIGKILL, OOM)
+	// loses at most the settlements of one state_interval. The file holds only windows still
+	// current (an ended window is not restored: its budget has reset); each restored amount
+	// replaces what that window held, so restoring never counts anything twice; spend reserved
+	// by requests in flight when it was written is restored as spent (their settlement never
+	// comes after a crash; their reservation is the most they can have cost). A policy reload
+	// keeps every budget's spend (a budget is known by its compartment and period). With a
+	// cluster backend Redis keeps spend instead, shared by every replica (docs/cluster.md). Default
+	// memory only: spend starts empty at every start.
+	Spend SpendState `koanf:"spend" json:"spend,omitempty"`
 	// Body sets how request bodies are read and rewritten.
 	Body Body `koanf:"body" json:"body,omitempty"`
 	// Templates are named limit sets that features, tiers, providers and tenants inherit from.
@@ -57,8 +100,21 @@ type Policy struct {
 
 // Server holds listener and process settings. Command-line flags given explicitly win over these.
 type Server struct {
-	// GRPCAddr is the ext_proc gRPC listen address. Default "127.0.0.1:9002".
+	// GRPCAddr is the ext_proc gRPC listen address: host:port, or unix:///absolute/path (or
+	// unix:relative/path) for a unix domain socket, created with mode 0660; a stale socket file
+	// left by a crash is replaced, and the file is removed on shutdown. Default "127.0.0.1:9002".
 	GRPCAddr string `koanf:"grpc_addr" json:"grpc_addr,omitempty"`
+	// TLSCert is the ext_proc listener's certificate chain (PEM), with TLSKey: the listener then
+	// speaks TLS only. Both files are read again when they change on disk (a cert-manager or
+	// Kubernetes Secret rotation included); new connections get the new certificate, open ones
+	// keep theirs. The --tls-cert flag overrides it.
+	TLSCert string `koanf:"tls_cert" json:"tls_cert,omitempty"`
+	// TLSKey is the private key (PEM) of TLSCert. Both or neither. The --tls-key flag overrides it.
+	TLSKey string `koanf:"tls_key" json:"tls_key,omitempty"`
+	// TLSClientCA is a PEM bundle of the CAs that sign Envoy's client certificates: with it, the
+	// listener requires mutual TLS and refuses a client without a certificate signed by one of
+	// them. Needs TLSCert. Reloaded like the certificate. The --tls-client-ca flag overrides it.
+	TLSClientCA string `koanf:"tls_client_ca" json:"tls_client_ca,omitempty"`
 	// AdminAddr is the admin HTTP listen address (/metrics, /healthz, /readyz, /admin/…, the
 	// dashboard). Default "127.0.0.1:9090". Empty after defaults means the same default.
 	AdminAddr string `koanf:"admin_addr" json:"admin_addr,omitempty"`
@@ -279,15 +335,20 @@ type Limits struct {
 	// Template names an entry of templates to inherit from. Templates may name a template of
 	// their own (inheritance chains; cycles are refused).
 	Template string `koanf:"template" json:"template,omitempty"`
-	// MaxConcurrent is the most requests in flight at once. Default 0 = no concurrency limit.
-	MaxConcurrent *int64 `koanf:"max_concurrent" json:"max_concurrent,omitempty"`
+	// MaxConcurrent is the most requests in flight at once, or adaptive: a limit learned from
+	// the provider's latency, within the bounds of adaptive (docs/adaptive.md). Default 0 = no
+	// concurrency limit.
+	MaxConcurrent *Concurrency `koanf:"max_concurrent" json:"max_concurrent,omitempty"`
+	// Adaptive tunes an adaptive limit (max_concurrent: adaptive). Default: every key's default.
+	Adaptive *Adaptive `koanf:"adaptive" json:"adaptive,omitempty"`
 	// MaxInflightTokens is the most estimated tokens in flight at once, held until each stream
 	// ends. Default 0 = no limit. A single request larger than the limit is admitted only into an
 	// empty compartment.
 	MaxInflightTokens *int64 `koanf:"max_inflight_tokens" json:"max_inflight_tokens,omitempty"`
 	// MaxWait is how long a request may queue for a slot. Default 0 = refuse at once when full.
 	MaxWait *Duration `koanf:"max_wait" json:"max_wait,omitempty"`
-	// QueueDepth bounds the queue. Default 10 × max_concurrent (64 when max_concurrent is 0).
+	// QueueDepth bounds the queue. Default 10 × max_concurrent (10 × adaptive.max when
+	// adaptive; 64 when max_concurrent is 0).
 	QueueDepth *int64 `koanf:"queue_depth" json:"queue_depth,omitempty"`
 	// Priority orders waiters in a shared pool: higher first. Default 0.
 	Priority *int64 `koanf:"priority" json:"priority,omitempty"`
@@ -302,7 +363,39 @@ type Limits struct {
 	// MaxDebt bounds how far settlement may push a token budget below zero, as a fraction of its
 	// capacity. Default 1 (one full window of debt).
 	MaxDebt *float64 `koanf:"max_debt" json:"max_debt,omitempty"`
+	// SpendPerHour is a spend budget in money (the policy's currency, e.g. 1.00) for each clock
+	// hour of time_zone. A request is refused with 429, reason spend_budget, when its
+	// worst-case cost does not fit what is left (see prices), until the hour ends. Tiers' spend
+	// budgets scale by ratio in tier × feature compartments like every limit. Default 0 = none.
+	SpendPerHour *Amount `koanf:"spend_per_hour" json:"spend_per_hour,omitempty"`
+	// SpendPerDay is a spend budget in money for each calendar day of time_zone, like
+	// spend_per_hour. Default 0 = none.
+	SpendPerDay *Amount `koanf:"spend_per_day" json:"spend_per_day,omitempty"`
+	// SpendPerMonth is a spend budget in money for each calendar month of time_zone (it resets
+	// on the 1st), like spend_per_hour. Default 0 = none.
+	SpendPerMonth *Amount `koanf:"spend_per_month" json:"spend_per_month,omitempty"`
 }
+
+// PriceRule is what the models matching a glob cost, per million tokens.
+type PriceRule struct {
+	// Match is a glob over the model name (`*` any run of characters, `?` one), matched like
+	// the models list (ignoring case unless classification.model.case_sensitive), or default:
+	// the price of models no other entry matches (at most one such entry).
+	Match string `koanf:"match" json:"match,omitempty"`
+	// InputPerMtok is the price of a million prompt tokens. Required.
+	InputPerMtok *Amount `koanf:"input_per_mtok" json:"input_per_mtok,omitempty"`
+	// OutputPerMtok is the price of a million completion tokens. Required.
+	OutputPerMtok *Amount `koanf:"output_per_mtok" json:"output_per_mtok,omitempty"`
+	// CachedInputPerMtok is the price of a million prompt tokens served from a prompt cache.
+	// Default input_per_mtok.
+	CachedInputPerMtok *Amount `koanf:"cached_input_per_mtok" json:"cached_input_per_mtok,omitempty"`
+	// ReasoningPerMtok is the price of a million reasoning tokens (part of the completion).
+	// Default output_per_mtok.
+	ReasoningPerMtok *Amount `koanf:"reasoning_per_mtok" json:"reasoning_per_mtok,omitempty"`
+}
+
+// DefaultPrice is the match of the price entry that prices models no other entry matches.
+const DefaultPrice = "default"
 
 // Feature is one feature: its own compartment limits plus feature-wide settings.
 type Feature struct {
@@ -321,7 +414,8 @@ type Degrade struct {
 	// Provider is the provider to re-route to (a key of providers).
 	Provider string `koanf:"provider" json:"provider,omitempty"`
 	// On lists refusal reasons that trigger the re-route: token_budget, rate_limit,
-	// bulkhead_full. Default [token_budget].
+	// bulkhead_full, spend_budget (the re-routed request is priced at the model it is sent as,
+	// and must fit the same spend budgets). Default [token_budget, spend_budget].
 	On []string `koanf:"on" json:"on,omitempty"`
 }
 

@@ -24,7 +24,7 @@ var (
 	familyDims = []string{DimFeature, DimTenant, DimTier, DimProvider, DimModel}
 	limitDims  = []string{DimFeature, DimTenant, DimTier, DimProvider}
 	// Reasons that can be degraded into a re-route.
-	degradeReasons = []string{"token_budget", "rate_limit", "bulkhead_full"}
+	degradeReasons = []string{"token_budget", "rate_limit", "bulkhead_full", "spend_budget"}
 	clusterModes   = []string{ClusterStandalone, ClusterSentinel, ClusterCluster}
 	onUnavailable  = []string{OnUnavailableLocal, OnUnavailableClosed}
 	envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -43,6 +43,8 @@ func validate(ps *problems, p *Policy) {
 	v.body()
 	v.templates()
 	v.limitSets()
+	v.spend()
+	v.spendState()
 	v.providers()
 	v.reroutes()
 	v.breakers()
@@ -95,6 +97,7 @@ func (v *validator) server() {
 		v.own("server.drain_grace", "must not be negative")
 	}
 	v.streamLimits()
+	v.serverListener()
 	if v.p.Admin.TokenEnv == "" {
 		v.add("admin.token_env", "must name an environment variable")
 	}
@@ -406,7 +409,7 @@ func (v *validator) templates() {
 
 // limitSet checks one limit set: its template chain and every value.
 func (v *validator) limitSet(path string, l Limits) {
-	_, chain := v.p.inherit(l)
+	merged, chain := v.p.inherit(l)
 	if len(chain) > 0 {
 		last := chain[len(chain)-1]
 		if _, ok := v.p.Templates[last]; !ok {
@@ -420,7 +423,10 @@ func (v *validator) limitSet(path string, l Limits) {
 			v.own(path+"."+key, "must not be negative, got %d", *p)
 		}
 	}
-	nonNeg("max_concurrent", l.MaxConcurrent)
+	if l.MaxConcurrent != nil && !l.MaxConcurrent.IsAdaptive() && *l.MaxConcurrent < 0 {
+		v.own(path+".max_concurrent", "must not be negative, got %d", *l.MaxConcurrent)
+	}
+	v.adaptive(path, l, merged, strings.HasPrefix(path, "templates."))
 	nonNeg("max_inflight_tokens", l.MaxInflightTokens)
 	nonNeg("queue_depth", l.QueueDepth)
 	nonNeg("tokens_per_minute", l.TokensPerMinute)
@@ -732,7 +738,7 @@ func (v *validator) unusedLimits() {
 		if from[dim] || (dim == DimTier && from[DimTenant]) {
 			return
 		}
-		if l.MaxConcurrent != nil || l.MaxInflightTokens != nil || l.TokensPerMinute != nil || l.TokensPerDay != nil || l.RequestsPerMinute != nil {
+		if l.MaxConcurrent != nil || l.MaxInflightTokens != nil || l.TokensPerMinute != nil || l.TokensPerDay != nil || l.RequestsPerMinute != nil || l.anySpend() {
 			v.add(path, "sets limits, but no compartment family takes limits_from: %s, so they would do nothing", dim)
 		}
 	}

@@ -1,5 +1,6 @@
 // Package app assembles the llm-bulkhead server: policy loading and reloading, the policy
-// engine, the ext_proc gRPC service with gRPC health, and the admin HTTP listener. The
+// engine, the ext_proc gRPC service with gRPC health (over TCP or a unix socket, plaintext, TLS or
+// mutual TLS with certificates reloaded as they rotate), and the admin HTTP listener. The
 // llm-bulkhead command runs it; tests and the demo programs start it in-process.
 package app
 
@@ -30,6 +31,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
 )
 
 // Options configure an App. Zero values take the policy's settings.
@@ -39,6 +41,9 @@ type Options struct {
 	// GRPCAddr and AdminAddr override the policy's server.grpc_addr and server.admin_addr.
 	GRPCAddr  string
 	AdminAddr string
+	// TLS overrides the policy's server.tls_cert, server.tls_key and server.tls_client_ca, each
+	// field that is set on its own.
+	TLS TLSFiles
 	// AdminInsecure serves an admin address that is not loopback without an admin token. Without
 	// it, New refuses such an address with an *ExposedAdminError unless the token is set.
 	AdminInsecure bool
@@ -53,6 +58,8 @@ type Options struct {
 	Clock policy.Clock
 	// Watch reloads the policy file when it changes on disk (and on SIGHUP, see Run).
 	Watch bool
+	// SpendState overrides the policy's spend.state_file.
+	SpendState string
 	// Build describes the binary for llm_bulkhead_build_info and the start log line; the zero
 	// value reads it from the Go build record (ReadBuildInfo("")).
 	Build BuildInfo
@@ -90,7 +97,19 @@ type App struct {
 	watcher  *watcher
 	// tracing exports requests' spans; nil when the policy does not trace.
 	tracing *tracingPipeline
+	// spendState keeps spend in the state file; nil without one.
+	spendState *spend.Persister
+	// tls is the ext_proc listener's TLS material; nil for plaintext.
+	tls *listenerTLS
 }
+
+// ListenerError is an ext_proc listener that cannot be set up as configured: a malformed
+// address, or TLS files that are missing, unreadable or do not form a certificate and its key.
+// The process exits with status 2 for it.
+type ListenerError struct{ Err error }
+
+func (e *ListenerError) Error() string { return "ext_proc listener: " + e.Err.Error() }
+func (e *ListenerError) Unwrap() error { return e.Err }
 
 // ConfigError is a policy that cannot be loaded; the process exits with status 2 for it.
 type ConfigError struct{ Err error }
@@ -140,6 +159,10 @@ func New(o Options) (*App, error) {
 	}
 	a.engine = eng
 	a.current.Store(p)
+	if err := a.openSpendState(p); err != nil {
+		_ = eng.Close(context.Background())
+		return nil, err
+	}
 	a.adminToken = lookupEnv(o.Env, p.Admin.TokenEnv)
 	if _, adminAddr := a.listenAddrs(p); !isLoopback(adminAddr) {
 		switch {
@@ -157,9 +180,29 @@ func New(o Options) (*App, error) {
 		_ = eng.Close(context.Background())
 		return nil, err
 	}
+	fail := func(err error) (*App, error) {
+		a.stopTracing(context.Background())
+		_ = eng.Close(context.Background())
+		return nil, &ListenerError{Err: err}
+	}
+	grpcAddr, _ := a.listenAddrs(p)
+	if _, _, err := config.SplitListenAddr(grpcAddr); err != nil {
+		return fail(err)
+	}
+	files := a.tlsFiles(p)
+	if err := files.check(); err != nil {
+		return fail(err)
+	}
+	gopts := grpcOptions(p)
+	if files.Cert != "" {
+		if a.tls, err = newListenerTLS(files, a.log, a.registry); err != nil {
+			return fail(err)
+		}
+		gopts = append(gopts, grpc.Creds(a.tls.credentials()))
+	}
 	a.extproc = extproc.NewServer(eng, extproc.Options{Logger: a.log, Registerer: a.registry, Tracing: tracing})
 
-	a.grpc = grpc.NewServer(grpcOptions(p)...)
+	a.grpc = grpc.NewServer(gopts...)
 	extprocv3.RegisterExternalProcessorServer(a.grpc, a.extproc)
 	a.health = health.NewServer()
 	healthpb.RegisterHealthServer(a.grpc, a.health)
@@ -214,6 +257,32 @@ func lookupEnv(env []string, name string) string {
 	return ""
 }
 
+// tlsFiles returns the listener's TLS files: each flag where given, else the policy's key.
+func (a *App) tlsFiles(p *config.Policy) TLSFiles {
+	f := TLSFiles{Cert: p.Server.TLSCert, Key: p.Server.TLSKey, ClientCA: p.Server.TLSClientCA}
+	if a.opts.TLS.Cert != "" {
+		f.Cert = a.opts.TLS.Cert
+	}
+	if a.opts.TLS.Key != "" {
+		f.Key = a.opts.TLS.Key
+	}
+	if a.opts.TLS.ClientCA != "" {
+		f.ClientCA = a.opts.TLS.ClientCA
+	}
+	return f
+}
+
+// tlsMode names the listener's security for the start log line: plaintext, tls or mutual_tls.
+func (a *App) tlsMode() string {
+	switch {
+	case a.tls == nil:
+		return "plaintext"
+	case a.tls.mutual():
+		return "mutual_tls"
+	}
+	return "tls"
+}
+
 // Engine returns the policy engine.
 func (a *App) Engine() *policy.Engine { return a.engine }
 
@@ -226,8 +295,9 @@ func (a *App) Registry() *prometheus.Registry { return a.registry }
 // Logger returns the server's logger.
 func (a *App) Logger() *slog.Logger { return a.log }
 
-// GRPCAddr returns the ext_proc listen address once Start has run.
-func (a *App) GRPCAddr() string { return a.grpcLn.Addr().String() }
+// GRPCAddr returns the ext_proc listen address once Start has run: host:port, or unix:///path
+// for a unix socket (both usable as gRPC targets).
+func (a *App) GRPCAddr() string { return listenerAddr(a.grpcLn) }
 
 // AdminAddr returns the admin listen address once Start has run.
 func (a *App) AdminAddr() string { return a.adminLn.Addr().String() }
@@ -248,7 +318,7 @@ func (a *App) listenAddrs(p *config.Policy) (grpcAddr, adminAddr string) {
 func (a *App) Start() error {
 	grpcAddr, adminAddr := a.listenAddrs(a.current.Load())
 	var err error
-	if a.grpcLn, err = net.Listen("tcp", grpcAddr); err != nil {
+	if a.grpcLn, err = listenGRPC(grpcAddr); err != nil {
 		return fmt.Errorf("ext_proc listener: %w", err)
 	}
 	if a.adminLn, err = net.Listen("tcp", adminAddr); err != nil {
@@ -268,6 +338,12 @@ func (a *App) Start() error {
 		} else {
 			a.watcher = w
 		}
+	}
+	if a.tls != nil {
+		a.tls.watch(tlsPollInterval)
+	}
+	if a.spendState != nil {
+		a.spendState.Start()
 	}
 	if st := a.engine.Cluster(); st != nil {
 		// Give the first registration in Redis a moment, so that the first requests share
@@ -291,7 +367,7 @@ func (a *App) Start() error {
 		a.log.Warn(w, "policy", a.policyName)
 	}
 	a.log.Info("llm-bulkhead listening", "version", a.opts.Build.Version, "commit", a.opts.Build.CommitString(),
-		"grpc_addr", a.GRPCAddr(), "admin_addr", a.AdminAddr(),
+		"grpc_addr", a.GRPCAddr(), "grpc_tls", a.tlsMode(), "admin_addr", a.AdminAddr(),
 		"policy", a.policyName, "generation", a.engine.Snapshot().Gen(),
 		"compartments", len(a.engine.Compartments()), "fast_marshal", extproc.FastMarshal())
 	return nil
@@ -355,6 +431,16 @@ func (a *App) checkFixed(p *config.Policy) error {
 	if a.opts.AdminAddr == "" && p.Server.AdminAddr != cur.Server.AdminAddr {
 		problems = append(problems, "server.admin_addr")
 	}
+	for _, k := range []struct{ key, flag, now, was string }{
+		{"server.tls_cert", a.opts.TLS.Cert, p.Server.TLSCert, cur.Server.TLSCert},
+		{"server.tls_key", a.opts.TLS.Key, p.Server.TLSKey, cur.Server.TLSKey},
+		{"server.tls_client_ca", a.opts.TLS.ClientCA, p.Server.TLSClientCA, cur.Server.TLSClientCA},
+	} {
+		// The files' contents are reloaded when they change; which files, only on restart.
+		if k.flag == "" && k.now != k.was {
+			problems = append(problems, k.key)
+		}
+	}
 	if p.Envoy.MaxRequestBody != cur.Envoy.MaxRequestBody {
 		problems = append(problems, "envoy.max_request_body")
 	}
@@ -367,6 +453,7 @@ func (a *App) checkFixed(p *config.Policy) error {
 	if p.Server.KeepaliveTimeout != cur.Server.KeepaliveTimeout {
 		problems = append(problems, "server.keepalive_timeout")
 	}
+	problems = append(problems, a.spendStateFixed(p, cur)...)
 	if !reflect.DeepEqual(p.Cluster, cur.Cluster) {
 		problems = append(problems, "cluster")
 	}
@@ -389,6 +476,9 @@ func (a *App) Shutdown(ctx context.Context) {
 		a.health.Shutdown()
 		if a.watcher != nil {
 			a.watcher.Close()
+		}
+		if a.tls != nil {
+			a.tls.close()
 		}
 		grace := a.current.Load().Server.DrainGrace.D()
 		a.log.Info("draining", "in_flight", a.engine.InFlight(), "streams", a.extproc.ActiveStreams(), "grace", grace.String())
@@ -416,6 +506,7 @@ func (a *App) Shutdown(ctx context.Context) {
 		if err := a.engine.Close(shut); err != nil {
 			a.log.Warn("could not give this replica's shared slots back; they free when its leases expire", "error", err)
 		}
+		a.closeSpendState()
 		a.stopTracing(shut)
 		if err := a.admin.Shutdown(shut); err != nil {
 			a.admin.Close()

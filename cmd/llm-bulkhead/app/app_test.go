@@ -149,6 +149,21 @@ func TestWatchSymlinkSwap(t *testing.T) {
 	if limit(a) != 7 {
 		t.Fatalf("limit %d after the swap", limit(a))
 	}
+	// Every later update is the same swap again: the watch must outlive the first.
+	mkver("..2026_01_03", 9)
+	if err := os.Symlink("..2026_01_03", filepath.Join(dir, "..data_tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "..2026_01_02")); err != nil {
+		t.Fatal(err)
+	}
+	waitGen(t, a, 3)
+	if limit(a) != 9 {
+		t.Fatalf("limit %d after the second swap", limit(a))
+	}
 }
 
 // TestWatchNotStarvedBySiblingWrites (defect 7): a file written every few milliseconds next to

@@ -5,6 +5,7 @@ import (
 	"io"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -17,6 +18,7 @@ type Summary struct {
 	p            *config.Policy
 	compartments []policy.CompartmentView
 	breakers     []policy.BreakerView
+	spend        policy.SpendView
 }
 
 // Summarize builds the policy aside (as a reload would, without serving it) and describes it.
@@ -26,7 +28,7 @@ func Summarize(p *config.Policy) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Summary{p: p, compartments: eng.Compartments(), breakers: eng.Breakers()}, nil
+	return &Summary{p: p, compartments: eng.Compartments(), breakers: eng.Breakers(), spend: eng.Snapshot().Spend(eng.Now())}, nil
 }
 
 // Line is a one-line summary.
@@ -77,7 +79,11 @@ func (s *Summary) Explain(w io.Writer) {
 		if pool != "" {
 			pool = fmt.Sprintf("%s (guaranteed %d)", pool, cv.Guaranteed)
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", cv.Name, cv.Mode, cv.MaxConcurrent, wait, cv.QueueDepth,
+		conc := strconv.FormatInt(cv.MaxConcurrent, 10)
+		if a := cv.Adaptive; a != nil {
+			conc = fmt.Sprintf("adaptive %d-%d", a.Min, a.Max)
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", cv.Name, cv.Mode, conc, wait, cv.QueueDepth,
 			cv.Priority, cv.MaxInflightTokens, tpm, tpd, rpm, pool)
 	}
 	tw.Flush()
@@ -133,6 +139,8 @@ func (s *Summary) Explain(w io.Writer) {
 				orDash(strings.Join(verdictList(b.IgnoreStatuses, b, "ignore"), ", ")))
 		}
 	}
+	explainSpend(w, p, s)
+	explainAdaptive(w, s.compartments)
 	explainPools(w, p)
 	explainReroutes(w, p)
 	e := p.Envoy

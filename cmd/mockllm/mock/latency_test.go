@@ -47,13 +47,13 @@ func TestNewRejectsNonsense(t *testing.T) {
 				TimeScale: -1, Capacity: -1, ProviderCapacity: map[string]int{"": 1, "p": -2},
 				DefaultCompletionTokens: -5, ChunkTokens: -1, EmbeddingDimensions: 99999, RequestLogSize: -1,
 				MaxLoggedBodyBytes: -1, MaxRequestBodyBytes: -1,
-				Latency: LatencyModel{Base: -time.Second, TokensPerSecond: -1, JitterMin: 2, JitterMax: 1, TTFBFraction: 1.5},
+				Latency: LatencyModel{Base: -time.Second, TokensPerSecond: -1, JitterMin: 2, JitterMax: 1, TTFBFraction: 1.5, DecodeSlowdown: -1},
 				Faults:  []FaultRule{{Model: "[", Fault: Fault{Status: 200}}},
 			},
 			wantErr: []string{
 				"time scale", "capacity -1", "provider name", "capacity -2", "default completion", "chunk tokens",
 				"embedding dimensions", "request log size", "logged body", "request body bytes", "latency base",
-				"tokens per second", "jitter", "ttfb", "glob", "status 200",
+				"tokens per second", "jitter", "ttfb", "decode slowdown", "glob", "status 200",
 			},
 		},
 	}
@@ -410,6 +410,47 @@ func TestFirstTokenDelayHoldsTheText(t *testing.T) {
 				}
 				if first != 20*time.Second+47250*time.Microsecond {
 					t.Errorf("first text at %v, want 20.04725s", first)
+				}
+			})
+		})
+	}
+}
+
+// TestDecodeSlowdown: with DecodeSlowdown 0.5, a request that starts while others are in
+// service spends half as long again after its first byte per other request; its first byte
+// is not moved.
+func TestDecodeSlowdown(t *testing.T) {
+	for _, stream := range []bool{true, false} {
+		t.Run(map[bool]string{true: "sse", false: "json"}[stream], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				model := fixedLatency
+				model.DecodeSlowdown = 0.5
+				s, err := New(Options{Latency: model})
+				if err != nil {
+					t.Fatal(err)
+				}
+				// 110 ms each: the first byte at 27.5 ms, 82.5 ms after it.
+				body := `{"model":"m","messages":[{"content":"abcdefgh"}],"max_tokens":8}`
+				if stream {
+					body = `{"model":"m","messages":[{"content":"abcdefgh"}],"max_tokens":8,"stream":true}`
+				}
+				writers := make([]*timedWriter, 3)
+				var wg sync.WaitGroup
+				for i := range writers {
+					writers[i] = newTimedWriter()
+					req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+					wg.Go(func() { s.ServeHTTP(writers[i], req) })
+					synctest.Wait() // request i starts with i others in service
+				}
+				wg.Wait()
+				for i, w := range writers {
+					want := 27500*time.Microsecond + time.Duration(float64(82500*time.Microsecond)*(1+0.5*float64(i)))
+					if got := w.lastAt(); got != want {
+						t.Errorf("request %d ended at %v, want %v", i, got, want)
+					}
+					if stream && w.headerAt != 27500*time.Microsecond {
+						t.Errorf("request %d: first byte at %v, want 27.5ms", i, w.headerAt)
+					}
 				}
 			})
 		})

@@ -44,7 +44,8 @@ const (
 //
 // where tokens is the request's prompt plus completion tokens. A streamed
 // response sends its first byte after TTFBFraction of the latency and spreads
-// the rest evenly over its chunks, so the last event leaves at the full latency.
+// the rest evenly over its chunks, so the last event leaves at the full latency
+// (the part after the first byte stretched by DecodeSlowdown under load).
 // The zero value is the storm experiment's model: (0.2 s + tokens/10000 s) ×
 // uniform(0.9, 1.3) with the first byte at 20 %. Zero fields take those
 // defaults, which is why a first byte at exactly 0 % cannot be asked for (use a
@@ -63,6 +64,14 @@ type LatencyModel struct {
 	// TTFBFraction is the share of a streamed response's latency spent before
 	// its first byte. Zero means 0.2; otherwise it must lie in (0, 1].
 	TTFBFraction float64
+	// DecodeSlowdown models a batching server whose decode step grows with
+	// its batch: a request's time after its first byte (1 − TTFBFraction of
+	// the latency; the gaps between streamed events) is multiplied by
+	// 1 + DecodeSlowdown × (requests in service when it starts − 1), the
+	// count including itself. The factor is fixed when the request starts;
+	// requests joining or leaving later do not change it. Zero (the default)
+	// keeps the pace of tokens independent of load. It must lie in [0, 10].
+	DecodeSlowdown float64
 }
 
 // withDefaults returns m with every zero field replaced by its default.
@@ -97,6 +106,9 @@ func (m LatencyModel) validate() error {
 	if !(m.TTFBFraction > 0 && m.TTFBFraction <= 1) {
 		errs = append(errs, fmt.Errorf("ttfb fraction %v must lie in (0, 1]", m.TTFBFraction))
 	}
+	if !(m.DecodeSlowdown >= 0 && m.DecodeSlowdown <= 10) {
+		errs = append(errs, fmt.Errorf("decode slowdown %v must lie in [0, 10]", m.DecodeSlowdown))
+	}
 	return errors.Join(errs...)
 }
 
@@ -128,7 +140,21 @@ type Options struct {
 	// Capacity is how many requests the whole fake provider processes at once;
 	// the rest wait in FIFO order, which models a shared provider pool that
 	// queues when overloaded. Zero means unlimited.
+	//
+	// The model behind it: a request's latency (LatencyModel) starts when it
+	// gets a slot, so time spent in the queue adds to its time to first byte
+	// and nothing else; the pace of its streamed tokens does not depend on
+	// how many requests are in service (a server that batches up to its
+	// capacity without slowing down, and queues the rest) unless
+	// LatencyModel.DecodeSlowdown says so. Each response reports its wait in
+	// x-mockllm-queue-wait.
 	Capacity int
+	// CapacitySchedule, when not empty, replaces Capacity with a capacity
+	// that changes during the run (see CapacitySchedule); its offsets are
+	// simulated time, so they follow TimeScale. The schedule starts when the
+	// Server is made and starts again from its first step on every Reset.
+	// Setting both Capacity and CapacitySchedule is an error.
+	CapacitySchedule CapacitySchedule
 	// ProviderCapacity limits concurrent requests per x-llm-provider header
 	// value, on top of Capacity. Providers not listed are unlimited.
 	ProviderCapacity map[string]int
@@ -195,6 +221,7 @@ func (o Options) withDefaults() Options {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	o.ModelProviders = slices.Clone(o.ModelProviders)
+	o.CapacitySchedule = slices.Clone(o.CapacitySchedule)
 	return o
 }
 
@@ -209,6 +236,14 @@ func (o Options) validate() error {
 	}
 	if o.Capacity < 0 {
 		errs = append(errs, fmt.Errorf("capacity %d must not be negative", o.Capacity))
+	}
+	if len(o.CapacitySchedule) > 0 {
+		if o.Capacity != 0 {
+			errs = append(errs, fmt.Errorf("capacity %d and capacity schedule %s exclude each other", o.Capacity, o.CapacitySchedule))
+		}
+		if err := o.CapacitySchedule.validate(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for name, c := range o.ProviderCapacity {
 		if name == "" {

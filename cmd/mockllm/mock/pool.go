@@ -5,6 +5,7 @@ import (
 	"context"
 	"maps"
 	"sync"
+	"time"
 )
 
 // pool is a counting semaphore whose waiters are served strictly first in,
@@ -16,9 +17,13 @@ type pool struct {
 	limit    int
 	inFlight int
 	// waiters holds one chan struct{} per waiting request, oldest first; a
-	// released slot is handed to the front waiter by closing its channel, so a
+	// free slot is handed to the front waiter by closing its channel, so a
 	// newcomer can never overtake someone already queued.
 	waiters list.List
+	// waited counts the requests that had to queue and waitedFor sums how
+	// long they queued (real time), since the pool was made or last reset.
+	waited    int64
+	waitedFor time.Duration
 }
 
 // newPool returns a pool admitting limit requests at once (0: unlimited).
@@ -26,23 +31,29 @@ func newPool(limit int) *pool {
 	return &pool{limit: limit}
 }
 
-// acquire takes a slot, waiting in FIFO order while the pool is full. It
-// gives up with ctx's error when ctx ends first, leaving the queue as if it
-// had never joined.
-func (p *pool) acquire(ctx context.Context) error {
+// acquire takes a slot, waiting in FIFO order while the pool is full, and
+// returns how long it waited. It gives up with ctx's error when ctx ends
+// first, leaving the queue as if it had never joined.
+func (p *pool) acquire(ctx context.Context) (time.Duration, error) {
 	p.mu.Lock()
-	if p.waiters.Len() == 0 && (p.limit == 0 || p.inFlight < p.limit) {
+	if p.waiters.Len() == 0 && p.freeLocked() {
 		p.inFlight++
 		p.mu.Unlock()
-		return nil
+		return 0, nil
 	}
+	queued := time.Now()
 	ready := make(chan struct{})
 	elem := p.waiters.PushBack(ready)
 	p.mu.Unlock()
 
 	select {
 	case <-ready:
-		return nil
+		wait := time.Since(queued)
+		p.mu.Lock()
+		p.waited++
+		p.waitedFor += wait
+		p.mu.Unlock()
+		return wait, nil
 	case <-ctx.Done():
 	}
 	p.mu.Lock()
@@ -54,7 +65,36 @@ func (p *pool) acquire(ctx context.Context) error {
 	default:
 		p.waiters.Remove(elem)
 	}
-	return ctx.Err()
+	return 0, ctx.Err()
+}
+
+// freeLocked reports whether a slot is free; p.mu must be held.
+func (p *pool) freeLocked() bool {
+	return p.limit == 0 || p.inFlight < p.limit
+}
+
+// setLimit changes the pool's limit (0: unlimited). Lowering it revokes
+// nothing: the requests in service keep their slots and the queue waits until
+// fewer than the new limit are in service. Raising it hands the new slots to
+// the oldest waiters at once.
+func (p *pool) setLimit(limit int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.limit = limit
+	p.grantLocked()
+}
+
+// grantLocked hands free slots to the front waiters; p.mu must be held.
+func (p *pool) grantLocked() {
+	for p.freeLocked() {
+		front := p.waiters.Front()
+		if front == nil {
+			return
+		}
+		p.waiters.Remove(front)
+		p.inFlight++
+		close(front.Value.(chan struct{}))
+	}
 }
 
 // release returns a slot taken by acquire, handing it straight to the oldest
@@ -67,19 +107,24 @@ func (p *pool) release() {
 
 // releaseLocked is release with p.mu held.
 func (p *pool) releaseLocked() {
-	if front := p.waiters.Front(); front != nil {
-		p.waiters.Remove(front)
-		close(front.Value.(chan struct{}))
-		return
-	}
 	p.inFlight--
+	p.grantLocked()
 }
 
-// stats reports the pool's current occupancy.
-func (p *pool) stats() PoolStats {
+// stats reports the pool's current occupancy and its waits, converting them
+// to simulated time by dividing by scale.
+func (p *pool) stats(scale float64) PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return PoolStats{Capacity: p.limit, InFlight: p.inFlight, Queued: p.waiters.Len()}
+	return PoolStats{Capacity: p.limit, InFlight: p.inFlight, Queued: p.waiters.Len(),
+		Waited: p.waited, WaitSeconds: p.waitedFor.Seconds() / scale}
+}
+
+// resetWaits zeroes the wait counters.
+func (p *pool) resetWaits() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.waited, p.waitedFor = 0, 0
 }
 
 // PoolStats is the occupancy of one capacity pool at one instant. It is a
@@ -91,6 +136,12 @@ type PoolStats struct {
 	InFlight int `json:"in_flight"`
 	// Queued is how many requests wait for a slot.
 	Queued int `json:"queued"`
+	// Waited counts the requests that waited for a slot before being served,
+	// and WaitSeconds sums their waits in simulated seconds, since the server
+	// started or was last reset. A request that gave up waiting counts in
+	// neither.
+	Waited      int64   `json:"waited"`
+	WaitSeconds float64 `json:"wait_seconds"`
 }
 
 // pools holds the whole-provider pool and one pool per x-llm-provider value.
@@ -137,38 +188,54 @@ func (ps *pools) providerPool(provider string) *pool {
 
 // acquire takes a slot in the provider's pool (when provider is not empty)
 // and then in the global pool, always in that order so two requests can never
-// hold each other's next slot. The returned release must be called exactly
-// once when err is nil.
-func (ps *pools) acquire(ctx context.Context, provider string) (release func(), err error) {
+// hold each other's next slot; wait is how long that took in real time. The
+// returned release must be called exactly once when err is nil.
+func (ps *pools) acquire(ctx context.Context, provider string) (release func(), wait time.Duration, err error) {
 	var pp *pool
 	if provider != "" {
 		pp = ps.providerPool(provider)
-		if err := pp.acquire(ctx); err != nil {
-			return nil, err
+		w, err := pp.acquire(ctx)
+		if err != nil {
+			return nil, 0, err
 		}
+		wait += w
 	}
-	if err := ps.global.acquire(ctx); err != nil {
+	w, err := ps.global.acquire(ctx)
+	if err != nil {
 		if pp != nil {
 			pp.release()
 		}
-		return nil, err
+		return nil, 0, err
 	}
+	wait += w
 	return func() {
 		ps.global.release()
 		if pp != nil {
 			pp.release()
 		}
-	}, nil
+	}, wait, nil
 }
 
-// stats reports the global pool and every provider pool.
-func (ps *pools) stats() (PoolStats, map[string]PoolStats) {
+// stats reports the global pool and every provider pool, waits in
+// simulated time (real time divided by scale).
+func (ps *pools) stats(scale float64) (PoolStats, map[string]PoolStats) {
 	ps.mu.Lock()
 	byProvider := maps.Clone(ps.byProvider)
 	ps.mu.Unlock()
 	out := make(map[string]PoolStats, len(byProvider))
 	for name, p := range byProvider {
-		out[name] = p.stats()
+		out[name] = p.stats(scale)
 	}
-	return ps.global.stats(), out
+	return ps.global.stats(scale), out
+}
+
+// resetWaits zeroes the wait counters of every pool.
+func (ps *pools) resetWaits() {
+	ps.mu.Lock()
+	byProvider := maps.Clone(ps.byProvider)
+	ps.mu.Unlock()
+	ps.global.resetWaits()
+	for _, p := range byProvider {
+		p.resetWaits()
+	}
 }

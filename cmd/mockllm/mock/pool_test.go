@@ -24,7 +24,7 @@ func TestPoolServesWaitersInArrivalOrder(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				p := newPool(tt.limit)
 				for range tt.limit {
-					if err := p.acquire(context.Background()); err != nil {
+					if _, err := p.acquire(context.Background()); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -37,7 +37,7 @@ func TestPoolServesWaitersInArrivalOrder(t *testing.T) {
 					ctx, cancel := context.WithCancel(context.Background())
 					cancels[i] = cancel
 					wg.Go(func() {
-						errs[i] = p.acquire(ctx)
+						_, errs[i] = p.acquire(ctx)
 						if errs[i] == nil {
 							mu.Lock()
 							order = append(order, i)
@@ -46,7 +46,7 @@ func TestPoolServesWaitersInArrivalOrder(t *testing.T) {
 					})
 					synctest.Wait()
 				}
-				if st := p.stats(); st.InFlight != tt.limit || st.Queued != tt.waiters {
+				if st := p.stats(1); st.InFlight != tt.limit || st.Queued != tt.waiters {
 					t.Fatalf("stats = %+v, want %d in flight and %d queued", st, tt.limit, tt.waiters)
 				}
 				for _, i := range tt.cancel {
@@ -75,7 +75,7 @@ func TestPoolServesWaitersInArrivalOrder(t *testing.T) {
 						t.Errorf("cancelled waiter %d got %v, want context.Canceled", i, errs[i])
 					}
 				}
-				if st := p.stats(); st.InFlight != tt.limit || st.Queued != 0 {
+				if st := p.stats(1); st.InFlight != tt.limit || st.Queued != 0 {
 					t.Fatalf("final stats = %+v, want %d in flight (the served waiters) and none queued", st, tt.limit)
 				}
 			})
@@ -86,17 +86,17 @@ func TestPoolServesWaitersInArrivalOrder(t *testing.T) {
 func TestPoolUnlimitedStillCounts(t *testing.T) {
 	p := newPool(0)
 	for range 100 {
-		if err := p.acquire(context.Background()); err != nil {
+		if _, err := p.acquire(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if st := p.stats(); st.InFlight != 100 || st.Queued != 0 || st.Capacity != 0 {
+	if st := p.stats(1); st.InFlight != 100 || st.Queued != 0 || st.Capacity != 0 {
 		t.Fatalf("stats = %+v, want 100 in flight", st)
 	}
 	for range 100 {
 		p.release()
 	}
-	if st := p.stats(); st.InFlight != 0 {
+	if st := p.stats(1); st.InFlight != 0 {
 		t.Fatalf("stats = %+v, want empty", st)
 	}
 }
@@ -107,13 +107,13 @@ func TestPoolCancelRacingHandOver(t *testing.T) {
 	for i := range 50 {
 		synctest.Test(t, func(t *testing.T) {
 			p := newPool(1)
-			if err := p.acquire(context.Background()); err != nil {
+			if _, err := p.acquire(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			var err error
 			var wg sync.WaitGroup
-			wg.Go(func() { err = p.acquire(ctx) })
+			wg.Go(func() { _, err = p.acquire(ctx) })
 			synctest.Wait()
 			// Both happen before the waiter runs again; which one it sees
 			// first is up to the select.
@@ -124,7 +124,7 @@ func TestPoolCancelRacingHandOver(t *testing.T) {
 			if err == nil {
 				want = 1
 			}
-			if st := p.stats(); st.InFlight != want || st.Queued != 0 {
+			if st := p.stats(1); st.InFlight != want || st.Queued != 0 {
 				t.Fatalf("round %d: acquire returned %v and the pool holds %+v, want %d in flight", i, err, st, want)
 			}
 		})

@@ -29,6 +29,13 @@ const (
 	HeaderRequestID    = "x-mockllm-request-id"
 )
 
+// HeaderQueueWait is the response header giving, in simulated seconds with
+// millisecond precision ("0.250"), how long the request waited in the fake
+// provider's queue for a capacity slot. Every response of a request that got
+// a slot carries it (0.000 when there was no wait); an injected failure, which
+// never queues, and an invalid request do not.
+const HeaderQueueWait = "x-mockllm-queue-wait"
+
 // api names one of the endpoints the fake provider serves.
 type api int
 

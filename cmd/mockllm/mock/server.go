@@ -4,13 +4,15 @@
 // It serves POST /v1/chat/completions, /v1/completions, /v1/embeddings,
 // /v1/responses and /v1/messages (JSON and SSE) and GET /v1/models, with a
 // latency model (LatencyModel), a capacity that queues requests FIFO when the
-// fake provider is full, faults injected by request header, by rule per
+// fake provider is full (fixed, Options.Capacity, or changing during the run,
+// Options.CapacitySchedule), faults injected by request header, by rule per
 // provider or model, or at run time (Fault, FaultRule), and optionally a
 // check that each provider is sent only the models it serves
 // (Options.ModelProviders; 404 model_not_found otherwise). Every API response
 // carries x-mockllm-prompt-tokens, x-mockllm-completion-tokens and
 // x-mockllm-request-id, so a test can compare what a client settled with what
-// was reported. Responses always hold one choice, whatever n asks for.
+// was reported, and x-mockllm-queue-wait, the simulated seconds it waited for
+// a capacity slot. Responses always hold one choice, whatever n asks for.
 //
 // Token accounting is deterministic and reported exactly:
 //
@@ -33,7 +35,9 @@
 //	GET  /mockllm/stats     counters and occupancy (Stats)
 //	GET  /mockllm/faults    the fault rules in force: {"rules": [FaultRule...]}
 //	POST /mockllm/faults    replace them (same JSON; unknown keys are errors)
-//	POST /mockllm/reset     empty the request log and zero the counters
+//	POST /mockllm/capacity  set the whole provider's capacity now: {"capacity": N} (0: unlimited);
+//	                        stops the capacity schedule
+//	POST /mockllm/reset     empty the request log, zero the counters, restart the capacity schedule
 //	GET  /mockllm/healthz   200 while serving
 package mock
 
@@ -66,6 +70,7 @@ type Server struct {
 	faults atomic.Pointer[[]FaultRule]
 	rec    *recorder
 	pools  *pools
+	sched  *scheduler // nil without a capacity schedule
 	seq    atomic.Uint64
 
 	rngMu sync.Mutex
@@ -89,7 +94,33 @@ func New(opts Options) (*Server, error) {
 	}
 	rules := cloneRules(opts.Faults)
 	s.faults.Store(&rules)
+	if len(opts.CapacitySchedule) > 0 {
+		s.sched = &scheduler{steps: opts.CapacitySchedule, scale: opts.TimeScale, pool: s.pools.global}
+		s.sched.start()
+	}
 	return s, nil
+}
+
+// SetCapacity sets the whole provider's capacity from now on (0: unlimited), stopping the
+// capacity schedule if there is one. Like a schedule's step, a lower capacity revokes nothing
+// and a higher one lets the oldest waiters in at once.
+func (s *Server) SetCapacity(n int) error {
+	if n < 0 || n > maxScheduleCapacity {
+		return fmt.Errorf("capacity %d must lie in [0, %d]", n, maxScheduleCapacity)
+	}
+	s.StopSchedule()
+	s.pools.global.setLimit(n)
+	return nil
+}
+
+// StopSchedule cancels the capacity changes still to come; the capacity in
+// force stays. Run calls it when it returns; a Server used only as an
+// http.Handler should call it when done, or its pending changes keep it
+// reachable until they are due. It does nothing without a schedule.
+func (s *Server) StopSchedule() {
+	if s.sched != nil {
+		s.sched.stop()
+	}
 }
 
 // SetFaults replaces the fault rules applied to requests from now on. Rules
@@ -116,14 +147,19 @@ func (s *Server) Requests() []RecordedRequest {
 // Stats returns the counters and the current occupancy of the capacity pools.
 func (s *Server) Stats() Stats {
 	st := s.rec.stats()
-	st.Global, st.Providers = s.pools.stats()
+	st.Global, st.Providers = s.pools.stats(s.opts.TimeScale)
 	return st
 }
 
-// Reset empties the request log and zeroes the counters. Fault rules and
-// requests in progress are left alone.
+// Reset empties the request log, zeroes the counters (queue waits included)
+// and starts the capacity schedule again from its first step. Fault rules
+// and requests in progress are left alone.
 func (s *Server) Reset() {
 	s.rec.reset()
+	s.pools.resetWaits()
+	if s.sched != nil {
+		s.sched.start()
+	}
 }
 
 // Run serves s on l until ctx ends, then shuts down gracefully: it stops
@@ -132,6 +168,7 @@ func (s *Server) Reset() {
 // nil after a clean shutdown and an error when serving failed or grace ran
 // out. Run closes l.
 func (s *Server) Run(ctx context.Context, l net.Listener, grace time.Duration) error {
+	defer s.StopSchedule()
 	hs := &http.Server{
 		Handler:           s,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -331,12 +368,13 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, a api, pathLab
 		return
 	}
 
-	release, err := s.pools.acquire(ctx, provider)
+	release, wait, err := s.pools.acquire(ctx, provider)
 	if err != nil {
 		e.finish(0, OutcomeClientGone)
 		return
 	}
 	defer release()
+	w.Header().Set(HeaderQueueWait, strconv.FormatFloat(wait.Seconds()/s.opts.TimeScale, 'f', 3, 64))
 
 	resp := &response{
 		objectID: "mock" + strconv.FormatUint(seq, 10), model: p.Model, created: time.Now().Unix(),
@@ -345,7 +383,10 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, a api, pathLab
 	}
 	start := time.Now().Add(delay)
 	latency := s.scale(s.opts.Latency.Latency(e.usage.total(), jitter))
-	t := timing{start: start, latency: latency, firstToken: s.scale(time.Duration(f.FirstTokenDelay))}
+	t := timing{start: start, latency: latency, firstToken: s.scale(time.Duration(f.FirstTokenDelay)), decode: 1}
+	if d := s.opts.Latency.DecodeSlowdown; d > 0 {
+		t.decode = 1 + d*float64(max(s.pools.global.stats(1).InFlight-1, 0))
+	}
 	var errEv *sseEvent
 	if f.StreamError != 0 {
 		msg := defaultErrorMessage(f.StreamError)
@@ -415,9 +456,26 @@ type timing struct {
 	// firstToken holds the first token back on top of the latency, with the
 	// headers sent at once (first-token-delay).
 	firstToken time.Duration
+	// decode stretches the time after the first byte (LatencyModel.DecodeSlowdown); 1 leaves
+	// it alone.
+	decode float64
 }
 
-// whole answers with one JSON body once the whole latency has passed, as a
+// end is when the response is complete: the first byte at ttfb of the latency, the rest of
+// the latency stretched by the decode factor, plus any first-token delay.
+func (t timing) end(ttfb time.Duration) time.Duration {
+	return ttfb + t.firstToken + time.Duration(float64(t.latency-ttfb)*t.decodeFactor())
+}
+
+func (t timing) decodeFactor() float64 {
+	if t.decode <= 0 {
+		return 1
+	}
+	return t.decode
+}
+
+// whole answers with one JSON body once the whole latency has passed (its
+// part after the first byte stretched by the decode factor), as a
 // non-streaming provider does. Under a first-token delay the headers leave
 // at once and the body after the latency plus the delay. errEv, when set,
 // holds an error body sent instead, with status 200.
@@ -438,7 +496,8 @@ func (s *Server) whole(ctx context.Context, out *output, rend bodyRenderer, t ti
 			return err
 		}
 	}
-	if err := sleepUntil(ctx, t.start.Add(t.latency+t.firstToken)); err != nil {
+	ttfb := time.Duration(float64(t.latency) * s.opts.Latency.TTFBFraction)
+	if err := sleepUntil(ctx, t.start.Add(t.end(ttfb))); err != nil {
 		return err
 	}
 	if t.firstToken > 0 {
@@ -475,8 +534,9 @@ func streamErrorEvent(a api, status int, message string) (sseEvent, error) {
 }
 
 // stream answers with SSE: headers and the preamble at TTFBFraction of the
-// latency, content events evenly spread until the full latency, then the
-// trailer events at once. A first-token delay moves the content events and
+// latency, content events evenly spread until the full latency (its part
+// after the first byte stretched by the decode factor), then the trailer
+// events at once. A first-token delay moves the content events and
 // the trailer that much later. errEv, when set, is sent after the first
 // content event (or the preamble, without content) and ends the stream.
 func (s *Server) stream(ctx context.Context, out *output, rend streamRenderer, u usage, t timing, errEv *sseEvent) error {
@@ -500,7 +560,7 @@ func (s *Server) stream(ctx context.Context, out *output, rend streamRenderer, u
 	}
 	visible := u.visible()
 	n := chunkCount(visible, s.opts.ChunkTokens)
-	rest := float64(latency - ttfb)
+	rest := float64(latency-ttfb) * t.decodeFactor()
 	for i := range n {
 		at := ttfb + t.firstToken + time.Duration(rest*float64(i+1)/float64(n))
 		if err := sleepUntil(ctx, start.Add(at)); err != nil {
@@ -526,7 +586,7 @@ func (s *Server) stream(ctx context.Context, out *output, rend streamRenderer, u
 		}
 		return out.finish()
 	}
-	if err := sleepUntil(ctx, start.Add(latency+t.firstToken)); err != nil {
+	if err := sleepUntil(ctx, start.Add(t.end(ttfb))); err != nil {
 		return err
 	}
 	tr, err := rend.trailer()
@@ -603,6 +663,21 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		writeAdminJSON(w, http.StatusOK, faultsDoc{Rules: s.Faults()})
+	case "POST /mockllm/capacity":
+		var doc struct {
+			Capacity *int `json:"capacity"`
+		}
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<10))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&doc); err != nil || doc.Capacity == nil || dec.More() {
+			writeAdminJSON(w, http.StatusBadRequest, adminError{Error: `capacity: want {"capacity": N}`})
+			return
+		}
+		if err := s.SetCapacity(*doc.Capacity); err != nil {
+			writeAdminJSON(w, http.StatusBadRequest, adminError{Error: err.Error()})
+			return
+		}
+		writeAdminJSON(w, http.StatusOK, s.Stats().Global)
 	case "POST /mockllm/reset":
 		s.Reset()
 		w.WriteHeader(http.StatusNoContent)
@@ -611,7 +686,7 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
 	default:
 		switch r.URL.Path {
-		case "/mockllm/requests", "/mockllm/stats", "/mockllm/faults", "/mockllm/reset", "/mockllm/healthz":
+		case "/mockllm/requests", "/mockllm/stats", "/mockllm/faults", "/mockllm/capacity", "/mockllm/reset", "/mockllm/healthz":
 			writeAdminJSON(w, http.StatusMethodNotAllowed, adminError{Error: "method " + r.Method + " not allowed on " + r.URL.Path})
 		default:
 			writeAdminJSON(w, http.StatusNotFound, adminError{Error: "no admin endpoint " + r.URL.Path})

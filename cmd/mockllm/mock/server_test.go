@@ -923,6 +923,16 @@ func TestAdminEndpoints(t *testing.T) {
 		{name: "faults trailing data", method: http.MethodPost, path: "/mockllm/faults", body: `{"rules":[]} {}`, wantStatus: 400},
 		{name: "faults not JSON", method: http.MethodPost, path: "/mockllm/faults", body: `rules`, wantStatus: 400},
 		{name: "healthz", method: http.MethodGet, path: "/mockllm/healthz", wantStatus: 200},
+		{name: "capacity", method: http.MethodPost, path: "/mockllm/capacity", body: `{"capacity": 7}`, wantStatus: 200, check: func(t *testing.T, body []byte) {
+			var g PoolStats
+			if err := json.Unmarshal(body, &g); err != nil || g.Capacity != 7 || s.Stats().Global.Capacity != 7 {
+				t.Fatalf("capacity answer %s (%v), stats %+v", body, err, s.Stats().Global)
+			}
+		}},
+		{name: "capacity negative", method: http.MethodPost, path: "/mockllm/capacity", body: `{"capacity": -1}`, wantStatus: 400},
+		{name: "capacity missing", method: http.MethodPost, path: "/mockllm/capacity", body: `{}`, wantStatus: 400},
+		{name: "capacity unknown key", method: http.MethodPost, path: "/mockllm/capacity", body: `{"capacity": 3, "when": "now"}`, wantStatus: 400},
+		{name: "capacity by GET", method: http.MethodGet, path: "/mockllm/capacity", wantStatus: 405},
 		{name: "wrong method", method: http.MethodDelete, path: "/mockllm/requests", wantStatus: 405},
 		{name: "unknown", method: http.MethodGet, path: "/mockllm/nothing", wantStatus: 404},
 		{name: "reset", method: http.MethodPost, path: "/mockllm/reset", wantStatus: 204, check: func(t *testing.T, _ []byte) {

@@ -1,0 +1,238 @@
+package adaptive
+
+import (
+	"container/heap"
+	"math/rand/v2"
+	"time"
+)
+
+// provider simulates an LLM provider the way a model server behaves: it works on at most
+// capacity requests at once and queues the rest FIFO. A request's first token comes after its
+// wait in that queue plus prefill (fixed overhead plus a time per prompt token); its tokens
+// then come every interToken. Latencies carry ±jitter.
+type provider struct {
+	capacity   int
+	overhead   time.Duration
+	perPrompt  time.Duration // prefill time per prompt token
+	interToken time.Duration
+	jitter     float64
+	// rateLimited answers every request at once with a 429 while true.
+	rateLimited bool
+
+	active int
+	queue  []*simReq
+}
+
+type simReq struct {
+	admitted  time.Time
+	prompt    int64
+	output    int64
+	saturated bool
+	started   time.Time // when the provider began working on it
+	handle    Handle
+}
+
+// event is a simulated happening at a point in time.
+type event struct {
+	at   time.Time
+	seq  int
+	kind int // evDone or evArrive
+	req  *simReq
+	// ttfb and itl are what the finished request measured; backoff its 429.
+	ttfb, itl time.Duration
+	backoff   bool
+}
+
+const (
+	evDone = iota
+	evArrive
+	evFirst
+)
+
+type events []*event
+
+func (e events) Len() int { return len(e) }
+func (e events) Less(i, j int) bool {
+	if !e[i].at.Equal(e[j].at) {
+		return e[i].at.Before(e[j].at)
+	}
+	return e[i].seq < e[j].seq
+}
+func (e events) Swap(i, j int) { e[i], e[j] = e[j], e[i] }
+func (e *events) Push(x any)   { *e = append(*e, x.(*event)) }
+func (e *events) Pop() any {
+	old := *e
+	x := old[len(old)-1]
+	*e = old[:len(old)-1]
+	return x
+}
+
+// sim runs clients against a compartment whose limit a Controller sets, in front of a
+// provider, on a simulated clock. Clients are closed-loop: each sends its next request as soon
+// as the previous one ends, so demand always exceeds the limit (the limit is saturated).
+type sim struct {
+	now   time.Time
+	ctl   *Controller
+	prov  *provider
+	rng   *rand.Rand
+	queue events
+	seq   int
+
+	// Our compartment.
+	inflight int
+	waiting  []*simReq
+
+	// prompt and output size the requests clients send.
+	prompt, output func(*rand.Rand) int64
+
+	// trace records the limit in force after every completed request.
+	trace []point
+	// completed counts finished requests.
+	completed int
+}
+
+type point struct {
+	at    time.Time
+	limit int64
+}
+
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func newSim(s Settings, p *provider, clients int) *sim {
+	x := &sim{now: epoch, prov: p, rng: rand.New(rand.NewPCG(1, 2))}
+	x.ctl = New(s, x.now)
+	x.prompt = func(r *rand.Rand) int64 { return 200 + r.Int64N(1800) }
+	x.output = func(r *rand.Rand) int64 { return 150 + r.Int64N(100) }
+	for range clients {
+		x.arrive()
+	}
+	return x
+}
+
+func (x *sim) push(e *event) {
+	x.seq++
+	e.seq = x.seq
+	heap.Push(&x.queue, e)
+}
+
+func (x *sim) jit(d time.Duration) time.Duration {
+	j := x.prov.jitter
+	return time.Duration(float64(d) * (1 - j + 2*j*x.rng.Float64()))
+}
+
+// arrive: a client sends a request to our compartment.
+func (x *sim) arrive() {
+	r := &simReq{prompt: x.prompt(x.rng), output: x.output(x.rng)}
+	x.waiting = append(x.waiting, r)
+	x.admit()
+}
+
+// admit lets waiting requests through while the limit allows.
+func (x *sim) admit() {
+	limit := int(x.ctl.Limit())
+	for len(x.waiting) > 0 && x.inflight < limit {
+		r := x.waiting[0]
+		x.waiting = x.waiting[1:]
+		x.inflight++
+		r.admitted = x.now
+		r.saturated = x.inflight >= limit || len(x.waiting) > 0
+		r.handle = x.ctl.Start(x.now, r.prompt, true)
+		x.send(r)
+	}
+}
+
+// send hands r to the provider.
+func (x *sim) send(r *simReq) {
+	p := x.prov
+	if p.rateLimited {
+		x.push(&event{at: x.now.Add(x.jit(30 * time.Millisecond)), kind: evDone, req: r, backoff: true})
+		return
+	}
+	if p.active >= p.capacity {
+		p.queue = append(p.queue, r)
+		return
+	}
+	x.start(r)
+}
+
+func (x *sim) start(r *simReq) {
+	p := x.prov
+	p.active++
+	r.started = x.now
+	prefill := x.jit(p.overhead + time.Duration(r.prompt)*p.perPrompt)
+	itl := x.jit(p.interToken)
+	first := x.now.Add(prefill)
+	end := first.Add(time.Duration(r.output-1) * itl)
+	// The first token is reported when it comes, the inter-token latency when the answer ends,
+	// as the server reports them.
+	x.push(&event{at: first, kind: evFirst, req: r, ttfb: first.Sub(r.admitted)})
+	x.push(&event{at: end, kind: evDone, req: r, itl: itl})
+}
+
+// run advances the simulation by d.
+func (x *sim) run(d time.Duration) {
+	until := x.now.Add(d)
+	for x.queue.Len() > 0 && !x.queue[0].at.After(until) {
+		e := heap.Pop(&x.queue).(*event)
+		x.now = e.at
+		switch e.kind {
+		case evArrive:
+			x.arrive()
+		case evDone:
+			x.done(e)
+		case evFirst:
+			x.observe(Sample{Admitted: e.req.admitted, TTFB: e.ttfb, PromptTokens: e.req.prompt, Saturated: e.req.saturated, Handle: e.req.handle})
+		}
+	}
+	x.now = until
+}
+
+func (x *sim) done(e *event) {
+	r := e.req
+	p := x.prov
+	if !e.backoff {
+		p.active--
+		for p.active < p.capacity && len(p.queue) > 0 {
+			next := p.queue[0]
+			p.queue = p.queue[1:]
+			x.start(next)
+		}
+	}
+	x.inflight--
+	x.completed++
+	x.observe(Sample{Admitted: r.admitted, InterToken: e.itl, Backoff: e.backoff, Saturated: r.saturated})
+	limit := x.ctl.Finish(x.now, r.handle)
+	x.trace = append(x.trace, point{x.now, limit})
+	// The client thinks for a moment, then sends its next request.
+	x.push(&event{at: x.now.Add(x.jit(50 * time.Millisecond)), kind: evArrive})
+	x.admit()
+}
+
+func (x *sim) observe(s Sample) {
+	limit := x.ctl.Observe(x.now, s)
+	x.trace = append(x.trace, point{x.now, limit})
+	x.admit()
+}
+
+// limits returns the min, max and time-weighted mean of the limit in force over [from, to).
+func (x *sim) limits(from, to time.Time) (lo, hi int64, mean float64) {
+	lo, hi = 1<<62, 0
+	var sum float64
+	last := x.ctl.s.Initial
+	prev := from
+	for _, p := range x.trace {
+		if p.at.Before(from) {
+			last = p.limit
+			continue
+		}
+		if !p.at.Before(to) {
+			break
+		}
+		sum += float64(last) * p.at.Sub(prev).Seconds()
+		lo, hi = min(lo, last), max(hi, last)
+		last, prev = p.limit, p.at
+	}
+	sum += float64(last) * to.Sub(prev).Seconds()
+	lo, hi = min(lo, last), max(hi, last)
+	return lo, hi, sum / to.Sub(from).Seconds()
+}
