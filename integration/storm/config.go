@@ -2,10 +2,12 @@ package storm
 
 import (
 	"bytes"
+	_ "embed"
 	"errors"
 	"fmt"
 	"math"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -23,17 +25,36 @@ type Configuration struct {
 	Label string `json:"label"`
 	// Storm runs the batch job; without it only chat users send.
 	Storm bool `json:"storm"`
-	// PolicyPath is the policy llm-bulkhead runs. Empty means pass-through: the simulator
-	// forwards every request without calling an ext_proc server (all processing skipped), so
-	// nothing is classified, queued or refused on the way.
+	// PolicyPath is the policy llm-bulkhead runs. Empty (and no PolicyText) means pass-through:
+	// the simulator forwards every request without calling an ext_proc server (all processing
+	// skipped), so nothing is classified, queued or refused on the way.
 	PolicyPath string `json:"policy,omitempty"`
+	// PolicyText, when set, is the policy itself, PolicyPath then only naming it in messages.
+	PolicyText []byte `json:"-"`
 	// Shadow runs the policy in shadow mode: every compartment family gets mode: shadow and every
 	// breaker state METRICS_ONLY, so the server counts what it would refuse and refuses nothing.
 	Shadow bool `json:"shadow,omitempty"`
+	// Brownout runs the upstream on the scenario's capacity schedule (Scenario.Brownout);
+	// without it the upstream keeps the schedule's first capacity.
+	Brownout bool `json:"brownout,omitempty"`
+	// ProviderLimit, when not empty, replaces max_concurrent of every provider of the policy:
+	// a number, or "adaptive" with Adaptive as its adaptive settings.
+	ProviderLimit string            `json:"provider_limit,omitempty"`
+	Adaptive      map[string]string `json:"adaptive,omitempty"`
+	// FollowCapacity sets every provider's max_concurrent to the upstream's capacity in force,
+	// reloading the policy at each change of the brownout: an operator who knows the capacity
+	// the moment it changes. It shows the best a limit can do that, like every limit here,
+	// never revokes a request it admitted. ProviderLimit is then the first capacity.
+	FollowCapacity bool `json:"follow_capacity,omitempty"`
 }
 
 // PassThrough reports whether the configuration runs without an ext_proc server.
-func (c Configuration) PassThrough() bool { return c.PolicyPath == "" }
+func (c Configuration) PassThrough() bool { return c.PolicyPath == "" && c.PolicyText == nil }
+
+// variant is how DerivePolicy changes the configuration's policy at time scale scale.
+func (c Configuration) variant(scale float64) Variant {
+	return Variant{Shadow: c.Shadow, TimeScale: scale, ProviderLimit: c.ProviderLimit, Adaptive: c.Adaptive}
+}
 
 // Names of the standard configurations.
 const (
@@ -64,6 +85,89 @@ func StandardConfigurations(policyPath, pooledPath string) []Configuration {
 // chat-only run under the policy, which only separates the proxy's own cost.
 var DefaultConfigurationNames = []string{ConfigBaseline, ConfigNoPolicy, ConfigPolicy, ConfigShadow, ConfigPooled}
 
+// Names of the brownout configurations.
+const (
+	ConfigNoBrownout = "no-brownout"
+	ConfigStatic10   = "static-10"
+	ConfigStatic4    = "static-4"
+	ConfigAdaptive   = "adaptive"
+	ConfigFollow     = "follow-capacity"
+)
+
+// BrownoutPolicy is the brownout experiment's built-in policy (brownout-policy.yaml): chat
+// (priority 10) and batch (priority 1) on one provider, deepseek, with max_concurrent 10 and
+// nothing else that refuses.
+//
+//go:embed brownout-policy.yaml
+var BrownoutPolicy []byte
+
+// BrownoutPolicyName names the built-in brownout policy in messages.
+const BrownoutPolicyName = "built-in brownout policy"
+
+// DefaultAdaptive are the adaptive settings of the brownout experiment's adaptive
+// configuration: the limit may move between 2 and 20 from an initial 10, recomputed every
+// 500 ms of simulated time (the default of 1 s reacts too late for a 15-second brownout).
+var DefaultAdaptive = map[string]string{"min": "2", "max": "20", "initial": "10", "interval": "500ms"}
+
+// BrownoutConfigurations returns the brownout experiment's configurations in table order: the
+// provider's limit at 10 without a brownout (the baseline), then under the brownout the limit
+// at 10 (the provider's healthy capacity), at 4 (its brownout capacity), adaptive with the
+// settings given, and set to the capacity at each change (FollowCapacity). policyPath names
+// the policy and policy is its text (BrownoutPolicy when nil).
+func BrownoutConfigurations(policyPath string, policy []byte, adaptive map[string]string) []Configuration {
+	if policy == nil {
+		policy = BrownoutPolicy
+	}
+	if policyPath == "" {
+		policyPath = BrownoutPolicyName
+	}
+	return []Configuration{
+		{Name: ConfigNoBrownout, Label: "no brownout, static limit 10 (baseline)", Storm: true, PolicyPath: policyPath, PolicyText: policy, ProviderLimit: "10"},
+		{Name: ConfigStatic10, Label: "brownout, static limit 10", Storm: true, Brownout: true, PolicyPath: policyPath, PolicyText: policy, ProviderLimit: "10"},
+		{Name: ConfigStatic4, Label: "brownout, static limit 4", Storm: true, Brownout: true, PolicyPath: policyPath, PolicyText: policy, ProviderLimit: "4"},
+		{Name: ConfigAdaptive, Label: "brownout, adaptive limit", Storm: true, Brownout: true, PolicyPath: policyPath, PolicyText: policy, ProviderLimit: "adaptive", Adaptive: adaptive},
+		{Name: ConfigFollow, Label: "brownout, limit set to the capacity at each change", Storm: true, Brownout: true, PolicyPath: policyPath, PolicyText: policy, ProviderLimit: "10", FollowCapacity: true},
+	}
+}
+
+// BrownoutConfigurationNames are the brownout configurations a plain run executes: all of them.
+var BrownoutConfigurationNames = []string{ConfigNoBrownout, ConfigStatic10, ConfigStatic4, ConfigAdaptive, ConfigFollow}
+
+// ParseAdaptive reads adaptive settings written as key=value pairs separated by commas
+// ("min=2,max=20,interval=500ms"). It checks the form only; the policy's validation checks the
+// keys and values.
+func ParseAdaptive(s string) (map[string]string, error) {
+	out := map[string]string{}
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if !ok || k == "" || v == "" {
+			return nil, fmt.Errorf("adaptive setting %q: want key=value, such as interval=500ms", kv)
+		}
+		if _, dup := out[k]; dup {
+			return nil, fmt.Errorf("adaptive setting %q given twice", k)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// FormatAdaptive writes adaptive settings as ParseAdaptive reads them, keys sorted.
+func FormatAdaptive(m map[string]string) string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	for i, k := range ks {
+		ks[i] = k + "=" + m[k]
+	}
+	return strings.Join(ks, ",")
+}
+
 // SelectConfigurations returns the configurations of all named in names, in the order of all.
 func SelectConfigurations(all []Configuration, names []string) ([]Configuration, error) {
 	var out []Configuration
@@ -93,8 +197,14 @@ type Variant struct {
 	// Shadow sets mode: shadow on every compartment family and state: METRICS_ONLY on every
 	// breaker, so nothing is refused and everything is counted.
 	Shadow bool
-	// TimeScale multiplies every wait and breaker duration (1 or 0: unchanged).
+	// TimeScale multiplies every wait and breaker duration (1 or 0: unchanged), and the
+	// durations of adaptive settings.
 	TimeScale float64
+	// ProviderLimit, when not empty, sets max_concurrent of every provider: a number, or
+	// "adaptive", which also sets the provider's adaptive settings to Adaptive (before scaling);
+	// a number removes any adaptive settings.
+	ProviderLimit string
+	Adaptive      map[string]string
 }
 
 // scaledKeys are the policy keys holding durations that must follow the time scale: queue waits
@@ -116,6 +226,11 @@ var breakerDefaults = []struct {
 	d   time.Duration
 }{{"slow_call_duration", 60 * time.Second}, {"wait_in_open", 60 * time.Second}}
 
+// scaledAdaptiveKeys are the durations of an adaptive limit's settings (under a limit's
+// adaptive key), scaled like the waits: how often the limit is recomputed and the baseline
+// re-measured.
+var scaledAdaptiveKeys = map[string]bool{"interval": true, "remeasure_interval": true}
+
 // scaledSections are the top-level sections whose durations DerivePolicy scales.
 var scaledSections = []string{"templates", "features", "tiers", "providers", "breakers", "tenants", "compartments"}
 
@@ -133,6 +248,11 @@ func DerivePolicy(name string, src []byte, v Variant) ([]byte, error) {
 		return nil, fmt.Errorf("%s: a policy file must be a YAML mapping of sections", name)
 	}
 	doc := root.Content[0]
+	if v.ProviderLimit != "" {
+		if err := setProviderLimit(doc, v.ProviderLimit, v.Adaptive); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+	}
 	if v.TimeScale != 0 && v.TimeScale != 1 {
 		if err := scaleDurations(doc, v.TimeScale); err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
@@ -144,7 +264,11 @@ func DerivePolicy(name string, src []byte, v Variant) ([]byte, error) {
 		}
 	}
 	var out bytes.Buffer
-	fmt.Fprintf(&out, "# Derived from %s by the storm experiment (shadow %v, time scale %v).\n", name, v.Shadow, orOne(v.TimeScale))
+	fmt.Fprintf(&out, "# Derived from %s by the storm experiment (shadow %v, time scale %v", name, v.Shadow, orOne(v.TimeScale))
+	if v.ProviderLimit != "" {
+		fmt.Fprintf(&out, ", provider limit %s", v.ProviderLimit)
+	}
+	out.WriteString(").\n")
 	enc := yaml.NewEncoder(&out)
 	enc.SetIndent(2)
 	if err := enc.Encode(&root); err != nil {
@@ -177,7 +301,7 @@ func scaleDurations(doc *yaml.Node, scale float64) error {
 			for i := 0; i+1 < len(n.Content); i += 2 {
 				k, val := n.Content[i], n.Content[i+1]
 				p := path + "." + k.Value
-				if scaledKeys[k.Value] && val.Kind == yaml.ScalarNode {
+				if (scaledKeys[k.Value] || strings.HasSuffix(path, ".adaptive") && scaledAdaptiveKeys[k.Value]) && val.Kind == yaml.ScalarNode {
 					d, err := time.ParseDuration(strings.TrimSpace(val.Value))
 					if err != nil {
 						errs = append(errs, fmt.Errorf("%s: %q is not a duration", p[1:], val.Value))
@@ -223,6 +347,57 @@ func scaleDurations(doc *yaml.Node, scale float64) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// setProviderLimit sets max_concurrent of every provider to limit, with adaptive settings when
+// limit is "adaptive" and without any otherwise.
+func setProviderLimit(doc *yaml.Node, limit string, adaptive map[string]string) error {
+	provs := mapValue(doc, "providers")
+	if provs == nil || provs.Kind != yaml.MappingNode || len(provs.Content) == 0 {
+		return errors.New("a provider limit needs a providers section")
+	}
+	for i := 1; i < len(provs.Content); i += 2 {
+		p := provs.Content[i]
+		if p.Kind != yaml.MappingNode {
+			return fmt.Errorf("provider %s must be a mapping", provs.Content[i-1].Value)
+		}
+		p.Style = 0 // block style, so that an added adaptive mapping reads well
+		setPlain(p, "max_concurrent", limit)
+		deleteKey(p, "adaptive")
+		if limit == "adaptive" && len(adaptive) > 0 {
+			m := &yaml.Node{Kind: yaml.MappingNode, Style: yaml.FlowStyle}
+			ks := make([]string, 0, len(adaptive))
+			for k := range adaptive {
+				ks = append(ks, k)
+			}
+			sort.Strings(ks)
+			for _, k := range ks {
+				m.Content = append(m.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: k}, &yaml.Node{Kind: yaml.ScalarNode, Value: adaptive[k]})
+			}
+			p.Content = append(p.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: "adaptive"}, m)
+		}
+	}
+	return nil
+}
+
+// setPlain sets key to an untagged scalar in mapping n (a number stays a number).
+func setPlain(n *yaml.Node, key, value string) {
+	setScalar(n, key, value)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			n.Content[i+1].Tag = ""
+		}
+	}
+}
+
+// deleteKey removes key from mapping n.
+func deleteKey(n *yaml.Node, key string) {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			n.Content = append(n.Content[:i], n.Content[i+2:]...)
+			return
+		}
+	}
 }
 
 // scaleDuration multiplies d by scale, keeping at least a millisecond so that a configured wait

@@ -5,6 +5,13 @@
 // and the chat latency distribution is compared with and without the storm and with and
 // without a policy.
 //
+// The same machinery runs the provider brownout (BrownoutScenario, BrownoutConfigurations): chat
+// users and a steady batch load on one provider whose capacity follows a mockllm capacity
+// schedule (10, then 4, then 10 again), with the provider's limit of a built-in policy at 10,
+// at 4 and adaptive. Each request's wait is split between the provider's queue (mockllm's
+// x-mockllm-queue-wait) and the way to it, and each run is traced: the capacity, the limit and
+// both queues about every quarter of a simulated second.
+//
 // One Run executes every Configuration Options.Repeat times, each time on a fresh stack
 // (mockllm + llm-bulkhead + envoysim from package harness), interleaving the configurations so
 // that a change in machine load hits them all alike. A Report holds every request of every run

@@ -45,7 +45,7 @@ func TestRefusalsRecordTheirCompartment(t *testing.T) {
 		{Key: "x-bulkhead-compartment", Value: "tier_feature/enterprise/batch_summarize"},
 		{Key: "retry-after", Value: "55"},
 	}}
-	s := r.sampleOf(refusal, nil, "acme")
+	s := r.sampleOf(refusal, time.Time{}, nil, "acme")
 	if s.Outcome != OutcomeRefused || s.Compartment != "tier_feature/enterprise/batch_summarize" || s.RetryAfter != 55 {
 		t.Fatalf("sample %+v", s)
 	}
@@ -55,13 +55,13 @@ func TestRefusalsRecordTheirCompartment(t *testing.T) {
 		t.Errorf("refusedBy %v, refusals %v", r.refusedBy, r.refusals)
 	}
 	// An answer names no compartment and no wait, even when the response carries the headers.
-	ok := r.sampleOf(&envoysim.Result{Status: 200, Headers: envoysim.Headers{{Key: "x-bulkhead-compartment", Value: "feature/chat"}}}, nil, "acme")
+	ok := r.sampleOf(&envoysim.Result{Status: 200, Headers: envoysim.Headers{{Key: "x-bulkhead-compartment", Value: "feature/chat"}}}, time.Time{}, nil, "acme")
 	if ok.Compartment != "" || ok.RetryAfter != 0 {
 		t.Errorf("answer sample %+v", ok)
 	}
 	// A refusal without a retry-after records none, though the job still waits a second.
 	bare := &envoysim.Result{Status: 503, Local: envoysim.LocalImmediate, Headers: envoysim.Headers{{Key: "x-bulkhead-reason", Value: "bulkhead_full"}}}
-	if s := r.sampleOf(bare, nil, "acme"); s.RetryAfter != 0 || retryAfter(bare) != time.Second {
+	if s := r.sampleOf(bare, time.Time{}, nil, "acme"); s.RetryAfter != 0 || retryAfter(bare) != time.Second {
 		t.Errorf("bare refusal %+v, retry %v", s, retryAfter(bare))
 	}
 }

@@ -50,6 +50,104 @@ type RunSummary struct {
 	// Shadow counts what shadow-mode compartments would have refused, per reason, summed over
 	// compartments.
 	Shadow map[string]int `json:"shadow,omitempty"`
+
+	// The brownout's numbers (absent without Scenario.Brownout). ChatBrownoutP99 is the chat
+	// P99 (failures counted as above) of requests started during the brownout phases.
+	ChatBrownoutP99 *float64 `json:"chat_brownout_p99,omitempty"`
+	// BatchHealthyRate and BatchBrownoutRate are the batch documents answered per simulated
+	// second during the healthy phases and during the brownout phases, counted when answered.
+	BatchHealthyRate  *float64 `json:"batch_healthy_rate,omitempty"`
+	BatchBrownoutRate *float64 `json:"batch_brownout_rate,omitempty"`
+	// ProviderWait and ProxyWait sum, per feature, the simulated seconds requests waited in the
+	// upstream's queue and on their way to the upstream (Sample.ProviderWait, ProxyWait).
+	ProviderWait map[string]float64 `json:"provider_wait,omitempty"`
+	ProxyWait    map[string]float64 `json:"proxy_wait,omitempty"`
+}
+
+// ProviderShare is the share of the waiting of feature's requests ("" for all) that happened
+// in the upstream's queue rather than on the way to it; ok is false when nothing waited.
+func (s RunSummary) ProviderShare(feature string) (share float64, ok bool) {
+	var prov, proxy float64
+	for f, w := range s.ProviderWait {
+		if feature == "" || f == feature {
+			prov += w
+		}
+	}
+	for f, w := range s.ProxyWait {
+		if feature == "" || f == feature {
+			proxy += w
+		}
+	}
+	if prov+proxy <= 0 {
+		return 0, false
+	}
+	return prov / (prov + proxy), true
+}
+
+// brownoutSummary fills the brownout's numbers of s.
+func brownoutSummary(s *RunSummary, res *RunResult, sc Scenario) {
+	phases := sc.Phases()
+	if len(phases) == 0 {
+		return
+	}
+	brownout := func(t float64) bool {
+		for _, p := range phases {
+			if t >= p.From && t < p.To {
+				return !p.Healthy
+			}
+		}
+		return false
+	}
+	penalty := sc.ChatTimeout.Seconds()
+	var lats []float64
+	for _, c := range res.Chat {
+		if !brownout(c.Start) {
+			continue
+		}
+		if c.Outcome == OutcomeOK {
+			lats = append(lats, c.Latency)
+		} else {
+			lats = append(lats, penalty)
+		}
+	}
+	s.ChatBrownoutP99 = percentileOpt(lats, 99)
+	var healthyLen, brownoutLen float64
+	for _, p := range phases {
+		if p.Healthy {
+			healthyLen += p.To - p.From
+		} else {
+			brownoutLen += p.To - p.From
+		}
+	}
+	var healthyDone, brownoutDone float64
+	for _, b := range res.Batch {
+		end := b.Start + b.Latency
+		if b.Outcome != OutcomeOK || end >= sc.Duration.Seconds() {
+			continue
+		}
+		if brownout(end) {
+			brownoutDone++
+		} else {
+			healthyDone++
+		}
+	}
+	if healthyLen > 0 {
+		v := healthyDone / healthyLen
+		s.BatchHealthyRate = &v
+	}
+	if brownoutLen > 0 {
+		v := brownoutDone / brownoutLen
+		s.BatchBrownoutRate = &v
+	}
+	s.ProviderWait, s.ProxyWait = map[string]float64{}, map[string]float64{}
+	for _, c := range res.Chat {
+		s.ProviderWait[FeatureChat] += c.ProviderWait
+		s.ProxyWait[FeatureChat] += c.ProxyWait
+	}
+	for _, b := range res.Batch {
+		s.ProviderWait[FeatureBatch] += b.ProviderWait
+		s.ProxyWait[FeatureBatch] += b.ProxyWait
+	}
 }
 
 // summarizeRun computes a run's headline numbers.
@@ -87,6 +185,7 @@ func summarizeRun(res *RunResult, sc Scenario) RunSummary {
 		}
 	}
 	s.BatchP99 = percentileOpt(done, 99)
+	brownoutSummary(&s, res, sc)
 	if res.Engine != nil && len(res.Engine.ShadowRejections) > 0 {
 		s.Shadow = map[string]int{}
 		for reason, byComp := range res.Engine.ShadowRejections {
@@ -124,6 +223,13 @@ type ConfigSummary struct {
 	BreakerOpenings    Stat            `json:"breaker_openings"`
 	UpstreamPeakQueued Stat            `json:"upstream_peak_queued"`
 	StallMillis        Stat            `json:"stall_ms"`
+	// The brownout's numbers (RunSummary's), and the share of the waiting that happened in the
+	// upstream's queue, of all requests and of chat's.
+	ChatBrownoutP99       Stat `json:"chat_brownout_p99"`
+	BatchHealthyRate      Stat `json:"batch_healthy_rate"`
+	BatchBrownoutRate     Stat `json:"batch_brownout_rate"`
+	ProviderWaitShare     Stat `json:"provider_wait_share"`
+	ChatProviderWaitShare Stat `json:"chat_provider_wait_share"`
 }
 
 // Report is the outcome of Run: the setting, every run, and a summary per configuration.
@@ -222,6 +328,21 @@ func (r *Report) summarize() {
 			xs[i] = run.StallMillis
 		}
 		cs.StallMillis = Summarize(xs)
+		cs.ChatBrownoutP99 = opt(func(s RunSummary) *float64 { return s.ChatBrownoutP99 })
+		cs.BatchHealthyRate = opt(func(s RunSummary) *float64 { return s.BatchHealthyRate })
+		cs.BatchBrownoutRate = opt(func(s RunSummary) *float64 { return s.BatchBrownoutRate })
+		share := func(feature string) func(RunSummary) *float64 {
+			return func(s RunSummary) *float64 {
+				if v, ok := s.ProviderShare(feature); ok {
+					return &v
+				}
+				return nil
+			}
+		}
+		if len(r.Scenario.Brownout) > 0 {
+			cs.ProviderWaitShare = opt(share(""))
+			cs.ChatProviderWaitShare = opt(share(FeatureChat))
+		}
 	}
 }
 
@@ -265,10 +386,19 @@ func (r *Report) Config(name string) *ConfigSummary {
 	return nil
 }
 
+// BaselineName is the configuration the others are compared with: the chat-only run without a
+// policy, or, in the brownout experiment, the run without a brownout.
+func (r *Report) BaselineName() string {
+	if len(r.Scenario.Brownout) > 0 {
+		return ConfigNoBrownout
+	}
+	return ConfigBaseline
+}
+
 // Ratio returns the median chat P99 of configuration name divided by that of the baseline
-// (the chat-only run without a policy); ok is false when either is missing.
+// (BaselineName); ok is false when either is missing.
 func (r *Report) Ratio(name string) (ratio float64, ok bool) {
-	b, c := r.Config(ConfigBaseline), r.Config(name)
+	b, c := r.Config(r.BaselineName()), r.Config(name)
 	if b == nil || c == nil || b.ChatP99.N == 0 || c.ChatP99.N == 0 || b.ChatP99.Median <= 0 {
 		return 0, false
 	}
@@ -353,6 +483,9 @@ func sortedKeys[V any](m map[string]V) []string {
 // target below it. Latencies are simulated seconds; each cell is the median over the
 // repetitions with the range in brackets.
 func (r *Report) Markdown() string {
+	if len(r.Scenario.Brownout) > 0 {
+		return r.brownoutMarkdown()
+	}
 	var b strings.Builder
 	docs := r.Scenario.BatchWorkers * r.Scenario.BatchPerWorker
 	fmt.Fprintf(&b, "| configuration | chat P50 (s) | chat P90 (s) | chat P99 (s) | chat failed | batch P99 (s) | batch done (of %d) | refused (x-bulkhead-reason) |\n", docs)
@@ -392,6 +525,12 @@ func (r *Report) Markdown() string {
 	if len(lines) > 0 {
 		fmt.Fprintf(&b, "\nChat P99 under the storm ÷ chat P99 of the baseline (target ≤ %.1f×): %s.\n", TargetRatio, strings.Join(lines, ", "))
 	}
+	b.WriteString(r.stallLine())
+	return b.String()
+}
+
+// stallLine is the line on the longest process stalls of each configuration's runs.
+func (r *Report) stallLine() string {
 	var stalls []string
 	for _, cs := range r.Configurations {
 		if cs.StallMillis.N > 0 {
@@ -399,17 +538,108 @@ func (r *Report) Markdown() string {
 				Max: math.Round(cs.StallMillis.Max), N: cs.StallMillis.N}))
 		}
 	}
-	if len(stalls) > 0 {
-		fmt.Fprintf(&b, "\nLongest stall of the process per run (a 10 ms tick coming late; wall-clock ms, ×%v in simulated time): %s.\n",
-			trimFloat(1/r.TimeScale), strings.Join(stalls, ", "))
+	if len(stalls) == 0 {
+		return ""
 	}
+	return fmt.Sprintf("\nLongest stall of the process per run (a 10 ms tick coming late; wall-clock ms, ×%v in simulated time): %s.\n",
+		trimFloat(1/r.TimeScale), strings.Join(stalls, ", "))
+}
+
+// HealthyThroughputTarget is the brownout experiment's target for the adaptive limit's batch
+// throughput in the healthy phases: at least this share of the static limit 10's.
+const HealthyThroughputTarget = 0.9
+
+// ThroughputRatio returns the median batch throughput in the healthy phases of configuration
+// name divided by that of the static limit of 10 under the brownout; ok is false when either is
+// missing.
+func (r *Report) ThroughputRatio(name string) (ratio float64, ok bool) {
+	b, c := r.Config(ConfigStatic10), r.Config(name)
+	if b == nil || c == nil || b.BatchHealthyRate.N == 0 || c.BatchHealthyRate.N == 0 || b.BatchHealthyRate.Median <= 0 {
+		return 0, false
+	}
+	return c.BatchHealthyRate.Median / b.BatchHealthyRate.Median, true
+}
+
+// percent formats a share statistic in per cent, like seconds.
+func percent(s Stat) string {
+	if s.N == 0 {
+		return "—"
+	}
+	if s.N == 1 || s.Min == s.Max {
+		return fmt.Sprintf("%.0f %%", 100*s.Median)
+	}
+	return fmt.Sprintf("%.0f %% (%.0f–%.0f)", 100*s.Median, 100*s.Min, 100*s.Max)
+}
+
+// rate formats a throughput statistic like seconds, with one decimal.
+func rate(s Stat) string {
+	if s.N == 0 {
+		return "—"
+	}
+	if s.N == 1 || s.Min == s.Max {
+		return fmt.Sprintf("%.1f", s.Median)
+	}
+	return fmt.Sprintf("%.1f (%.1f–%.1f)", s.Median, s.Min, s.Max)
+}
+
+// brownoutMarkdown renders the brownout experiment's table and its two targets.
+func (r *Report) brownoutMarkdown() string {
+	var b strings.Builder
+	b.WriteString("| configuration | chat P50 (s) | chat P99 (s) | chat P99 ÷ baseline | chat P99, brownout (s) | batch/s, healthy | batch/s, brownout | waiting at the provider: all | waiting at the provider: chat | chat failed | refused (x-bulkhead-reason) |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, cs := range r.Configurations {
+		var xs []float64
+		for _, run := range r.Runs {
+			if run.Configuration == cs.Name {
+				xs = append(xs, float64(run.Summary.ChatRefused+run.Summary.ChatErrors))
+			}
+		}
+		ratio := "—"
+		if v, ok := r.Ratio(cs.Name); ok {
+			ratio = fmt.Sprintf("%.2f×", v)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s of %s | %s |\n", cs.Label,
+			seconds(cs.ChatP50), seconds(cs.ChatP99), ratio, seconds(cs.ChatBrownoutP99),
+			rate(cs.BatchHealthyRate), rate(cs.BatchBrownoutRate), percent(cs.ProviderWaitShare), percent(cs.ChatProviderWaitShare),
+			count(Summarize(xs)), count(cs.ChatRequests), refusedCell(cs))
+	}
+	var p99, thr []string
+	for _, cs := range r.Configurations {
+		if !cs.Brownout {
+			continue
+		}
+		if v, ok := r.Ratio(cs.Name); ok {
+			p99 = append(p99, fmt.Sprintf("%s %.2f× (%s)", cs.Name, v, verdict(v <= TargetRatio)))
+		}
+		if cs.Name == ConfigStatic10 {
+			continue
+		}
+		if v, ok := r.ThroughputRatio(cs.Name); ok {
+			thr = append(thr, fmt.Sprintf("%s %.2f (%s)", cs.Name, v, verdict(v >= HealthyThroughputTarget)))
+		}
+	}
+	if len(p99) > 0 {
+		fmt.Fprintf(&b, "\nChat P99 under the brownout ÷ chat P99 without it (target ≤ %.1f×): %s.\n", TargetRatio, strings.Join(p99, ", "))
+	}
+	if len(thr) > 0 {
+		fmt.Fprintf(&b, "\nBatch throughput in the healthy phases ÷ static limit 10's (target ≥ %.2f): %s.\n", HealthyThroughputTarget, strings.Join(thr, ", "))
+	}
+	b.WriteString(r.stallLine())
 	return b.String()
 }
 
-// Files written by WriteFiles.
+func verdict(met bool) string {
+	if met {
+		return "met"
+	}
+	return "missed"
+}
+
+// Files written by WriteFiles; FileTrace only with a brownout.
 const (
 	FileTable = "table.md"
 	FileChart = "chat-latency.svg"
+	FileTrace = "limit-trace.svg"
 	FileJSON  = "results.json"
 )
 
@@ -420,14 +650,24 @@ func (r *Report) WriteFiles(dir string) error {
 		return err
 	}
 	var md strings.Builder
-	fmt.Fprintf(&md, "# Storm experiment results\n\n%s\n\n", r.Setting())
+	title := "Storm experiment results"
+	if len(r.Scenario.Brownout) > 0 {
+		title = "Provider brownout results"
+	}
+	fmt.Fprintf(&md, "# %s\n\n%s\n\n", title, r.Setting())
 	md.WriteString(r.Markdown())
 	fmt.Fprintf(&md, "\n![chat latency distribution](%s)\n", FileChart)
 	js, err := json.MarshalIndent(r, "", " ")
 	if err != nil {
 		return err
 	}
-	for name, data := range map[string][]byte{FileTable: []byte(md.String()), FileChart: r.SVG(), FileJSON: append(js, '\n')} {
+	files := map[string][]byte{FileChart: r.SVG(), FileJSON: append(js, '\n')}
+	if len(r.Scenario.Brownout) > 0 {
+		files[FileTrace] = r.TraceSVG()
+		fmt.Fprintf(&md, "\n![limit and queues over time](%s)\n", FileTrace)
+	}
+	files[FileTable] = []byte(md.String())
+	for name, data := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 			return err
 		}
@@ -445,9 +685,13 @@ func (r *Report) Setting() string {
 	if r.Repeat == 1 {
 		runs = "1 run"
 	}
-	return fmt.Sprintf("%s per configuration (median, range in brackets), time scale %v, upstream capacity %d, random seed %d; "+
+	capacity := fmt.Sprintf("upstream capacity %d", r.Capacity)
+	if len(r.Scenario.Brownout) > 0 {
+		capacity = fmt.Sprintf("upstream capacity %s under the brownout and %d without it", r.Scenario.Brownout, r.Scenario.Brownout[0].Capacity)
+	}
+	return fmt.Sprintf("%s per configuration (median, range in brackets), time scale %v, %s, random seed %d; "+
 		"%s/%s, %d CPUs, %s%s; %.0f s of wall time. Latencies in simulated seconds; failed chat requests count as %v.",
-		runs, r.TimeScale, r.Capacity, r.Seed, r.Machine.OS, r.Machine.Arch, r.Machine.CPUs, r.Machine.GoVersion, load,
+		runs, r.TimeScale, capacity, r.Seed, r.Machine.OS, r.Machine.Arch, r.Machine.CPUs, r.Machine.GoVersion, load,
 		r.WallSeconds, r.Scenario.ChatTimeout)
 }
 

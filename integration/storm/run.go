@@ -37,7 +37,8 @@ type Options struct {
 	// repetition r uses Seed+r, so every configuration sees the same traffic in a repetition.
 	Seed uint64
 	// Capacity is how many requests the mock LLM serves at once (the shared upstream pool); the
-	// rest wait in FIFO order. 0 means unlimited.
+	// rest wait in FIFO order. 0 means unlimited. A scenario with a brownout sets the capacity
+	// itself (Scenario.Brownout), and Capacity is not used.
 	Capacity int
 	// Repeat is how many times each configuration runs (0 means 1).
 	Repeat int
@@ -133,6 +134,12 @@ type Sample struct {
 	// document refused on its last attempt was given up because this wait would have ended
 	// after the run.
 	RetryAfter float64 `json:"retry_after,omitempty"`
+	// ProviderWait is how long the request (a document: all its attempts) waited in the
+	// upstream's own queue for a slot, as mockllm reported it (x-mockllm-queue-wait).
+	ProviderWait float64 `json:"provider_wait,omitempty"`
+	// ProxyWait is how long it took from being sent to reaching the upstream (or to its answer,
+	// when it never reached it): queueing in llm-bulkhead plus the proxy's own time.
+	ProxyWait float64 `json:"proxy_wait,omitempty"`
 }
 
 // EngineCounts is what llm-bulkhead itself counted during a run.
@@ -211,8 +218,32 @@ type RunResult struct {
 	// have suffered from it.
 	StallMillis float64 `json:"stall_ms"`
 	// Engine is nil for pass-through configurations.
-	Engine  *EngineCounts `json:"engine,omitempty"`
-	Summary RunSummary    `json:"summary"`
+	Engine *EngineCounts `json:"engine,omitempty"`
+	// Trace samples the upstream and the proxy's provider compartments about every quarter of
+	// a simulated second (with a brownout; empty otherwise).
+	Trace   []TracePoint `json:"trace,omitempty"`
+	Summary RunSummary   `json:"summary"`
+}
+
+// TracePoint is the state of the upstream and of the proxy's provider compartments at one
+// instant of a run.
+type TracePoint struct {
+	// At is simulated seconds since the run began.
+	At float64 `json:"at"`
+	// Capacity, UpstreamInFlight and UpstreamQueued are the mock LLM's capacity in force, the
+	// requests it was serving and those waiting in its queue.
+	Capacity         int `json:"capacity"`
+	UpstreamInFlight int `json:"upstream_in_flight"`
+	UpstreamQueued   int `json:"upstream_queued"`
+	// Limit, InFlight and Queued sum the provider compartments' limits (an adaptive limit's
+	// current value), requests admitted and requests queued, as llm-bulkhead held them (0 for
+	// pass-through).
+	Limit    int64 `json:"limit"`
+	InFlight int64 `json:"in_flight"`
+	Queued   int   `json:"queued"`
+	// Adaptive is the adaptive limit's state (its baselines, last signals and counts of cuts
+	// and raises) when a provider compartment has one.
+	Adaptive *policy.AdaptiveView `json:"adaptive,omitempty"`
 }
 
 // Tick reports what happened during one Options.ProgressInterval of a run.
@@ -287,11 +318,14 @@ func derivePolicies(dir string, opts Options) (map[string]string, error) {
 		if c.PassThrough() {
 			continue
 		}
-		src, err := os.ReadFile(c.PolicyPath)
-		if err != nil {
-			return nil, fmt.Errorf("configuration %s: %w", c.Name, err)
+		src := c.PolicyText
+		if src == nil {
+			var err error
+			if src, err = os.ReadFile(c.PolicyPath); err != nil {
+				return nil, fmt.Errorf("configuration %s: %w", c.Name, err)
+			}
 		}
-		b, err := DerivePolicy(c.PolicyPath, src, Variant{Shadow: c.Shadow, TimeScale: opts.scale()})
+		b, err := DerivePolicy(c.PolicyPath, src, c.variant(opts.scale()))
 		if err != nil {
 			return nil, fmt.Errorf("configuration %s: %w", c.Name, err)
 		}
@@ -328,6 +362,7 @@ type run struct {
 	peakQueue int
 	stall     time.Duration
 	stormEnd  time.Time
+	trace     []TracePoint
 }
 
 func runOne(ctx context.Context, opts Options, c Configuration, policyPath string, rep int) (*RunResult, error) {
@@ -338,10 +373,33 @@ func runOne(ctx context.Context, opts Options, c Configuration, policyPath strin
 		refusedBy: map[string]map[string]map[string]int{}, tick: map[string]*FeatureTick{},
 	}
 	r.sc.Storm = c.Storm
+	if c.FollowCapacity {
+		// The run rewrites its policy as the capacity changes: it gets a copy of its own.
+		b, err := os.ReadFile(policyPath)
+		if err != nil {
+			return nil, err
+		}
+		dir, err := os.MkdirTemp("", "storm-follow-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		policyPath = filepath.Join(dir, "policy.yaml")
+		if err := os.WriteFile(policyPath, b, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	mo := mock.Options{TimeScale: r.scale, Seed: r.seed, Capacity: opts.Capacity, ChunkTokens: r.sc.ChunkTokens}
+	switch {
+	case c.Brownout:
+		mo.Capacity, mo.CapacitySchedule = 0, r.sc.Brownout
+	case len(r.sc.Brownout) > 0:
+		mo.Capacity = r.sc.Brownout[0].Capacity
+	}
 	ho := harness.Options{
 		PolicyPath: policyPath,
 		Env:        []string{},
-		Mock:       mock.Options{TimeScale: r.scale, Seed: r.seed, Capacity: opts.Capacity},
+		Mock:       mo,
 		Logs:       opts.Logs,
 		// The mock LLM serves each provider only the models the policy gives it: a batch
 		// request degraded to local must arrive as local's model, or it fails.
@@ -375,10 +433,16 @@ func runOne(ctx context.Context, opts Options, c Configuration, policyPath strin
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The run starts now: the mock LLM's counters and capacity schedule with it.
+	st.Mock.Reset()
+	r.t0 = time.Now()
 	var bg sync.WaitGroup
 	bg.Go(func() { r.sample(runCtx) })
+	var followErr error
+	if c.FollowCapacity {
+		bg.Go(func() { followErr = r.followCapacity(runCtx, policyPath) })
+	}
 
-	r.t0 = time.Now()
 	var wg sync.WaitGroup
 	user := 0
 	for _, share := range r.sc.Chat {
@@ -389,7 +453,10 @@ func runOne(ctx context.Context, opts Options, c Configuration, policyPath strin
 		}
 	}
 	var stormStart time.Time
-	if r.sc.Storm {
+	switch {
+	case r.sc.Storm && r.sc.BatchSteady:
+		wg.Go(func() { stormStart = r.steadyBatch(ctx) })
+	case r.sc.Storm:
 		wg.Go(func() { stormStart = r.storm(ctx) })
 	}
 	wg.Wait()
@@ -398,12 +465,15 @@ func runOne(ctx context.Context, opts Options, c Configuration, policyPath strin
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if followErr != nil {
+		return nil, followErr
+	}
 
 	res := &RunResult{
 		Configuration: c.Name, Repetition: rep, Seed: r.seed,
 		Chat: r.chat, Batch: r.batch, Admitted: r.admitted, Answered: r.answered, Refusals: r.refusals, RefusedBy: r.refusedBy, Errors: r.errs,
 		UpstreamPeakInFlight: r.peakIn, UpstreamPeakQueued: r.peakQueue,
-		StallMillis: float64(r.stall.Microseconds()) / 1000,
+		StallMillis: float64(r.stall.Microseconds()) / 1000, Trace: r.trace,
 	}
 	if !stormStart.IsZero() {
 		s, e := r.sim(stormStart), r.sim(r.stormEnd)
@@ -454,7 +524,7 @@ func uniform(rng *rand.Rand, lo, hi time.Duration) time.Duration {
 func (r *run) chatUser(ctx context.Context, u int, tenant string) {
 	rng := rand.New(rand.NewPCG(r.seed, uint64(u)))
 	name := fmt.Sprintf("user-%02d", u)
-	body, err := RequestBody(r.sc.Model, name, r.sc.ChatTokens, r.seed<<8+uint64(u))
+	body, err := requestBody(r.sc.Model, name, r.sc.ChatTokens, r.seed<<8+uint64(u), r.sc.Stream)
 	if err != nil {
 		r.record(FeatureChat, Sample{Tenant: tenant, Outcome: OutcomeError, Reason: "body"}, true)
 		return
@@ -464,12 +534,12 @@ func (r *run) chatUser(ctx context.Context, u int, tenant string) {
 	}
 	for r.simSince() < r.sc.Duration {
 		reqCtx, cancel := context.WithTimeout(ctx, time.Duration(float64(r.sc.ChatTimeout)*r.scale))
-		res, err := r.send(reqCtx, FeatureChat, tenant, body)
+		res, called, err := r.send(reqCtx, FeatureChat, tenant, body)
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
-		s := r.sampleOf(res, err, tenant)
+		s := r.sampleOf(res, called, err, tenant)
 		r.record(FeatureChat, s, true)
 		think := uniform(rng, r.sc.ThinkMin, r.sc.ThinkMax)
 		if r.simSince()+think >= r.sc.Duration || !r.sleep(ctx, think) {
@@ -513,7 +583,7 @@ func (r *run) storm(ctx context.Context) time.Time {
 // says so, waits the retry-after and tries again until the run is over.
 func (r *run) document(ctx context.Context, doc int) {
 	tenant := r.sc.BatchTenant
-	body, err := RequestBody(r.sc.Model, fmt.Sprintf("export-doc-%02d", doc), r.sc.BatchTokens, r.seed<<16+uint64(doc)+1<<12)
+	body, err := requestBody(r.sc.Model, fmt.Sprintf("export-doc-%02d", doc), r.sc.BatchTokens, r.seed<<16+uint64(doc)+1<<12, r.sc.Stream)
 	if err != nil {
 		r.recordDoc(Sample{Tenant: tenant, Outcome: OutcomeError, Reason: "body"})
 		return
@@ -521,21 +591,25 @@ func (r *run) document(ctx context.Context, doc int) {
 	first := time.Now()
 	// A batch request is never hung up on before the run is over and every answer is in.
 	limit := time.Duration(float64(r.sc.Duration+r.sc.ChatTimeout) * r.scale)
+	var providerWait, proxyWait float64
 	for attempt := 1; ; attempt++ {
 		reqCtx, cancel := context.WithTimeout(ctx, limit)
-		res, err := r.send(reqCtx, FeatureBatch, tenant, body)
+		res, called, err := r.send(reqCtx, FeatureBatch, tenant, body)
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
-		s := r.sampleOf(res, err, tenant)
+		s := r.sampleOf(res, called, err, tenant)
+		providerWait += s.ProviderWait
+		proxyWait += s.ProxyWait
 		outcome, reason, retry := s.Outcome, s.Reason, retryAfter(res)
 		r.record(FeatureBatch, s, false)
 		done := outcome == OutcomeOK || outcome == OutcomeError || !r.sc.BatchRetry ||
 			r.simSince()+retry >= r.sc.Duration
 		if done {
 			s = Sample{Tenant: tenant, Start: r.sim(first), Latency: time.Since(first).Seconds() / r.scale,
-				Outcome: outcome, Reason: reason, Attempts: attempt, Compartment: s.Compartment, RetryAfter: s.RetryAfter}
+				Outcome: outcome, Reason: reason, Attempts: attempt, Compartment: s.Compartment, RetryAfter: s.RetryAfter,
+				ProviderWait: providerWait, ProxyWait: proxyWait}
 			r.recordDoc(s)
 			return
 		}
@@ -567,8 +641,66 @@ func retryAfterHeader(res *envoysim.Result) (time.Duration, bool) {
 	return time.Duration(n) * time.Second, true
 }
 
-// send runs one chat/completions request through the simulator to the mock LLM.
-func (r *run) send(ctx context.Context, feature, tenant string, body []byte) (*envoysim.Result, error) {
+// followCapacity rewrites the run's policy file (its own copy) with every provider's
+// max_concurrent set to the upstream's new capacity at each change of the brownout, and reloads
+// it, until ctx ends.
+func (r *run) followCapacity(ctx context.Context, path string) error {
+	src := r.cfg.PolicyText
+	if src == nil {
+		var err error
+		if src, err = os.ReadFile(r.cfg.PolicyPath); err != nil {
+			return err
+		}
+	}
+	for _, st := range r.sc.Brownout[1:] {
+		if !r.sleep(ctx, st.At-r.simSince()) {
+			return nil
+		}
+		v := r.cfg.variant(r.scale)
+		v.ProviderLimit = strconv.Itoa(st.Capacity)
+		b, err := DerivePolicy(r.cfg.PolicyPath, src, v)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			return err
+		}
+		if err := r.stack.App.Reload("storm: the provider's capacity is now " + v.ProviderLimit); err != nil {
+			return fmt.Errorf("following the capacity: %w", err)
+		}
+	}
+	return nil
+}
+
+// steadyBatch runs the steady batch load from the scenario's start time: every worker sends one
+// document after another until the run is over. It returns when the load started.
+func (r *run) steadyBatch(ctx context.Context) time.Time {
+	if !r.sleep(ctx, r.sc.StormAt) {
+		return time.Time{}
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range r.sc.BatchWorkers {
+		wg.Go(func() {
+			// The workers start spread over a second, so that their documents do not finish in
+			// step and free the slots in waves, as a long-running job's would not.
+			if !r.sleep(ctx, time.Duration(w)*time.Second/time.Duration(r.sc.BatchWorkers)) {
+				return
+			}
+			// Documents are numbered per worker so that no two workers send the same one.
+			for d := 0; r.simSince() < r.sc.Duration && ctx.Err() == nil; d++ {
+				r.document(ctx, d*r.sc.BatchWorkers+w)
+			}
+		})
+	}
+	wg.Wait()
+	return start
+}
+
+// send runs one chat/completions request through the simulator to the mock LLM. called is when
+// the simulator called the upstream (zero when it never did).
+func (r *run) send(ctx context.Context, feature, tenant string, body []byte) (res *envoysim.Result, called time.Time, err error) {
+	var mu sync.Mutex
 	req := &envoysim.Request{
 		Method: "POST",
 		Path:   "/v1/chat/completions",
@@ -581,15 +713,22 @@ func (r *run) send(ctx context.Context, feature, tenant string, body []byte) (*e
 		OnEvent: func(e envoysim.Event) envoysim.Action {
 			if e.Kind == envoysim.EventUpstreamCalled {
 				r.countAdmitted(feature)
+				mu.Lock()
+				called = e.At
+				mu.Unlock()
 			}
 			return envoysim.Proceed
 		},
 	}
-	return r.stack.Do(ctx, req)
+	res, err = r.stack.Do(ctx, req)
+	mu.Lock()
+	defer mu.Unlock()
+	return res, called, err
 }
 
-// sampleOf turns a result into a sample (start and latency in simulated seconds).
-func (r *run) sampleOf(res *envoysim.Result, err error, tenant string) Sample {
+// sampleOf turns a result into a sample (start, latency and waits in simulated seconds);
+// called is when the upstream was called (zero: never).
+func (r *run) sampleOf(res *envoysim.Result, called time.Time, err error, tenant string) Sample {
 	if err != nil || res == nil {
 		now := r.sim(time.Now())
 		return Sample{Tenant: tenant, Start: now, Outcome: OutcomeError, Reason: "simulator"}
@@ -598,6 +737,14 @@ func (r *run) sampleOf(res *envoysim.Result, err error, tenant string) Sample {
 	s := Sample{
 		Tenant: tenant, Start: r.sim(res.Started), Latency: res.Completed.Sub(res.Started).Seconds() / r.scale,
 		Outcome: outcome, Reason: reason,
+	}
+	reached := res.Completed
+	if !called.IsZero() {
+		reached = called
+	}
+	s.ProxyWait = max(0, reached.Sub(res.Started).Seconds()/r.scale)
+	if w, err := strconv.ParseFloat(res.Headers.Get(mock.HeaderQueueWait), 64); err == nil && w >= 0 {
+		s.ProviderWait = w
 	}
 	if outcome == OutcomeRefused {
 		s.Compartment = res.Headers.Get(extproc.HeaderCompartment)
@@ -690,9 +837,13 @@ func inc(m map[string]map[string]int, a, b string) {
 // progress every ProgressInterval.
 func (r *run) sample(ctx context.Context) {
 	const period = 10 * time.Millisecond
+	// The trace takes a tick about every quarter of a simulated second, with a brownout only.
+	traceEvery := max(1, int(math.Round(float64(traceStep)*r.scale/float64(period))))
+	traced := len(r.sc.Brownout) > 0
 	fast := time.NewTicker(period)
 	defer fast.Stop()
 	last := time.Now()
+	tick := 0
 	every := r.opts.ProgressInterval
 	if every <= 0 {
 		every = time.Second
@@ -707,7 +858,15 @@ func (r *run) sample(ctx context.Context) {
 			late := now.Sub(last) - period
 			last = now
 			g := r.stack.Mock.Stats().Global
+			tick++
+			var tp *TracePoint
+			if traced && tick%traceEvery == 1%traceEvery {
+				tp = r.tracePoint(g)
+			}
 			r.mu.Lock()
+			if tp != nil {
+				r.trace = append(r.trace, *tp)
+			}
 			r.stall = max(r.stall, late)
 			r.peakIn = max(r.peakIn, g.InFlight)
 			r.peakQueue = max(r.peakQueue, g.Queued)
@@ -722,6 +881,28 @@ func (r *run) sample(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// traceStep is the simulated time between two trace points (rounded to whole sampler ticks).
+const traceStep = 250 * time.Millisecond
+
+// tracePoint reads the upstream's pool g and the proxy's provider compartments.
+func (r *run) tracePoint(g mock.PoolStats) *TracePoint {
+	tp := &TracePoint{At: r.simSince().Seconds(), Capacity: g.Capacity, UpstreamInFlight: g.InFlight, UpstreamQueued: g.Queued}
+	if r.cfg.PassThrough() {
+		return tp
+	}
+	for _, v := range r.stack.App.Engine().Compartments() {
+		if v.Family == "provider" {
+			tp.Limit += compartmentLimit(v)
+			tp.InFlight += v.InFlight
+			tp.Queued += v.Queued
+			if v.Adaptive != nil && tp.Adaptive == nil {
+				tp.Adaptive = v.Adaptive
+			}
+		}
+	}
+	return tp
 }
 
 // takeTick returns the counts since the previous tick and starts a new one; r.mu must be held.
@@ -850,4 +1031,13 @@ type machine struct {
 func thisMachine() machine {
 	return machine{OS: runtime.GOOS, Arch: runtime.GOARCH, CPUs: runtime.NumCPU(), GoVersion: runtime.Version(),
 		GOMAXPROCS: runtime.GOMAXPROCS(0)}
+}
+
+// compartmentLimit is the concurrency limit a compartment holds now: an adaptive limit's
+// current value.
+func compartmentLimit(v policy.CompartmentView) int64 {
+	if v.Adaptive != nil {
+		return v.Adaptive.Limit
+	}
+	return v.MaxConcurrent
 }

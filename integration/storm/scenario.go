@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/cmd/mockllm/mock"
 )
 
 // Feature names the scenario sends in x-llm-feature; they match the example policies.
@@ -66,6 +68,12 @@ type Scenario struct {
 	// to BatchPerWorker, every document is sent at once (50 concurrent requests by default, close
 	// to the incident's 60); 1 makes each worker sequential (at most BatchWorkers in flight).
 	BatchWorkerConcurrency int `json:"batch_worker_concurrency"`
+	// BatchSteady makes the batch job a steady load instead of a burst: from StormAt until
+	// Duration each of the BatchWorkers workers sends one document after another (a refused one
+	// again after its retry-after), so that BatchWorkers requests want service at all times. The
+	// workers start evenly spread over the first second. BatchPerWorker and
+	// BatchWorkerConcurrency are not used.
+	BatchSteady bool `json:"batch_steady,omitempty"`
 	// BatchTokens sizes every batch request.
 	BatchTokens Tokens `json:"batch_tokens"`
 	// BatchRetry makes the batch job honour refusals: it waits the retry-after it was given and
@@ -73,6 +81,50 @@ type Scenario struct {
 	BatchRetry bool `json:"batch_retry"`
 	// Model is the model of every request; the example policies map it to a provider.
 	Model string `json:"model"`
+	// Stream asks for streamed answers (SSE), as chat clients do; a request's latency is still
+	// the time to its last byte.
+	Stream bool `json:"stream,omitempty"`
+	// ChunkTokens is how many completion tokens each streamed event carries (mockllm's
+	// ChunkTokens; 0 means 1, as the real APIs do).
+	ChunkTokens int `json:"chunk_tokens,omitempty"`
+	// Brownout, when not empty, is the upstream's capacity during a run of a configuration with
+	// Brownout set: a mockllm capacity schedule started when the run starts. Configurations
+	// without it run at the schedule's first capacity throughout, and Options.Capacity is not
+	// used.
+	Brownout mock.CapacitySchedule `json:"brownout,omitempty"`
+}
+
+// BrownoutScenario returns the provider brownout: 30 chat users (22 of acme, 8 of globex)
+// sending streamed 2K-token requests with 4–12 s pauses, and a steady batch load of 12
+// sequential workers sending streamed 5K-token documents, for 40 s, all on one provider whose
+// capacity is 10 until 10 s, 4 until 25 s and 10 again after.
+func BrownoutScenario() Scenario {
+	return Scenario{
+		Duration:    40 * time.Second,
+		Chat:        []TenantShare{{Tenant: "acme", Users: 22}, {Tenant: "globex", Users: 8}},
+		ChatTokens:  Tokens{Prompt: 1500, Completion: 500},
+		ThinkMin:    4 * time.Second,
+		ThinkMax:    12 * time.Second,
+		ChatTimeout: 30 * time.Second,
+		Storm:       true,
+		StormAt:     0,
+		BatchSteady: true,
+		// Twelve workers want more than the healthy capacity of 10, so a limit of 10 is always
+		// used in full and a lower one shows as lost throughput.
+		BatchWorkers:           12,
+		BatchPerWorker:         1,
+		BatchWorkerConcurrency: 1,
+		BatchTenant:            "acme",
+		BatchTokens:            Tokens{Prompt: 4000, Completion: 1000},
+		BatchRetry:             true,
+		Model:                  "deepseek-chat",
+		Stream:                 true,
+		// Twenty tokens an event keep the proxy's work per stream (one message per event) small
+		// enough for a time-scaled run on two cores, and the gap between events (≈ 14 ms for a
+		// chat answer, 12 ms for a document) well above the clock's and the scheduler's noise.
+		ChunkTokens: 20,
+		Brownout:    mock.CapacitySchedule{{At: 0, Capacity: 10}, {At: 10 * time.Second, Capacity: 4}, {At: 25 * time.Second, Capacity: 10}},
+	}
 }
 
 // DefaultScenario returns the batch-export storm: 30 chat users (22 of enterprise tenant acme, 8
@@ -109,7 +161,8 @@ func (s Scenario) MarshalJSON() ([]byte, error) {
 		ThinkMax    string `json:"think_max"`
 		ChatTimeout string `json:"chat_timeout"`
 		StormAt     string `json:"storm_at"`
-	}{plain(s), s.Duration.String(), s.ThinkMin.String(), s.ThinkMax.String(), s.ChatTimeout.String(), s.StormAt.String()})
+		Brownout    string `json:"brownout,omitempty"`
+	}{plain(s), s.Duration.String(), s.ThinkMin.String(), s.ThinkMax.String(), s.ChatTimeout.String(), s.StormAt.String(), s.Brownout.String()})
 }
 
 // ChatUsers is the number of chat users.
@@ -121,12 +174,41 @@ func (s Scenario) ChatUsers() int {
 	return n
 }
 
-// BatchDocuments is the number of documents the batch job summarises (0 without a storm).
+// BatchDocuments is the number of documents the batch job summarises (0 without a storm, and
+// for a steady load, which has no fixed number).
 func (s Scenario) BatchDocuments() int {
-	if !s.Storm {
+	if !s.Storm || s.BatchSteady {
 		return 0
 	}
 	return s.BatchWorkers * s.BatchPerWorker
+}
+
+// Phase is a stretch of a run with one upstream capacity.
+type Phase struct {
+	// From and To bound the phase in simulated seconds since the run began.
+	From float64 `json:"from"`
+	To   float64 `json:"to"`
+	// Capacity is the upstream's capacity during the phase.
+	Capacity int `json:"capacity"`
+	// Healthy is true when the capacity is the schedule's first (the provider's normal).
+	Healthy bool `json:"healthy"`
+}
+
+// Phases cuts the run into the brownout schedule's steps, up to Duration (nil without a
+// brownout).
+func (s Scenario) Phases() []Phase {
+	var out []Phase
+	for i, st := range s.Brownout {
+		if st.At >= s.Duration {
+			break
+		}
+		to := s.Duration
+		if i+1 < len(s.Brownout) && s.Brownout[i+1].At < to {
+			to = s.Brownout[i+1].At
+		}
+		out = append(out, Phase{From: st.At.Seconds(), To: to.Seconds(), Capacity: st.Capacity, Healthy: st.Capacity == s.Brownout[0].Capacity})
+	}
+	return out
 }
 
 // Validate reports every nonsensical field at once.
@@ -156,10 +238,13 @@ func (s Scenario) Validate() error {
 		if s.StormAt < 0 || s.StormAt >= s.Duration {
 			errs = append(errs, fmt.Errorf("storm start %v must lie within the run's %v", s.StormAt, s.Duration))
 		}
-		if s.BatchWorkers <= 0 || s.BatchPerWorker <= 0 {
+		switch {
+		case s.BatchSteady && s.BatchWorkers <= 0:
+			errs = append(errs, fmt.Errorf("%d batch workers: must be positive", s.BatchWorkers))
+		case s.BatchSteady:
+		case s.BatchWorkers <= 0 || s.BatchPerWorker <= 0:
 			errs = append(errs, fmt.Errorf("%d batch workers × %d documents: both must be positive", s.BatchWorkers, s.BatchPerWorker))
-		}
-		if s.BatchWorkerConcurrency <= 0 || s.BatchWorkerConcurrency > s.BatchPerWorker {
+		case s.BatchWorkerConcurrency <= 0 || s.BatchWorkerConcurrency > s.BatchPerWorker:
 			errs = append(errs, fmt.Errorf("batch worker concurrency %d must lie in [1, %d]", s.BatchWorkerConcurrency, s.BatchPerWorker))
 		}
 		if s.BatchTenant == "" {
@@ -168,6 +253,16 @@ func (s Scenario) Validate() error {
 	}
 	if s.Model == "" {
 		errs = append(errs, errors.New("a model is needed"))
+	}
+	if s.ChunkTokens < 0 {
+		errs = append(errs, fmt.Errorf("chunk tokens %d must not be negative", s.ChunkTokens))
+	}
+	if len(s.Brownout) > 0 {
+		if _, err := mock.ParseCapacitySchedule(s.Brownout.String()); err != nil {
+			errs = append(errs, fmt.Errorf("brownout: %w", err))
+		} else if len(s.Phases()) < 2 {
+			errs = append(errs, fmt.Errorf("brownout %s changes nothing within the run's %v", s.Brownout, s.Duration))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -202,10 +297,16 @@ func PromptText(tokens int, seed uint64) string {
 
 // chatBody is an OpenAI chat/completions request body.
 type chatBody struct {
-	Model     string        `json:"model"`
-	MaxTokens int           `json:"max_tokens"`
-	User      string        `json:"user,omitempty"`
-	Messages  []chatMessage `json:"messages"`
+	Model         string         `json:"model"`
+	MaxTokens     int            `json:"max_tokens"`
+	User          string         `json:"user,omitempty"`
+	Stream        bool           `json:"stream,omitempty"`
+	StreamOptions *streamOptions `json:"stream_options,omitempty"`
+	Messages      []chatMessage  `json:"messages"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
 }
 
 type chatMessage struct {
@@ -216,8 +317,17 @@ type chatMessage struct {
 // RequestBody returns an OpenAI chat/completions body for model with a user message of t.Prompt
 // tokens and max_tokens t.Completion.
 func RequestBody(model, user string, t Tokens, seed uint64) ([]byte, error) {
-	return json.Marshal(chatBody{
+	return requestBody(model, user, t, seed, false)
+}
+
+// requestBody is RequestBody; stream asks for SSE with usage in the last event.
+func requestBody(model, user string, t Tokens, seed uint64, stream bool) ([]byte, error) {
+	b := chatBody{
 		Model: model, MaxTokens: t.Completion, User: user,
 		Messages: []chatMessage{{Role: "user", Content: PromptText(t.Prompt, seed)}},
-	})
+	}
+	if stream {
+		b.Stream, b.StreamOptions = true, &streamOptions{IncludeUsage: true}
+	}
+	return json.Marshal(b)
 }

@@ -31,7 +31,7 @@ func (r *Report) SVG() []byte {
 		series = append(series, Series{Label: cs.Label, Values: r.chatLatencies(cs.Name)})
 	}
 	mark := 0.0
-	if b := r.Config(ConfigBaseline); b != nil && b.ChatP99.N > 0 {
+	if b := r.Config(r.BaselineName()); b != nil && b.ChatP99.N > 0 {
 		mark = b.ChatP99.Median * TargetRatio
 	}
 	title := fmt.Sprintf("Chat latency by percentile, %d runs per configuration pooled; failures counted at %v", r.Repeat, r.Scenario.ChatTimeout)
@@ -153,4 +153,132 @@ func legendLabel(s Series) string {
 func tickLabel(v float64) string {
 	s := strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.3f", v), "0"), ".")
 	return s + " s"
+}
+
+// TimeSeries is one line of a time chart: points (At in simulated seconds, Value), in time
+// order, drawn as steps; Dashed draws it dashed.
+type TimeSeries struct {
+	Label  string
+	Points []TimePoint
+	Dashed bool
+}
+
+// TimePoint is one sample of a TimeSeries.
+type TimePoint struct{ At, Value float64 }
+
+// TraceSVG renders how the brownout played out: the upstream's capacity, and from the first
+// run of the adaptive and the static-10 configurations the proxy's provider limit and the
+// requests queued at the provider and in llm-bulkhead, over the run's simulated time.
+func (r *Report) TraceSVG() []byte {
+	first := func(name string) *RunResult {
+		for _, run := range r.Runs {
+			if run.Configuration == name && len(run.Trace) > 0 {
+				return run
+			}
+		}
+		return nil
+	}
+	pick := func(run *RunResult, f func(TracePoint) float64) []TimePoint {
+		out := make([]TimePoint, len(run.Trace))
+		for i, tp := range run.Trace {
+			out[i] = TimePoint{At: tp.At, Value: f(tp)}
+		}
+		return out
+	}
+	var series []TimeSeries
+	var capacity []TimePoint
+	for _, p := range r.Scenario.Phases() {
+		capacity = append(capacity, TimePoint{p.From, float64(p.Capacity)}, TimePoint{p.To, float64(p.Capacity)})
+	}
+	series = append(series, TimeSeries{Label: "provider capacity", Points: capacity})
+	if run := first(ConfigAdaptive); run != nil {
+		series = append(series,
+			TimeSeries{Label: "adaptive: limit", Points: pick(run, func(tp TracePoint) float64 { return float64(tp.Limit) })},
+			TimeSeries{Label: "adaptive: queued at the provider", Points: pick(run, func(tp TracePoint) float64 { return float64(tp.UpstreamQueued) })},
+			TimeSeries{Label: "adaptive: queued in llm-bulkhead", Points: pick(run, func(tp TracePoint) float64 { return float64(tp.Queued) })},
+		)
+	}
+	if run := first(ConfigStatic10); run != nil {
+		series = append(series,
+			TimeSeries{Label: "static 10: queued at the provider", Points: pick(run, func(tp TracePoint) float64 { return float64(tp.UpstreamQueued) }), Dashed: true},
+			TimeSeries{Label: "static 10: queued in llm-bulkhead", Points: pick(run, func(tp TracePoint) float64 { return float64(tp.Queued) }), Dashed: true},
+		)
+	}
+	title := fmt.Sprintf("Provider brownout %s: limit and queues over the first run (time scale %v)", r.Scenario.Brownout, r.TimeScale)
+	return TimeChart(title, "requests", r.Scenario.Duration.Seconds(), series)
+}
+
+// TimeChart renders series against simulated time from 0 to until seconds on a linear y axis
+// starting at 0, labelled yLabel. The SVG is self-contained like PercentileChart's.
+func TimeChart(title, yLabel string, until float64, series []TimeSeries) []byte {
+	top := 1.0
+	for _, s := range series {
+		for _, p := range s.Points {
+			top = math.Max(top, p.Value)
+		}
+	}
+	step := niceStep(top / 6)
+	ymax := math.Ceil(top/step) * step
+	if until <= 0 {
+		until = 1
+	}
+	pw, ph := chartW-plotL-plotR, chartH-plotT-plotB
+	x := func(t float64) float64 { return plotL + math.Min(math.Max(t, 0), until)/until*pw }
+	y := func(v float64) float64 { return plotT + (1-math.Min(math.Max(v, 0), ymax)/ymax)*ph }
+
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="12">`+"\n",
+		chartW, chartH, chartW, chartH)
+	b.WriteString(`<rect width="100%" height="100%" fill="#ffffff"/>` + "\n")
+	fmt.Fprintf(&b, `<text x="%.1f" y="22" font-size="14" font-weight="bold">%s</text>`+"\n", plotL, html.EscapeString(title))
+	tstep := niceStep(until / 8)
+	for t := 0.0; t <= until+1e-9; t += tstep {
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#dddddd"/>`+"\n", x(t), plotT, x(t), plotT+ph)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s s</text>`+"\n", x(t), plotT+ph+16, trimFloat(t))
+	}
+	for v := 0.0; v <= ymax+1e-9; v += step {
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#dddddd"/>`+"\n", plotL, y(v), plotL+pw, y(v))
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end">%s</text>`+"\n", plotL-6, y(v)+4, trimFloat(v))
+	}
+	fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="none" stroke="#333333"/>`+"\n", plotL, plotT, pw, ph)
+	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">simulated time since the run began</text>`+"\n", plotL+pw/2, chartH-18)
+	fmt.Fprintf(&b, `<text x="18" y="%.1f" text-anchor="middle" transform="rotate(-90 18 %.1f)">%s</text>`+"\n", plotT+ph/2, plotT+ph/2, html.EscapeString(yLabel))
+	for i, s := range series {
+		color := chartColors[i%len(chartColors)]
+		dash := ""
+		if s.Dashed {
+			dash = ` stroke-dasharray="6 4"`
+		}
+		if len(s.Points) > 0 {
+			var pts strings.Builder
+			for j, p := range s.Points {
+				if j > 0 {
+					// A step: hold the previous value until this sample.
+					fmt.Fprintf(&pts, " %.1f,%.1f ", x(p.At), y(s.Points[j-1].Value))
+				}
+				fmt.Fprintf(&pts, "%.1f,%.1f", x(p.At), y(p.Value))
+			}
+			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"/>`+"\n", color, dash, pts.String())
+		}
+		ly := plotT + 10 + float64(i)*legendRowHeight
+		lx := chartW - plotR + 16
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="2"%s/>`+"\n", lx, ly, lx+legendLineLen, ly, color, dash)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f">%s</text>`+"\n", lx+legendLineLen+6, ly+4, html.EscapeString(s.Label))
+	}
+	b.WriteString("</svg>\n")
+	return []byte(b.String())
+}
+
+// niceStep returns the smallest of 1, 2 or 5 times a power of ten that is at least v (v > 0).
+func niceStep(v float64) float64 {
+	if !(v > 0) || math.IsInf(v, 0) {
+		return 1
+	}
+	p := math.Pow(10, math.Floor(math.Log10(v)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if m*p >= v {
+			return m * p
+		}
+	}
+	return 10 * p
 }

@@ -5,6 +5,11 @@
 // distributions and the raw numbers as JSON to --out.
 //
 //	storm [--fast | --demo] [--out DIR] [--repeat N] [--seed N] [--capacity N] [--configs a,b]
+//	storm --scenario brownout [--fast] [--out DIR] [--brownout SCHEDULE] [--adaptive k=v,...]
+//
+// --scenario brownout runs the provider brownout instead: chat users and a steady batch load on
+// one provider whose capacity drops from 10 to 4 and recovers, with the provider's limit at 10
+// without a brownout (the baseline), and under the brownout at 10, at 4 and adaptive.
 //
 // --demo is a short run for newcomers that prints, once a second, what was admitted and refused
 // and, after each run, what became of the batch documents and which limits decided it.
@@ -28,11 +33,19 @@ import (
 )
 
 // Time scales of the modes: --fast runs ten times faster than real time, --demo 2.5 times, and
-// the demo's shorter runs.
+// the demo's shorter runs. The brownout scenario runs four times faster than real time unless
+// told otherwise, so that its configurations take about two minutes together.
 const (
-	fastScale    = 0.1
-	demoScale    = 0.4
-	demoDuration = 20 * time.Second
+	fastScale     = 0.1
+	demoScale     = 0.4
+	demoDuration  = 20 * time.Second
+	brownoutScale = 0.25
+)
+
+// Scenarios of --scenario.
+const (
+	scenarioIncident = "incident"
+	scenarioBrownout = "brownout"
 )
 
 func main() {
@@ -47,7 +60,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("storm", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		out        = fs.String("out", "results/storm", "folder for table.md, chat-latency.svg and results.json (--demo writes them only when --out is given)")
+		out        = fs.String("out", "results/storm", "folder for table.md, chat-latency.svg and results.json (--demo writes them only when --out is given; --scenario brownout also limit-trace.svg, by default in results/storm-brownout)")
 		fast       = fs.Bool("fast", false, fmt.Sprintf("scale time by %v (mockllm, think times, the policy's waits and breaker timings)", fastScale))
 		demo       = fs.Bool("demo", false, fmt.Sprintf("a short run for newcomers: baseline, no policy and the example policy once each at time scale %v, printing admissions and refusals every second", demoScale))
 		scale      = fs.Float64("time-scale", 0, "time scale (overrides --fast and --demo; 1 is real time)")
@@ -57,10 +70,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		configs    = fs.String("configs", "", "comma-separated configurations to run (default: "+strings.Join(storm.DefaultConfigurationNames, ",")+"; also "+storm.ConfigBaselinePolicy+")")
 		policy     = fs.String("policy", "examples/policy.yaml", "the example policy")
 		pooled     = fs.String("pooled-policy", "examples/policy-pooled.yaml", "the policy with pools")
-		duration   = fs.Duration("duration", 0, "simulated length of a run (default 30s, --demo 20s; under a minute)")
+		duration   = fs.Duration("duration", 0, "simulated length of a run (default 30s, --demo 20s, --scenario brownout 40s; under a minute)")
 		batchConc  = fs.Int("batch-concurrency", 0, "documents each batch worker has in flight (default 5: all 50 at once; 1: sequential workers, at most 10 in flight)")
 		batchRetry = fs.Bool("batch-retry", true, "the batch job waits each refusal's retry-after and tries again")
 		verbose    = fs.Bool("v", false, "print the server's JSON logs to stderr")
+		scenario   = fs.String("scenario", scenarioIncident, "incident: the batch-export storm; brownout: the provider brownout (default time scale "+fmt.Sprint(brownoutScale)+"; configurations "+strings.Join(storm.BrownoutConfigurationNames, ",")+")")
+		brownout   = fs.String("brownout", storm.BrownoutScenario().Brownout.String(), "brownout scenario: the provider's capacity over the run, capacity@offset steps in simulated time (mockllm's -capacity-schedule)")
+		adaptive   = fs.String("adaptive", storm.FormatAdaptive(storm.DefaultAdaptive), "brownout scenario: the adaptive configuration's adaptive settings, key=value pairs (keys of a limit's adaptive: in the policy; durations in simulated time)")
+		boPolicy   = fs.String("brownout-policy", "", "brownout scenario: the policy (default: the built-in one, integration/storm/brownout-policy.yaml); its providers' max_concurrent is replaced per configuration")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -77,6 +94,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *fast && *demo {
 		fmt.Fprintln(stderr, "storm: --fast and --demo exclude each other")
 		return 2
+	}
+	if *scenario == scenarioBrownout {
+		return runBrownout(ctx, set, brownoutFlags{
+			out: *out, fast: *fast, scale: *scale, seed: *seed, repeat: *repeat, configs: *configs, duration: *duration,
+			batchRetry: *batchRetry, verbose: *verbose, brownout: *brownout, adaptive: *adaptive, policy: *boPolicy,
+		}, stdout, stderr)
+	}
+	if *scenario != scenarioIncident {
+		fmt.Fprintf(stderr, "storm: unknown scenario %q (known: %s, %s)\n", *scenario, scenarioIncident, scenarioBrownout)
+		return 2
+	}
+	for _, name := range []string{"brownout", "adaptive", "brownout-policy"} {
+		if set[name] {
+			fmt.Fprintf(stderr, "storm: --%s applies to --scenario %s only\n", name, scenarioBrownout)
+			return 2
+		}
 	}
 
 	sc := storm.DefaultScenario()

@@ -25,6 +25,16 @@ func TestUsageErrors(t *testing.T) {
 		{"unknown configuration", []string{"--configs", "policy,storm-of-the-century"}, "storm-of-the-century"},
 		{"extra argument", []string{"now"}, "unexpected arguments"},
 		{"a run of a minute", []string{"--duration", "1m", "--configs", "baseline", "--policy", "x", "--pooled-policy", "y"}, "shorter than a minute"},
+		{"unknown scenario", []string{"--scenario", "flood"}, `unknown scenario "flood"`},
+		{"brownout flag on the incident", []string{"--brownout", "10@0s,4@5s"}, "--brownout applies to --scenario brownout only"},
+		{"adaptive flag on the incident", []string{"--adaptive", "min=1"}, "--adaptive applies to --scenario brownout only"},
+		{"bad brownout schedule", []string{"--scenario", "brownout", "--brownout", "10@5s"}, "--brownout: capacity schedule step 1"},
+		{"bad adaptive settings", []string{"--scenario", "brownout", "--adaptive", "min"}, "--adaptive: adaptive setting"},
+		{"capacity on the brownout", []string{"--scenario", "brownout", "--capacity", "8"}, "--capacity does not apply to --scenario brownout"},
+		{"demo on the brownout", []string{"--scenario", "brownout", "--demo"}, "--demo does not apply"},
+		{"unknown brownout configuration", []string{"--scenario", "brownout", "--configs", "static-7"}, "unknown configuration static-7"},
+		{"brownout after the run", []string{"--scenario", "brownout", "--brownout", "10@0s,4@50s"}, "changes nothing within the run"},
+		{"adaptive setting the policy refuses", []string{"--scenario", "brownout", "--configs", "adaptive", "--adaptive", "colour=red"}, "colour"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
