@@ -52,20 +52,22 @@ func (a *adaptiveLimit) observe(now time.Time, x adaptive.Sample) {
 	sat := a.c.Saturations()
 	x.Saturated = a.saturations.Swap(sat) != sat
 	a.mu.Lock()
-	if n := a.ctl.Observe(now, x); n != a.limit {
+	a.put(a.ctl.Observe(now, x))
+	a.mu.Unlock()
+}
+
+// put puts the limit n, just computed by the controller, in force when it changed; a.mu held.
+func (a *adaptiveLimit) put(n int64) {
+	if n != a.limit {
 		a.limit = n
 		a.sched.SetAdaptiveLimit(a.c, n)
 	}
-	a.mu.Unlock()
 }
 
 // finish ends the request h and puts a changed limit in force.
 func (a *adaptiveLimit) finish(now time.Time, h adaptive.Handle) {
 	a.mu.Lock()
-	if n := a.ctl.Finish(now, h); n != a.limit {
-		a.limit = n
-		a.sched.SetAdaptiveLimit(a.c, n)
-	}
+	a.put(a.ctl.Finish(now, h))
 	a.mu.Unlock()
 }
 

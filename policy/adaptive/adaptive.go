@@ -649,14 +649,11 @@ func (c *Controller) baseline() float64 {
 // quantile returns the q-quantile of r's values (0 when empty). It sorts a copy in the
 // controller's scratch space, so it does not allocate.
 func (c *Controller) quantile(r *ring, q float64) float64 {
-	n := copy(c.scratch[:], r.values())
-	if n == 0 {
-		return 0
-	}
-	v := c.scratch[:n]
-	slices.Sort(v)
-	return v[int(math.Round(q*float64(n-1)))]
+	return c.quantile2(r, &noValues, q)
 }
+
+// noValues is an empty ring, for quantile.
+var noValues ring
 
 // quantile2 is quantile over the values of a and b together.
 func (c *Controller) quantile2(a, b *ring, q float64) float64 {
