@@ -368,9 +368,11 @@ return out
 //
 //	KEYS: 1 replicas, 2 my leases, 3 my compartments, 4 seq, then compartment and window keys
 //	ARGV: 1 me, 2 channel, 3 number of leases, then per lease: lease id, actual tokens,
-//	      C, W, C × (key index, tokens held), W × (key index, capacity, debt bound, slot ms)
+//	      C, W, C × (key index, tokens held),
+//	      W × (key index, position in the lease's record, capacity, debt bound, slot ms)
 //
-// A lease's windows are settled from the reservations its record holds: an over-estimate is
+// Only windows that count tokens are settled (a request-rate window charged its one request at
+// admission and keeps it). A lease's windows are settled from the reservations its record holds: an over-estimate is
 // refunded to the slot it was charged in, an under-estimate charged now up to the debt bound.
 // A record without reservations (a lease rewritten by a resync) charges nothing: the request's
 // use was counted where it was admitted. Returns the number of leases settled.
@@ -387,7 +389,7 @@ for _ = 1, count do
   a = a + 4
   local recs = redis.call('HGET', KEYS[2], lease)
   local first = a
-  a = a + nc * 2 + nw * 4
+  a = a + nc * 2 + nw * 5
   if recs then
     settled = settled + 1
     redis.call('HDEL', KEYS[2], lease)
@@ -405,9 +407,10 @@ for _ = 1, count do
       freed[ckey] = true
     end
     for i = 1, nw do
-      local wkey, cap, debt, slotlen = KEYS[tonumber(ARGV[b])], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-      b = b + 4
-      local r = rec[i]
+      local wkey, pos = KEYS[tonumber(ARGV[b])], tonumber(ARGV[b + 1])
+      local cap, debt, slotlen = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+      b = b + 5
+      local r = rec[pos]
       -- An exact estimate leaves the window as it is: it is not even read.
       local d = r and actual - r[2] or 0
       if d > 0 then

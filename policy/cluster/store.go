@@ -95,6 +95,10 @@ type Window struct {
 	Shadow bool
 }
 
+// settles reports whether w counts tokens, and so is settled to the tokens a request really
+// used; a request-rate window keeps the one request it charged at admission.
+func (w *Window) settles() bool { return w.Kind != "rpm" }
+
 // Admission is one request's shared reservation.
 type Admission struct {
 	Lease   uint64
@@ -670,13 +674,20 @@ func (s *Store) flush() error {
 			return i
 		}
 		for _, st := range batch {
-			args = append(args, strconv.FormatUint(st.lease, 10), st.actual, len(st.slots), len(st.windows))
+			settles := 0
+			for i := range st.windows {
+				if st.windows[i].settles() {
+					settles++
+				}
+			}
+			args = append(args, strconv.FormatUint(st.lease, 10), st.actual, len(st.slots), settles)
 			for _, sl := range st.slots {
 				args = append(args, key(sl.key), sl.tokens)
 			}
 			for i := range st.windows {
-				w := &st.windows[i]
-				args = append(args, key(s.windowKey(w)), w.Capacity, w.Debt, slotMillis(w.Length))
+				if w := &st.windows[i]; w.settles() {
+					args = append(args, key(s.windowKey(w)), i+1, w.Capacity, w.Debt, slotMillis(w.Length))
+				}
 			}
 		}
 		ctx, cancel := context.WithTimeout(s.ctx, s.o.WriteTimeout)

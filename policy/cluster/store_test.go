@@ -243,7 +243,7 @@ func TestSettlementIsIdempotent(t *testing.T) {
 	// When the batch settling it to 100 tokens runs twice (the first reply was lost and the
 	// batch sent again)
 	keys := []string{a.keys.replicas, a.keys.leases, a.keys.comps, a.keys.seq, a.slotKey("c"), a.windowKey(&w)}
-	args := []any{"a", a.keys.channel, 1, strconv.FormatUint(id, 10), 100, 1, 1, 5, 300, 6, w.Capacity, w.Debt, slotMillis(w.Length)}
+	args := []any{"a", a.keys.channel, 1, strconv.FormatUint(id, 10), 100, 1, 1, 5, 300, 6, 1, w.Capacity, w.Debt, slotMillis(w.Length)}
 	for i, want := range []int64{1, 0} {
 		n, err := a.settle.Run(context.Background(), rc, keys, args...).Int64()
 		if err != nil || n != want {
@@ -280,6 +280,36 @@ func TestSettlementIsIdempotent(t *testing.T) {
 	}
 	if got := held(t, rc, a, "c"); got["n:a"] != "1" || got["t:a"] != "300" {
 		t.Errorf("compartment c holds %v, want the other lease's slot and 300 tokens", got)
+	}
+}
+
+// TestSettlementLeavesRequestRatesAlone: a request-rate window counts the request charged at
+// admission; settling the request's tokens once charged them to it as well, so one request
+// with 600 tokens filled a 10-requests-per-minute window.
+func TestSettlementLeavesRequestRatesAlone(t *testing.T) {
+	rd := redistest.Standalone(t)
+	rc := inspect(t, rd.Addr())
+	a := open(t, options(rd.Addr(), "rates", "a"))
+	// Given a request admitted with its request counted and 100 tokens reserved
+	id := a.NextLease()
+	wantStatus(t, admit(t, a, &Admission{Lease: id, Windows: []Window{perMinute, withAmount(tokens, 100)}}), Admitted, 0)
+	// When it settles at 600 tokens
+	a.Settle(id, 600, []Window{perMinute, tokens})
+	waitFor(t, "the settlement to be sent", func() bool { return pending(a) == 0 })
+	// Then the token window holds 600 and the request window still one request
+	if got := used(t, rc, a, tokens); got != 600 {
+		t.Errorf("tokens used %d, want 600", got)
+	}
+	if got := used(t, rc, a, perMinute); got != 1 {
+		t.Errorf("requests counted %d, want 1", got)
+	}
+	// And a request settled below its estimate gives tokens back, not requests
+	id = a.NextLease()
+	wantStatus(t, admit(t, a, &Admission{Lease: id, Windows: []Window{perMinute, withAmount(tokens, 300)}}), Admitted, 0)
+	a.Settle(id, 0, []Window{perMinute, tokens})
+	waitFor(t, "the settlement to be sent", func() bool { return pending(a) == 0 })
+	if got, want := [2]int64{used(t, rc, a, perMinute), used(t, rc, a, tokens)}, [2]int64{2, 600}; got != want {
+		t.Errorf("requests and tokens used %v, want %v", got, want)
 	}
 }
 

@@ -196,7 +196,7 @@ func TestSharedWindowReadsEarlierLayout(t *testing.T) {
 	wantHash(map[string]int64{"L": cur, "-1": 22, "-2": cur, slot(cur - 30): 10, slot(cur - 2): 7, slot(cur): 5})
 
 	// Refunding the newest slot whole brings the newest back to the one before it.
-	reply, st = h.call(t, settleAt, keys, diffMe, channel, 1, "old1", 0, 0, 1, 5, capacity, 0, sl, capacity, sl, ms)
+	reply, st = h.call(t, settleAt, keys, diffMe, channel, 1, "old1", 0, 0, 1, 5, 1, capacity, 0, sl, capacity, sl, ms)
 	if reply.(int64) != 1 {
 		t.Fatalf("settled %v leases, want 1", reply)
 	}
@@ -278,7 +278,7 @@ func TestSharedWindowReadsFewFields(t *testing.T) {
 			}
 			settleAt := func(lease string, actual, ms int64) (int64, int64) {
 				t.Helper()
-				reply, reads, whole := run(settle, diffMe, channel, 1, lease, actual, 0, 1, 5, capacity, 0, sl, ms)
+				reply, reads, whole := run(settle, diffMe, channel, 1, lease, actual, 0, 1, 5, 1, capacity, 0, sl, ms)
 				if reply.(int64) != 1 {
 					t.Fatalf("settled %v leases, want 1", reply)
 				}

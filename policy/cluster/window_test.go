@@ -326,7 +326,7 @@ func (h *sharedWindows) run(t testing.TB, data []byte) {
 				fmt.Fprintf(&hist, "settle lease %s (took %d) to %d at %d ms (slot %d)\n", o.lease, o.c.Amount(), n, ms, cur)
 			}
 			var reply any
-			reply, st = h.call(t, settleScript, keys, diffMe, channel, 1, o.lease, n, 0, 1, 5, capacity, debt, sl, capacity, sl, ms)
+			reply, st = h.call(t, settleScript, keys, diffMe, channel, 1, o.lease, n, 0, 1, 5, 1, capacity, debt, sl, capacity, sl, ms)
 			if reply.(int64) != 1 {
 				fail("settled %v leases, want 1", reply)
 			}
@@ -338,7 +338,7 @@ func (h *sharedWindows) run(t testing.TB, data []byte) {
 			o := settled[int(p)%len(settled)]
 			fmt.Fprintf(&hist, "settle lease %s again, to %d, at %d ms (slot %d)\n", o.lease, n, ms, cur)
 			var reply any
-			reply, st = h.call(t, settleScript, keys, diffMe, channel, 1, o.lease, n, 0, 1, 5, capacity, debt, sl, capacity, sl, ms)
+			reply, st = h.call(t, settleScript, keys, diffMe, channel, 1, o.lease, n, 0, 1, 5, 1, capacity, debt, sl, capacity, sl, ms)
 			if reply.(int64) != 0 {
 				fail("settled %v leases, want 0: a lease settles once", reply)
 			}
