@@ -326,7 +326,7 @@ func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	}
 	if h.EndOfStream && p.requiresValidJSON() && (p.method() == "POST" || p.method() == "PUT" || p.method() == "PATCH") {
 		// An LLM call without a body on a route that requires a JSON one.
-		return p.refuse(policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonBadRequest})
+		return p.refuse(&policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonBadRequest})
 	}
 	resp := p.decide(msgRequestHeaders)
 	if resp == nil {
@@ -377,7 +377,7 @@ func (p *processor) onRequestBody(b *extprocv3.HttpBody) *extprocv3.ProcessingRe
 	}
 	if !p.holdBody(len(b.Body)) {
 		p.srv.metrics.bodiesRefused.Inc()
-		return p.refuse(policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonServerBusy, RetryAfter: time.Second})
+		return p.refuse(&policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonServerBusy, RetryAfter: time.Second})
 	}
 	p.req.body = b.Body
 	resp := p.decide(msgRequestBody)
@@ -426,7 +426,7 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 			e.ClassifyError("invalid_json")
 			p.srv.log.Debug("request body is not a JSON object; classifying from headers and defaults", "request_id", p.req.id, "bytes", len(p.req.body))
 			if p.requiresValidJSON() {
-				return p.refuse(policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonBadRequest})
+				return p.refuse(&policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonBadRequest})
 			}
 		default:
 			// A known field has the wrong type or value: the rest of the body is still usable.
@@ -448,11 +448,12 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 	p.dec.estimate = s.Estimate(dims.Model, size)
 	r := policy.Request{Dims: dims, Estimate: p.dec.estimate, PromptBytes: size.PromptBytes,
 		CanRewriteModel: at == msgRequestBody && p.req.bodyOK, Stream: p.req.bodyOK && p.req.fields.Stream}
-	d := e.Admit(p.ctx, s, &r, &p.dec.ticket, p.onQueueFn)
+	d := &p.dec.decision
+	e.AdmitInto(p.ctx, s, &r, &p.dec.ticket, p.onQueueFn, d)
 	p.traceDecided(d, true)
 	if d.Verdict != policy.Admit {
 		if d.Reason == policy.ReasonCancelled {
-			p.dec.decision, p.phase = d, phaseDone
+			p.phase = phaseDone
 			return nil
 		}
 		return p.refuse(d)
@@ -461,11 +462,11 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 		// Envoy gave up on this stream while we decided (its message timeout, or the client
 		// left): nobody will read the reply, and the provider was never called — release as a
 		// cancel, which the breaker ignores.
-		p.dec.decision, p.phase = d, phaseDone
+		p.phase = phaseDone
 		p.dec.ticket.Done(policy.Outcome{Cancelled: true})
 		return nil
 	}
-	p.dec.decision, p.phase = d, phaseAdmitted
+	p.phase = phaseAdmitted
 	p.dec.admittedAt = e.Now()
 	p.armIdle(s.Settings().StreamIdleTimeout)
 	return p.admitReply(at)
@@ -474,14 +475,14 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 // refuse records refusal d, logs it (rate-limited) and answers with the degradation contract's
 // ImmediateResponse. A request Envoy sent without a usable x-request-id gets one here, so the
 // client, the log line and the operator all name the refusal alike.
-func (p *processor) refuse(d policy.Decision) *extprocv3.ProcessingResponse {
+func (p *processor) refuse(d *policy.Decision) *extprocv3.ProcessingResponse {
 	p.traceDecided(d, false)
-	p.dec.decision, p.phase = d, phaseDone
+	p.dec.decision, p.phase = *d, phaseDone
 	p.req.id = refusalRequestID(p.req.id)
 	st := p.snap.Settings()
 	r := refusal{requestID: p.req.id, now: p.srv.engine.Now(), noRetryAbove: st.NoRetryAbove, rateLimitHeaders: st.RefusalRateLimitHeaders}
-	p.logRefusal(d, refusalStatus(d.Reason, p.req.api))
-	return p.withMetadata(immediateReply(d, p.req.api, r))
+	p.logRefusal(*d, refusalStatus(d.Reason, p.req.api))
+	return p.withMetadata(immediateReply(*d, p.req.api, r))
 }
 
 // admitReply lets the request continue with the server's header (and body) mutations, in the

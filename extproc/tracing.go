@@ -149,7 +149,7 @@ func (p *processor) traceQueued() {
 // traceDecided records when the request was decided, closing its queue span; classified says
 // the decision came from admission (the request's dimensions are known). Only the first call
 // counts: a refusal after admission reaches it twice.
-func (p *processor) traceDecided(d policy.Decision, classified bool) {
+func (p *processor) traceDecided(d *policy.Decision, classified bool) {
 	rt := p.trace
 	if rt == nil || rt.decided {
 		return
@@ -238,7 +238,7 @@ func (p *processor) traceEnd() {
 		}
 	}
 	if rt.decided {
-		attrs = append(attrs, attribute.String("llm_bulkhead.decision", decisionName(d)))
+		attrs = append(attrs, attribute.String("llm_bulkhead.decision", decisionName(&d)))
 		if d.Reason != "" {
 			attrs = append(attrs, attribute.String("llm_bulkhead.reason", string(d.Reason)))
 		}
@@ -294,7 +294,7 @@ func (p *processor) traceName(names, tenant string) string {
 
 // decisionName is the decision as the dynamic metadata names it, plus "cancelled" for a
 // request whose client left while it was queued.
-func decisionName(d policy.Decision) string {
+func decisionName(d *policy.Decision) string {
 	switch {
 	case d.Reason == policy.ReasonCancelled:
 		return "cancelled"

@@ -24,7 +24,7 @@ func TestTracingOffAllocatesNothing(t *testing.T) {
 	allocs := testing.AllocsPerRun(100, func() {
 		p.traceStart()
 		p.traceQueued()
-		p.traceDecided(d, true)
+		p.traceDecided(&d, true)
 		p.traceSettled()
 		p.traceEnd()
 	})
@@ -49,7 +49,7 @@ func TestTracingUnsampledHoldsNothing(t *testing.T) {
 	}
 	allocs := testing.AllocsPerRun(100, func() {
 		p.traceQueued()
-		p.traceDecided(policy.Decision{Verdict: policy.Admit}, true)
+		p.traceDecided(&policy.Decision{Verdict: policy.Admit}, true)
 		p.traceSettled()
 		p.traceEnd()
 	})

@@ -264,43 +264,51 @@ func (t *Ticket) Remaining() (tokens int64, reset time.Duration, ok bool) {
 //
 // The path that admits without waiting does not allocate.
 func (e *Engine) Admit(ctx context.Context, s *Snapshot, r *Request, t *Ticket, onQueue func(time.Duration)) Decision {
+	var d Decision
+	e.AdmitInto(ctx, s, r, t, onQueue, &d)
+	return d
+}
+
+// AdmitInto is Admit writing the decision to *d. The request path uses it: a decision passed up
+// by value through every step of admission left a copy in each step's stack frame, and a deeper
+// stack is one the goroutine serving the stream has to grow (copying it) first.
+func (e *Engine) AdmitInto(ctx context.Context, s *Snapshot, r *Request, t *Ticket, onQueue func(time.Duration), d *Decision) {
 	dims := r.Dims
 	var visited uint64
-	var first Decision
-	decided := func(d Decision) Decision {
-		if d.Dims.Model != r.Dims.Model {
-			d.OriginalModel = r.Dims.Model
-		}
-		e.countDecision(s, d)
-		return d
-	}
+	var firstReason Reason
+	var firstIn string
+	// Every attempt tries a provider not tried before, so the loop ends by one of its returns;
+	// its bound is only a guard.
 	for attempt := 0; attempt <= len(s.providers); attempt++ {
 		visited |= 1 << uint(dims.Provider)
-		d := e.tryAdmit(ctx, s, r, dims, t, onQueue)
+		e.tryAdmit(ctx, s, r, dims, t, onQueue, d)
 		if attempt > 0 && d.Verdict == Admit {
-			d.Rerouted, d.Reason, d.Compartment = true, first.Reason, first.Compartment
+			d.Rerouted, d.Reason, d.Compartment = true, firstReason, firstIn
 			f := s.features[dims.Feature]
-			e.metrics.rerouted.WithLabelValues(f.name, s.providers[r.Dims.Provider].name, s.providers[dims.Provider].name, string(first.Reason)).Inc()
+			e.metrics.rerouted.WithLabelValues(f.name, s.providers[r.Dims.Provider].name, s.providers[dims.Provider].name, string(firstReason)).Inc()
 		}
 		if d.Verdict == Admit || d.Reason == ReasonCancelled {
-			return decided(d)
+			break
 		}
 		if attempt == 0 {
-			first = d
+			firstReason, firstIn = d.Reason, d.Compartment
 		}
 		next := s.rerouteTarget(dims, d.Reason)
 		if next < 0 || visited&(1<<uint(next)) != 0 {
-			return decided(d)
+			break
 		}
 		model, ok := s.modelFor(next, r)
 		if !ok {
 			// The target may not serve this model: refuse as the provider did rather than send it.
 			e.metrics.rerouteNoModel.WithLabelValues(s.features[dims.Feature].name, s.providers[dims.Provider].name, s.providers[next].name).Inc()
-			return decided(d)
+			break
 		}
 		dims.Provider, dims.Model = next, model
 	}
-	return decided(first)
+	if d.Dims.Model != r.Dims.Model {
+		d.OriginalModel = r.Dims.Model
+	}
+	e.countDecision(s, d)
 }
 
 // modelFor returns the model request r is sent as when re-routed to provider p: the first entry
@@ -342,7 +350,7 @@ func (s *Snapshot) rerouteTarget(d Dims, reason Reason) int {
 	return -1
 }
 
-func (e *Engine) countDecision(s *Snapshot, d Decision) {
+func (e *Engine) countDecision(s *Snapshot, d *Decision) {
 	f := s.features[d.Dims.Feature].stats
 	if d.Verdict == Admit {
 		f.admitted.Inc()
@@ -356,7 +364,7 @@ func (e *Engine) countDecision(s *Snapshot, d Decision) {
 
 // tryAdmit runs the admission steps for one provider choice: rate limits, the provider's
 // breaker, token budgets, then concurrency. A failure at any step undoes the earlier ones.
-func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration)) Decision {
+func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), d *Decision) {
 	now := e.clock.Now()
 	if s.modelKeyed {
 		dims.modelGroup = s.modelGroup(dims.Model)
@@ -382,30 +390,39 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 		t.rpm[t.n], t.tpm[t.n], t.tpd[t.n] = budget.Charge{}, budget.Charge{}, budget.Charge{}
 		t.n++
 	}
-	refuse := func(reason Reason, in string, retry time.Duration) Decision {
-		t.undo(now)
-		return Decision{Verdict: Reject, Reason: reason, Compartment: in, RetryAfter: retry, Dims: dims}
-	}
 	if cs := e.cluster; cs != nil {
 		if cs.store.Available() {
-			return e.admitShared(ctx, s, r, dims, t, onQueue, now)
+			e.admitShared(ctx, s, r, dims, t, onQueue, now, d)
+			return
 		}
 		if cs.closed {
 			cs.unavailable.WithLabelValues("refused").Inc()
-			return refuse(ReasonClusterUnavailable, "cluster", cs.retryAfter())
+			t.undo(now)
+			refuseInto(d, ReasonClusterUnavailable, "cluster", cs.retryAfter(), &dims)
+			return
 		}
 		cs.unavailable.WithLabelValues("local").Inc()
 	}
-	return e.admitLocal(ctx, s, r, dims, t, onQueue, now, time.Time{})
+	e.admitLocal(ctx, s, r, dims, t, onQueue, now, time.Time{}, d)
+}
+
+// refuseInto writes to *d the decision refusing a request with dims for reason, by compartment
+// in. It is kept out of line: inlined at each refusal of the admission path, every copy would
+// keep a decision-sized temporary in that path's stack frame, which every admitted request's
+// goroutine then has to have room for.
+//
+//go:noinline
+func refuseInto(d *Decision, reason Reason, in string, retry time.Duration, dims *Dims) {
+	*d = Decision{Verdict: Reject, Reason: reason, Compartment: in, RetryAfter: retry, Dims: *dims}
 }
 
 // admitLocal runs admission against this process's own compartments and windows: always
 // without a cluster, and with one while its shared state is unavailable (the limits are then
 // this replica's share).
-func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now, deadline time.Time) Decision {
-	refuse := func(reason Reason, in string, retry time.Duration) Decision {
+func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now, deadline time.Time, d *Decision) {
+	refuse := func(reason Reason, in string, retry time.Duration) {
 		t.undo(now)
-		return Decision{Verdict: Reject, Reason: reason, Compartment: in, RetryAfter: retry, Dims: dims}
+		refuseInto(d, reason, in, retry, &dims)
 	}
 
 	// 1. Request rates.
@@ -417,9 +434,9 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 		ch, ok, wait := in.rpm.Reserve(1, now)
 		if !ok {
 			if !in.limits.Shadow {
-				d := refuse(ReasonRateLimit, in.name, wait)
+				refuse(ReasonRateLimit, in.name, wait)
 				d.Limits.refusedBy(in.rpm, true, now)
-				return d
+				return
 			}
 			e.metrics.countShadow(s.label(in), ReasonRateLimit)
 			ch = in.rpm.Take(1, now)
@@ -428,9 +445,9 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 	}
 
 	// 2. The provider's breaker, and an upstream retry-after holding this tenant back.
-	if d, refused := e.checkBreaker(s, dims, t, now); refused {
+	if e.checkBreaker(s, dims, t, now, d) {
 		t.undo(now)
-		return d
+		return
 	}
 
 	// 3. Token budgets, reserved at the estimate.
@@ -447,9 +464,9 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 			ch, ok, wait := wb.w.Reserve(tokens, now)
 			if !ok {
 				if !in.limits.Shadow {
-					d := refuse(ReasonTokenBudget, in.name, wait)
+					refuse(ReasonTokenBudget, in.name, wait)
 					d.Limits.refusedBy(wb.w, false, now)
-					return d
+					return
 				}
 				e.metrics.countShadow(s.label(in), ReasonTokenBudget)
 				ch = wb.w.Take(tokens, now)
@@ -459,8 +476,8 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 	}
 
 	// 3b. Spend budgets, reserved at the worst-case cost.
-	if d, refused := e.reserveSpend(ctx, s, r, dims, t, now); refused {
-		return d
+	if e.reserveSpend(ctx, s, r, dims, t, now, d) {
+		return
 	}
 
 	// 4. Concurrency and in-flight tokens, possibly waiting.
@@ -475,9 +492,11 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 			if rf.Cause == bulkhead.CauseCancelled {
 				reason = ReasonCancelled
 			}
-			return refuse(reason, rf.Compartment.Name(), rf.RetryAfter)
+			refuse(reason, rf.Compartment.Name(), rf.RetryAfter)
+			return
 		}
-		return refuse(ReasonBulkheadFull, "", 0)
+		refuse(ReasonBulkheadFull, "", 0)
+		return
 	}
 	t.grantedAt = e.clock.Now()
 	t.active = true
@@ -487,19 +506,20 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 	}
 	e.inflight.Add(1)
 	s.features[dims.Feature].stats.tokensReserved.Add(float64(tokens))
-	return Decision{Verdict: Admit, Dims: dims}
+	*d = Decision{Verdict: Admit, Dims: dims}
 }
 
 // checkBreaker runs the provider's breaker for dims, and an upstream retry-after holding this
 // tenant back. On a pass it leaves the breaker's permit in t; on a refusal it returns the
-// decision (t keeps what it held: the caller undoes it).
+// decision in *d (t keeps what it held: the caller undoes it).
 //
 // A provider whose limits run in shadow refuses nothing here: the refusal is counted and the
 // call goes on without a permit, so its outcome is not recorded and the breaker runs its course
 // (OPEN, then probes) as if it were enforced.
-func (e *Engine) checkBreaker(s *Snapshot, dims Dims, t *Ticket, now time.Time) (Decision, bool) {
-	refuse := func(reason Reason, in string, retry time.Duration) (Decision, bool) {
-		return Decision{Verdict: Reject, Reason: reason, Compartment: in, RetryAfter: retry, Dims: dims}, true
+func (e *Engine) checkBreaker(s *Snapshot, dims Dims, t *Ticket, now time.Time, d *Decision) (refused bool) {
+	refuse := func(reason Reason, in string, retry time.Duration) bool {
+		refuseInto(d, reason, in, retry, &dims)
+		return true
 	}
 	if bs := s.providers[dims.Provider].breakers; bs != nil {
 		if wait := bs.holds.until(dims.Tenant, now); wait > 0 {
@@ -530,7 +550,7 @@ func (e *Engine) checkBreaker(s *Snapshot, dims Dims, t *Ticket, now time.Time) 
 			t.brk, t.permit = b, p
 		}
 	}
-	return Decision{}, false
+	return false
 }
 
 // want is what the request asks of the scheduler: the highest priority and the shortest

@@ -283,18 +283,18 @@ func (e *Engine) shareWorker() {
 // one atomic reservation in Redis of every rate, budget and slot. A slot another replica took
 // meanwhile sends the request back to wait; a window without room refuses it. When Redis does
 // not answer in time the request is decided as cluster.on_unavailable says.
-func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now time.Time) Decision {
+func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now time.Time, d *Decision) {
 	cs := e.cluster
-	refuse := func(reason Reason, in string, retry time.Duration) Decision {
+	refuse := func(reason Reason, in string, retry time.Duration) {
 		t.undo(now)
-		return Decision{Verdict: Reject, Reason: reason, Compartment: in, RetryAfter: retry, Dims: dims}
+		refuseInto(d, reason, in, retry, &dims)
 	}
-	if d, refused := e.checkBreaker(s, dims, t, now); refused {
+	if e.checkBreaker(s, dims, t, now, d) {
 		t.undo(now)
-		return d
+		return
 	}
-	if d, refused := e.reserveSpend(ctx, s, r, dims, t, now); refused {
-		return d
+	if e.reserveSpend(ctx, s, r, dims, t, now, d) {
+		return
 	}
 	sh := t.shared
 	if sh == nil {
@@ -321,9 +321,11 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 				if rf.Cause == bulkhead.CauseCancelled {
 					reason = ReasonCancelled
 				}
-				return refuse(reason, rf.Compartment.Name(), rf.RetryAfter)
+				refuse(reason, rf.Compartment.Name(), rf.RetryAfter)
+				return
 			}
-			return refuse(ReasonBulkheadFull, "", 0)
+			refuse(ReasonBulkheadFull, "", 0)
+			return
 		}
 		onQueue = nil
 		granted := e.clock.Now()
@@ -331,11 +333,13 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 		if err := cs.store.Admit(ctx, &sh.adm, res); err != nil {
 			e.sched.Abandon(t.set[:t.n], t.held[:t.n])
 			if ctx.Err() != nil {
-				return refuse(ReasonCancelled, "", 0)
+				refuse(ReasonCancelled, "", 0)
+				return
 			}
 			if cs.closed {
 				cs.unavailable.WithLabelValues("refused").Inc()
-				return refuse(ReasonClusterUnavailable, "cluster", cs.retryAfter())
+				refuse(ReasonClusterUnavailable, "cluster", cs.retryAfter())
+				return
 			}
 			cs.unavailable.WithLabelValues("local").Inc()
 			// Give the breaker permit back: the local path takes its own.
@@ -344,7 +348,8 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 				t.brk = nil
 			}
 			// The request goes on waiting, if it must, only for what is left of its max wait.
-			return e.admitLocal(ctx, s, r, dims, t, nil, e.clock.Now(), deadline)
+			e.admitLocal(ctx, s, r, dims, t, nil, e.clock.Now(), deadline, d)
+			return
 		}
 		for i := range res.Others {
 			if i < len(watches) {
@@ -360,18 +365,19 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 				reason = ReasonRateLimit
 			}
 			capacity, kind := w.Capacity, w.Kind
-			d := refuse(reason, t.insts[sh.owners[res.Index]].name, res.RetryAfter)
+			refuse(reason, t.insts[sh.owners[res.Index]].name, res.RetryAfter)
 			if res.WindowKnown {
 				d.Limits.refusedByShared(capacity, res.WindowLeft, res.WindowReset, kind == "rpm")
 			}
-			return d
+			return
 		case cluster.RefusedSlot:
 			e.sched.Abandon(t.set[:t.n], t.held[:t.n])
 			in := t.insts[sh.slotOwner[res.Index]]
 			left := deadline.Sub(e.clock.Now())
 			if want.MaxWait <= 0 || left <= 0 {
 				retry := e.sched.Stats(in.c).AvgHold
-				return refuse(ReasonBulkheadFull, in.name, max(retry, time.Second))
+				refuse(ReasonBulkheadFull, in.name, max(retry, time.Second))
+				return
 			}
 			// Another replica took the slot: wait here for the next one to free.
 			want.MaxWait = left
@@ -394,7 +400,8 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 		t.mode = ticketShared
 		e.inflight.Add(1)
 		s.features[dims.Feature].stats.tokensReserved.Add(float64(tokens))
-		return Decision{Verdict: Admit, Dims: dims}
+		*d = Decision{Verdict: Admit, Dims: dims}
+		return
 	}
 }
 

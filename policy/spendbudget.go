@@ -61,22 +61,22 @@ func (e *Engine) Ledger() *spend.Ledger { return e.ledger }
 // or the default, times n) at the output price of the model it is sent as. On a refusal it
 // undoes everything t holds and returns the decision. A ticket that reserved already (a
 // cluster admission that fell back to local limits) keeps its reservation.
-func (e *Engine) reserveSpend(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, now time.Time) (Decision, bool) {
+func (e *Engine) reserveSpend(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, now time.Time, d *Decision) (refused bool) {
 	if t.spend != nil {
 		if t.spend.Active() {
-			return Decision{}, false
+			return false
 		}
 		t.spend.Reset(now) // what an earlier attempt reserved was given back by its undo
 	}
 	if !s.SpendLimits {
-		return Decision{}, false
+		return false
 	}
 	found := false
 	for i := 0; i < t.n && !found; i++ {
 		found = len(t.insts[i].spend) > 0
 	}
 	if !found {
-		return Decision{}, false
+		return false
 	}
 	if t.spend == nil {
 		t.spend = &spend.Reservation{}
@@ -92,8 +92,9 @@ func (e *Engine) reserveSpend(ctx context.Context, s *Snapshot, r *Request, dims
 	rf, ok := e.ledger.Reserve(ctx, res, amount, now)
 	if !ok {
 		t.undo(now)
-		return Decision{Verdict: Reject, Reason: ReasonSpendBudget, Compartment: rf.Budget.Name,
-			RetryAfter: max(rf.Window.End.Sub(now), 0), Dims: dims, SpendReset: rf.Window.End}, true
+		refuseInto(d, ReasonSpendBudget, rf.Budget.Name, max(rf.Window.End.Sub(now), 0), &dims)
+		d.SpendReset = rf.Window.End
+		return true
 	}
 	if over := res.Over(); over != 0 {
 		k := 0
@@ -109,7 +110,7 @@ func (e *Engine) reserveSpend(ctx context.Context, s *Snapshot, r *Request, dims
 	if c := s.features[dims.Feature].spend; c != nil {
 		c.reserved.Add(amount.Float())
 	}
-	return Decision{}, false
+	return false
 }
 
 // SpendReserved returns what the ticket reserved in its spend budgets; ok is false when no
