@@ -277,7 +277,7 @@ func (e *Engine) AdmitInto(ctx context.Context, s *Snapshot, r *Request, t *Tick
 	var visited uint64
 	var firstReason Reason
 	var firstIn string
-	// Every attempt tries a provider not tried before, so the loop ends by one of its returns;
+	// Every attempt tries a provider not tried before, so the loop ends by one of its breaks;
 	// its bound is only a guard.
 	for attempt := 0; attempt <= len(s.providers); attempt++ {
 		visited |= 1 << uint(dims.Provider)
