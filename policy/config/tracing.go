@@ -245,10 +245,16 @@ func (t *Tracing) fromEnv(ps *problems, env []string) {
 	if t.Timeout == 0 {
 		if v, name := get(envOTelTracesTimeout, envOTelTimeout); v != "" {
 			ms, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || ms <= 0 {
+			switch {
+			case err != nil || ms <= 0:
 				ps.addEnv("tracing.timeout", name, "%q is not a positive number of milliseconds", v)
-			} else {
+			case ms > maxTracingTimeout.Milliseconds():
+				// Checked here, before the conversion to a Duration can overflow.
+				ps.addEnv("tracing.timeout", name, "%q milliseconds is more than the most allowed, %d (%s)", v,
+					maxTracingTimeout.Milliseconds(), maxTracingTimeout)
+			default:
 				t.Timeout = Duration(time.Duration(ms) * time.Millisecond)
+				from("tracing.timeout", name)
 			}
 		}
 	}

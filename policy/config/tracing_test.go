@@ -209,6 +209,8 @@ func TestTracingProblems(t *testing.T) {
 		{[]string{"OTEL_TRACES_EXPORTER=zipkin"}, `<env>: tracing.exporter: OTEL_TRACES_EXPORTER: "zipkin" is not supported`},
 		{[]string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_INSECURE=maybe"}, `<env>: tracing.insecure: OTEL_EXPORTER_OTLP_INSECURE: "maybe" is not true or false`},
 		{[]string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_TIMEOUT=10s"}, `<env>: tracing.timeout: OTEL_EXPORTER_OTLP_TIMEOUT: "10s" is not a positive number of milliseconds`},
+		{[]string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_TIMEOUT=100000"}, `<env>: tracing.timeout: OTEL_EXPORTER_OTLP_TIMEOUT: "100000" milliseconds is more than the most allowed, 60000 (1m0s)`},
+		{[]string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_TIMEOUT=9223372036854775807"}, `OTEL_EXPORTER_OTLP_TIMEOUT: "9223372036854775807" milliseconds is more than the most allowed`},
 		{[]string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_SDK_DISABLED=yes"}, `<env>: tracing.enabled: OTEL_SDK_DISABLED: "yes" is not true or false`},
 	}
 	for _, e := range env {
@@ -226,6 +228,7 @@ func FuzzTracingEnv(f *testing.F) {
 	f.Add("collector:4317", "grpc", "always_on", "", "true", "")
 	f.Add("https://[::1]:4317/x", "grpc", "parentbased_always_off", "2", "maybe", "-1")
 	f.Add("ftp://", "http/json", "", "NaN", "", "10s")
+	f.Add("collector:4317", "grpc", "always_on", "", "", "100000")
 	f.Fuzz(func(t *testing.T, endpoint, protocol, sampler, arg, insecure, timeout string) {
 		env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL=" + protocol,
 			"OTEL_TRACES_SAMPLER=" + sampler, "OTEL_TRACES_SAMPLER_ARG=" + arg, "OTEL_EXPORTER_OTLP_INSECURE=" + insecure,
