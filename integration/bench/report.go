@@ -26,6 +26,10 @@ type Report struct {
 		WindowSeconds  float64 `json:"window_seconds"`
 		Held           int     `json:"held"`
 		ProfileSeconds int     `json:"profile_seconds"`
+		// ServerCPUs and LoadCPUs are the CPU lists the servers and the load generator were
+		// pinned to ("" when not pinned).
+		ServerCPUs string `json:"server_cpus,omitempty"`
+		LoadCPUs   string `json:"load_cpus,omitempty"`
 	} `json:"config"`
 	// Overrides are the policy changes (environment overrides of the example policy).
 	Overrides       []string `json:"policy_overrides"`
@@ -112,6 +116,7 @@ func newReport(cfg Config) *Report {
 	r := &Report{Started: time.Now(), Command: cfg.Command, Machine: CurrentMachine(), Overrides: LimitOverrides}
 	r.Config.Concurrency = cfg.Concurrency
 	r.Config.Reps = cfg.Reps
+	r.Config.ServerCPUs, r.Config.LoadCPUs = cfg.ServerCPUs.String(), cfg.LoadCPUs.String()
 	r.Config.WarmupSeconds = cfg.Warmup.Seconds()
 	r.Config.WindowSeconds = cfg.Duration.Seconds()
 	r.Config.Held = cfg.Held
@@ -342,6 +347,20 @@ func finite(x float64) *float64 {
 	return &x
 }
 
+// pinning says where the servers and the load generator ran.
+func pinning(server, load string) string {
+	where := func(l string) string {
+		if l == "" {
+			return "any CPU"
+		}
+		return "CPUs " + l
+	}
+	if server == "" && load == "" {
+		return "not pinned: the servers and the load generator share every CPU"
+	}
+	return fmt.Sprintf("the servers pinned to %s, the load generator to %s (the micro-benchmarks run on every CPU)", where(server), where(load))
+}
+
 // Markdown renders the report.
 func (r *Report) Markdown() string {
 	var b strings.Builder
@@ -352,6 +371,7 @@ func (r *Report) Markdown() string {
 	w("- When: %s, %s\n", r.Started.UTC().Format(time.RFC3339), r.Finished.Sub(r.Started).Round(time.Second))
 	w("- Machine: %d CPUs (%s), %s/%s, %s; load average %s at the start, %s at the end\n", m.CPUs, m.CPUModel, m.GOOS, m.GOARCH, m.GoVersion, m.LoadAvgStart, m.LoadAvgEnd)
 	w("- Servers: separate processes; no-op = this program's `%s`, replay = its `%s`, llm-bulkhead = %s\n", CmdServeNoop, CmdServeReplay, r.BulkheadCommand)
+	w("- CPUs: %s\n", pinning(r.Config.ServerCPUs, r.Config.LoadCPUs))
 	w("- Policy: `examples/policy.yaml` with %s\n", "`"+strings.Join(r.Overrides, "`, `")+"`")
 	w("- Filter (from `llm-bulkhead envoy-config`): %s\n", r.Filter)
 	w("- Stream: POST /v1/chat/completions, tenant acme, feature chat, %d-byte buffered body with `\"stream\":true`; "+

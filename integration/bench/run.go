@@ -54,6 +54,10 @@ type Config struct {
 	// which splits the difference between the no-op and llm-bulkhead into what the replies cost
 	// the proxy and what the server's own work costs.
 	Replay bool
+	// ServerCPUs, when not empty, pins every server process to these CPUs (with taskset), and
+	// LoadCPUs this program, which generates the load. Kept apart, the servers' CPU per stream
+	// no longer includes the time they lose to the load generator on the same cores.
+	ServerCPUs, LoadCPUs CPUList
 	// Self is the command line prefix that runs this program, for its child subcommands.
 	Self []string
 	// Command is the command line recorded in the report.
@@ -78,6 +82,11 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 		return nil, err
 	}
+	unpin, err := cfg.LoadCPUs.pin()
+	if err != nil {
+		return nil, err
+	}
+	defer unpin()
 	rep := newReport(cfg)
 	logf := func(format string, args ...any) {
 		fmt.Fprintf(progress, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
@@ -116,9 +125,9 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		bulkheadArgv = []string{bin, "serve", "--watch=false"}
 	}
 	specs := map[string]Spec{
-		SideNoop:   {Name: SideNoop, Argv: append(append([]string{}, cfg.Self...), CmdServeNoop), Env: ServerEnv(), ReadyMsg: ReadyMessage},
-		SideReplay: {Name: SideReplay, Argv: append(append([]string{}, cfg.Self...), CmdServeReplay), Env: ServerEnv(), ReadyMsg: ReadyMessage},
-		SideBulkhead: {Name: SideBulkhead, Argv: append(bulkheadArgv, "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"),
+		SideNoop:   {Name: SideNoop, Argv: cfg.ServerCPUs.pinArgv(append(append([]string{}, cfg.Self...), CmdServeNoop)), Env: ServerEnv(), ReadyMsg: ReadyMessage},
+		SideReplay: {Name: SideReplay, Argv: cfg.ServerCPUs.pinArgv(append(append([]string{}, cfg.Self...), CmdServeReplay)), Env: ServerEnv(), ReadyMsg: ReadyMessage},
+		SideBulkhead: {Name: SideBulkhead, Argv: cfg.ServerCPUs.pinArgv(append(bulkheadArgv, "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0")),
 			Env: ServerEnv(), ReadyMsg: readyFor(cfg.BulkheadInProcess)},
 	}
 
@@ -140,7 +149,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 				cmd = CmdServeNoop
 			}
 			spec := Spec{Name: side, Env: ServerEnv(), ReadyMsg: ReadyMessage,
-				Argv: append(append([]string{}, cfg.Self...), cmd, "--pprof-addr", "127.0.0.1:0")}
+				Argv: cfg.ServerCPUs.pinArgv(append(append([]string{}, cfg.Self...), cmd, "--pprof-addr", "127.0.0.1:0"))}
 			pr, err := profile(ctx, cfg, spec, req, filter)
 			if err != nil {
 				return rep, fmt.Errorf("profile of %s: %w", side, err)
@@ -149,6 +158,8 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		}
 	}
 	if cfg.Micro {
+		// The micro-benchmarks measure code, not the pair of processes: they get every CPU.
+		unpin()
 		logf("running the Go micro-benchmarks (benchtime %s, count %d)", cfg.MicroBenchtime, cfg.MicroCount)
 		micro, raw, err := RunGoBench(ctx, MicroBenchmarks, cfg.MicroBenchtime, cfg.MicroCount)
 		if werr := os.WriteFile(filepath.Join(cfg.Out, "gobench.txt"), []byte(raw), 0o644); werr != nil && err == nil {
@@ -197,6 +208,9 @@ func (c Config) validate() error {
 	}
 	if c.Micro && (c.MicroCount < 1 || c.MicroBenchtime == "") {
 		errs = append(errs, errors.New("micro-benchmarks need a count ≥ 1 and a benchtime"))
+	}
+	if err := c.checkPinning(); err != nil {
+		errs = append(errs, err)
 	}
 	if len(c.Self) == 0 {
 		errs = append(errs, errors.New("the program's own command line (Self) is required for the no-op server"))

@@ -6,7 +6,8 @@
 // Usage (from the repository root; `make bench` runs it with the defaults):
 //
 //	go run ./integration/cmd/bench [--quick] [--out DIR] [--concurrency 1,8,64,512] [--reps 5]
-//	    [--duration 5s] [--warmup 1s] [--held 10000] [--profile 10s] [--micro=true] [--replay=true] …
+//	    [--duration 5s] [--warmup 1s] [--held 10000] [--profile 10s] [--micro=true] [--replay=true]
+//	    [--server-cpus 1 --load-cpus 0] …
 //
 // The servers run as child processes: llm-bulkhead from a binary built with `go build`, the
 // no-op server (and both profiled servers) as subcommands of this program.
@@ -92,6 +93,8 @@ func parse(args []string, stderr io.Writer) (bench.Config, error) {
 	microCount := fs.Int("micro-count", 3, "-count of the micro-benchmarks (the report shows medians)")
 	bin := fs.String("bulkhead-bin", "", "a prebuilt llm-bulkhead binary (default: go build -tags vtprotobuf ./cmd/llm-bulkhead into a temporary directory)")
 	replay := fs.Bool("replay", true, "also load the replay server (llm-bulkhead's recorded replies, no policy work) to split the difference")
+	serverCPUs := fs.String("server-cpus", "", "pin every server process to these CPUs with taskset, e.g. 1 (empty: not pinned)")
+	loadCPUs := fs.String("load-cpus", "", "pin this program, the load generator, to these CPUs, e.g. 0 (empty: not pinned)")
 	inProc := fs.Bool("bulkhead-in-process", false, "run llm-bulkhead from this program (same app package) instead of the binary; skips the build")
 	if err := fs.Parse(args); err != nil {
 		return bench.Config{}, err
@@ -121,6 +124,14 @@ func parse(args []string, stderr io.Writer) (bench.Config, error) {
 	if err != nil {
 		return bench.Config{}, err
 	}
+	pinServers, err := bench.ParseCPUList(*serverCPUs)
+	if err != nil {
+		return bench.Config{}, fmt.Errorf("--server-cpus: %w", err)
+	}
+	pinLoad, err := bench.ParseCPUList(*loadCPUs)
+	if err != nil {
+		return bench.Config{}, fmt.Errorf("--load-cpus: %w", err)
+	}
 	if *prof%time.Second != 0 {
 		return bench.Config{}, fmt.Errorf("--profile %s: whole seconds only", *prof)
 	}
@@ -130,6 +141,7 @@ func parse(args []string, stderr io.Writer) (bench.Config, error) {
 		ProfileSeconds: int(*prof / time.Second), ProfileConcurrency: *profConc,
 		Micro: *micro, MicroBenchtime: *microTime, MicroCount: *microCount,
 		BulkheadBinary: *bin, BulkheadInProcess: *inProc, Replay: *replay,
+		ServerCPUs: pinServers, LoadCPUs: pinLoad,
 	}, nil
 }
 
