@@ -3,7 +3,7 @@
 //
 // Usage:
 //
-//	llm-bulkhead [serve] [--config FILE] [--grpc-addr ADDR] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--admin-addr ADDR] [--admin-insecure] [--log-level LEVEL] [--watch=true]
+//	llm-bulkhead [serve] [--config FILE] [--grpc-addr ADDR] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--admin-addr ADDR] [--admin-insecure] [--log-level LEVEL] [--watch=true] [--spend-state FILE] [--gc-heap-floor SIZE]
 //	llm-bulkhead validate [--config FILE] [--explain] [FILE]
 //	llm-bulkhead envoy-config [--config FILE] [--cluster NAME] [--address ADDR] [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE] [--tls-server-name NAME]
 //	llm-bulkhead health [--addr ADDR] [--service NAME] [--timeout DURATION] [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE] [--tls-server-name NAME]
@@ -27,6 +27,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 
@@ -58,7 +59,7 @@ var commands []*command
 
 func init() {
 	commands = []*command{
-		{"serve", "[--config FILE] [--grpc-addr ADDR] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--admin-addr ADDR] [--admin-insecure] [--log-level LEVEL] [--watch=BOOL]",
+		{"serve", "[--config FILE] [--grpc-addr ADDR] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--admin-addr ADDR] [--admin-insecure] [--log-level LEVEL] [--watch=BOOL] [--spend-state FILE] [--gc-heap-floor SIZE]",
 			"run the ext_proc server and the admin listener (the default command)", serve},
 		{"validate", "[--config FILE] [--explain] [FILE]",
 			"check a policy file and print every problem, or a summary of the effective policy", validate},
@@ -218,6 +219,8 @@ func serve(c *command, ctx context.Context, args, env []string, stdout, stderr i
 	fs.StringVar(&o.LogLevel, "log-level", "", "debug, info, warn or error (default: the policy's server.log_level, info)")
 	fs.BoolVar(&o.Watch, "watch", true, "reload the policy file when it changes (SIGHUP always reloads)")
 	fs.StringVar(&o.SpendState, "spend-state", "", "file keeping spend budgets' spend across restarts (default: the policy's spend.state_file; none: memory only)")
+	floor := defaultHeapFloor
+	fs.TextVar(&floor, "gc-heap-floor", defaultHeapFloor, "heap the garbage collector counts as live before it starts a cycle (512KiB, 32MiB…; 0: Go's default pacing); fewer collections per stream, up to about this much more memory held")
 	if code, ok := c.parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
@@ -225,6 +228,8 @@ func serve(c *command, ctx context.Context, args, env []string, stdout, stderr i
 		fmt.Fprintf(stderr, "serve: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
+	ballast := heapFloor(floor)
+	defer runtime.KeepAlive(ballast)
 	o.Env = env
 	o.LogOutput = stderr
 	o.Build = buildInfo()
