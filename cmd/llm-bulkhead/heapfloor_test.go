@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead/app"
 )
 
 // heapGoal is the heap size at which the garbage collector starts its next cycle.
@@ -56,7 +58,7 @@ func TestHeapFloorSpacesCollectionsOutWithoutTakingMemory(t *testing.T) {
 	runtime.GC()
 	before, rssBefore := heapGoal(), rss(t)
 	// Given the floor
-	b := heapFloor(floor)
+	b := app.HeapFloor(floor)
 	runtime.GC()
 	// Then a collection starts only once the heap has grown by about the floor more
 	if got := heapGoal(); got < before+floor {
@@ -67,7 +69,7 @@ func TestHeapFloorSpacesCollectionsOutWithoutTakingMemory(t *testing.T) {
 		t.Errorf("resident memory grew by %d MiB for a %d MiB floor", grew>>20, floor>>20)
 	}
 	runtime.KeepAlive(b)
-	if heapFloor(0) != nil {
+	if app.HeapFloor(0) != nil {
 		t.Error("a floor of 0 allocated")
 	}
 }

@@ -219,8 +219,8 @@ func serve(c *command, ctx context.Context, args, env []string, stdout, stderr i
 	fs.StringVar(&o.LogLevel, "log-level", "", "debug, info, warn or error (default: the policy's server.log_level, info)")
 	fs.BoolVar(&o.Watch, "watch", true, "reload the policy file when it changes (SIGHUP always reloads)")
 	fs.StringVar(&o.SpendState, "spend-state", "", "file keeping spend budgets' spend across restarts (default: the policy's spend.state_file; none: memory only)")
-	floor := defaultHeapFloor
-	fs.TextVar(&floor, "gc-heap-floor", defaultHeapFloor, "heap the garbage collector counts as live before it starts a cycle (512KiB, 32MiB…; 0: Go's default pacing); fewer collections per stream, up to about this much more memory held")
+	floor := app.DefaultHeapFloor
+	fs.TextVar(&floor, "gc-heap-floor", app.DefaultHeapFloor, "heap the garbage collector counts as live before it starts a cycle (512KiB, 32MiB…; 0: Go's default pacing); fewer collections per stream, up to about this much more memory held")
 	if code, ok := c.parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
@@ -228,7 +228,7 @@ func serve(c *command, ctx context.Context, args, env []string, stdout, stderr i
 		fmt.Fprintf(stderr, "serve: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
-	ballast := heapFloor(floor)
+	ballast := app.HeapFloor(floor)
 	defer runtime.KeepAlive(ballast)
 	o.Env = env
 	o.LogOutput = stderr

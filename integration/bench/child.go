@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"runtime"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -144,6 +145,9 @@ func serveMinimal(ctx context.Context, ep extprocv3.ExternalProcessorServer, grp
 }
 
 func serveBulkhead(ctx context.Context, grpcAddr, adminAddr, pprofAddr string, stderr io.Writer, log *slog.Logger) error {
+	// The heap floor `llm-bulkhead serve` keeps, so that profiles show the binary's collector.
+	floor := app.HeapFloor(app.DefaultHeapFloor)
+	defer runtime.KeepAlive(floor)
 	a, err := app.New(app.Options{GRPCAddr: grpcAddr, AdminAddr: adminAddr, LogOutput: stderr})
 	if err != nil {
 		return err

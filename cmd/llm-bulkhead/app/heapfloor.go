@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"runtime"
@@ -6,11 +6,11 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
-// defaultHeapFloor is --gc-heap-floor's default. Chosen by measurement (docs/benchmarks.md):
+// DefaultHeapFloor is the default of serve's --gc-heap-floor. Chosen by measurement (docs/benchmarks.md):
 // it takes most of the garbage collector's work off each stream at a bounded memory cost.
-const defaultHeapFloor = config.Size(32 << 20)
+const DefaultHeapFloor = config.Size(32 << 20)
 
-// heapFloor allocates n bytes of heap that hold no pointers and are never touched, and
+// HeapFloor allocates n bytes of heap that hold no pointers and are never touched, and
 // returns them; the caller keeps them reachable for as long as the floor should hold.
 //
 // The garbage collector starts a cycle when the heap has grown by GOGC percent of what the
@@ -22,7 +22,7 @@ const defaultHeapFloor = config.Size(32 << 20)
 // marking: a block without pointers is marked in one step. Its pages are never written, so
 // they take address space, not memory; what the process does hold more is the garbage that
 // now waits longer for a cycle, at most about n bytes. The floor counts towards GOMEMLIMIT.
-func heapFloor(n config.Size) []byte {
+func HeapFloor(n config.Size) []byte {
 	if n <= 0 {
 		return nil
 	}
