@@ -7,7 +7,7 @@ import (
 )
 
 // DefaultHeapFloor is the default of serve's --gc-heap-floor. Chosen by measurement (docs/benchmarks.md):
-// it takes most of the garbage collector's work off each stream at a bounded memory cost.
+// it takes much of the garbage collector's work off each stream at a bounded memory cost.
 const DefaultHeapFloor = config.Size(32 << 20)
 
 // HeapFloor allocates n bytes of heap that hold no pointers and are never touched, and
