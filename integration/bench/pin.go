@@ -50,8 +50,8 @@ func (l CPUList) String() string { return l.text }
 
 // overlaps reports whether l and o share a CPU.
 func (l CPUList) overlaps(o CPUList) bool {
-	for c := range 1024 {
-		if l.set.IsSet(c) && o.set.IsSet(c) {
+	for i := range l.set {
+		if l.set[i]&o.set[i] != 0 {
 			return true
 		}
 	}
@@ -144,7 +144,10 @@ func (c Config) checkPinning() error {
 		flag string
 		list CPUList
 	}{{"server CPUs", c.ServerCPUs}, {"load-generator CPUs", c.LoadCPUs}} {
-		if err := l.list.check(); !l.list.Empty() && err != nil {
+		if l.list.Empty() {
+			continue
+		}
+		if err := l.list.check(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", l.flag, err))
 		}
 	}

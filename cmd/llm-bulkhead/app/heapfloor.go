@@ -1,10 +1,6 @@
 package app
 
-import (
-	"runtime"
-
-	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
-)
+import "github.com/llm-bulkhead/llm-bulkhead/policy/config"
 
 // DefaultHeapFloor is the default of serve's --gc-heap-floor. Chosen by measurement (docs/benchmarks.md):
 // it takes much of the garbage collector's work off each stream at a bounded memory cost.
@@ -26,7 +22,5 @@ func HeapFloor(n config.Size) []byte {
 	if n <= 0 {
 		return nil
 	}
-	b := make([]byte, n)
-	runtime.KeepAlive(b)
-	return b
+	return make([]byte, n)
 }
