@@ -6,11 +6,11 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead/app"
+	"github.com/llm-bulkhead/llm-bulkhead/integration/bench"
 )
 
 // heapGoal is the heap size at which the garbage collector starts its next cycle.
@@ -20,24 +20,14 @@ func heapGoal() uint64 {
 	return s[0].Value.Uint64()
 }
 
-// rss is this process's resident memory from /proc/self/status.
+// rss is this process's resident memory.
 func rss(t *testing.T) int64 {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/status")
+	n, err := bench.RSS(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmRSS")
-	return 0
+	return n
 }
 
 // TestHeapFloorSpacesCollectionsOutWithoutTakingMemory runs in a fresh process of its own, as
