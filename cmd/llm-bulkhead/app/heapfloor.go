@@ -18,9 +18,15 @@ const DefaultHeapFloor = config.Size(32 << 20)
 // marking: a block without pointers is marked in one step. Its pages are never written, so
 // they take address space, not memory; what the process does hold more is the garbage that
 // now waits longer for a cycle, at most about n bytes. The floor counts towards GOMEMLIMIT.
+//
+// One case would make the floor resident: when the block starts in pages the heap has used
+// before, the runtime zeroes all of it as it allocates it. So its pages are handed back to the
+// system at once (on Linux); they read as zeros again, which is what the block holds.
 func HeapFloor(n config.Size) []byte {
 	if n <= 0 {
 		return nil
 	}
-	return make([]byte, n)
+	b := make([]byte, n)
+	release(b)
+	return b
 }
