@@ -35,6 +35,7 @@ type Report struct {
 	Overrides       []string `json:"policy_overrides"`
 	Filter          string   `json:"filter"`
 	BulkheadCommand string   `json:"bulkhead_command"`
+	BaselineCommand string   `json:"baseline_command,omitempty"`
 
 	Samples      []Sample     `json:"samples"`
 	Levels       []Level      `json:"levels"`
@@ -85,6 +86,15 @@ type Level struct {
 	// replay server's.
 	WorkAddedP50 Spread `json:"work_added_p50_us"`
 	WorkAddedCPU Spread `json:"work_added_cpu_us_per_stream"`
+
+	// With a baseline binary (Config.BaselineBinary): its stats, its own added CPU per stream
+	// over the no-op, and llm-bulkhead's against it (ChangeCPU: llm-bulkhead's server CPU per
+	// stream minus the baseline's; ChangeRatio: streams/s over the baseline's), each paired
+	// within a repetition.
+	Baseline         *SideStats `json:"baseline,omitempty"`
+	BaselineAddedCPU Spread     `json:"baseline_added_cpu_us_per_stream"`
+	ChangeCPU        Spread     `json:"change_cpu_us_per_stream"`
+	ChangeRatio      Spread     `json:"change_throughput_ratio"`
 }
 
 // Target is one of the project's performance targets and whether this run met it.
@@ -144,7 +154,7 @@ func Aggregate(samples []Sample) []Level {
 	var out []Level
 	for _, c := range concs {
 		lv := Level{Concurrency: c}
-		var noop, bh, replay []Sample
+		var noop, bh, replay, base []Sample
 		for _, s := range samples {
 			if s.Concurrency != c {
 				continue
@@ -156,9 +166,11 @@ func Aggregate(samples []Sample) []Level {
 				bh = append(bh, s)
 			case SideReplay:
 				replay = append(replay, s)
+			case SideBaseline:
+				base = append(base, s)
 			}
 		}
-		for _, ss := range [][]Sample{noop, bh, replay} {
+		for _, ss := range [][]Sample{noop, bh, replay, base} {
 			slices.SortFunc(ss, func(a, b Sample) int { return a.Rep - b.Rep })
 		}
 		get := func(ss []Sample, f func(Sample) float64) []float64 {
@@ -191,6 +203,13 @@ func Aggregate(samples []Sample) []Level {
 			lv.WorkRatio = Summarize(Ratios(get(bh, rate), get(replay, rate)))
 			lv.WorkAddedP50 = Summarize(Differences(get(bh, p50), get(replay, p50)))
 			lv.WorkAddedCPU = Summarize(Differences(get(bh, cpu), get(replay, cpu)))
+		}
+		if len(base) > 0 {
+			st := side(base)
+			lv.Baseline = &st
+			lv.BaselineAddedCPU = Summarize(Differences(get(base, cpu), get(noop, cpu)))
+			lv.ChangeCPU = Summarize(Differences(get(bh, cpu), get(base, cpu)))
+			lv.ChangeRatio = Summarize(Ratios(get(bh, rate), get(base, rate)))
 		}
 		out = append(out, lv)
 	}
@@ -371,6 +390,9 @@ func (r *Report) Markdown() string {
 	w("- When: %s, %s\n", r.Started.UTC().Format(time.RFC3339), r.Finished.Sub(r.Started).Round(time.Second))
 	w("- Machine: %d CPUs (%s), %s/%s, %s; load average %s at the start, %s at the end\n", m.CPUs, m.CPUModel, m.GOOS, m.GOARCH, m.GoVersion, m.LoadAvgStart, m.LoadAvgEnd)
 	w("- Servers: separate processes; no-op = this program's `%s`, replay = its `%s`, llm-bulkhead = %s\n", CmdServeNoop, CmdServeReplay, r.BulkheadCommand)
+	if r.BaselineCommand != "" {
+		w("- Baseline: %s\n", r.BaselineCommand)
+	}
 	w("- CPUs: %s\n", pinning(r.Config.ServerCPUs, r.Config.LoadCPUs))
 	w("- Policy: `examples/policy.yaml` with %s\n", "`"+strings.Join(r.Overrides, "`, `")+"`")
 	w("- Filter (from `llm-bulkhead envoy-config`): %s\n", r.Filter)
@@ -401,6 +423,9 @@ func (r *Report) Markdown() string {
 			if lv.Replay != nil {
 				rows = append(rows, row{SideReplay, *lv.Replay})
 			}
+			if lv.Baseline != nil {
+				rows = append(rows, row{SideBaseline, *lv.Baseline})
+			}
 			for _, s := range append(rows, row{SideBulkhead, lv.Bulkhead}) {
 				w("| %d | %s | %s | %s | %s | %s | %d |\n", lv.Concurrency, s.name, spread(s.st.Rate, "%.0f"), spread(s.st.P50, "%.0f"),
 					spread(s.st.P99, "%.0f"), spread(s.st.ServerCPU, "%.1f"), s.st.Errors)
@@ -418,6 +443,15 @@ func (r *Report) Markdown() string {
 			for _, lv := range r.Levels {
 				w("| %d | %s | %s | %s | %s |\n", lv.Concurrency, spread(lv.RepliesRatio, "%.3f"), spread(lv.WorkRatio, "%.3f"),
 					spread(lv.WorkAddedP50, "%+.1f"), spread(lv.WorkAddedCPU, "%+.1f"))
+			}
+		}
+		if r.Levels[0].Baseline != nil {
+			w("\nllm-bulkhead against the baseline (%s), loaded in the same rotation: each added CPU is against the no-op of the same repetition, "+
+				"the change is llm-bulkhead minus the baseline in the same repetition (negative: the change saves CPU).\n\n", r.BaselineCommand)
+			w("| streams | baseline added server CPU µs/stream | llm-bulkhead added server CPU µs/stream | change µs/stream | throughput llm-bulkhead / baseline |\n|---:|---:|---:|---:|---:|\n")
+			for _, lv := range r.Levels {
+				w("| %d | %s | %s | %s | %s |\n", lv.Concurrency, spread(lv.BaselineAddedCPU, "%+.1f"), spread(lv.AddedCPU, "%+.1f"),
+					spread(lv.ChangeCPU, "%+.1f"), spread(lv.ChangeRatio, "%.3f"))
 			}
 		}
 		var errs []string

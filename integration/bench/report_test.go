@@ -65,6 +65,39 @@ func TestAggregateSplitsByReplay(t *testing.T) {
 	}
 }
 
+func TestAggregateComparesWithTheBaseline(t *testing.T) {
+	// Given two repetitions with a baseline binary; the machine is slower in the second, for all
+	samples := []Sample{
+		{Server: SideNoop, Concurrency: 8, Rep: 1, Rate: 1000, ServerCPU: 100},
+		{Server: SideBaseline, Concurrency: 8, Rep: 1, Rate: 800, ServerCPU: 130},
+		{Server: SideBulkhead, Concurrency: 8, Rep: 1, Rate: 880, ServerCPU: 118},
+		{Server: SideBaseline, Concurrency: 8, Rep: 2, Rate: 400, ServerCPU: 170},
+		{Server: SideBulkhead, Concurrency: 8, Rep: 2, Rate: 420, ServerCPU: 160},
+		{Server: SideNoop, Concurrency: 8, Rep: 2, Rate: 500, ServerCPU: 140},
+	}
+	// When aggregated
+	r := &Report{Samples: samples, BaselineCommand: "llm-bulkhead serve (prebuilt binary /tmp/old)"}
+	r.finish()
+	lv := r.Levels[0]
+	// Then the change is paired within each repetition, not across the drift
+	if lv.Baseline == nil || lv.Baseline.ServerCPU.Median != 150 {
+		t.Fatalf("baseline stats %+v", lv.Baseline)
+	}
+	if lv.BaselineAddedCPU != (Spread{Median: 30, Min: 30, Max: 30, N: 2}) || lv.AddedCPU != (Spread{Median: 19, Min: 18, Max: 20, N: 2}) {
+		t.Errorf("added CPU: baseline %+v, llm-bulkhead %+v", lv.BaselineAddedCPU, lv.AddedCPU)
+	}
+	if lv.ChangeCPU != (Spread{Median: -11, Min: -12, Max: -10, N: 2}) || math.Abs(lv.ChangeRatio.Median-1.075) > 1e-9 || lv.ChangeRatio.N != 2 {
+		t.Errorf("change: CPU %+v, throughput %+v", lv.ChangeCPU, lv.ChangeRatio)
+	}
+	md := r.Markdown()
+	for _, want := range []string{"- Baseline: llm-bulkhead serve (prebuilt binary /tmp/old)", "| 8 | baseline | 600 [400–800] |",
+		"| 8 | +30.0 [+30.0–+30.0] | +19.0 [+18.0–+20.0] | -11.0 [-12.0–-10.0] | 1.075 [1.050–1.100] |"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("Markdown lacks %q:\n%s", want, md)
+		}
+	}
+}
+
 func TestJudge(t *testing.T) {
 	r := &Report{
 		Samples: []Sample{

@@ -47,6 +47,10 @@ type Config struct {
 	MicroCount     int
 	// BulkheadBinary is a prebuilt llm-bulkhead binary; empty builds one with `go build`.
 	BulkheadBinary string
+	// BaselineBinary, when set, is a second llm-bulkhead binary (an earlier build, say) loaded
+	// in the same rotation as the others, so that a change is measured against it run by run
+	// instead of across two runs of this program on a machine whose speed drifts.
+	BaselineBinary string
 	// BulkheadInProcess runs llm-bulkhead for the load and memory measurements from Self
 	// (CmdServeBulkhead, the same app package) instead of the binary, skipping the build.
 	BulkheadInProcess bool
@@ -69,6 +73,7 @@ const (
 	SideNoop     = "no-op"
 	SideBulkhead = "llm-bulkhead"
 	SideReplay   = "replay"
+	SideBaseline = "baseline"
 )
 
 // startTimeout bounds a server's start.
@@ -129,6 +134,11 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		SideReplay: {Name: SideReplay, Argv: cfg.ServerCPUs.pinArgv(append(append([]string{}, cfg.Self...), CmdServeReplay)), Env: ServerEnv(), ReadyMsg: ReadyMessage},
 		SideBulkhead: {Name: SideBulkhead, Argv: cfg.ServerCPUs.pinArgv(append(bulkheadArgv, "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0")),
 			Env: ServerEnv(), ReadyMsg: readyFor(cfg.BulkheadInProcess)},
+	}
+	if cfg.BaselineBinary != "" {
+		specs[SideBaseline] = Spec{Name: SideBaseline, Env: ServerEnv(), ReadyMsg: BinaryReadyMessage,
+			Argv: cfg.ServerCPUs.pinArgv([]string{cfg.BaselineBinary, "serve", "--watch=false", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"})}
+		rep.BaselineCommand = "llm-bulkhead serve (prebuilt binary " + cfg.BaselineBinary + ")"
 	}
 
 	if len(cfg.Concurrency) > 0 {
@@ -212,6 +222,9 @@ func (c Config) validate() error {
 	if err := c.checkPinning(); err != nil {
 		errs = append(errs, err)
 	}
+	if c.BaselineBinary != "" && len(c.Concurrency) == 0 {
+		errs = append(errs, errors.New("a baseline binary is only loaded in the load runs: give at least one concurrency level"))
+	}
 	if len(c.Self) == 0 {
 		errs = append(errs, errors.New("the program's own command line (Self) is required for the no-op server"))
 	}
@@ -235,10 +248,14 @@ func runLoads(ctx context.Context, cfg Config, rep *Report, specs map[string]Spe
 			_ = s.proc.Stop()
 		}
 	}()
-	names := []string{SideNoop, SideBulkhead}
+	names := []string{SideNoop}
 	if cfg.Replay {
-		names = []string{SideNoop, SideReplay, SideBulkhead}
+		names = append(names, SideReplay)
 	}
+	if cfg.BaselineBinary != "" {
+		names = append(names, SideBaseline)
+	}
+	names = append(names, SideBulkhead)
 	for _, name := range names {
 		p, err := StartProcess(specs[name], startTimeout)
 		if err != nil {

@@ -107,6 +107,7 @@ func TestParse(t *testing.T) {
 			return c.Reps == 3 && c.Duration == time.Second && c.Held == 1000 && c.ProfileSeconds == 2 && c.MicroCount == 1
 		}, false},
 		{"no load runs", []string{"--concurrency", ""}, func(c bench.Config) bool { return len(c.Concurrency) == 0 }, false},
+		{"baseline", []string{"--baseline-bin", "/tmp/old"}, func(c bench.Config) bool { return c.BaselineBinary == "/tmp/old" }, false},
 		{"bad level", []string{"--concurrency", "1,x"}, nil, true},
 		{"zero level", []string{"--concurrency", "0"}, nil, true},
 		{"fractional profile", []string{"--profile", "1500ms"}, nil, true},
@@ -123,5 +124,15 @@ func TestParse(t *testing.T) {
 				t.Errorf("config %+v", c)
 			}
 		})
+	}
+}
+
+// TestBaselineNeedsLoadRuns: a baseline binary is only loaded in the load runs, so asking for
+// one without a load level is an error, not a run that silently ignores it.
+func TestBaselineNeedsLoadRuns(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	args := []string{"--out", t.TempDir(), "--concurrency", "", "--baseline-bin", "/bin/true", "--held", "0", "--profile", "0", "--micro=false"}
+	if code := run(context.Background(), args, &stdout, &stderr); code == 0 || !strings.Contains(stderr.String(), "baseline binary is only loaded in the load runs") {
+		t.Errorf("exit %d, stderr %q", code, stderr.String())
 	}
 }
