@@ -3,6 +3,7 @@ package extproc
 import (
 	"fmt"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 	protoenc "google.golang.org/grpc/encoding/proto"
@@ -18,8 +19,8 @@ type vtMarshaler interface {
 }
 
 // codec is gRPC's protobuf codec, except that messages with generated marshalling (see
-// vtMarshaler) are marshalled by it. Unmarshalling, and marshalling of any other message, is
-// the default codec's.
+// vtMarshaler) are marshalled by it, and Envoy's requests are decoded by decodeRequest where
+// it can. Any other message, and any request decodeRequest leaves, is the default codec's.
 type codec struct{ fallback encoding.CodecV2 }
 
 // ServerOption returns the gRPC server option that installs the server's codec. Built without
@@ -65,5 +66,8 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 }
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
+	if m, ok := v.(*extprocv3.ProcessingRequest); ok && decodeRequest(data.Materialize(), m) {
+		return nil
+	}
 	return c.fallback.Unmarshal(data, v)
 }

@@ -4,3 +4,9 @@ import extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/
 
 // SetBeforeHandle installs a function run before each message is handled (tests only).
 func (s *Server) SetBeforeHandle(f func(*extprocv3.ProcessingRequest)) { s.beforeHandle = f }
+
+// DecodesWithoutProtobuf reports whether the server's codec decodes the request b itself, not
+// with protobuf's decoder (tests only).
+func DecodesWithoutProtobuf(b []byte) bool {
+	return decodeRequest(b, &extprocv3.ProcessingRequest{})
+}
