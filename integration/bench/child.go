@@ -22,6 +22,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead/app"
+	"github.com/llm-bulkhead/llm-bulkhead/extproc"
 )
 
 // Subcommands the benchmark program runs in its own child processes.
@@ -62,6 +63,7 @@ func RunChild(ctx context.Context, args []string, stderr io.Writer) error {
 	grpcAddr := fs.String("grpc-addr", "127.0.0.1:0", "ext_proc gRPC listen address")
 	adminAddr := fs.String("admin-addr", "127.0.0.1:0", "admin HTTP listen address (/metrics)")
 	pprofAddr := fs.String("pprof-addr", "", "net/http/pprof listen address (empty: none)")
+	serverCodec := fs.Bool("server-codec", false, "no-op and replay: use llm-bulkhead's gRPC codec (its decoder of Envoy's requests, generated marshalling) instead of gRPC's default")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -75,15 +77,19 @@ func RunChild(ctx context.Context, args []string, stderr io.Writer) error {
 		defer srv.Close()
 		pprofBound = bound
 	}
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(noopMaxMessage), grpc.MaxSendMsgSize(noopMaxMessage)}
+	if *serverCodec {
+		opts = append(opts, extproc.ServerOption())
+	}
 	switch args[0] {
 	case CmdServeNoop:
-		return serveMinimal(ctx, Noop{}, *grpcAddr, *adminAddr, pprofBound, log)
+		return serveMinimal(ctx, Noop{}, *grpcAddr, *adminAddr, pprofBound, log, opts)
 	case CmdServeReplay:
 		r, err := NewReplay(ctx)
 		if err != nil {
 			return err
 		}
-		return serveMinimal(ctx, r, *grpcAddr, *adminAddr, pprofBound, log)
+		return serveMinimal(ctx, r, *grpcAddr, *adminAddr, pprofBound, log, opts)
 	}
 	return serveBulkhead(ctx, *grpcAddr, *adminAddr, pprofBound, stderr, log)
 }
@@ -106,7 +112,7 @@ func servePprof(addr string) (*http.Server, string, error) {
 
 // serveMinimal serves ep (the no-op or the replay server) over gRPC with health checks, and
 // the Go runtime's metrics on the admin listener.
-func serveMinimal(ctx context.Context, ep extprocv3.ExternalProcessorServer, grpcAddr, adminAddr, pprofAddr string, log *slog.Logger) error {
+func serveMinimal(ctx context.Context, ep extprocv3.ExternalProcessorServer, grpcAddr, adminAddr, pprofAddr string, log *slog.Logger, opts []grpc.ServerOption) error {
 	gl, err := net.Listen("tcp", grpcAddr)
 	if err != nil {
 		return err
@@ -116,7 +122,7 @@ func serveMinimal(ctx context.Context, ep extprocv3.ExternalProcessorServer, grp
 		gl.Close()
 		return err
 	}
-	srv := grpc.NewServer(grpc.MaxRecvMsgSize(noopMaxMessage), grpc.MaxSendMsgSize(noopMaxMessage))
+	srv := grpc.NewServer(opts...)
 	extprocv3.RegisterExternalProcessorServer(srv, ep)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	reg := prometheus.NewRegistry()

@@ -30,6 +30,8 @@ type Report struct {
 		// pinned to ("" when not pinned).
 		ServerCPUs string `json:"server_cpus,omitempty"`
 		LoadCPUs   string `json:"load_cpus,omitempty"`
+		// SameCodec: the no-op and replay servers used llm-bulkhead's gRPC codec.
+		SameCodec bool `json:"same_codec,omitempty"`
 	} `json:"config"`
 	// Overrides are the policy changes (environment overrides of the example policy).
 	Overrides       []string `json:"policy_overrides"`
@@ -127,6 +129,7 @@ func newReport(cfg Config) *Report {
 	r.Config.Concurrency = cfg.Concurrency
 	r.Config.Reps = cfg.Reps
 	r.Config.ServerCPUs, r.Config.LoadCPUs = cfg.ServerCPUs.String(), cfg.LoadCPUs.String()
+	r.Config.SameCodec = cfg.SameCodec
 	r.Config.WarmupSeconds = cfg.Warmup.Seconds()
 	r.Config.WindowSeconds = cfg.Duration.Seconds()
 	r.Config.Held = cfg.Held
@@ -392,6 +395,11 @@ func (r *Report) Markdown() string {
 	w("- Servers: separate processes; no-op = this program's `%s`, replay = its `%s`, llm-bulkhead = %s\n", CmdServeNoop, CmdServeReplay, r.BulkheadCommand)
 	if r.BaselineCommand != "" {
 		w("- Baseline: %s\n", r.BaselineCommand)
+	}
+	if r.Config.SameCodec {
+		w("- Codec: the no-op and replay servers use llm-bulkhead's gRPC codec (`--same-codec`: its decoder of Envoy's requests, generated marshalling), so the difference is llm-bulkhead's work alone\n")
+	} else {
+		w("- Codec: the no-op and replay servers use gRPC's default codec, as a Go ext_proc server does unless it brings its own; llm-bulkhead uses its own (its decoder of Envoy's requests, generated marshalling)\n")
 	}
 	w("- CPUs: %s\n", pinning(r.Config.ServerCPUs, r.Config.LoadCPUs))
 	w("- Policy: `examples/policy.yaml` with %s\n", "`"+strings.Join(r.Overrides, "`, `")+"`")

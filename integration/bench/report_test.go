@@ -157,7 +157,7 @@ func TestReportRenders(t *testing.T) {
 	}
 	r.finish()
 	md := r.Markdown()
-	for _, want := range []string{"| Throughput |", "| 1 | llm-bulkhead | 950 |", "status 503", "| policy | BenchmarkAdmitDone | 2000.0 | 0 | 0 | — | 3 |", "## Memory with held streams"} {
+	for _, want := range []string{"| Throughput |", "| 1 | llm-bulkhead | 950 |", "status 503", "use gRPC's default codec", "| policy | BenchmarkAdmitDone | 2000.0 | 0 | 0 | — | 3 |", "## Memory with held streams"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("Markdown lacks %q:\n%s", want, md)
 		}

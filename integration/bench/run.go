@@ -51,6 +51,10 @@ type Config struct {
 	// in the same rotation as the others, so that a change is measured against it run by run
 	// instead of across two runs of this program on a machine whose speed drifts.
 	BaselineBinary string
+	// SameCodec gives the no-op and replay servers llm-bulkhead's gRPC codec (its decoder of
+	// Envoy's requests and generated marshalling), so that the difference shows llm-bulkhead's
+	// work alone, without what its codec saves over gRPC's default one.
+	SameCodec bool
 	// BulkheadInProcess runs llm-bulkhead for the load and memory measurements from Self
 	// (CmdServeBulkhead, the same app package) instead of the binary, skipping the build.
 	BulkheadInProcess bool
@@ -129,9 +133,17 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		}
 		bulkheadArgv = []string{bin, "serve", "--watch=false"}
 	}
+	// minimal is the command line of the no-op or replay server.
+	minimal := func(cmd string, extra ...string) []string {
+		argv := append(append(append([]string{}, cfg.Self...), cmd), extra...)
+		if cfg.SameCodec {
+			argv = append(argv, "--server-codec")
+		}
+		return cfg.ServerCPUs.pinArgv(argv)
+	}
 	specs := map[string]Spec{
-		SideNoop:   {Name: SideNoop, Argv: cfg.ServerCPUs.pinArgv(append(append([]string{}, cfg.Self...), CmdServeNoop)), Env: ServerEnv(), ReadyMsg: ReadyMessage},
-		SideReplay: {Name: SideReplay, Argv: cfg.ServerCPUs.pinArgv(append(append([]string{}, cfg.Self...), CmdServeReplay)), Env: ServerEnv(), ReadyMsg: ReadyMessage},
+		SideNoop:   {Name: SideNoop, Argv: minimal(CmdServeNoop), Env: ServerEnv(), ReadyMsg: ReadyMessage},
+		SideReplay: {Name: SideReplay, Argv: minimal(CmdServeReplay), Env: ServerEnv(), ReadyMsg: ReadyMessage},
 		SideBulkhead: {Name: SideBulkhead, Argv: cfg.ServerCPUs.pinArgv(append(bulkheadArgv, "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0")),
 			Env: ServerEnv(), ReadyMsg: readyFor(cfg.BulkheadInProcess)},
 	}
@@ -154,12 +166,11 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	if cfg.ProfileSeconds > 0 {
 		for _, side := range []string{SideBulkhead, SideNoop} {
 			logf("profiling %s at %d streams for %ds", side, cfg.ProfileConcurrency, cfg.ProfileSeconds)
-			cmd := CmdServeBulkhead
+			argv := cfg.ServerCPUs.pinArgv(append(append([]string{}, cfg.Self...), CmdServeBulkhead, "--pprof-addr", "127.0.0.1:0"))
 			if side == SideNoop {
-				cmd = CmdServeNoop
+				argv = minimal(CmdServeNoop, "--pprof-addr", "127.0.0.1:0")
 			}
-			spec := Spec{Name: side, Env: ServerEnv(), ReadyMsg: ReadyMessage,
-				Argv: cfg.ServerCPUs.pinArgv(append(append([]string{}, cfg.Self...), cmd, "--pprof-addr", "127.0.0.1:0"))}
+			spec := Spec{Name: side, Env: ServerEnv(), ReadyMsg: ReadyMessage, Argv: argv}
 			pr, err := profile(ctx, cfg, spec, req, filter)
 			if err != nil {
 				return rep, fmt.Errorf("profile of %s: %w", side, err)

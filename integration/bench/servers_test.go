@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -162,11 +163,13 @@ func TestChildProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{CmdServeNoop, CmdServeBulkhead, CmdServeReplay} {
-		t.Run(name, func(t *testing.T) {
-			// Given this test binary started as a server child (both accept --pprof-addr; the
-			// no-op server ignores it)
-			p, err := StartProcess(Spec{Name: name, Argv: []string{self, name, "--pprof-addr", "127.0.0.1:0"}, Env: ServerEnv(), ReadyMsg: ReadyMessage}, time.Minute)
+	for _, args := range [][]string{{CmdServeNoop}, {CmdServeBulkhead}, {CmdServeReplay}, {CmdServeNoop, "--server-codec"}, {CmdServeReplay, "--server-codec"}} {
+		name := args[0]
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			// Given this test binary started as a server child (all accept --pprof-addr), the
+			// no-op and replay servers with gRPC's codec or llm-bulkhead's
+			argv := append(append([]string{self}, args...), "--pprof-addr", "127.0.0.1:0")
+			p, err := StartProcess(Spec{Name: name, Argv: argv, Env: ServerEnv(), ReadyMsg: ReadyMessage}, time.Minute)
 			if err != nil {
 				t.Fatal(err)
 			}

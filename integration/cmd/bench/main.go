@@ -93,6 +93,7 @@ func parse(args []string, stderr io.Writer) (bench.Config, error) {
 	microCount := fs.Int("micro-count", 3, "-count of the micro-benchmarks (the report shows medians)")
 	bin := fs.String("bulkhead-bin", "", "a prebuilt llm-bulkhead binary (default: go build -tags vtprotobuf ./cmd/llm-bulkhead into a temporary directory)")
 	baseline := fs.String("baseline-bin", "", "a second llm-bulkhead binary (an earlier build) loaded in the same rotation, to measure a change against it")
+	sameCodec := fs.Bool("same-codec", false, "give the no-op and replay servers llm-bulkhead's gRPC codec, so the difference is llm-bulkhead's work alone")
 	replay := fs.Bool("replay", true, "also load the replay server (llm-bulkhead's recorded replies, no policy work) to split the difference")
 	serverCPUs := fs.String("server-cpus", "", "pin every server process to these CPUs with taskset, e.g. 1 (empty: not pinned)")
 	loadCPUs := fs.String("load-cpus", "", "pin this program, the load generator, to these CPUs, e.g. 0 (empty: not pinned)")
@@ -141,7 +142,7 @@ func parse(args []string, stderr io.Writer) (bench.Config, error) {
 		Held: *held, HeldReps: *heldReps, HeldTimeout: *heldTimeout, Settle: *settle,
 		ProfileSeconds: int(*prof / time.Second), ProfileConcurrency: *profConc,
 		Micro: *micro, MicroBenchtime: *microTime, MicroCount: *microCount,
-		BulkheadBinary: *bin, BaselineBinary: *baseline, BulkheadInProcess: *inProc, Replay: *replay,
+		BulkheadBinary: *bin, BaselineBinary: *baseline, SameCodec: *sameCodec, BulkheadInProcess: *inProc, Replay: *replay,
 		ServerCPUs: pinServers, LoadCPUs: pinLoad,
 	}, nil
 }

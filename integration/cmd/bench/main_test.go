@@ -108,6 +108,7 @@ func TestParse(t *testing.T) {
 		}, false},
 		{"no load runs", []string{"--concurrency", ""}, func(c bench.Config) bool { return len(c.Concurrency) == 0 }, false},
 		{"baseline", []string{"--baseline-bin", "/tmp/old"}, func(c bench.Config) bool { return c.BaselineBinary == "/tmp/old" }, false},
+		{"same codec", []string{"--same-codec"}, func(c bench.Config) bool { return c.SameCodec }, false},
 		{"bad level", []string{"--concurrency", "1,x"}, nil, true},
 		{"zero level", []string{"--concurrency", "0"}, nil, true},
 		{"fractional profile", []string{"--profile", "1500ms"}, nil, true},
