@@ -248,7 +248,8 @@ func (p *processor) handle(req *extprocv3.ProcessingRequest) *extprocv3.Processi
 		}
 		p.phase = phaseRequest
 	}
-	start := time.Now()
+	// Durations since the server's epoch read only the monotonic clock, half of time.Now.
+	start := time.Since(p.srv.epoch)
 	var resp *extprocv3.ProcessingResponse
 	var kind int
 	switch v := req.Request.(type) {
@@ -276,7 +277,7 @@ func (p *processor) handle(req *extprocv3.ProcessingRequest) *extprocv3.Processi
 	default:
 		return passthroughReply(req)
 	}
-	p.srv.metrics.observe(kind, time.Since(start))
+	p.srv.metrics.observe(kind, time.Since(p.srv.epoch)-start)
 	return resp
 }
 

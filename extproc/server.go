@@ -7,7 +7,9 @@
 // responding, done, or passthrough — and keeps what the request said, what was decided and what
 // the response showed in three small parts. The server bounds what streams may hold (open
 // streams, buffered request bodies) and releases admitted requests whose streams go silent
-// (idle.go); a message out of Envoy's order ends its stream.
+// (idle.go); a message out of Envoy's order ends its stream. The server's gRPC codec
+// (codec.go, ServerOption) decodes the requests Envoy sends with decode.go and marshals the
+// replies with go-control-plane's generated code; anything else is protobuf's.
 package extproc
 
 import (
