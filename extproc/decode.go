@@ -40,28 +40,12 @@ func decodeRequest(b []byte, m *extprocv3.ProcessingRequest) bool {
 		switch num {
 		case 2, 3:
 			x := new(headersMember)
-			if num == 2 {
-				x.request.RequestHeaders, m.Request = &x.msg, &x.request
-			} else {
-				x.response.ResponseHeaders, m.Request = &x.msg, &x.response
-			}
-			return decodeHeaders(field, &x.msg, &x.headers)
+			return decodeHeaders(field, x.attach(m, num == 2), &x.headers)
 		case 4, 5:
-			x := new(bodyMember)
-			if num == 4 {
-				x.request.RequestBody, m.Request = &x.msg, &x.request
-			} else {
-				x.response.ResponseBody, m.Request = &x.msg, &x.response
-			}
-			return decodeBody(field, &x.msg)
+			return decodeBody(field, new(bodyMember).attach(m, num == 4))
 		case 6, 7:
 			x := new(trailersMember)
-			if num == 6 {
-				x.request.RequestTrailers, m.Request = &x.msg, &x.request
-			} else {
-				x.response.ResponseTrailers, m.Request = &x.msg, &x.response
-			}
-			return decodeTrailers(field, &x.msg, &x.trailers)
+			return decodeTrailers(field, x.attach(m, num == 6), &x.trailers)
 		case 8:
 			m.MetadataContext = new(corev3.Metadata)
 			return decodeMetadata(field, m.MetadataContext)
@@ -147,6 +131,32 @@ type (
 		trailers corev3.HeaderMap
 	}
 )
+
+// attach makes x's message m's request member, the request's or the response's, and
+// returns it.
+func (x *headersMember) attach(m *extprocv3.ProcessingRequest, request bool) *extprocv3.HttpHeaders {
+	x.request.RequestHeaders, x.response.ResponseHeaders, m.Request = &x.msg, &x.msg, &x.response
+	if request {
+		m.Request = &x.request
+	}
+	return &x.msg
+}
+
+func (x *bodyMember) attach(m *extprocv3.ProcessingRequest, request bool) *extprocv3.HttpBody {
+	x.request.RequestBody, x.response.ResponseBody, m.Request = &x.msg, &x.msg, &x.response
+	if request {
+		m.Request = &x.request
+	}
+	return &x.msg
+}
+
+func (x *trailersMember) attach(m *extprocv3.ProcessingRequest, request bool) *extprocv3.HttpTrailers {
+	x.request.RequestTrailers, x.response.ResponseTrailers, m.Request = &x.msg, &x.msg, &x.response
+	if request {
+		m.Request = &x.request
+	}
+	return &x.msg
+}
 
 // decodeHeaders decodes an HttpHeaders message into h, its header map (if it has one) into
 // hm: the header map and end_of_stream, not attributes.

@@ -194,25 +194,25 @@ func Aggregate(samples []Sample) []Level {
 			}
 			return st
 		}
+		// ratio and diff pair the runs of a and b repetition by repetition.
+		ratio := func(a, b []Sample) Spread { return Summarize(Ratios(get(a, rate), get(b, rate))) }
+		diff := func(a, b []Sample, f func(Sample) float64) Spread {
+			return Summarize(Differences(get(a, f), get(b, f)))
+		}
 		lv.Noop, lv.Bulkhead = side(noop), side(bh)
-		lv.Ratio = Summarize(Ratios(get(bh, rate), get(noop, rate)))
-		lv.AddedP50 = Summarize(Differences(get(bh, p50), get(noop, p50)))
-		lv.AddedP99 = Summarize(Differences(get(bh, p99), get(noop, p99)))
-		lv.AddedCPU = Summarize(Differences(get(bh, cpu), get(noop, cpu)))
+		lv.Ratio, lv.AddedCPU = ratio(bh, noop), diff(bh, noop, cpu)
+		lv.AddedP50, lv.AddedP99 = diff(bh, noop, p50), diff(bh, noop, p99)
 		if len(replay) > 0 {
 			st := side(replay)
 			lv.Replay = &st
-			lv.RepliesRatio = Summarize(Ratios(get(replay, rate), get(noop, rate)))
-			lv.WorkRatio = Summarize(Ratios(get(bh, rate), get(replay, rate)))
-			lv.WorkAddedP50 = Summarize(Differences(get(bh, p50), get(replay, p50)))
-			lv.WorkAddedCPU = Summarize(Differences(get(bh, cpu), get(replay, cpu)))
+			lv.RepliesRatio, lv.WorkRatio = ratio(replay, noop), ratio(bh, replay)
+			lv.WorkAddedP50, lv.WorkAddedCPU = diff(bh, replay, p50), diff(bh, replay, cpu)
 		}
 		if len(base) > 0 {
 			st := side(base)
 			lv.Baseline = &st
-			lv.BaselineAddedCPU = Summarize(Differences(get(base, cpu), get(noop, cpu)))
-			lv.ChangeCPU = Summarize(Differences(get(bh, cpu), get(base, cpu)))
-			lv.ChangeRatio = Summarize(Ratios(get(bh, rate), get(base, rate)))
+			lv.BaselineAddedCPU, lv.ChangeCPU = diff(base, noop, cpu), diff(bh, base, cpu)
+			lv.ChangeRatio = ratio(bh, base)
 		}
 		out = append(out, lv)
 	}
