@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -225,6 +226,23 @@ const (
 
 // Admitted reports whether the ticket holds an admission not yet released.
 func (t *Ticket) Admitted() bool { return t.active && !t.done.Load() }
+
+// JoinCompartments returns the names of Compartments joined with commas, in one allocation.
+func (t *Ticket) JoinCompartments() string {
+	n := max(t.n-1, 0)
+	for i := 0; i < t.n; i++ {
+		n += len(t.insts[i].name)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for i := 0; i < t.n; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(t.insts[i].name)
+	}
+	return b.String()
+}
 
 // Compartments returns the names of the compartments the ticket holds slots in.
 func (t *Ticket) Compartments() []string {
