@@ -310,7 +310,7 @@ func FuzzScanRequest(f *testing.F) {
 		if errors.Is(err, ErrInvalidJSON) || !utf8.Valid(body) {
 			return
 		}
-		if got != want {
+		if public(got) != want {
 			t.Fatalf("scanner:   %+v\nreference: %+v", got, want)
 		}
 		if (err == nil) != (werr == nil) || (err != nil && err.Error() != werr.Error()) {
@@ -414,4 +414,33 @@ func FuzzInjectIncludeUsage(f *testing.F) {
 			t.Fatalf("content differs:\n got %v\nwant %v", gotV, wantV)
 		}
 	})
+}
+
+// FuzzInjectIncludeUsageAt checks that injecting at the places ScanRequest found gives exactly
+// what InjectIncludeUsage gives reading the body again, byte for byte.
+func FuzzInjectIncludeUsageAt(f *testing.F) {
+	f.Add([]byte(`{"stream":true}`), uint8(APIOpenAIChat))
+	f.Add([]byte(`{"stream":true,"stream_options":null,"stream":false}`), uint8(APIOpenAIChat))
+	f.Add([]byte(`{"stream":true,"stream_options":{},"stream_options":{"x":1}}`), uint8(APIOpenAICompletions))
+	f.Add([]byte(`{"stream":true,"stream_options":{"include_usage":null}} `), uint8(APIOpenAIChat))
+	f.Add([]byte(`{"stream":true,"stream_options":{"include_usage":false}}`), uint8(APIOpenAIChat))
+	f.Add([]byte(`{"str\u0065am":true,"stream_options":[1]}`), uint8(APIOpenAIChat))
+	f.Add([]byte(` { "messages" : [ {"role":"user","content":"hi"} ] , "stream" : true } `), uint8(APIOpenAIChat))
+	f.Add(chatBody(2048, 3), uint8(APIOpenAIChat))
+	f.Fuzz(func(t *testing.T, body []byte, apiByte uint8) {
+		api := API(apiByte % 6)
+		var fields RequestFields
+		_ = ScanRequest(api, body, &fields)
+		want, wantChanged := InjectIncludeUsage(api, body)
+		got, changed := InjectIncludeUsageAt(api, body, &fields)
+		if changed != wantChanged || !bytes.Equal(got, want) {
+			t.Fatalf("at the scanned places: %v %s\nreading again:         %v %s", changed, got, wantChanged, want)
+		}
+	})
+}
+
+// public is f without what ScanRequest records for its own package's later use.
+func public(f RequestFields) RequestFields {
+	f.at = injectPoints{}
+	return f
 }

@@ -61,6 +61,26 @@ func InjectIncludeUsage(api API, body []byte) ([]byte, bool) {
 	if !streamSet || !stream {
 		return body, false
 	}
+	return injectAt(body, closeAt, opts, optsEnd)
+}
+
+// InjectIncludeUsageAt is InjectIncludeUsage for a body ScanRequest read into f (and nothing
+// changed since): it goes straight to the places the scan found instead of reading the body
+// again. For a body the scan did not read whole it is InjectIncludeUsage.
+func InjectIncludeUsageAt(api API, body []byte, f *RequestFields) ([]byte, bool) {
+	at := &f.at
+	if !at.whole || at.size != len(body) {
+		return InjectIncludeUsage(api, body)
+	}
+	if api != APIOpenAIChat && api != APIOpenAICompletions || at.stream == 0 || body[at.stream-1] != 't' {
+		return body, false
+	}
+	return injectAt(body, at.close, at.opts-1, at.optsEnd)
+}
+
+// injectAt adds include_usage to a streamed request whose top-level object closes at closeAt
+// and whose last stream_options value is body[opts:optsEnd] (opts < 0: none).
+func injectAt(body []byte, closeAt, opts, optsEnd int) ([]byte, bool) {
 	if opts < 0 {
 		return splice(body, closeAt, closeAt, `,"stream_options":{"include_usage":true}`), true
 	}
@@ -71,9 +91,13 @@ func InjectIncludeUsage(api API, body []byte) ([]byte, bool) {
 	default:
 		return body, false
 	}
+	var (
+		sk skipper
+		kb keyBuf
+		it = openObject(body, opts)
+	)
 	usage, usageEnd := -1, 0
 	members := 0
-	it = openObject(body, opts)
 	for {
 		key, esc, v, more := it.next()
 		if !more {

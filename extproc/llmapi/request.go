@@ -57,6 +57,21 @@ type RequestFields struct {
 	Audio int
 	// Files counts file and document parts (file, input_file, document).
 	Files int
+
+	// at is where the scan found what InjectIncludeUsageAt changes.
+	at injectPoints
+}
+
+// injectPoints are positions in a request body, found by ScanRequest for InjectIncludeUsageAt.
+type injectPoints struct {
+	// whole: the body, of size bytes, is one valid JSON object, read to its end.
+	whole bool
+	size  int
+	// close is the index of the object's closing brace.
+	close int
+	// stream and opts are 1 + the index of the last "stream" and "stream_options" values (0:
+	// none); optsEnd is the end of that stream_options value.
+	stream, opts, optsEnd int
 }
 
 // content accumulates what the text-bearing parts of a request hold.
@@ -215,9 +230,12 @@ func ScanRequest(api API, body []byte, f *RequestFields) error {
 				f.N = 1
 			}
 		case "stream":
+			f.at.stream = v + 1
 			v, ok = s.boolField(v, &f.Stream, fStream)
 		case "stream_options":
+			f.at.opts = v + 1
 			v, ok = s.streamOptions(v, f)
+			f.at.optsEnd = v
 		case "user":
 			v, ok = s.stringField(v, &user, fUser)
 		case "metadata":
@@ -263,6 +281,7 @@ func ScanRequest(api API, body []byte, f *RequestFields) error {
 	if !ok || it.bad || skipWS(body, it.i) != len(body) {
 		return ErrInvalidJSON
 	}
+	f.at.whole, f.at.size, f.at.close = true, len(body), it.i-1
 	return s.err()
 }
 

@@ -278,14 +278,14 @@ func TestScanRequest(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var got RequestFields
 			err := ScanRequest(tc.api, []byte(tc.body), &got)
-			if got != tc.want {
+			if public(got) != tc.want {
 				t.Errorf("got  %+v\nwant %+v", got, tc.want)
 			}
 			if !errors.Is(err, tc.err) || (err == nil) != (tc.err == nil) {
 				t.Errorf("err = %v, want %v", err, tc.err)
 			}
 			ref, rerr := refScanRequest(tc.api, []byte(tc.body))
-			if tc.name != "invalid UTF-8 is counted as bytes" && (ref != got || (rerr == nil) != (err == nil)) {
+			if tc.name != "invalid UTF-8 is counted as bytes" && (ref != public(got) || (rerr == nil) != (err == nil)) {
 				t.Errorf("reference: %+v (%v)", ref, rerr)
 			}
 		})
