@@ -322,6 +322,9 @@ func TestAdmitAcrossFamilies(t *testing.T) {
 	if got := tickets[0].Compartments(); strings.Join(got, ",") != "feature/chat,tier_feature/free/chat,tenant/initech" {
 		t.Errorf("compartments = %v", got)
 	}
+	if got := tickets[0].JoinCompartments(); got != "feature/chat,tier_feature/free/chat,tenant/initech" {
+		t.Errorf("joined compartments = %q", got)
+	}
 	for _, tk := range tickets {
 		tk.Done(policy.Outcome{Status: 200})
 		tk.Done(policy.Outcome{Status: 200}) // idempotent
