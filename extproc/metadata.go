@@ -122,7 +122,8 @@ var streamErrorNames = [...]string{policy.StreamErrorServer: "server", policy.St
 
 // metadataBytes returns the reply's dynamic_metadata field, tag included, in wire format:
 // a Struct with the policy's namespace holding the request's fields. It returns nil when
-// nothing was decided (no metadata to leave).
+// nothing was decided (no metadata to leave). The bytes are the stream's reply memory
+// (replyMem.meta): valid until the next message is handled.
 func (p *processor) metadataBytes() []byte {
 	if p.snap == nil || !p.decided() {
 		return nil
@@ -136,12 +137,17 @@ func (p *processor) metadataBytes() []byte {
 	nsEntry := protowire.SizeTag(fieldEntryKey) + protowire.SizeBytes(len(ns)) +
 		protowire.SizeTag(fieldEntryValue) + protowire.SizeBytes(nsValue)
 	outer := protowire.SizeTag(fieldStructFields) + protowire.SizeBytes(nsEntry)
-	b := make([]byte, 0, protowire.SizeTag(fieldResponseDynamicMetadata)+protowire.SizeBytes(outer))
+	b := p.out.meta[:0]
+	if n := protowire.SizeTag(fieldResponseDynamicMetadata) + protowire.SizeBytes(outer); cap(b) < n {
+		b = make([]byte, 0, max(n, 2*cap(b)))
+	}
 	b = protowire.AppendTag(b, fieldResponseDynamicMetadata, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(outer))
 	b = appendEntry(b, ns, fieldValueStruct, protowire.SizeBytes(len(inner)))
 	b = protowire.AppendTag(b, fieldValueStruct, protowire.BytesType)
-	return protowire.AppendBytes(b, inner)
+	b = protowire.AppendBytes(b, inner)
+	p.out.meta = b
+	return b
 }
 
 // withMetadata attaches the request's dynamic metadata to resp, which must be a reply built

@@ -146,6 +146,9 @@ type processor struct {
 	trace *requestTrace
 
 	idle idleWatch
+
+	// out is the memory of the admitted request's replies.
+	out replyMem
 }
 
 // decided reports whether the policy has decided on the request (whatever it decided).
@@ -153,10 +156,34 @@ func (p *processor) decided() bool {
 	return p.phase >= phaseAdmitted && p.phase <= phaseDone
 }
 
-func newProcessor(s *Server, stream extprocv3.ExternalProcessor_ProcessServer) *processor {
-	p := &processor{srv: s, stream: stream, ctx: stream.Context(), overrideFor: -1}
+// processors recycles processors between streams: a processor is a few KiB, and a server
+// takes thousands of streams a second.
+var processors = sync.Pool{New: func() any {
+	p := new(processor)
 	p.onQueueFn = p.onQueue
 	return p
+}}
+
+// newProcessor returns a processor for stream; recycle gives it back when the stream is over.
+func newProcessor(s *Server, stream extprocv3.ExternalProcessor_ProcessServer) *processor {
+	p := processors.Get().(*processor)
+	p.srv, p.stream, p.ctx, p.overrideFor = s, stream, stream.Context(), -1
+	return p
+}
+
+// recycle clears p and gives it to the next stream. Only the stream's goroutine may call it,
+// after finish: by then nothing else refers to p (the idle reaper let go of it in stopIdle,
+// admission does not keep the ticket, and every reply was marshalled by Send).
+func (p *processor) recycle() {
+	p.clear()
+	processors.Put(p)
+}
+
+// clear forgets everything of the stream but the bound onQueue and the metadata buffer's array.
+func (p *processor) clear() {
+	q, meta := p.onQueueFn, p.out.meta[:0]
+	*p = processor{onQueueFn: q}
+	p.out.meta = meta
 }
 
 var _ policy.Input = (*processor)(nil)
@@ -250,6 +277,7 @@ func (p *processor) handle(req *extprocv3.ProcessingRequest) *extprocv3.Processi
 	}
 	// Durations since the server's epoch read only the monotonic clock, half of time.Now.
 	start := time.Since(p.srv.epoch)
+	p.out.begin()
 	var resp *extprocv3.ProcessingResponse
 	var kind int
 	switch v := req.Request.(type) {
@@ -492,9 +520,11 @@ func (p *processor) admitReply(at int) *extprocv3.ProcessingResponse {
 	s, d := p.snap, p.dec.decision
 	names := s.Names(d.Dims)
 	parts := p.srv.parts(s)
-	p.dec.compartments = strings.Join(p.dec.ticket.Compartments(), ",")
-	common := mutation(parts.featureHeader[d.Dims.Feature], setHeader(HeaderCompartment, p.dec.compartments))
+	p.dec.compartments = p.dec.ticket.JoinCompartments()
+	out := &p.out
+	common := out.mutation()
 	mut := common.HeaderMutation
+	mut.SetHeaders = append(mut.SetHeaders, parts.featureHeader[d.Dims.Feature], out.setString(HeaderCompartment, p.dec.compartments))
 	if sent, _ := p.Header(HeaderProvider); sent != names.Provider {
 		// Routes pick the upstream by x-llm-provider: set it to the provider the request was
 		// classified to (e.g. by the model map) or re-routed to, and make Envoy route again.
@@ -513,21 +543,29 @@ func (p *processor) admitReply(at int) *extprocv3.ProcessingResponse {
 			body, changed = llmapi.RewriteModel(body, d.Dims.Model)
 		}
 		if s.Settings().InjectIncludeUsage {
-			if nb, ok := llmapi.InjectIncludeUsage(p.req.api, body); ok {
+			var nb []byte
+			var ok bool
+			if changed {
+				nb, ok = llmapi.InjectIncludeUsage(p.req.api, body)
+			} else {
+				// The body is the one ScanRequest read: go straight to the places it found.
+				nb, ok = llmapi.InjectIncludeUsageAt(p.req.api, body, &p.req.fields)
+			}
+			if ok {
 				body, changed = nb, true
 			}
 		}
 		if changed {
 			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
 			if _, ok := p.Header("content-length"); ok {
-				mut.SetHeaders = append(mut.SetHeaders, setHeader("content-length", strconv.Itoa(len(body))))
+				mut.SetHeaders = append(mut.SetHeaders, out.setInt("content-length", int64(len(body))))
 			}
 		}
 	}
 	if at == msgRequestHeaders {
-		return headersReply(true, common)
+		return out.headersReply(true, common)
 	}
-	return bodyReply(true, common)
+	return out.bodyReply(true, common)
 }
 
 // onQueue runs when admission queues the request: when the wait may outlast Envoy's message
@@ -564,24 +602,24 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 		p.res.retryAfter = parseRetryAfter(ra, p.srv.engine.Now())
 	}
 	var common *extprocv3.CommonResponse
+	out := &p.out
 	add := func(h *corev3.HeaderValueOption) {
 		if common == nil {
-			common = mutation(h)
-			return
+			common = out.mutation()
 		}
 		common.HeaderMutation.SetHeaders = append(common.HeaderMutation.SetHeaders, h)
 	}
 	pol := p.snap.Settings()
 	if pol.CompartmentHeader {
-		add(setHeader(HeaderCompartment, p.dec.compartments))
+		add(out.setString(HeaderCompartment, p.dec.compartments))
 	}
 	if pol.RateLimitHeaders {
 		if left, reset, ok := p.dec.ticket.Remaining(); ok {
-			add(setHeader(HeaderRemainingTokens, strconv.FormatInt(max(left, 0), 10)))
-			add(setHeader(HeaderResetTokens, formatReset(reset)))
+			add(out.setInt(HeaderRemainingTokens, max(left, 0)))
+			add(out.setReset(HeaderResetTokens, reset))
 		}
 	}
-	resp := headersReply(false, common)
+	resp := out.headersReply(false, common)
 
 	bodyComing := !h.EndOfStream && p.resBodyMode != extprocfilterv3.ProcessingMode_NONE
 	p.res.reading = bodyComing && p.res.status >= 200 && p.res.status < 300
@@ -626,7 +664,7 @@ func (p *processor) onResponseBody(b *extprocv3.HttpBody) *extprocv3.ProcessingR
 		p.noteFirstToken()
 	}
 	p.complete()
-	return p.withMetadata(bodyReply(false, nil))
+	return p.withMetadata(p.out.bodyReply(false, nil))
 }
 
 // afterSend does the work that must not delay a reply.
@@ -903,8 +941,68 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 	return 0
 }
 
-// formatReset writes a duration the way OpenAI's x-ratelimit-reset-* headers do ("6m0s" →
-// "6m0s", "1.5s"), rounded to milliseconds.
+// formatReset writes a duration the way OpenAI's x-ratelimit-reset-* headers do ("6m0s",
+// "1.5s", "250ms"), rounded to milliseconds.
 func formatReset(d time.Duration) string {
-	return d.Round(time.Millisecond).String()
+	return string(appendReset(nil, d))
+}
+
+// appendReset appends formatReset(d) to b, without allocating when b has room.
+func appendReset(b []byte, d time.Duration) []byte {
+	return appendDuration(b, d.Round(time.Millisecond))
+}
+
+// appendDuration appends d.String() to b; FuzzAppendReset checks that it does.
+func appendDuration(b []byte, d time.Duration) []byte {
+	u := uint64(d)
+	if d < 0 {
+		b = append(b, '-')
+		u = -u // two's complement: right for the smallest Duration too
+	}
+	const (
+		us = uint64(time.Microsecond)
+		ms = uint64(time.Millisecond)
+		s  = uint64(time.Second)
+	)
+	switch {
+	case u == 0:
+		return append(b, "0s"...)
+	case u < us:
+		return append(strconv.AppendUint(b, u, 10), "ns"...)
+	case u < ms:
+		return append(appendFixed(b, u/us, u%us, 3), "µs"...)
+	case u < s:
+		return append(appendFixed(b, u/ms, u%ms, 6), "ms"...)
+	}
+	secs := u / s
+	if h := secs / 3600; h > 0 {
+		b = append(strconv.AppendUint(b, h, 10), 'h')
+		b = append(strconv.AppendUint(b, secs/60%60, 10), 'm')
+	} else if m := secs / 60; m > 0 {
+		b = append(strconv.AppendUint(b, m, 10), 'm')
+	}
+	return append(appendFixed(b, secs%60, u%s, 9), 's')
+}
+
+// appendFixed appends whole, then frac as a decimal fraction of digits places with its
+// trailing zeros (and the point, when nothing is left) dropped.
+func appendFixed(b []byte, whole, frac uint64, digits int) []byte {
+	b = strconv.AppendUint(b, whole, 10)
+	if frac == 0 {
+		return b
+	}
+	for frac%10 == 0 {
+		frac /= 10
+		digits--
+	}
+	b = append(b, '.')
+	start := len(b)
+	for range digits {
+		b = append(b, '0')
+	}
+	for i := len(b) - 1; i >= start; i-- {
+		b[i] = byte('0' + frac%10)
+		frac /= 10
+	}
+	return b
 }

@@ -102,6 +102,104 @@ type (
 // headers on the response.
 const mutationHeaders = 4
 
+// replyMem is the memory of the replies a stream builds for its admitted request. gRPC
+// marshals a reply inside Send, before the stream's next message is read, so every reply of a
+// stream is built in the same memory and none allocates: a reply built here is valid until
+// the stream's next message is handled (Server.Process). Each message starts with begin.
+type replyMem struct {
+	headers headersMem
+	body    bodyMem
+	mut     mutationMem
+	set     [mutationHeaders]headerMem
+	nset    int
+	// vals holds the header values formatted for the current reply (numbers and durations).
+	vals  [48]byte
+	nvals int
+	// meta is the dynamic metadata's wire form; its array is kept from reply to reply.
+	meta []byte
+}
+
+// begin makes all of m available to the current message's reply.
+func (m *replyMem) begin() { m.nset, m.nvals = 0, 0 }
+
+// headersReply is headersReply built in m.
+func (m *replyMem) headersReply(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
+	m.headers = headersMem{}
+	h := &m.headers
+	h.hr.Response = common
+	if request {
+		h.req.RequestHeaders = &h.hr
+		h.resp.Response = &h.req
+	} else {
+		h.res.ResponseHeaders = &h.hr
+		h.resp.Response = &h.res
+	}
+	return &h.resp
+}
+
+// bodyReply is bodyReply built in m.
+func (m *replyMem) bodyReply(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
+	m.body = bodyMem{}
+	b := &m.body
+	b.br.Response = common
+	if request {
+		b.req.RequestBody = &b.br
+		b.resp.Response = &b.req
+	} else {
+		b.res.ResponseBody = &b.br
+		b.resp.Response = &b.res
+	}
+	return &b.resp
+}
+
+// mutation is mutation built in m: a CommonResponse whose header mutation sets nothing yet.
+func (m *replyMem) mutation() *extprocv3.CommonResponse {
+	m.mut = mutationMem{}
+	c := &m.mut
+	c.mut.SetHeaders = c.set[:0]
+	c.common.HeaderMutation = &c.mut
+	return &c.common
+}
+
+// setHeader is setHeader built in m; value is read only when the reply is marshalled.
+func (m *replyMem) setHeader(key string, value []byte) *corev3.HeaderValueOption {
+	if m.nset == len(m.set) {
+		return setHeader(key, string(value))
+	}
+	h := &m.set[m.nset]
+	m.nset++
+	*h = headerMem{}
+	h.val.Key = key
+	h.val.RawValue = value
+	h.opt.Header = &h.val
+	h.opt.AppendAction = corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
+	return &h.opt
+}
+
+// setString sets key to value; value's bytes are shared, not copied.
+func (m *replyMem) setString(key, value string) *corev3.HeaderValueOption {
+	return m.setHeader(key, unsafe.Slice(unsafe.StringData(value), len(value)))
+}
+
+// setInt sets key to the decimal form of v.
+func (m *replyMem) setInt(key string, v int64) *corev3.HeaderValueOption {
+	return m.setHeader(key, m.format(strconv.AppendInt(m.vals[m.nvals:m.nvals], v, 10)))
+}
+
+// setReset sets key to a time until reset in OpenAI's form (formatReset).
+func (m *replyMem) setReset(key string, d time.Duration) *corev3.HeaderValueOption {
+	return m.setHeader(key, m.format(appendReset(m.vals[m.nvals:m.nvals], d)))
+}
+
+// format takes b, just appended at the free part of vals, as a formatted value: it stays in
+// vals when it fitted there (appending beyond the array's end moved it elsewhere).
+func (m *replyMem) format(b []byte) []byte {
+	if len(b) > 0 && len(b) <= len(m.vals)-m.nvals && &b[0] == &m.vals[m.nvals] {
+		m.nvals += len(b)
+	}
+	return b[:len(b):len(b)]
+}
+
 func headersReply(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
 	m := &headersMem{}
 	m.hr.Response = common

@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"encoding/json"
+	"math"
 	"regexp"
 	"testing"
 	"time"
@@ -228,6 +229,47 @@ func FuzzRefusalRequestID(f *testing.F) {
 		}
 		if validRequestID(s) != (got == s) {
 			t.Fatalf("refusalRequestID(%q) = %q", s, got)
+		}
+	})
+}
+
+// TestFormatReset pins the form of x-ratelimit-reset-tokens: OpenAI's, which is Go's Duration
+// text at millisecond precision.
+func TestFormatReset(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0:                                 "0s",
+		400 * time.Microsecond:            "0s",
+		500 * time.Microsecond:            "1ms",
+		250 * time.Millisecond:            "250ms",
+		1500 * time.Millisecond:           "1.5s",
+		time.Minute + 30*time.Millisecond: "1m0.03s",
+		6 * time.Minute:                   "6m0s",
+		25*time.Hour + 61*time.Second:     "25h1m1s",
+		-1500 * time.Millisecond:          "-1.5s",
+	} {
+		if got := formatReset(d); got != want {
+			t.Errorf("formatReset(%v) = %q, want %q", d, got, want)
+		}
+	}
+}
+
+// FuzzAppendReset checks the allocation-free formatting against the standard library's, for
+// every duration, including the extremes Round saturates at.
+func FuzzAppendReset(f *testing.F) {
+	for _, d := range []int64{0, 1, 999, 1000, 1500, 999_999, 1_000_000, 1_234_567, 59_999_999_999,
+		3_600_000_000_000, -1, -1_500_000_000, math.MaxInt64, math.MinInt64} {
+		f.Add(d)
+	}
+	f.Fuzz(func(t *testing.T, n int64) {
+		d := time.Duration(n)
+		want := d.Round(time.Millisecond).String()
+		if got := string(appendReset([]byte("x"), d)); got != "x"+want {
+			t.Fatalf("appendReset(%d) = %q, want %q", n, got[1:], want)
+		}
+		// Unrounded values exercise the sub-millisecond branches.
+		var b [48]byte
+		if got, want := string(appendDuration(b[:0], d)), d.String(); got != want {
+			t.Fatalf("appendDuration(%d) = %q, want %q", n, got, want)
 		}
 	})
 }

@@ -110,7 +110,11 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	defer s.active.Add(-1)
 
 	p := newProcessor(s, stream)
-	defer p.finish()
+	defer func() {
+		p.finish()
+		// Not reached when finish panics: a processor in an unknown state is not reused.
+		p.recycle()
+	}()
 	for {
 		req, err := stream.Recv()
 		if err != nil {

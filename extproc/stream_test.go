@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
@@ -84,9 +85,11 @@ func (s *memStream) Recv() (*extprocv3.ProcessingRequest, error) {
 	}
 }
 
+// Send hands the test a copy of resp, as gRPC marshals it: the server may build its next reply
+// in the same memory once Send returns.
 func (s *memStream) Send(resp *extprocv3.ProcessingResponse) error {
 	select {
-	case s.out <- resp:
+	case s.out <- proto.Clone(resp).(*extprocv3.ProcessingResponse):
 		return nil
 	case <-s.ctx.Done():
 		return status.FromContextError(s.ctx.Err()).Err()

@@ -233,7 +233,8 @@ func (s *memStream) Recv() (*extprocv3.ProcessingRequest, error) {
 
 func (s *memStream) Send(r *extprocv3.ProcessingResponse) error {
 	if s.record {
-		s.replies = append(s.replies, r)
+		// A copy, as gRPC marshals it: the server may reuse the reply's memory after Send.
+		s.replies = append(s.replies, proto.Clone(r).(*extprocv3.ProcessingResponse))
 	}
 	return nil
 }
