@@ -9,7 +9,10 @@
 // streams, buffered request bodies) and releases admitted requests whose streams go silent
 // (idle.go); a message out of Envoy's order ends its stream. The server's gRPC codec
 // (codec.go, ServerOption) decodes the requests Envoy sends with decode.go and marshals the
-// replies with go-control-plane's generated code; anything else is protobuf's.
+// replies with go-control-plane's generated code; anything else is protobuf's. gRPC marshals
+// a reply inside Send, so an admitted request's replies are built in memory its processor keeps
+// (replyMem, reply.go), valid until the stream's next message, and a processor goes back to a
+// pool when its stream ends.
 package extproc
 
 import (
