@@ -29,12 +29,17 @@ type Profile struct {
 	CPUTop    string `json:"cpu_top"`
 	CPUTopCum string `json:"cpu_top_cum"`
 	AllocTop  string `json:"alloc_top"`
+	// TraceFile is the runtime execution trace taken over the same seconds (Config.Trace; empty:
+	// none), and Exchanges what it shows of the server's time per exchange.
+	TraceFile string     `json:"trace_file,omitempty"`
+	Exchanges *Exchanges `json:"exchanges,omitempty"`
 }
 
 // ProfileUnderLoad runs load against p (which must serve net/http/pprof) and meanwhile takes a
 // CPU profile and a delta allocation profile of seconds seconds, saved in dir as
-// <name>-cpu.pprof and <name>-allocs.pprof.
-func ProfileUnderLoad(ctx context.Context, p *Process, load Load, seconds int, dir string) (Profile, error) {
+// <name>-cpu.pprof and <name>-allocs.pprof, and with trace a runtime execution trace of the
+// same seconds, <name>.trace, summarised in Exchanges.
+func ProfileUnderLoad(ctx context.Context, p *Process, load Load, seconds int, trace bool, dir string) (Profile, error) {
 	pr := Profile{Server: p.Name, Concurrency: load.Concurrency, Seconds: float64(seconds)}
 	if p.PprofAddr == "" {
 		return pr, errors.New("the profiled server serves no pprof endpoint")
@@ -45,7 +50,8 @@ func ProfileUnderLoad(ctx context.Context, p *Process, load Load, seconds int, d
 		name string
 		err  error
 	}
-	results := make(chan got, 2)
+	fetches := 2
+	results := make(chan got, 3)
 	pr.CPUFile = filepath.Join(dir, p.Name+"-cpu.pprof")
 	pr.AllocsFile = filepath.Join(dir, p.Name+"-allocs.pprof")
 	fetch := func(file, path string) {
@@ -57,9 +63,14 @@ func ProfileUnderLoad(ctx context.Context, p *Process, load Load, seconds int, d
 	}
 	go fetch(pr.CPUFile, "/debug/pprof/profile")
 	go fetch(pr.AllocsFile, "/debug/pprof/allocs")
+	if trace {
+		fetches++
+		pr.TraceFile = filepath.Join(dir, p.Name+".trace")
+		go fetch(pr.TraceFile, "/debug/pprof/trace")
+	}
 	smp, err := load.Run(ctx)
 	var errs []error
-	for range 2 {
+	for range fetches {
 		if g := <-results; g.err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", g.name, g.err))
 		}
@@ -87,8 +98,25 @@ func ProfileUnderLoad(ctx context.Context, p *Process, load Load, seconds int, d
 	for i, t := range tops {
 		wg.Go(func() { *t.dst, topErrs[i] = pprofTop(ctx, t.file, t.opts...) })
 	}
+	var traceErr error
+	if trace {
+		wg.Go(func() {
+			f, err := os.Open(pr.TraceFile)
+			if err != nil {
+				traceErr = err
+				return
+			}
+			defer f.Close()
+			x, err := ReadExchanges(f)
+			if err != nil {
+				traceErr = fmt.Errorf("%s: %w", pr.TraceFile, err)
+				return
+			}
+			pr.Exchanges = &x
+		})
+	}
 	wg.Wait()
-	return pr, errors.Join(topErrs...)
+	return pr, errors.Join(append(topErrs, traceErr)...)
 }
 
 func download(ctx context.Context, url, file string) error {

@@ -516,14 +516,21 @@ func (r *Report) Markdown() string {
 			w("By flat CPU:\n\n```\n%s\n```\n\n", p.CPUTop)
 		}
 		w("By cumulative CPU:\n\n```\n%s\n```\n\nBy bytes allocated:\n\n```\n%s\n```\n", p.CPUTopCum, p.AllocTop)
+		if x := p.Exchanges; x != nil {
+			w("\nExchanges (a message in, its reply written) in the execution trace `%s` of the same seconds: %d, %.1f µs of wall time each. After the message arrived (p50, µs): the stream's goroutine runs at %.1f, is back receiving at %.1f, the reply is written at %.1f (mean %.1f). The rest of each exchange, %.1f µs at the p50, is the proxy's side and the kernel's.\n",
+				filepath.Base(p.TraceFile), x.Count, x.WallPerExchange, x.Woken, x.Handled, x.Written, x.Mean, x.WallPerExchange-x.Written)
+		}
 	}
 	return b.String()
 }
 
 // childCommand names the subcommand that served side and what it runs.
 func childCommand(side string) (cmd, what string) {
-	if side == SideNoop {
+	switch side {
+	case SideNoop:
 		return CmdServeNoop, "Noop"
+	case SideReplay:
+		return CmdServeReplay, "Replay"
 	}
 	return CmdServeBulkhead, "cmd/llm-bulkhead/app"
 }

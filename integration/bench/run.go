@@ -41,6 +41,9 @@ type Config struct {
 	// CmdServeNoop) serving net/http/pprof.
 	ProfileSeconds     int
 	ProfileConcurrency int
+	// Trace also takes a runtime execution trace of each profiled server over the profile's
+	// seconds and sums what its goroutines waited for, per stream (Profile.Waits).
+	Trace bool
 	// Micro runs MicroBenchmarks with `go test`, MicroBenchtime and MicroCount times.
 	Micro          bool
 	MicroBenchtime string
@@ -164,11 +167,20 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		}
 	}
 	if cfg.ProfileSeconds > 0 {
-		for _, side := range []string{SideBulkhead, SideNoop} {
+		sides := []string{SideBulkhead, SideNoop}
+		if cfg.Trace && cfg.Replay {
+			// The replay server sends llm-bulkhead's replies: its trace shows what they cost the
+			// proxy's side of each exchange without llm-bulkhead's work.
+			sides = append(sides, SideReplay)
+		}
+		for _, side := range sides {
 			logf("profiling %s at %d streams for %ds", side, cfg.ProfileConcurrency, cfg.ProfileSeconds)
 			argv := cfg.ServerCPUs.pinArgv(append(append([]string{}, cfg.Self...), CmdServeBulkhead, "--pprof-addr", "127.0.0.1:0"))
-			if side == SideNoop {
+			switch side {
+			case SideNoop:
 				argv = minimal(CmdServeNoop, "--pprof-addr", "127.0.0.1:0")
+			case SideReplay:
+				argv = minimal(CmdServeReplay, "--pprof-addr", "127.0.0.1:0")
 			}
 			spec := Spec{Name: side, Env: ServerEnv(), ReadyMsg: ReadyMessage, Argv: argv}
 			pr, err := profile(ctx, cfg, spec, req, filter)
@@ -226,6 +238,9 @@ func (c Config) validate() error {
 	}
 	if c.ProfileSeconds < 0 || (c.ProfileSeconds > 0 && c.ProfileConcurrency < 1) {
 		errs = append(errs, errors.New("the profile needs seconds ≥ 0 and a concurrency ≥ 1"))
+	}
+	if c.Trace && c.ProfileSeconds == 0 {
+		errs = append(errs, errors.New("the execution trace is taken during the profile: give it seconds"))
 	}
 	if c.Micro && (c.MicroCount < 1 || c.MicroBenchtime == "") {
 		errs = append(errs, errors.New("micro-benchmarks need a count ≥ 1 and a benchtime"))
@@ -372,7 +387,7 @@ func profile(ctx context.Context, cfg Config, spec Spec, req *envoysim.Request, 
 	defer sim.Close()
 	l := Load{Sim: sim, Request: req, Upstream: SSEUpstream(), Concurrency: cfg.ProfileConcurrency,
 		Warmup: cfg.Warmup, Admitted: admits(spec.Name), Pid: p.Pid()}
-	return ProfileUnderLoad(ctx, p, l, cfg.ProfileSeconds, cfg.Out)
+	return ProfileUnderLoad(ctx, p, l, cfg.ProfileSeconds, cfg.Trace, cfg.Out)
 }
 
 // Machine describes where the benchmark ran.

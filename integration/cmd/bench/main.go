@@ -6,7 +6,7 @@
 // Usage (from the repository root; `make bench` runs it with the defaults):
 //
 //	go run ./integration/cmd/bench [--quick] [--out DIR] [--concurrency 1,8,64,512] [--reps 5]
-//	    [--duration 5s] [--warmup 1s] [--held 10000] [--profile 10s] [--micro=true] [--replay=true]
+//	    [--duration 5s] [--warmup 1s] [--held 10000] [--profile 10s] [--trace] [--micro=true] [--replay=true]
 //	    [--server-cpus 1 --load-cpus 0] …
 //
 // The servers run as child processes: llm-bulkhead from a binary built with `go build`, the
@@ -88,6 +88,7 @@ func parse(args []string, stderr io.Writer) (bench.Config, error) {
 	settle := fs.Duration("settle", time.Second, "quiet time before each memory measurement (and warm-up before the idle one)")
 	prof := fs.Duration("profile", 10*time.Second, "length of each server's CPU profile, whole seconds (0: no profiles)")
 	profConc := fs.Int("profile-concurrency", 64, "load level while profiling")
+	trace := fs.Bool("trace", false, "also take a runtime execution trace of each profiled server and report what its goroutines waited for, per stream")
 	micro := fs.Bool("micro", true, "run the hot-path Go benchmarks with go test")
 	microTime := fs.String("micro-benchtime", "1s", "-benchtime of the micro-benchmarks")
 	microCount := fs.Int("micro-count", 3, "-count of the micro-benchmarks (the report shows medians)")
@@ -140,7 +141,7 @@ func parse(args []string, stderr io.Writer) (bench.Config, error) {
 	return bench.Config{
 		Out: *out, Concurrency: levels, Reps: *reps, Warmup: *warm, Duration: *dur, MessageTimeout: *msgTimeout,
 		Held: *held, HeldReps: *heldReps, HeldTimeout: *heldTimeout, Settle: *settle,
-		ProfileSeconds: int(*prof / time.Second), ProfileConcurrency: *profConc,
+		ProfileSeconds: int(*prof / time.Second), ProfileConcurrency: *profConc, Trace: *trace,
 		Micro: *micro, MicroBenchtime: *microTime, MicroCount: *microCount,
 		BulkheadBinary: *bin, BaselineBinary: *baseline, SameCodec: *sameCodec, BulkheadInProcess: *inProc, Replay: *replay,
 		ServerCPUs: pinServers, LoadCPUs: pinLoad,
