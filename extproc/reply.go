@@ -125,40 +125,19 @@ func (m *replyMem) begin() { m.nset, m.nvals = 0, 0 }
 // headersReply is headersReply built in m.
 func (m *replyMem) headersReply(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
 	m.headers = headersMem{}
-	h := &m.headers
-	h.hr.Response = common
-	if request {
-		h.req.RequestHeaders = &h.hr
-		h.resp.Response = &h.req
-	} else {
-		h.res.ResponseHeaders = &h.hr
-		h.resp.Response = &h.res
-	}
-	return &h.resp
+	return m.headers.build(request, common)
 }
 
 // bodyReply is bodyReply built in m.
 func (m *replyMem) bodyReply(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
 	m.body = bodyMem{}
-	b := &m.body
-	b.br.Response = common
-	if request {
-		b.req.RequestBody = &b.br
-		b.resp.Response = &b.req
-	} else {
-		b.res.ResponseBody = &b.br
-		b.resp.Response = &b.res
-	}
-	return &b.resp
+	return m.body.build(request, common)
 }
 
 // mutation is mutation built in m: a CommonResponse whose header mutation sets nothing yet.
 func (m *replyMem) mutation() *extprocv3.CommonResponse {
 	m.mut = mutationMem{}
-	c := &m.mut
-	c.mut.SetHeaders = c.set[:0]
-	c.common.HeaderMutation = &c.mut
-	return &c.common
+	return m.mut.build()
 }
 
 // setHeader is setHeader built in m; value is read only when the reply is marshalled.
@@ -169,11 +148,7 @@ func (m *replyMem) setHeader(key string, value []byte) *corev3.HeaderValueOption
 	h := &m.set[m.nset]
 	m.nset++
 	*h = headerMem{}
-	h.val.Key = key
-	h.val.RawValue = value
-	h.opt.Header = &h.val
-	h.opt.AppendAction = corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
-	return &h.opt
+	return h.build(key, value)
 }
 
 // setString sets key to value; value's bytes are shared, not copied.
@@ -201,7 +176,31 @@ func (m *replyMem) format(b []byte) []byte {
 }
 
 func headersReply(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
-	m := &headersMem{}
+	return new(headersMem).build(request, common)
+}
+
+func bodyReply(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
+	return new(bodyMem).build(request, common)
+}
+
+// mutation returns a CommonResponse whose header mutation sets headers (appending more does
+// not allocate up to mutationHeaders in all).
+func mutation(headers ...*corev3.HeaderValueOption) *extprocv3.CommonResponse {
+	m := new(mutationMem)
+	c := m.build()
+	m.mut.SetHeaders = append(m.mut.SetHeaders, headers...)
+	return c
+}
+
+// setHeader returns a header_mutation entry that sets key to value, replacing any value the
+// message had. The raw value shares value's bytes: strings are immutable and marshalling only
+// reads them.
+func setHeader(key, value string) *corev3.HeaderValueOption {
+	return new(headerMem).build(key, unsafe.Slice(unsafe.StringData(value), len(value)))
+}
+
+// build links m, which must be zero, into a reply to request or response headers.
+func (m *headersMem) build(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
 	m.hr.Response = common
 	if request {
 		m.req.RequestHeaders = &m.hr
@@ -213,8 +212,8 @@ func headersReply(request bool, common *extprocv3.CommonResponse) *extprocv3.Pro
 	return &m.resp
 }
 
-func bodyReply(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
-	m := &bodyMem{}
+// build links m, which must be zero, into a reply to a request or response body.
+func (m *bodyMem) build(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
 	m.br.Response = common
 	if request {
 		m.req.RequestBody = &m.br
@@ -226,22 +225,18 @@ func bodyReply(request bool, common *extprocv3.CommonResponse) *extprocv3.Proces
 	return &m.resp
 }
 
-// mutation returns a CommonResponse whose header mutation sets headers (appending more does
-// not allocate up to mutationHeaders in all).
-func mutation(headers ...*corev3.HeaderValueOption) *extprocv3.CommonResponse {
-	m := &mutationMem{}
-	m.mut.SetHeaders = append(m.set[:0], headers...)
+// build links m, which must be zero, into a CommonResponse whose header mutation sets nothing
+// yet and has room for mutationHeaders headers.
+func (m *mutationMem) build() *extprocv3.CommonResponse {
+	m.mut.SetHeaders = m.set[:0]
 	m.common.HeaderMutation = &m.mut
 	return &m.common
 }
 
-// setHeader returns a header_mutation entry that sets key to value, replacing any value the
-// message had. The raw value shares value's bytes: strings are immutable and marshalling only
-// reads them.
-func setHeader(key, value string) *corev3.HeaderValueOption {
-	m := &headerMem{}
+// build links m, which must be zero, into a header_mutation entry that sets key to value.
+func (m *headerMem) build(key string, value []byte) *corev3.HeaderValueOption {
 	m.val.Key = key
-	m.val.RawValue = unsafe.Slice(unsafe.StringData(value), len(value))
+	m.val.RawValue = value
 	m.opt.Header = &m.val
 	m.opt.AppendAction = corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD
 	return &m.opt
