@@ -2,7 +2,6 @@ package extproc
 
 import (
 	"context"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -11,7 +10,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
-	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
 // stepClock is a clock the test moves by hand.
@@ -37,18 +35,8 @@ func (c *stepClock) advance(d time.Duration) {
 // returns the outcome the request was settled with.
 func respond(t *testing.T, step time.Duration, chunks ...string) policy.Outcome {
 	t.Helper()
-	p, err := config.Load("p.yaml", []byte("features: {default: {max_concurrent: 1}}\n"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	clk := &stepClock{now: time.Unix(1_700_000_000, 0)}
-	log := slog.New(slog.DiscardHandler)
-	eng, err := policy.NewEngine(p, policy.Options{Logger: log, Clock: clk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := NewServer(eng, Options{Logger: log})
-	t.Cleanup(srv.Close)
+	eng, srv := internalServer(t, "features: {default: {max_concurrent: 1}}\n", clk)
 	pr := newProcessor(srv, quietStream{ctx: context.Background()})
 	send := func(req *extprocv3.ProcessingRequest) {
 		clk.advance(step)
@@ -119,16 +107,7 @@ func TestStreamErrorInMetadata(t *testing.T) {
 		{"data: {\"error\":{\"type\":\"invalid_request_error\"}}\n\n", "client"},
 		{"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n", ""},
 	} {
-		p, err := config.Load("p.yaml", []byte("features: {default: {max_concurrent: 1}}\n"), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		log := slog.New(slog.DiscardHandler)
-		eng, err := policy.NewEngine(p, policy.Options{Logger: log})
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := NewServer(eng, Options{Logger: log})
+		_, srv := internalServer(t, "features: {default: {max_concurrent: 1}}\n", nil)
 		pr := newProcessor(srv, quietStream{ctx: context.Background()})
 		pr.handle(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 			RequestHeaders: headersMsg(true, ":method", "POST", ":path", "/v1/chat/completions")}})

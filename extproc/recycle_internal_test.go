@@ -2,31 +2,17 @@ package extproc
 
 import (
 	"context"
-	"log/slog"
 	"reflect"
 	"testing"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-
-	"github.com/llm-bulkhead/llm-bulkhead/policy"
-	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
 // TestRecycledProcessorStartsClean drives a processor through a whole admitted request, then
 // clears it for the next stream: nothing of the request may be left for the next one to see,
 // only the bound onQueue and the metadata buffer's array.
 func TestRecycledProcessorStartsClean(t *testing.T) {
-	p, err := config.Load("p.yaml", []byte("features: {default: {max_concurrent: 1, tokens_per_minute: 100000}}\nresponses: {compartment_header: true, ratelimit_headers: true}\n"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.DiscardHandler)
-	eng, err := policy.NewEngine(p, policy.Options{Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := NewServer(eng, Options{Logger: log})
-	t.Cleanup(srv.Close)
+	eng, srv := internalServer(t, "features: {default: {max_concurrent: 1, tokens_per_minute: 100000}}\nresponses: {compartment_header: true, ratelimit_headers: true}\n", nil)
 	pr := newProcessor(srv, quietStream{ctx: context.Background()})
 	pr.handle(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 		RequestHeaders: headersMsg(true, ":method", "GET", ":path", "/v1/models")}})

@@ -32,21 +32,29 @@ func headersMsg(end bool, kv ...string) *extprocv3.HttpHeaders {
 	return &extprocv3.HttpHeaders{Headers: h, EndOfStream: end}
 }
 
+// internalServer returns a quiet engine and server for the policy file policyYAML, with clock
+// as the engine's clock (nil: the real one); the server closes when the test ends.
+func internalServer(tb testing.TB, policyYAML string, clock policy.Clock) (*policy.Engine, *Server) {
+	tb.Helper()
+	p, err := config.Load("p.yaml", []byte(policyYAML), nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	eng, err := policy.NewEngine(p, policy.Options{Logger: log, Clock: clock})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv := NewServer(eng, Options{Logger: log})
+	tb.Cleanup(srv.Close)
+	return eng, srv
+}
+
 // TestPanicWhileReadingUsageStillReleases is the regression test for a panic in the usage
 // scanner at settlement: it came before the ticket was settled, was swallowed, and left the
 // request's slots held for good.
 func TestPanicWhileReadingUsageStillReleases(t *testing.T) {
-	p, err := config.Load("p.yaml", []byte("features: {default: {max_concurrent: 1}}\n"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.DiscardHandler)
-	eng, err := policy.NewEngine(p, policy.Options{Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := NewServer(eng, Options{Logger: log})
-	t.Cleanup(srv.Close)
+	eng, srv := internalServer(t, "features: {default: {max_concurrent: 1}}\n", nil)
 	pr := newProcessor(srv, quietStream{ctx: context.Background()})
 	pr.handle(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 		RequestHeaders: headersMsg(true, ":method", "GET", ":path", "/v1/models")}})

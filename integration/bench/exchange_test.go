@@ -44,14 +44,20 @@ func TestReadExchangesOfAServer(t *testing.T) {
 	}
 }
 
-func TestReadExchangesWithoutAServer(t *testing.T) {
+// idleTrace returns a trace of this process doing nothing for a millisecond.
+func idleTrace(tb testing.TB) []byte {
+	tb.Helper()
 	var buf bytes.Buffer
 	if err := trace.Start(&buf); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	time.Sleep(time.Millisecond)
 	trace.Stop()
-	if _, err := ReadExchanges(&buf); !errors.Is(err, errNoExchanges) {
+	return buf.Bytes()
+}
+
+func TestReadExchangesWithoutAServer(t *testing.T) {
+	if _, err := ReadExchanges(bytes.NewReader(idleTrace(t))); !errors.Is(err, errNoExchanges) {
 		t.Errorf("err = %v, want %v", err, errNoExchanges)
 	}
 	if _, err := ReadExchanges(bytes.NewReader([]byte("not a trace"))); err == nil {
@@ -62,14 +68,9 @@ func TestReadExchangesWithoutAServer(t *testing.T) {
 // FuzzReadExchanges feeds ReadExchanges damaged traces: it returns an error or a summary whose
 // times are not negative, and never panics.
 func FuzzReadExchanges(f *testing.F) {
-	var buf bytes.Buffer
-	if err := trace.Start(&buf); err != nil {
-		f.Fatal(err)
-	}
-	time.Sleep(time.Millisecond)
-	trace.Stop()
-	f.Add(buf.Bytes())
-	f.Add(buf.Bytes()[:len(buf.Bytes())/2])
+	idle := idleTrace(f)
+	f.Add(idle)
+	f.Add(idle[:len(idle)/2])
 	f.Fuzz(func(t *testing.T, b []byte) {
 		x, err := ReadExchanges(bytes.NewReader(b))
 		if err == nil && (x.Count <= 0 || x.Woken < 0 || x.Handled < 0 || x.Written < 0) {
