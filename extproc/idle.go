@@ -51,11 +51,11 @@ const (
 	maxIdlePeriod = 10 * time.Second
 )
 
-// touch records that the stream received a message. Only a listed stream reads it, so streams
-// not admitted skip the clock read.
-func (p *processor) touch() {
+// touch records that the stream received a message at now (since the server's epoch), the
+// time handle reads for the message's duration anyway. Only a listed stream reads it.
+func (p *processor) touch(now time.Duration) {
 	if p.idle.timeout > 0 {
-		p.idle.last.Store(int64(time.Since(p.srv.epoch)))
+		p.idle.last.Store(int64(now))
 	}
 }
 

@@ -277,6 +277,7 @@ func (p *processor) handle(req *extprocv3.ProcessingRequest) *extprocv3.Processi
 	}
 	// Durations since the server's epoch read only the monotonic clock, half of time.Now.
 	start := time.Since(p.srv.epoch)
+	p.touch(start)
 	p.out.begin()
 	var resp *extprocv3.ProcessingResponse
 	var kind int

@@ -126,7 +126,6 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			p.ended(endReason(err))
 			return nil
 		}
-		p.touch()
 		if err := p.checkOrder(req); err != nil {
 			return err
 		}
