@@ -323,6 +323,16 @@ func (s *yamlSource) mapping(n *yaml.Node, path string, out map[string]any, viaA
 			continue
 		} else if !isMerge(keyNode) {
 			name = key.Value
+			// A key is taken as written, but one yaml.v3 cannot read at all (a !!binary key
+			// that is not base64, an !!int key that is not a number) is refused as it would be.
+			if key.ShortTag() != "!!str" {
+				var v any
+				if err := key.Decode(&v); err != nil {
+					_, msg := yamlMessage(err)
+					s.problem(keyNode, "%s", msg)
+					continue
+				}
+			}
 		}
 		if line, dup := seen[name]; dup {
 			s.problem(keyNode, "mapping key %q already defined at line %d", name, line)

@@ -28,6 +28,7 @@ func FuzzYAMLSource(f *testing.F) {
 		"? [a]\n: b\n",
 		"a: &a [x, x]\nb: &b [*a, *a]\nc: [*b, *b]\n",
 		"a: !!str 5\nb: '5'\nc: 2001-12-14\n",
+		"!!binary 0: 1\n!!binary aGk=: 2\n!!int x: 3\n",
 	} {
 		f.Add([]byte(s))
 	}

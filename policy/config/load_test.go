@@ -396,6 +396,7 @@ tiers: {free: {}}
     max_concurrent: 2
   chat: {max_concurrent: !!int many, <<: 5}
   batch: {max_concurrent: -1, ? [a]: b}
+  !!binary 0: {max_concurrent: 1}
 compartments:
   - {name: feature, key: [feature], limits_from: feature}
 `
@@ -405,6 +406,7 @@ compartments:
 			`p.yaml:5: invalid YAML: map merge requires map or sequence of maps as the value`,
 			`p.yaml:6: features.batch.max_concurrent: must not be negative, got -1`,
 			`p.yaml:6: invalid YAML: a key must be a name, not a list`,
+			`p.yaml:7: invalid YAML: !!binary value contains invalid base64 data`,
 		})
 	})
 	t.Run("excessive aliasing", func(t *testing.T) {
