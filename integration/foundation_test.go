@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -448,6 +449,12 @@ func TestEveryProcessingMode(t *testing.T) {
 					if trailers {
 						req.Trailers = envoysim.Headers{{Key: "x-req-trailer", Value: "1"}}
 						up = envoysim.UpstreamFunc(func(ctx context.Context, r *envoysim.UpstreamRequest) (*envoysim.UpstreamResponse, error) {
+							// An LLM API reads the whole request before it answers, so the request's
+							// trailers reach ext_proc before the response does; one that answered
+							// first would race them, and lose when the machine is loaded.
+							if _, err := io.Copy(io.Discard, r.Body); err != nil {
+								return nil, err
+							}
 							resp, err := streamingUpstream(3).Serve(ctx, r)
 							resp.Trailers = envoysim.Headers{{Key: "x-res-trailer", Value: "1"}}
 							return resp, err
