@@ -41,8 +41,9 @@ type Config struct {
 	// CmdServeNoop) serving net/http/pprof.
 	ProfileSeconds     int
 	ProfileConcurrency int
-	// Trace also takes a runtime execution trace of each profiled server over the profile's
-	// seconds and sums what its goroutines waited for, per stream (Profile.Waits).
+	// Trace also takes a runtime execution trace of each profiled server (and of the replay
+	// server, with Replay) over the profile's seconds and splits its exchanges
+	// (Profile.Exchanges).
 	Trace bool
 	// Micro runs MicroBenchmarks with `go test`, MicroBenchtime and MicroCount times.
 	Micro          bool

@@ -88,7 +88,7 @@ func parse(args []string, stderr io.Writer) (bench.Config, error) {
 	settle := fs.Duration("settle", time.Second, "quiet time before each memory measurement (and warm-up before the idle one)")
 	prof := fs.Duration("profile", 10*time.Second, "length of each server's CPU profile, whole seconds (0: no profiles)")
 	profConc := fs.Int("profile-concurrency", 64, "load level while profiling")
-	trace := fs.Bool("trace", false, "also take a runtime execution trace of each profiled server and report what its goroutines waited for, per stream")
+	trace := fs.Bool("trace", false, "also take a runtime execution trace of each profiled server (and the replay server) and split each message-and-reply exchange into hand-off, handler, write and the proxy's side")
 	micro := fs.Bool("micro", true, "run the hot-path Go benchmarks with go test")
 	microTime := fs.String("micro-benchtime", "1s", "-benchtime of the micro-benchmarks")
 	microCount := fs.Int("micro-count", 3, "-count of the micro-benchmarks (the report shows medians)")
