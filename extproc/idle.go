@@ -52,7 +52,7 @@ const (
 )
 
 // touch records that the stream received a message at now (since the server's epoch), the
-// time handle reads for the message's duration anyway. Only a listed stream reads it.
+// time handle reads for the message anyway. Only a listed stream reads it.
 func (p *processor) touch(now time.Duration) {
 	if p.idle.timeout > 0 {
 		p.idle.last.Store(int64(now))
@@ -66,7 +66,7 @@ func (p *processor) armIdle(timeout time.Duration) {
 	}
 	r := &p.srv.idle
 	w := &p.idle
-	w.last.Store(int64(time.Since(p.srv.epoch)))
+	w.last.Store(int64(p.dec.admittedAt.Sub(p.srv.epoch)))
 	period := min(max(timeout/60, minIdlePeriod), maxIdlePeriod)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -166,7 +166,7 @@ func (r *idleReaper) sweep() bool {
 		r.running = false
 		return false
 	}
-	now := time.Since(r.srv.epoch)
+	now := r.srv.engine.Now().Sub(r.srv.epoch)
 	for p := r.head; p != nil; {
 		next := p.idle.next
 		if now-time.Duration(p.idle.last.Load()) >= p.idle.timeout {
@@ -200,5 +200,6 @@ func (p *processor) releaseIdle() {
 				"panic", r, "stack", string(debug.Stack()))
 		}
 	}()
-	p.dec.ticket.Done(policy.Outcome{Cancelled: true, Duration: p.srv.engine.Now().Sub(p.dec.admittedAt)})
+	now := p.srv.engine.Now()
+	p.dec.ticket.Done(policy.Outcome{Cancelled: true, Duration: now.Sub(p.dec.admittedAt), At: now})
 }

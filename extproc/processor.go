@@ -135,6 +135,9 @@ type processor struct {
 	// Envoy honours one override per state.
 	overrideFor int
 	messages    int
+	// now is when the message being handled arrived (the engine's clock, read once per
+	// message); zero outside handle. See clock.
+	now time.Time
 
 	req requestPart
 	dec decisionPart
@@ -275,9 +278,11 @@ func (p *processor) handle(req *extprocv3.ProcessingRequest) *extprocv3.Processi
 		}
 		p.phase = phaseRequest
 	}
-	// Durations since the server's epoch read only the monotonic clock, half of time.Now.
-	start := time.Since(p.srv.epoch)
-	p.touch(start)
+	// The one clock reading of the message: its arrival, for the idle watch, admission,
+	// the response's timings and settlement alike.
+	start := p.srv.engine.Now()
+	p.now = start
+	p.touch(start.Sub(p.srv.epoch))
 	p.out.begin()
 	var resp *extprocv3.ProcessingResponse
 	var kind int
@@ -304,10 +309,21 @@ func (p *processor) handle(req *extprocv3.ProcessingRequest) *extprocv3.Processi
 			Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}},
 		})
 	default:
+		p.now = time.Time{}
 		return passthroughReply(req)
 	}
-	p.srv.metrics.observe(kind, time.Since(p.srv.epoch)-start)
+	p.now = time.Time{}
+	p.srv.metrics.observe(kind, p.srv.since(start))
 	return resp
+}
+
+// clock returns the time to use now: the arrival of the message being handled, or, outside
+// handle (the stream's end), a fresh reading of the engine's clock.
+func (p *processor) clock() time.Time {
+	if !p.now.IsZero() {
+		return p.now
+	}
+	return p.srv.engine.Now()
 }
 
 // modes records the body modes Envoy uses, from protocol_config (sent on the first message
@@ -477,7 +493,7 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 	dims := s.Classify(p)
 	p.dec.estimate = s.Estimate(dims.Model, size)
 	r := policy.Request{Dims: dims, Estimate: p.dec.estimate, PromptBytes: size.PromptBytes,
-		CanRewriteModel: at == msgRequestBody && p.req.bodyOK, Stream: p.req.bodyOK && p.req.fields.Stream}
+		CanRewriteModel: at == msgRequestBody && p.req.bodyOK, Stream: p.req.bodyOK && p.req.fields.Stream, Now: p.clock()}
 	d := &p.dec.decision
 	e.AdmitInto(p.ctx, s, &r, &p.dec.ticket, p.onQueueFn, d)
 	p.traceDecided(d, true)
@@ -497,7 +513,7 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 		return nil
 	}
 	p.phase = phaseAdmitted
-	p.dec.admittedAt = e.Now()
+	p.dec.admittedAt = p.dec.ticket.GrantedAt()
 	p.armIdle(s.Settings().StreamIdleTimeout)
 	return p.admitReply(at)
 }
@@ -510,7 +526,7 @@ func (p *processor) refuse(d *policy.Decision) *extprocv3.ProcessingResponse {
 	p.dec.decision, p.phase = *d, phaseDone
 	p.req.id = refusalRequestID(p.req.id)
 	st := p.snap.Settings()
-	r := refusal{requestID: p.req.id, now: p.srv.engine.Now(), noRetryAbove: st.NoRetryAbove, rateLimitHeaders: st.RefusalRateLimitHeaders}
+	r := refusal{requestID: p.req.id, now: p.clock(), noRetryAbove: st.NoRetryAbove, rateLimitHeaders: st.RefusalRateLimitHeaders}
 	p.logRefusal(*d, refusalStatus(d.Reason, p.req.api))
 	return p.withMetadata(immediateReply(*d, p.req.api, r))
 }
@@ -598,9 +614,10 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 	p.headers = h.GetHeaders().GetHeaders()
 	st, _ := p.Header(":status")
 	p.res.status, _ = strconv.Atoi(st)
-	p.res.headers = p.srv.engine.Now().Sub(p.dec.admittedAt)
+	now := p.clock()
+	p.res.headers = now.Sub(p.dec.admittedAt)
 	if ra, ok := p.Header("retry-after"); ok {
-		p.res.retryAfter = parseRetryAfter(ra, p.srv.engine.Now())
+		p.res.retryAfter = parseRetryAfter(ra, now)
 	}
 	var common *extprocv3.CommonResponse
 	out := &p.out
@@ -615,7 +632,7 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 		add(out.setString(HeaderCompartment, p.dec.compartments))
 	}
 	if pol.RateLimitHeaders {
-		if left, reset, ok := p.dec.ticket.Remaining(); ok {
+		if left, reset, ok := p.dec.ticket.Remaining(now); ok {
 			add(out.setInt(HeaderRemainingTokens, max(left, 0)))
 			add(out.setReset(HeaderResetTokens, reset))
 		}
@@ -655,12 +672,12 @@ func (p *processor) onResponseBody(b *extprocv3.HttpBody) *extprocv3.ProcessingR
 			// Reply first, read after: the client's stream must not wait for the scan. The
 			// first token's time is when its chunk arrived, not when it was scanned.
 			p.res.pending = b.Body
-			p.res.chunkAt = p.srv.engine.Now()
+			p.res.chunkAt = p.clock()
 		}
 		return continueResponseBody
 	}
 	if p.res.reading {
-		p.res.chunkAt = p.srv.engine.Now()
+		p.res.chunkAt = p.clock()
 		p.res.scanner.Write(b.Body)
 		p.noteFirstToken()
 	}
@@ -793,13 +810,14 @@ func (p *processor) settle(cancelled bool) {
 	p.stopIdle()
 	// headers is set with the response headers; 0 means there were none. A response whose body
 	// is not read is timed to its first token at its headers.
-	o := policy.Outcome{Status: p.res.status, Cancelled: cancelled, RetryAfter: p.res.retryAfter, Headers: p.res.headers, TTFB: p.res.headers}
-	o.Duration = p.srv.engine.Now().Sub(p.dec.admittedAt)
+	o := policy.Outcome{Status: p.res.status, Cancelled: cancelled, RetryAfter: p.res.retryAfter, Headers: p.res.headers, TTFB: p.res.headers,
+		At: p.clock()}
+	o.Duration = o.At.Sub(p.dec.admittedAt)
 	defer func() {
 		if r := recover(); r != nil {
 			// Reading the usage failed: settle without it (Done is idempotent, so a panic inside
 			// Done itself, which already released, is not settled twice).
-			p.res.settled = p.dec.ticket.Done(policy.Outcome{Status: o.Status, Cancelled: o.Cancelled, TTFB: o.TTFB, Headers: o.Headers, Duration: o.Duration})
+			p.res.settled = p.dec.ticket.Done(policy.Outcome{Status: o.Status, Cancelled: o.Cancelled, TTFB: o.TTFB, Headers: o.Headers, Duration: o.Duration, At: o.At})
 			p.srv.metrics.panics.Inc()
 			p.srv.log.Error("panic while settling a request; its slots were released", "request_id", p.req.id,
 				"panic", r, "stack", string(debug.Stack()))

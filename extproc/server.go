@@ -53,8 +53,12 @@ type Server struct {
 	// buffered counts the request-body bytes processors hold between receiving a buffered body
 	// and deciding on it (server.max_buffered_body_bytes bounds it).
 	buffered atomic.Int64
-	// epoch anchors the monotonic timestamps of stream activity (see idleWatch).
+	// epoch anchors the timestamps of stream activity (see idleWatch); like every time the
+	// server reads, it comes from the engine's clock.
 	epoch time.Time
+	// systemClock: the engine's clock is the system clock, so a duration since one of its
+	// readings needs only the monotonic clock (time.Since), half of reading the time.
+	systemClock bool
 	// idle releases admitted requests whose streams went silent.
 	idle idleReaper
 	// replyParts caches reply pieces of the live policy snapshot.
@@ -75,11 +79,19 @@ func NewServer(engine *policy.Engine, o Options) *Server {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &Server{engine: engine, log: o.Logger, epoch: time.Now(), refusals: newRefusalLog(o.Logger)}
+	s := &Server{engine: engine, log: o.Logger, epoch: engine.Now(), systemClock: engine.SystemClock(), refusals: newRefusalLog(o.Logger)}
 	s.idle.srv, s.idle.wake = s, make(chan struct{}, 1)
 	s.tracer = newTracer(o.Tracing)
 	s.metrics = newMetrics(s, o.Registerer)
 	return s
+}
+
+// since returns the time elapsed since t, a reading of the engine's clock.
+func (s *Server) since(t time.Time) time.Duration {
+	if s.systemClock {
+		return time.Since(t)
+	}
+	return s.engine.Now().Sub(t)
 }
 
 // Close stops the server's background work (the idle watch, the refusal log's reports of
@@ -169,7 +181,7 @@ func (p *processor) safeHandle(req *extprocv3.ProcessingRequest) (resp *extprocv
 			p.srv.metrics.panics.Inc()
 			p.srv.log.Error("panic while processing a message; the request continues without the processor",
 				"request_id", p.req.id, "panic", r, "stack", string(debug.Stack()))
-			p.phase = phasePassthrough
+			p.phase, p.now = phasePassthrough, time.Time{}
 			resp = passthroughReply(req)
 		}
 	}()

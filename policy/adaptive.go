@@ -123,14 +123,12 @@ func (t *Ticket) FirstToken(ttfb time.Duration) {
 	if !t.active || t.done.Load() || ttfb <= 0 || !t.firstToken.CompareAndSwap(false, true) {
 		return
 	}
-	var now time.Time
+	// The first token came ttfb after the grant: no clock to read.
+	now := t.grantedAt.Add(ttfb)
 	for i := 0; i < t.n; i++ {
 		a := t.insts[i].adaptive
 		if a == nil {
 			continue
-		}
-		if now.IsZero() {
-			now = t.engine.clock.Now()
 		}
 		a.observe(now, adaptive.Sample{Admitted: t.grantedAt, TTFB: ttfb, PromptTokens: t.est.Prompt, Handle: t.handles[i]})
 	}

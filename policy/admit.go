@@ -167,6 +167,10 @@ type Request struct {
 	// Stream reports that the request asks for a streamed answer: adaptive limits then follow
 	// its wait for the first token (see Ticket.FirstToken).
 	Stream bool
+	// Now is when the request arrived, read from the engine's clock (Engine.Now) by a caller
+	// that reads it anyway; zero: admission reads the clock itself. An admission granted without
+	// waiting is granted at Now.
+	Now time.Time
 }
 
 // maxCompartments bounds the compartments one request can be in (one per family).
@@ -227,6 +231,10 @@ const (
 // Admitted reports whether the ticket holds an admission not yet released.
 func (t *Ticket) Admitted() bool { return t.active && !t.done.Load() }
 
+// GrantedAt returns when the ticket was admitted (the engine's clock): the request's Now when it
+// did not wait, else when its wait ended. Zero before admission.
+func (t *Ticket) GrantedAt() time.Time { return t.grantedAt }
+
 // JoinCompartments returns the names of Compartments joined with commas, in one allocation.
 func (t *Ticket) JoinCompartments() string {
 	n := max(t.n-1, 0)
@@ -253,14 +261,14 @@ func (t *Ticket) Compartments() []string {
 	return out
 }
 
-// Remaining returns the tightest per-minute token budget among the ticket's compartments:
-// tokens left and time until it is full again. ok is false when no compartment has one.
-func (t *Ticket) Remaining() (tokens int64, reset time.Duration, ok bool) {
+// Remaining returns the tightest per-minute token budget among the ticket's compartments at
+// now (the engine's clock): tokens left and time until it is full again. ok is false when no
+// compartment has one.
+func (t *Ticket) Remaining(now time.Time) (tokens int64, reset time.Duration, ok bool) {
 	if t.mode == ticketShared {
 		sh := t.shared
 		return sh.remaining, sh.reset, sh.hasTPM
 	}
-	now := t.engine.clock.Now()
 	for i := 0; i < t.n; i++ {
 		w := t.insts[i].tpm
 		if w == nil {
@@ -383,7 +391,10 @@ func (e *Engine) countDecision(s *Snapshot, d *Decision) {
 // tryAdmit runs the admission steps for one provider choice: rate limits, the provider's
 // breaker, token budgets, then concurrency. A failure at any step undoes the earlier ones.
 func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), d *Decision) {
-	now := e.clock.Now()
+	now := r.Now
+	if now.IsZero() {
+		now = e.clock.Now()
+	}
 	if s.modelKeyed {
 		dims.modelGroup = s.modelGroup(dims.Model)
 	}
@@ -503,7 +514,9 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 	if !deadline.IsZero() {
 		want.MaxWait = max(min(want.MaxWait, deadline.Sub(now)), 0)
 	}
-	if err := e.sched.Acquire(ctx, t.set[:t.n], t.held[:t.n], want, onQueue); err != nil {
+	if e.sched.TryAcquire(t.set[:t.n], t.held[:t.n], want) {
+		t.grantedAt = now
+	} else if err := e.sched.Acquire(ctx, t.set[:t.n], t.held[:t.n], want, onQueue); err != nil {
 		var rf *bulkhead.Refusal
 		if errors.As(err, &rf) {
 			reason := ReasonBulkheadFull
@@ -515,8 +528,9 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 		}
 		refuse(ReasonBulkheadFull, "", 0)
 		return
+	} else {
+		t.grantedAt = e.clock.Now()
 	}
-	t.grantedAt = e.clock.Now()
 	t.active = true
 	t.startAdaptive(r.Stream)
 	if e.cluster != nil {
@@ -654,6 +668,9 @@ type Outcome struct {
 	// InterToken is the mean time between tokens after the first in a streamed response (0
 	// when it did not stream or had fewer than two tokens); adaptive limits read it.
 	InterToken time.Duration
+	// At is when the request ended, read from the engine's clock (Engine.Now) by a caller that
+	// reads it anyway; zero: Done reads the clock itself.
+	At time.Time
 }
 
 // StreamError classifies an error reported inside a successful response.
@@ -760,7 +777,10 @@ func (t *Ticket) Done(o Outcome) (settled Settled) {
 		return Settled{}
 	}
 	e, s := t.engine, t.snap
-	now := e.clock.Now()
+	now := o.At
+	if now.IsZero() {
+		now = e.clock.Now()
+	}
 	recorded := false
 	defer func() {
 		if t.brk != nil && !recorded {

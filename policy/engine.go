@@ -136,6 +136,13 @@ func (e *Engine) InFlight() int64 { return e.inflight.Load() }
 // Now returns the engine clock's time.
 func (e *Engine) Now() time.Time { return e.clock.Now() }
 
+// SystemClock reports that the engine's clock is the system clock (SystemClock), whose readings
+// carry the monotonic clock: time.Since measures from them as the clock would.
+func (e *Engine) SystemClock() bool {
+	_, ok := e.clock.(SystemClock)
+	return ok
+}
+
 // Diff summarises what a reload changed, by compartment instance name.
 type Diff struct {
 	Added, Removed, Changed []string

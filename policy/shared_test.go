@@ -158,7 +158,7 @@ func TestSharedTokenBudgetAcrossEngines(t *testing.T) {
 	})
 	remaining := int64(-1)
 	if d, tk := admit(t, a, chat, 200); d.Verdict == policy.Admit {
-		remaining, _, _ = tk.Remaining()
+		remaining, _, _ = tk.Remaining(a.Now())
 		chatDone(tk, 200)
 	}
 	if remaining != 100 {

@@ -243,6 +243,24 @@ type waiter struct {
 	since   time.Time
 }
 
+// TryAcquire is Acquire's path that does not wait: it takes a slot in every compartment of set
+// and reports true, or takes nothing and reports false when one of them has no room now (or
+// others wait before w). It takes the lock once and does not allocate.
+func (s *Scheduler) TryAcquire(set []*Compartment, held []int64, w Want) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tryTake(set, held, w)
+}
+
+// tryTake takes what w wants when there is room for it now. Called with s.mu held.
+func (s *Scheduler) tryTake(set []*Compartment, held []int64, w Want) bool {
+	if s.blocker(set, w.Tokens, true) != nil {
+		return false
+	}
+	s.take(set, held, w.Tokens, w.Pending)
+	return true
+}
+
 // Acquire takes a slot in every compartment of set, or none. On success held[i] is set to the
 // tokens held in set[i]; pass the same set and held to Release. When capacity is short and
 // w.MaxWait allows, it queues; onQueue (may be nil) is called once, outside the lock, with the
@@ -251,8 +269,7 @@ type waiter struct {
 // The uncontended path takes the lock once and does not allocate.
 func (s *Scheduler) Acquire(ctx context.Context, set []*Compartment, held []int64, w Want, onQueue func(time.Duration)) error {
 	s.mu.Lock()
-	if s.blocker(set, w.Tokens, true) == nil {
-		s.take(set, held, w.Tokens, w.Pending)
+	if s.tryTake(set, held, w) {
 		s.mu.Unlock()
 		return nil
 	}
