@@ -13,7 +13,9 @@
 // compartments are owned by their family's store (dynstore.go), which creates, leases and
 // evicts them. Admission (admit.go) takes a Ticket whose Done releases everything once; views
 // and metrics (views.go, metrics.go) only observe. The Engine owns the clock: budget windows and
-// breakers take the time as a parameter, and the scheduler reads the engine's clock.
+// breakers take the time as a parameter, and the scheduler reads the engine's clock. A caller
+// that has read the clock for a message hands the reading down (Request.Now, Outcome.At,
+// Ticket.Remaining's now) instead of having admission and settlement read it again.
 package policy
 
 import (

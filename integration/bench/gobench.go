@@ -49,13 +49,15 @@ var MicroBenchmarks = []MicroBench{
 	{module + "/extproc/llmapi", "^(BenchmarkScanRequest|BenchmarkUsageScanner)$/^(llmapi|openai_sse|anthropic_sse|openai_json_1MiB|openai_sse_gzip)$"},
 }
 
-// RunGoBench runs `go test -run ^$ -bench pattern -benchmem` for each selection and returns
-// the median of each benchmark over count runs, with the raw output.
+// RunGoBench runs `go test -tags vtprotobuf -run ^$ -bench pattern -benchmem` for each
+// selection and returns the median of each benchmark over count runs, with the raw output. The
+// tag is the one the measured binary is built with (BuildServer), whatever GOFLAGS says, so
+// that the gRPC benchmarks marshal replies as the server does.
 func RunGoBench(ctx context.Context, sel []MicroBench, benchtime string, count int) ([]GoBench, string, error) {
 	var raw bytes.Buffer
 	var all []GoBench
 	for _, s := range sel {
-		args := []string{"test", "-run", "^$", "-bench", s.Pattern, "-benchmem", "-benchtime", benchtime, "-count", strconv.Itoa(count), s.Package}
+		args := []string{"test", "-tags", "vtprotobuf", "-run", "^$", "-bench", s.Pattern, "-benchmem", "-benchtime", benchtime, "-count", strconv.Itoa(count), s.Package}
 		cmd := exec.CommandContext(ctx, "go", args...)
 		out, err := cmd.CombinedOutput()
 		fmt.Fprintf(&raw, "$ go %s\n%s\n", strings.Join(args, " "), out)

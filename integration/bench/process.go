@@ -3,12 +3,14 @@ package bench
 import (
 	"bufio"
 	"context"
+	"debug/buildinfo"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -173,6 +175,38 @@ func (p *Process) exitErr() error {
 		}
 	}
 	return fmt.Errorf("%s: %w\n%s", p.Name, p.err, p.Tail())
+}
+
+// BuiltWithVT reports whether the Go binary at path was built with -tags vtprotobuf (from its
+// build information, as `go version -m` prints it).
+func BuiltWithVT(path string) (bool, error) {
+	info, err := buildinfo.ReadFile(path)
+	if err != nil {
+		return false, err
+	}
+	for _, s := range info.Settings {
+		if s.Key == "-tags" && slices.Contains(strings.Split(s.Value, ","), "vtprotobuf") {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// untagged returns what the report says of a prebuilt binary built without -tags vtprotobuf,
+// after logging a warning, or "" for one built with it: its replies are marshalled by
+// reflection, so it is not the binary `make build` makes, and a before/after against one that
+// is measures the build, not the change.
+func untagged(path string, logf func(string, ...any)) string {
+	ok, err := BuiltWithVT(path)
+	switch {
+	case err != nil:
+		logf("warning: cannot read the build information of %s: %v", path, err)
+		return "; build tags unknown"
+	case !ok:
+		logf("warning: %s was built without -tags vtprotobuf: its replies are marshalled by reflection, unlike `make build`'s", path)
+		return "; **built without -tags vtprotobuf**"
+	}
+	return ""
 }
 
 // BuildServer builds the llm-bulkhead binary into dir as `make build` does (`go build -tags

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llm-bulkhead/llm-bulkhead/extproc"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
 )
 
@@ -32,6 +33,10 @@ type Report struct {
 		LoadCPUs   string `json:"load_cpus,omitempty"`
 		// SameCodec: the no-op and replay servers used llm-bulkhead's gRPC codec.
 		SameCodec bool `json:"same_codec,omitempty"`
+		// ReflectiveMarshalling: this program was built without -tags vtprotobuf, so the
+		// servers it runs in-process (serve-bulkhead for the profiles, the --same-codec codec)
+		// marshal replies by reflection, unlike the llm-bulkhead binary.
+		ReflectiveMarshalling bool `json:"reflective_marshalling,omitempty"`
 	} `json:"config"`
 	// Overrides are the policy changes (environment overrides of the example policy).
 	Overrides       []string `json:"policy_overrides"`
@@ -124,12 +129,18 @@ const (
 	TargetScanMBps    = 1000.0
 )
 
+// reflectiveWarning says what a report of a program built without -tags vtprotobuf is worth.
+const reflectiveWarning = "this program was built without `-tags vtprotobuf`: the servers it runs in-process " +
+	"(the profiles' `serve-bulkhead`, the `--same-codec` codec) marshal replies by reflection, unlike the llm-bulkhead " +
+	"binary. Run it as `make bench` does (GOFLAGS=-tags=vtprotobuf)"
+
 func newReport(cfg Config) *Report {
 	r := &Report{Started: time.Now(), Command: cfg.Command, Machine: CurrentMachine(), Overrides: LimitOverrides}
 	r.Config.Concurrency = cfg.Concurrency
 	r.Config.Reps = cfg.Reps
 	r.Config.ServerCPUs, r.Config.LoadCPUs = cfg.ServerCPUs.String(), cfg.LoadCPUs.String()
 	r.Config.SameCodec = cfg.SameCodec
+	r.Config.ReflectiveMarshalling = !extproc.FastMarshal()
 	r.Config.WarmupSeconds = cfg.Warmup.Seconds()
 	r.Config.WindowSeconds = cfg.Duration.Seconds()
 	r.Config.Held = cfg.Held
@@ -400,6 +411,9 @@ func (r *Report) Markdown() string {
 		w("- Codec: the no-op and replay servers use llm-bulkhead's gRPC codec (`--same-codec`: its decoder of Envoy's requests, generated marshalling), so the difference is llm-bulkhead's work alone\n")
 	} else {
 		w("- Codec: the no-op and replay servers use gRPC's default codec, as a Go ext_proc server does unless it brings its own; llm-bulkhead uses its own (its decoder of Envoy's requests, generated marshalling)\n")
+	}
+	if r.Config.ReflectiveMarshalling {
+		w("- **Warning**: %s\n", reflectiveWarning)
 	}
 	w("- CPUs: %s\n", pinning(r.Config.ServerCPUs, r.Config.LoadCPUs))
 	w("- Policy: `examples/policy.yaml` with %s\n", "`"+strings.Join(r.Overrides, "`, `")+"`")

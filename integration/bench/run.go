@@ -104,6 +104,9 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	logf := func(format string, args ...any) {
 		fmt.Fprintf(progress, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 	}
+	if rep.Config.ReflectiveMarshalling {
+		logf("warning: %s", reflectiveWarning)
+	}
 
 	body, err := ChatBody(BodySize)
 	if err != nil {
@@ -122,7 +125,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 		rep.BulkheadCommand = "this program's " + CmdServeBulkhead + " (cmd/llm-bulkhead/app in-process)"
 	} else {
 		bin := cfg.BulkheadBinary
-		rep.BulkheadCommand = "llm-bulkhead serve (prebuilt binary " + bin + ")"
+		rep.BulkheadCommand = "llm-bulkhead serve (prebuilt binary " + bin + untagged(bin, logf) + ")"
 		if bin == "" {
 			tmp, err := os.MkdirTemp("", "llm-bulkhead-bench-")
 			if err != nil {
@@ -154,7 +157,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	if cfg.BaselineBinary != "" {
 		specs[SideBaseline] = Spec{Name: SideBaseline, Env: ServerEnv(), ReadyMsg: BinaryReadyMessage,
 			Argv: cfg.ServerCPUs.pinArgv([]string{cfg.BaselineBinary, "serve", "--watch=false", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"})}
-		rep.BaselineCommand = "llm-bulkhead serve (prebuilt binary " + cfg.BaselineBinary + ")"
+		rep.BaselineCommand = "llm-bulkhead serve (prebuilt binary " + cfg.BaselineBinary + untagged(cfg.BaselineBinary, logf) + ")"
 	}
 
 	if len(cfg.Concurrency) > 0 {
