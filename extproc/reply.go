@@ -153,7 +153,7 @@ func (m *replyMem) setHeader(key string, value []byte) *corev3.HeaderValueOption
 
 // setString sets key to value; value's bytes are shared, not copied.
 func (m *replyMem) setString(key, value string) *corev3.HeaderValueOption {
-	return m.setHeader(key, unsafe.Slice(unsafe.StringData(value), len(value)))
+	return m.setHeader(key, stringBytes(value))
 }
 
 // setInt sets key to the decimal form of v.
@@ -196,8 +196,12 @@ func mutation(headers ...*corev3.HeaderValueOption) *extprocv3.CommonResponse {
 // message had. The raw value shares value's bytes: strings are immutable and marshalling only
 // reads them.
 func setHeader(key, value string) *corev3.HeaderValueOption {
-	return new(headerMem).build(key, unsafe.Slice(unsafe.StringData(value), len(value)))
+	return new(headerMem).build(key, stringBytes(value))
 }
+
+// stringBytes returns s's bytes without copying them. They must not be written: a header's raw
+// value is only read, by marshalling.
+func stringBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }
 
 // build links m, which must be zero, into a reply to request or response headers.
 func (m *headersMem) build(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
