@@ -168,8 +168,9 @@ type Request struct {
 	// its wait for the first token (see Ticket.FirstToken).
 	Stream bool
 	// Now is when the request arrived, read from the engine's clock (Engine.Now) by a caller
-	// that reads it anyway; zero: admission reads the clock itself. An admission granted without
-	// waiting is granted at Now.
+	// that reads it anyway; zero: admission reads the clock itself. A request admitted in this
+	// process without waiting is granted at Now (Ticket.GrantedAt); one that queued, or goes
+	// through the cluster's shared store, when it got its slots.
 	Now time.Time
 }
 
@@ -232,7 +233,8 @@ const (
 func (t *Ticket) Admitted() bool { return t.active && !t.done.Load() }
 
 // GrantedAt returns when the ticket was admitted (the engine's clock): the request's Now when it
-// did not wait, else when its wait ended. Zero before admission.
+// was admitted in this process without waiting, else when it got its slots (after queueing, or
+// before asking the cluster's shared store). Zero before admission.
 func (t *Ticket) GrantedAt() time.Time { return t.grantedAt }
 
 // JoinCompartments returns the names of Compartments joined with commas, in one allocation.
