@@ -1,0 +1,780 @@
+package cluster
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// Leased admission: each replica holds, per compartment it uses, a lease of the compartment's
+// limits — concurrency slots, in-flight tokens, and chunks of its request-rate and token windows —
+// and admits requests against it here, with no call to Redis on a request's path. A Leaser
+// reports each lease's use every interval and receives the new lease (luaLease): leases never add
+// up to more than a limit, a lease shrinks only as its own holdings drain, and the rest is shared
+// by demand, max-min fair.
+
+// LeaseOptions configure a Leaser.
+type LeaseOptions struct {
+	// Interval is how often a lease in use is reported and renewed.
+	Interval time.Duration
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+}
+
+// LeaseLimits are one compartment's limits as this replica's policy has them.
+type LeaseLimits struct {
+	// MaxConcurrent and MaxTokens are the concurrency and in-flight-token limits (0: none).
+	MaxConcurrent, MaxTokens int64
+	// Windows are the request-rate and token windows, in the order the caller refers to them.
+	Windows []Window
+}
+
+// LeaseUsage is what a compartment holds and wants here, as the caller counts it.
+type LeaseUsage struct {
+	// InFlight and Tokens are the slots and in-flight tokens requests hold now.
+	InFlight, Tokens int64
+	// Waiting and WaitingTokens are what queued requests ask for.
+	Waiting, WaitingTokens int64
+}
+
+// LeaseHolder owns a lease: the compartment whose limits it carries on this replica.
+type LeaseHolder interface {
+	// LeaseUsage returns what the compartment holds and wants here. With freeze it first stops
+	// admitting beyond what it holds now, until the next LeaseChanged: a replica about to give
+	// slots back reports what it holds at that instant, so that nothing is admitted on the slots
+	// while Redis hands them to another replica.
+	LeaseUsage(freeze bool) LeaseUsage
+	// LeaseChanged applies the lease. It is called from the lease loop and must not block.
+	LeaseChanged(LeaseState)
+}
+
+// LeaseState is a lease as the caller enforces it.
+type LeaseState struct {
+	// Slots and Tokens are the concurrency and in-flight tokens this replica may hold (when the
+	// compartment has such a limit).
+	Slots, Tokens int64
+	// Valid reports that the lease is in force; when false (Redis has not renewed it within the
+	// lease ttl) the caller enforces cluster.on_unavailable instead.
+	Valid bool
+}
+
+// Leaser keeps this replica's leases. Safe for concurrent use.
+type Leaser struct {
+	st     *Store
+	o      LeaseOptions
+	script *redis.Script
+	epoch  string // the epoch key; empty in Redis Cluster, whose scripts can only read one slot
+	// recovery is how long a compartment whose hash was lost keeps every lease from growing: more
+	// than the longest gap between two reports of a lease that holds something.
+	recovery time.Duration
+	renew    time.Duration
+
+	mu     sync.Mutex
+	leases map[string]*Lease
+	kick   chan struct{}
+	// done is closed after each round of reports, and replaced.
+	roundMu sync.Mutex
+	round   chan struct{}
+	seq     atomic.Int64
+	// inc names this process among the replica's incarnations, for report numbers.
+	inc string
+	// manual: no loop runs; tests call Round themselves.
+	manual bool
+
+	waits   *prometheus.CounterVec
+	reports prometheus.Counter
+	metrics []prometheus.Collector
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// NewLeaser starts the lease loop of store s. Close stops it.
+func NewLeaser(s *Store, o LeaseOptions) *Leaser { return newLeaser(s, o, false) }
+
+// newLeaser makes a Leaser; manual leaves the loop out (tests run the rounds).
+func newLeaser(s *Store, o LeaseOptions, manual bool) *Leaser {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Interval <= 0 {
+		o.Interval = 200 * time.Millisecond
+	}
+	l := &Leaser{st: s, o: o, script: redis.NewScript(luaLease), leases: map[string]*Lease{},
+		kick: make(chan struct{}, 1), round: make(chan struct{}), manual: manual}
+	if s.o.Mode != Cluster {
+		l.epoch = s.tag + ":e"
+	}
+	// A lease that holds something is reported at least every renew; the recovery time covers
+	// that gap, the lease ttl's margin and a report's round trip.
+	l.renew = max(s.o.LeaseTTL/4, o.Interval)
+	l.recovery = l.renew + 2*s.o.Timeout + o.Interval
+	l.inc = strconv.FormatUint(uint64(time.Now().UnixNano())&(1<<52-1), 10)
+	l.waits = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "cluster_lease_waits_total",
+		Help: "Requests that waited for this replica's lease to grow (leased admission), by what they lacked: slot (concurrency or in-flight tokens) or window (a request-rate or token chunk)."},
+		[]string{"kind"})
+	l.reports = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "cluster_lease_reports_total",
+		Help: "Lease reports sent to Redis (one per compartment in use, every lease_interval)."})
+	l.metrics = []prometheus.Collector{l.waits, l.reports}
+	if s.o.Registerer != nil {
+		for _, c := range l.metrics {
+			s.o.Registerer.MustRegister(c)
+		}
+	}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	if !l.manual {
+		l.wg.Add(1)
+		go l.loop()
+	}
+	return l
+}
+
+// Lease returns this replica's lease of compartment name, making it on first use; h (nil for a
+// compartment with windows only) is told the lease whenever it changes. A later call with the
+// same name updates the limits and holder and keeps the lease.
+func (l *Leaser) Lease(name string, lim LeaseLimits, h LeaseHolder) *Lease {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ls := l.leases[name]
+	if ls == nil {
+		tag := "{" + l.st.o.KeyPrefix + "|" + name + "}"
+		ls = &Lease{name: name, l: l, key: tag + ":ls", tag: tag}
+		l.leases[name] = ls
+	}
+	ls.mu.Lock()
+	ls.setLimits(lim)
+	ls.holder = h
+	ls.closed = false
+	ls.mu.Unlock()
+	return ls
+}
+
+// Close stops the loop, after giving back every lease (one last report each), bounded by ctx.
+func (l *Leaser) Close(ctx context.Context) {
+	l.mu.Lock()
+	all := make([]*Lease, 0, len(l.leases))
+	for _, ls := range l.leases {
+		all = append(all, ls)
+	}
+	l.mu.Unlock()
+	for _, ls := range all {
+		ls.mu.Lock()
+		ls.closed = true
+		ls.mu.Unlock()
+	}
+	l.cancel()
+	l.wg.Wait()
+	if l.st.Available() {
+		l.report(ctx, all, true)
+	}
+	if reg := l.st.o.Registerer; reg != nil {
+		for _, c := range l.metrics {
+			reg.Unregister(c)
+		}
+	}
+}
+
+// validFor is how long a lease is trusted after the report that renewed it was sent: Redis keeps
+// it lease ttl after it ran the script, so this replica, counting from before it sent the report,
+// stops relying on it a margin earlier.
+func (l *Leaser) validFor() time.Duration {
+	ttl := l.st.o.LeaseTTL
+	return max(ttl-ttl/10-l.st.o.Timeout, ttl/2)
+}
+
+// Kick asks for a round of reports now (a request waits for a lease to grow).
+func (l *Leaser) Kick() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Next returns a channel closed when the round of reports after the current one has ended.
+func (l *Leaser) Next() <-chan struct{} {
+	l.roundMu.Lock()
+	defer l.roundMu.Unlock()
+	return l.round
+}
+
+// CountWait counts a request that waited for a lease to grow.
+func (l *Leaser) CountWait(kind string) { l.waits.WithLabelValues(kind).Inc() }
+
+func (l *Leaser) loop() {
+	defer l.wg.Done()
+	t := time.NewTicker(l.o.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-t.C:
+		case <-l.kick:
+		}
+		l.Round()
+	}
+}
+
+// Round reports every lease that is due, and wakes whoever waits for the round (Next).
+func (l *Leaser) Round() {
+	l.roundMu.Lock()
+	done := l.round
+	l.round = make(chan struct{})
+	l.roundMu.Unlock()
+	defer close(done)
+	now := l.o.Now()
+	l.mu.Lock()
+	due := make([]*Lease, 0, len(l.leases))
+	idle := make([]*Lease, 0)
+	for name, ls := range l.leases {
+		ls.mu.Lock()
+		d, drop := ls.due(now)
+		ls.mu.Unlock()
+		switch {
+		case drop:
+			delete(l.leases, name)
+		case d:
+			due = append(due, ls)
+		default:
+			idle = append(idle, ls)
+		}
+	}
+	l.mu.Unlock()
+	if len(due) > 0 && l.st.Available() {
+		ctx, cancel := context.WithTimeout(l.ctx, l.st.o.Timeout)
+		l.report(ctx, due, false)
+		cancel()
+	} else {
+		idle = append(idle, due...)
+	}
+	// Leases not reported may have run out meanwhile: tell their owners.
+	for _, ls := range idle {
+		ls.notify(now)
+	}
+}
+
+// report sends one report per lease, pipelined (one round trip per Redis node), and applies the
+// answers. final gives everything back.
+func (l *Leaser) report(ctx context.Context, due []*Lease, final bool) {
+	now := l.o.Now()
+	pipe := l.st.client.Pipeline()
+	reps := make([]*leaseReport, len(due))
+	cmds := make([]*redis.Cmd, len(due))
+	for i, ls := range due {
+		ls.mu.Lock()
+		reps[i] = ls.build(now, final)
+		ls.mu.Unlock()
+		cmds[i] = l.script.EvalSha(ctx, pipe, reps[i].keys, reps[i].args...)
+	}
+	start := time.Now()
+	_, err := pipe.Exec(ctx)
+	if err != nil && isNoScript(err) {
+		pipe = l.st.client.Pipeline()
+		for i := range due {
+			cmds[i] = l.script.Eval(ctx, pipe, reps[i].keys, reps[i].args...)
+		}
+		_, err = pipe.Exec(ctx)
+	}
+	l.st.met.observe("lease", start, err)
+	l.reports.Add(float64(len(due)))
+	for i, ls := range due {
+		res, cerr := cmds[i].Int64Slice()
+		ls.mu.Lock()
+		if cerr != nil {
+			ls.failed(reps[i])
+		} else {
+			ls.apply(reps[i], res, now)
+		}
+		ls.mu.Unlock()
+		ls.notify(now)
+	}
+	if err != nil && ctx.Err() == nil && l.ctx.Err() == nil {
+		l.st.noteFailure(err)
+	}
+}
+
+// notify tells the lease's holder its state when it changed.
+func (ls *Lease) notify(now time.Time) {
+	ls.mu.Lock()
+	st, changed := ls.state(now)
+	h := ls.holder
+	ls.mu.Unlock()
+	if changed && h != nil {
+		h.LeaseChanged(st)
+	}
+}
+
+// usage asks the holder what the compartment holds and wants.
+func (ls *Lease) usage(freeze bool) LeaseUsage {
+	if ls.holder == nil {
+		return LeaseUsage{}
+	}
+	return ls.holder.LeaseUsage(freeze)
+}
+
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// Lease is this replica's lease of one compartment. Safe for concurrent use: requests reserve
+// window chunks through it; the Leaser reports and renews it.
+type Lease struct {
+	name string
+	l    *Leaser
+	key  string
+	tag  string
+
+	mu     sync.Mutex
+	lim    LeaseLimits
+	wkeys  []string
+	holder LeaseHolder
+	closed bool
+
+	// Slots and tokens: granted by Redis, and the target this replica shrinks to.
+	grant, target   int64
+	tgrant, ttarget int64
+	// sent is when the last report that got through was sent; the lease is valid until sent +
+	// the Leaser's validFor (validUntil, in UnixNano, read without the lock).
+	sent       time.Time
+	validUntil atomic.Int64
+	applied    LeaseState
+	pressure   bool
+	recovers   bool
+	lastSent   time.Time
+	urgent     bool
+	wins       []allowance
+	// resend is a report whose answer was lost: the next report carries its sequence number and
+	// what it gave back, so that Redis applies them once.
+	resend *leaseReport
+}
+
+// allowance is this replica's part of one window: chunks granted and not yet used.
+type allowance struct {
+	chunks []chunk // oldest first
+	// debt is what settled requests cost beyond what their chunks covered, charged to the window
+	// at the next report.
+	debt int64
+	// returns are chunks' unused parts to give back, by the slot they were charged in.
+	returns []chunk
+	// used is what was reserved since the last report; rate its average per interval.
+	used int64
+	rate float64
+	// need is the largest single reservation that found too little here since the last report.
+	need int64
+	// remaining, reset and wait are what the window had at the last report: its room, when all
+	// of it is back, and (for a need that did not fit) when it would.
+	remaining int64
+	reset     time.Duration
+	wait      time.Duration
+	known     bool
+}
+
+type chunk struct {
+	slot, left int64
+	until      time.Time
+}
+
+// Charge is a reservation in a leased window, for settling it.
+type Charge struct {
+	slot, amount int64
+}
+
+// Amount returns how much the charge took.
+func (c Charge) Amount() int64 { return c.amount }
+
+func (ls *Lease) setLimits(lim LeaseLimits) {
+	ls.lim = lim
+	keys := make([]string, len(lim.Windows))
+	for i := range lim.Windows {
+		w := &lim.Windows[i]
+		keys[i] = ls.tag + ":w:" + w.Kind + ":" + strconv.FormatInt(w.Length.Milliseconds(), 10)
+	}
+	if !slicesEqual(keys, ls.wkeys) {
+		// Other windows: chunks of the old ones stay charged there until they age out.
+		ls.wins = make([]allowance, len(keys))
+		ls.resend = nil
+	}
+	ls.wkeys = keys
+	ls.urgent = true
+}
+
+func slicesEqual(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// chunkValidity is how long a granted chunk may be used: it was charged to the window when
+// granted, so using it later would count it earlier than it ran. Bounded by the window's slot
+// (the window's own resolution) and at least two intervals.
+func (ls *Lease) chunkValidity(w *Window) time.Duration {
+	return min(max(2*ls.l.o.Interval, 500*time.Millisecond), max(w.Length/60, time.Millisecond))
+}
+
+// Reserve takes n from window i's chunks. ok is false, and nothing is taken, when they hold less
+// than n: the request should wait for the next report (Kick, then Round) and try again.
+func (ls *Lease) Reserve(i int, n int64, now time.Time) (c Charge, ok bool) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	a := &ls.wins[i]
+	a.expire(now)
+	var have int64
+	for _, ch := range a.chunks {
+		have += ch.left
+	}
+	if have < n {
+		a.need = max(a.need, n)
+		ls.urgent = true
+		return Charge{}, false
+	}
+	c = Charge{amount: n}
+	a.used += n
+	for k := 0; n > 0; k++ {
+		ch := &a.chunks[k]
+		if k == 0 || ch.slot < c.slot {
+			c.slot = ch.slot
+		}
+		take := min(ch.left, n)
+		ch.left -= take
+		n -= take
+	}
+	return c, true
+}
+
+// Take charges n to window i whether or not its chunks cover it (a window in shadow mode): what
+// they do not cover is charged at the next report.
+func (ls *Lease) Take(i int, n int64, now time.Time) Charge {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	a := &ls.wins[i]
+	a.expire(now)
+	a.used += n
+	c := Charge{amount: n}
+	for k := 0; k < len(a.chunks) && n > 0; k++ {
+		ch := &a.chunks[k]
+		if k == 0 {
+			c.slot = ch.slot
+		}
+		take := min(ch.left, n)
+		ch.left -= take
+		n -= take
+	}
+	a.debt += n
+	return c
+}
+
+// Settle corrects charge c of window i to actual: an over-estimate goes back to the chunk it
+// came from (or to the window, once that chunk has expired), an under-estimate is taken from the
+// chunks or charged at the next report.
+func (ls *Lease) Settle(i int, c Charge, actual int64, now time.Time) {
+	if i >= len(ls.wins) {
+		return
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.settle(&ls.wins[i], c, c.amount-actual, now)
+}
+
+// Refund gives charge c of window i back whole (a refused admission's).
+func (ls *Lease) Refund(i int, c Charge, now time.Time) {
+	if i >= len(ls.wins) || c.amount <= 0 {
+		return
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	a := &ls.wins[i]
+	a.used -= min(c.amount, a.used)
+	ls.settle(a, c, c.amount, now)
+}
+
+func (ls *Lease) settle(a *allowance, c Charge, back int64, now time.Time) {
+	a.expire(now)
+	switch {
+	case back > 0:
+		if c.amount == 0 {
+			return
+		}
+		back = min(back, c.amount)
+		for k := range a.chunks {
+			if a.chunks[k].slot == c.slot {
+				a.chunks[k].left += back
+				return
+			}
+		}
+		a.giveBack(c.slot, back)
+	case back < 0:
+		more := -back
+		for k := 0; k < len(a.chunks) && more > 0; k++ {
+			take := min(a.chunks[k].left, more)
+			a.chunks[k].left -= take
+			more -= take
+		}
+		a.debt += more
+	}
+}
+
+func (a *allowance) giveBack(slot, n int64) {
+	for k := range a.returns {
+		if a.returns[k].slot == slot {
+			a.returns[k].left += n
+			return
+		}
+	}
+	a.returns = append(a.returns, chunk{slot: slot, left: n})
+}
+
+// expire moves chunks past their validity to the returns.
+func (a *allowance) expire(now time.Time) {
+	k := 0
+	for k < len(a.chunks) && !now.Before(a.chunks[k].until) {
+		if a.chunks[k].left > 0 {
+			a.giveBack(a.chunks[k].slot, a.chunks[k].left)
+		}
+		k++
+	}
+	if k > 0 {
+		a.chunks = append(a.chunks[:0], a.chunks[k:]...)
+	}
+}
+
+// Remaining returns window i's room at the last report, less what this replica used since, and
+// when it is all back; ok is false before the first report.
+func (ls *Lease) Remaining(i int) (left int64, reset time.Duration, ok bool) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if i >= len(ls.wins) {
+		return 0, 0, false
+	}
+	a := &ls.wins[i]
+	var have int64
+	for _, ch := range a.chunks {
+		have += ch.left
+	}
+	return a.remaining + have, a.reset, a.known
+}
+
+// Wait returns, for window i, how long until a reservation of n would fit the window as the last
+// report found it (0 when unknown).
+func (ls *Lease) Wait(i int, n int64) time.Duration {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if i >= len(ls.wins) {
+		return 0
+	}
+	return ls.wins[i].wait
+}
+
+// State returns the lease as the caller should enforce it now.
+func (ls *Lease) State(now time.Time) LeaseState {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	st, _ := ls.state(now)
+	return st
+}
+
+// Valid reports, without locking, whether the lease is in force at now.
+func (ls *Lease) Valid(now time.Time) bool { return now.UnixNano() < ls.validUntil.Load() }
+
+// Urgent asks for this lease to be reported at the next round, and for the round to come now.
+func (ls *Lease) Urgent() {
+	ls.mu.Lock()
+	ls.urgent = true
+	ls.mu.Unlock()
+	ls.l.Kick()
+}
+
+func (ls *Lease) state(now time.Time) (LeaseState, bool) {
+	st := LeaseState{Slots: ls.target, Tokens: ls.ttarget, Valid: ls.Valid(now)}
+	changed := st != ls.applied
+	ls.applied = st
+	return st, changed
+}
+
+// due says whether the lease should be reported at this round, and drop whether it holds
+// nothing, wants nothing, and can be forgotten.
+func (ls *Lease) due(now time.Time) (due, drop bool) {
+	u := ls.usage(false)
+	holds := ls.grant > 0 || ls.tgrant > 0
+	busy := u.InFlight > 0 || u.Waiting > 0 || u.Tokens > 0
+	for i := range ls.wins {
+		a := &ls.wins[i]
+		a.expire(now)
+		if len(a.chunks) > 0 || len(a.returns) > 0 || a.debt > 0 || a.used > 0 || a.need > 0 || a.rate > 0.01 {
+			busy = true
+		}
+	}
+	if ls.resend != nil || ls.urgent || busy {
+		return true, false
+	}
+	if !holds {
+		// Nothing to report; a lease its owner closed can be forgotten.
+		return false, ls.closed
+	}
+	// Held but idle: report to give it back, or to renew it.
+	return ls.target < ls.grant || ls.ttarget < ls.tgrant || ls.target > 0 || ls.ttarget > 0 ||
+		now.Sub(ls.lastSent) >= ls.l.renew, false
+}
+
+// leaseReport is one report's keys and arguments, with the returns and debt it sent per window.
+type leaseReport struct {
+	keys    []string
+	args    []any
+	seq     int64
+	returns [][]chunk
+	debt    []int64
+}
+
+// build makes the report of the lease's use, taking the returns and debt it sends (failed keeps
+// them for the report that sends them again). final gives everything back.
+func (ls *Lease) build(now time.Time, final bool) *leaseReport {
+	u := ls.usage(false)
+	if ls.pressure && (ls.target > u.InFlight || ls.ttarget > u.Tokens) && !final {
+		// Another replica wants more than it holds, and this one holds slots it does not use:
+		// stop admitting on them and report what is held now, so that Redis can pass them on
+		// at once instead of a report later.
+		u = ls.usage(true)
+		ls.target, ls.ttarget = min(ls.target, u.InFlight), min(ls.ttarget, u.Tokens)
+	}
+	prev := ls.resend
+	ls.urgent = false
+	ls.lastSent = now
+	r := &leaseReport{}
+	if prev != nil {
+		r.seq = prev.seq
+	} else {
+		r.seq = ls.l.seq.Add(1)
+	}
+	r.keys = append(make([]string, 0, 2+len(ls.wkeys)), ls.key)
+	epoch := "0"
+	if ls.l.epoch != "" {
+		r.keys = append(r.keys, ls.l.epoch)
+		epoch = "1"
+	}
+	r.keys = append(r.keys, ls.wkeys...)
+	// What this replica holds: its target, or more while requests above it drain. Always what
+	// is true now, also in a report sent again.
+	hs := max(ls.target, u.InFlight)
+	ht := max(ls.ttarget, u.Tokens)
+	ws := wantOf(u.InFlight, u.Waiting, ls.lim.MaxConcurrent, !ls.pressure)
+	wt := wantOf(u.Tokens, u.WaitingTokens, ls.lim.MaxTokens, !ls.pressure)
+	if final || ls.closed {
+		hs, ht = u.InFlight, u.Tokens
+		ws, wt = 0, 0
+	}
+	if ls.lim.MaxConcurrent <= 0 {
+		hs, ws = 0, 0
+	}
+	if ls.lim.MaxTokens <= 0 {
+		ht, wt = 0, 0
+	}
+	ttl := ls.l.st.o.LeaseTTL.Milliseconds()
+	r.args = append(make([]any, 0, 14+10*len(ls.wins)), ls.l.st.o.ReplicaID, ttl, epoch, ls.l.recovery.Milliseconds(), ls.l.inc+":"+strconv.FormatInt(r.seq, 10),
+		ls.lim.MaxConcurrent, hs, u.InFlight, ws, ls.lim.MaxTokens, ht, u.Tokens, wt, len(ls.wins))
+	r.returns = make([][]chunk, len(ls.wins))
+	r.debt = make([]int64, len(ls.wins))
+	elapsed := now.Sub(ls.sent)
+	for i := range ls.wins {
+		a := &ls.wins[i]
+		w := &ls.lim.Windows[i]
+		a.expire(now)
+		// The rate of use per interval, smoothed.
+		per := float64(a.used)
+		if elapsed > ls.l.o.Interval && !ls.sent.IsZero() {
+			per = per * float64(ls.l.o.Interval) / float64(elapsed)
+		}
+		a.rate = 0.5*a.rate + 0.5*per
+		a.used = 0
+		var have int64
+		for _, ch := range a.chunks {
+			have += ch.left
+		}
+		want := max(int64(math.Ceil(3*a.rate))-have, 0)
+		need := a.need
+		a.need = 0
+		if final || ls.closed || w.Shadow {
+			want = 0
+		}
+		if final {
+			need = 0
+			for _, ch := range a.chunks {
+				if ch.left > 0 {
+					a.giveBack(ch.slot, ch.left)
+				}
+			}
+			a.chunks = nil
+		}
+		if prev != nil && i < len(prev.returns) {
+			// The lost report's returns and debt go again, under its number; what came since
+			// waits for the next report.
+			r.returns[i], r.debt[i] = prev.returns[i], prev.debt[i]
+		} else {
+			r.returns[i], r.debt[i] = a.returns, a.debt
+			a.returns, a.debt = nil, 0
+		}
+		r.args = append(r.args, w.Kind, w.Capacity, w.Debt, slotMillis(w.Length), want, need, r.debt[i], len(r.returns[i]))
+		for _, ch := range r.returns[i] {
+			r.args = append(r.args, ch.slot, ch.left)
+		}
+	}
+	return r
+}
+
+// wantOf is the slots (or tokens) a compartment asks for: what it holds and what waits, plus, when
+// no other replica wants more than it holds (headroom), a quarter more for what arrives before
+// the next report; within the limit.
+func wantOf(used, waiting, limit int64, headroom bool) int64 {
+	want := used + waiting
+	if limit <= 0 || want == 0 {
+		return 0
+	}
+	if headroom {
+		want += max(1, want/4)
+	}
+	return min(want, limit)
+}
+
+// failed puts back what a report that got no answer sent: it is sent again as it was (its
+// sequence number makes Redis apply it once).
+func (ls *Lease) failed(r *leaseReport) {
+	ls.resend = r
+	ls.urgent = true
+}
+
+// apply takes the answer to report r sent at now.
+func (ls *Lease) apply(r *leaseReport, res []int64, now time.Time) {
+	ls.resend = nil
+	if len(res) < 8 {
+		return
+	}
+	ls.grant, ls.target, ls.tgrant, ls.ttarget = res[1], res[2], res[3], res[4]
+	ls.pressure, ls.recovers = res[5] == 1, res[6] == 1
+	ls.sent = now
+	ls.validUntil.Store(now.Add(ls.l.validFor()).UnixNano())
+	i := 8
+	for k := range ls.wins {
+		if i+4 >= len(res) || k >= len(ls.lim.Windows) {
+			break
+		}
+		a := &ls.wins[k]
+		g, slot := res[i], res[i+1]
+		if g > 0 {
+			a.chunks = append(a.chunks, chunk{slot: slot, left: g, until: now.Add(ls.chunkValidity(&ls.lim.Windows[k]))})
+		}
+		a.remaining, a.reset, a.wait, a.known = res[i+2], time.Duration(res[i+3])*time.Millisecond, time.Duration(res[i+4])*time.Millisecond, true
+		i += 5
+	}
+}

@@ -1,0 +1,277 @@
+package cluster
+
+// The lease script below is the whole of leased admission's shared state. A replica runs it for
+// one compartment at a time, every lease interval while it uses the compartment (at once when a
+// request of its own waits for capacity), and never on a request's path.
+//
+// Keys, for key prefix P and compartment name C (every key of a compartment carries the hash tag
+// {P|C}, so a Redis Cluster spreads compartments over its shards):
+//
+//	{P|C}:ls                     hash  the compartment's leases:
+//	                                   "born"    → when the hash was made (ms, Redis time);
+//	                                   "s:<r>"   → concurrency slots leased to replica r;
+//	                                   "t:<r>"   → in-flight tokens leased to r;
+//	                                   "ws:<r>", "wt:<r>" → what r last said it wants of each;
+//	                                   "d<kind>:<r>" → what r wants of window <kind> per chunk;
+//	                                   "x:<r>"   → when r's leases expire (ms, Redis time);
+//	                                   "q:<r>"   → the number of r's last report applied.
+//	{P|C}:w:<kind>:<window ms>   hash  a sliding window, laid out as the per-request script's
+//	                                   windows are (see luaCommon); window chunks are charged to
+//	                                   it when granted and refunded when given back unused.
+//	{P}:e                        string the deployment's epoch (standalone and Sentinel only): when
+//	                                   it was made (ms, Redis time), by the first lease report
+//	                                   that found it missing. A compartment found without its
+//	                                   hash in an epoch younger than the recovery time may have
+//	                                   lost it; in an older one it was not in use.
+
+// luaLease renews replica r's lease of one compartment and grants it a new one.
+//
+//	KEYS: 1 the lease hash, then (when ARGV[3] is 1) the epoch key, then the window keys
+//	ARGV: 1 me, 2 lease ttl ms, 3 1 if the epoch key is given, 4 recovery ms, 5 the report's
+//	      number ("<incarnation>:<count>"), 6 max slots (0: none), 7 slots leased to me now, 8 slots in use, 9 slots wanted,
+//	      10 max tokens (0: none), 11 tokens leased to me now, 12 tokens in use, 13 tokens wanted,
+//	      14 number of windows W, then W × (kind, capacity, debt bound, slot ms, chunk wanted,
+//	      largest single need, extra to charge, returns R, R × (slot, amount))
+//
+// A replica's lease of slots (and tokens) is what it reports holding: the script trusts a
+// replica's word about itself (a heartbeat rewrites its own truth) and bounds everything else it
+// reads. It grows the lease, at most to the replica's max-min fair share of the limit among
+// replicas' wants and never beyond what the others' leases leave; it never shrinks it (the
+// replica shrinks it itself, once its requests drain, and reports the smaller lease next time),
+// but returns the target the replica should shrink to. So the leases in the hash never add up to
+// more than the limit, and a replica never holds more than its entry says.
+//
+// A window's chunk is charged to the window when granted, at most the replica's fair share (by
+// the chunks replicas want) of the window's room; a single need that fits the window's room is
+// granted whole. Returns are refunds to the slot a chunk was charged in; extra is what settled
+// requests cost beyond their reservations, charged now up to the debt bound.
+//
+// While a compartment recovers — its hash was found missing in an epoch that may have lost it,
+// or a replica found its own lease gone — no lease of slots or tokens grows: replicas re-assert
+// what they hold until every holder has reported once (the recovery time is longer than the
+// longest gap between a holder's reports). Windows do not recover: a window Redis lost starts
+// empty, as it does for the per-request script.
+//
+// Returns {status, slots granted, slots target, tokens granted, tokens target, pressure,
+// recovering, replicas holding, W × (chunk granted, slot charged, remaining, reset ms, wait ms)}.
+// status is 0, or 2 when the hash held more fields than a compartment can (it was rewritten).
+// pressure is 1 when another replica wants more than it holds. wait is, when a single need did
+// not fit, the time until it would.
+const luaLease = luaCommon + `
+local MAXFIELDS = 4096
+local me, ttl = ARGV[1], tonumber(ARGV[2])
+local hasEpoch, recov = ARGV[3] == '1', tonumber(ARGV[4])
+local inc, seq = string.match(ARGV[5], '^(%d+):(%d+)$')
+seq = tonumber(seq)
+local maxs, hs, us, ws = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local maxt, ht, ut, wt = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local nw = tonumber(ARGV[14])
+local L = KEYS[1]
+local wk = 2
+if hasEpoch then wk = 3 end
+local now = nowms()
+local status = 0
+
+-- whole reads a count: a whole number from 0 to 1e15, else nil (a value that cannot be).
+local function whole(v)
+  local n = tonumber(v)
+  if n == nil or n < 0 or n ~= math.floor(n) or n > 1e15 then return nil end
+  return n
+end
+
+-- sane replaces a key that is not of the type the script keeps there (or is too large to read
+-- in bounded time) by nothing: the compartment then recovers as if it had lost its state.
+local function sane(key, maxlen)
+  local ty = redis.call('TYPE', key).ok
+  if ty == 'none' then return true end
+  if ty ~= 'hash' or redis.call('HLEN', key) > maxlen then
+    redis.call('UNLINK', key)
+    return false
+  end
+  return true
+end
+
+if not sane(L, MAXFIELDS) then status = 2 end
+
+-- Read the leases, dropping entries that are expired or cannot be.
+local h = redis.call('HGETALL', L)
+local born
+local reps = {}
+local bad = {}
+for i = 1, #h, 2 do
+  local f = h[i]
+  if f == 'born' then
+    born = whole(h[i + 1])
+    if born == nil or born > now then born = nil; bad[#bad + 1] = f end
+  else
+    local c = string.find(f, ':', 1, true)
+    local v = whole(h[i + 1])
+    if c ~= nil and string.sub(f, 1, c - 1) == 'q' then
+      -- A report's number: "<incarnation>:<count>".
+      local qi, qn = string.match(h[i + 1], '^(%d+):(%d+)$')
+      if qi then v = {qi, tonumber(qn)} end
+    end
+    if c == nil or v == nil then
+      bad[#bad + 1] = f
+    else
+      local r = string.sub(f, c + 1)
+      local e = reps[r]
+      if e == nil then e = {fields = {}}; reps[r] = e end
+      e[string.sub(f, 1, c - 1)] = v
+      e.fields[#e.fields + 1] = f
+    end
+  end
+end
+for r, e in pairs(reps) do
+  -- A replica's leases expire lease ttl after its last report ran, by this same clock: a later
+  -- expiry cannot be (one replica's longer ttl during a rolling restart counts as ttl + 1 s).
+  if r ~= me and (e.x == nil or e.x < now or e.x > now + ttl + 1000) then
+    for _, f in ipairs(e.fields) do bad[#bad + 1] = f end
+    reps[r] = nil
+  end
+end
+if #bad > 0 then redis.call('HDEL', L, unpack(bad)) end
+
+local mine = reps[me]
+if born == nil then
+  -- The hash is new: either the compartment was not in use anywhere, or Redis lost it. It is
+  -- new for sure only when the deployment's epoch is older than the recovery time.
+  born = now
+  if hasEpoch and status == 0 then
+    local ty = redis.call('TYPE', KEYS[2]).ok
+    if ty ~= 'string' and ty ~= 'none' then redis.call('DEL', KEYS[2]) end
+    local ep = whole(redis.call('GET', KEYS[2]))
+    if ep == nil or ep > now then
+      redis.call('SET', KEYS[2], now)
+    elseif now - ep >= recov then
+      born = now - recov
+    end
+  end
+  redis.call('HSET', L, 'born', born)
+elseif (mine == nil or mine.s == nil) and hs > 0 and now - born >= recov then
+  -- This replica holds slots the hash does not know of: the hash lost them. Recover.
+  born = now
+  redis.call('HSET', L, 'born', born)
+end
+local recovering = now - born < recov
+if mine == nil then mine = {fields = {}}; reps[me] = mine end
+-- Deltas (returns, extra) apply once per report: a report resent after its answer was lost
+-- carries the number it had. A replica restarted under the same id counts anew.
+local fresh = mine.q == nil or mine.q[1] ~= inc or seq > mine.q[2]
+mine.s, mine.t, mine.ws, mine.wt = hs, ht, ws, wt
+
+-- fairshare is the max-min fair share of cap that replica me gets, given each replica's want
+-- (field fw); ties are broken by replica id so that every replica computes the same order.
+local function fairshare(fw, cap)
+  local list = {}
+  for r, e in pairs(reps) do
+    local w = e[fw] or 0
+    if w > 0 then list[#list + 1] = {r, w} end
+  end
+  table.sort(list, function(a, b) if a[2] ~= b[2] then return a[2] < b[2] end return a[1] < b[1] end)
+  local left, n = cap, #list
+  for k, it in ipairs(list) do
+    local give = math.min(it[2], math.ceil(left / (n - k + 1)))
+    if it[1] == me then return give end
+    left = left - give
+  end
+  return 0
+end
+
+-- lease computes the grant and the target of one held resource (field f, want field fw): the
+-- grant never below what this replica holds, the target never above what the others' leases
+-- leave (a limit lowered below the leases admits nothing new until they drain).
+local function lease(f, fw, cap, held, used)
+  if cap <= 0 then return held, held, false end
+  local others, pressure = 0, false
+  for r, e in pairs(reps) do
+    if r ~= me then
+      local v = math.min(e[f] or 0, cap)
+      others = others + v
+      if (e[fw] or 0) > v then pressure = true end
+    end
+  end
+  local fair = fairshare(fw, cap)
+  local room = cap - others
+  local grant = held
+  if not recovering and fair > held and room > held then grant = math.min(fair, room) end
+  local target = math.max(math.min(fair, grant, room), math.min(used, grant), 0)
+  return grant, target, pressure
+end
+
+local gs, tgs, ps = lease('s', 'ws', maxs, hs, us)
+local gt, tgt, pt = lease('t', 'wt', maxt, ht, ut)
+mine.s, mine.t = gs, gt
+
+local out = {status, gs, tgs, gt, tgt, 0, 0, 0}
+if ps or pt then out[6] = 1 end
+if recovering then out[7] = 1 end
+
+-- Windows.
+local a = 15
+local idle = gs == 0 and gt == 0 and ws == 0 and wt == 0
+for i = 1, nw do
+  local kind, cap, debt, slotlen = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local want, need, extra, nret = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
+  a = a + 8
+  local key = KEYS[wk + i - 1]
+  if not sane(key, 2 * SLOTS + 8) then status = 2 end
+  local w = wload(key, slotlen, now)
+  for _ = 1, nret do
+    local s, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+    a = a + 2
+    if fresh and n > 0 and s > w.cur - SLOTS and s <= w.cur then
+      w.extra = tonumber(redis.call('HGET', key, s))
+      wrefund(w, s, n)
+    end
+  end
+  if fresh and extra > 0 then
+    local n = math.min(extra, wroom(w, cap, debt))
+    if n > 0 then wcharge(w, n) end
+  end
+  local df = 'd' .. kind
+  mine[df] = want
+  if want > 0 or need > 0 then idle = false end
+  local room = math.max(cap - w.sum, 0)
+  local g = 0
+  if want > 0 then g = math.min(want, fairshare(df, room)) end
+  local wait = 0
+  if need > 0 and g < need then
+    if w.sum + math.min(need, cap) <= cap then
+      g = need
+    else
+      wait = wwait(w, math.min(need, cap), cap)
+    end
+  end
+  g = math.min(g, wroom(w, cap, debt))
+  if g > 0 then wcharge(w, g) end
+  out[#out + 1] = g
+  out[#out + 1] = w.cur
+  out[#out + 1] = cap - w.sum
+  out[#out + 1] = wreset(w)
+  out[#out + 1] = wait
+end
+
+-- Write this replica's entry anew (or not at all: an idle replica holds nothing).
+if #mine.fields > 0 then redis.call('HDEL', L, unpack(mine.fields)) end
+if idle then
+  reps[me] = nil
+else
+  local kv = {'s:' .. me, gs, 't:' .. me, gt, 'ws:' .. me, ws, 'wt:' .. me, wt, 'x:' .. me, now + ttl, 'q:' .. me, ARGV[5]}
+  if not fresh then kv[#kv] = mine.q[1] .. ':' .. mine.q[2] end
+  for k, v in pairs(mine) do
+    if type(k) == 'string' and string.sub(k, 1, 1) == 'd' and type(v) == 'number' and v > 0 then
+      kv[#kv + 1] = k .. ':' .. me
+      kv[#kv + 1] = v
+    end
+  end
+  redis.call('HSET', L, unpack(kv))
+end
+local holders = 0
+for _ in pairs(reps) do holders = holders + 1 end
+out[8] = holders
+-- Keep the hash (and its birth) a good while after the last holder left, so that a compartment
+-- coming back is not taken for one that lost its state.
+redis.call('PEXPIRE', L, math.max(3600000, 4 * ttl))
+return out
+`

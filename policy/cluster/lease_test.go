@@ -1,0 +1,465 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
+)
+
+// demand is a compartment's load on one replica, as the engine would count it: requests in
+// flight (at most the lease's target) and requests waiting for more.
+type demand struct {
+	mu       sync.Mutex
+	want     int64 // requests that would run now if the lease let them
+	inFlight int64
+	state    LeaseState
+}
+
+func (d *demand) LeaseUsage(freeze bool) LeaseUsage {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if freeze {
+		d.state.Slots = min(d.state.Slots, d.inFlight)
+	}
+	return LeaseUsage{InFlight: d.inFlight, Waiting: max(d.want-d.inFlight, 0)}
+}
+
+// LeaseChanged applies a new lease the way the scheduler does: requests run up to the lease's
+// slots, and requests above a shrunk lease keep running until they end (settle drains them).
+func (d *demand) LeaseChanged(st LeaseState) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.state = st
+	d.inFlight = max(d.inFlight, min(d.want, st.Slots))
+}
+
+// settle lets requests above the lease (or above the demand) end.
+func (d *demand) settle() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.inFlight = min(d.inFlight, d.want, max(d.state.Slots, 0))
+	d.inFlight = max(d.inFlight, min(d.want, d.state.Slots))
+}
+
+func (d *demand) set(want int64) {
+	d.mu.Lock()
+	d.want = want
+	d.mu.Unlock()
+}
+
+func (d *demand) running() int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.inFlight
+}
+
+// fleet is n replicas, each with a manual Leaser (the test runs the rounds) on one Redis.
+type fleet struct {
+	stores  []*Store
+	leasers []*Leaser
+}
+
+func newFleet(t *testing.T, addr, prefix string, n int, ttl time.Duration) *fleet {
+	t.Helper()
+	f := &fleet{}
+	for i := 0; i < n; i++ {
+		o := options(addr, prefix, "r"+strconv.Itoa(i))
+		// A short timeout keeps the recovery short (a new deployment's compartments recover
+		// first): it is the lease ttl's quarter plus two timeouts and an interval.
+		o.LeaseTTL, o.Timeout = ttl, 100*time.Millisecond
+		s := open(t, o)
+		l := newLeaser(s, LeaseOptions{Interval: 50 * time.Millisecond}, true)
+		t.Cleanup(func() { l.Close(context.Background()) })
+		f.stores, f.leasers = append(f.stores, s), append(f.leasers, l)
+	}
+	return f
+}
+
+// pastRecovery runs rounds until replica 0's lease of name no longer recovers (a new
+// deployment's compartments start so).
+func (f *fleet) pastRecovery(t *testing.T, ls *Lease) {
+	t.Helper()
+	waitFor(t, "the first recovery to end", func() bool {
+		ls.Urgent()
+		for _, l := range f.leasers {
+			l.Round()
+		}
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		return !ls.sent.IsZero() && !ls.recovers
+	})
+}
+
+// leaseHash returns the slots leased per replica, as Redis has them.
+func leaseHash(t *testing.T, addr, prefix, name string) map[string]int64 {
+	t.Helper()
+	rc := inspect(t, addr)
+	h, err := rc.HGetAll(context.Background(), "{"+prefix+"|"+name+"}:ls").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for k, v := range h {
+		if len(k) > 2 && k[:2] == "s:" {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			out[k[2:]] = n
+		}
+	}
+	return out
+}
+
+func TestLeasesNeverAddUpAboveTheLimit(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "sum", 3, time.Second)
+	lim := LeaseLimits{MaxConcurrent: 10}
+	ds := make([]*demand, 3)
+	leases := make([]*Lease, 3)
+	for i := range ds {
+		ds[i] = &demand{}
+		leases[i] = f.leasers[i].Lease("feature/chat", lim, ds[i])
+	}
+	f.pastRecovery(t, leases[0])
+	rng := rand.New(rand.NewPCG(1, 2))
+	check := func(round int) {
+		t.Helper()
+		var sum, running int64
+		for _, v := range leaseHash(t, srv.Addr(), "sum", "feature/chat") {
+			sum += v
+		}
+		for i, d := range ds {
+			running += d.running()
+			if st := leases[i].State(time.Now()); st.Slots > leases[i].grant {
+				t.Fatalf("round %d: replica %d enforces %d slots, more than its grant %d", round, i, st.Slots, leases[i].grant)
+			}
+		}
+		if sum > 10 || running > 10 {
+			t.Fatalf("round %d: leases add up to %d and %d requests run, limit 10", round, sum, running)
+		}
+	}
+	for round := 0; round < 60; round++ {
+		// Demand moves at random; replicas report in a random order.
+		for _, d := range ds {
+			d.set(rng.Int64N(12))
+			d.settle()
+		}
+		for _, i := range rng.Perm(3) {
+			f.leasers[i].Round()
+			check(round)
+		}
+	}
+	// Under full demand everywhere, the limit is shared out fairly and wholly.
+	for _, d := range ds {
+		d.set(20)
+	}
+	for round := 0; round < 6; round++ {
+		for i := range ds {
+			ds[i].settle()
+			f.leasers[i].Round()
+			check(round)
+		}
+	}
+	var total int64
+	for i, d := range ds {
+		n := d.running()
+		total += n
+		if n < 3 || n > 4 {
+			t.Errorf("replica %d runs %d requests under equal demand; want its fair share, 3 or 4", i, n)
+		}
+	}
+	if total != 10 {
+		t.Errorf("%d requests run under full demand, want the whole limit, 10", total)
+	}
+}
+
+func TestLeaseFollowsSkewWithinThreeRounds(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "skew", 3, time.Second)
+	lim := LeaseLimits{MaxConcurrent: 30}
+	ds := make([]*demand, 3)
+	var first *Lease
+	for i := range ds {
+		ds[i] = &demand{want: 10}
+		ls := f.leasers[i].Lease("feature/chat", lim, ds[i])
+		if i == 0 {
+			first = ls
+		}
+	}
+	f.pastRecovery(t, first)
+	round := func() {
+		for i := range ds {
+			ds[i].settle()
+			f.leasers[i].Round()
+		}
+	}
+	for range 4 {
+		round()
+	}
+	for i, d := range ds {
+		if n := d.running(); n != 10 {
+			t.Fatalf("replica %d runs %d of its 10 before the skew", i, n)
+		}
+	}
+	// One replica now gets 80 % of the traffic: 24 of 30 concurrent requests.
+	ds[0].set(24)
+	ds[1].set(3)
+	ds[2].set(3)
+	for k := 1; k <= 3; k++ {
+		round()
+		if ds[0].running() == 24 {
+			t.Logf("the lease followed the skew in %d rounds", k)
+			return
+		}
+	}
+	t.Fatalf("after 3 rounds replica 0 runs %d of the 24 it wants (others %d, %d)", ds[0].running(), ds[1].running(), ds[2].running())
+}
+
+func TestIdleReplicaHoldsNothing(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "idle", 2, time.Second)
+	lim := LeaseLimits{MaxConcurrent: 10}
+	busy, idle := &demand{want: 4}, &demand{want: 4}
+	f.pastRecovery(t, f.leasers[0].Lease("tenant/acme", lim, busy))
+	f.leasers[1].Lease("tenant/acme", lim, idle)
+	for range 3 {
+		busy.settle()
+		idle.settle()
+		f.leasers[0].Round()
+		f.leasers[1].Round()
+	}
+	if got := leaseHash(t, srv.Addr(), "idle", "tenant/acme"); got["r1"] == 0 {
+		t.Fatalf("replica r1 holds nothing while it runs requests: %v", got)
+	}
+	idle.set(0)
+	for range 3 {
+		idle.settle()
+		f.leasers[1].Round()
+	}
+	got := leaseHash(t, srv.Addr(), "idle", "tenant/acme")
+	if _, ok := got["r1"]; ok {
+		t.Fatalf("an idle replica still holds a lease: %v", got)
+	}
+	if got["r0"] == 0 {
+		t.Fatalf("the busy replica lost its lease: %v", got)
+	}
+}
+
+// TestLostLeasesRecoverWithoutGoingOver pins what happens when Redis loses every lease while
+// replicas hold them (FLUSHALL, a restart without persistence): replicas re-assert what they
+// hold, and no lease grows until every holder can have done so.
+func TestLostLeasesRecoverWithoutGoingOver(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "lost", 3, 600*time.Millisecond)
+	lim := LeaseLimits{MaxConcurrent: 10}
+	ds := []*demand{{want: 6}, {want: 4}, {}}
+	leases := make([]*Lease, 3)
+	for i := range ds {
+		leases[i] = f.leasers[i].Lease("feature/chat", lim, ds[i])
+	}
+	waitFor(t, "the compartment to be past its first recovery", func() bool {
+		for i := range ds {
+			ds[i].settle()
+			f.leasers[i].Round()
+		}
+		return ds[0].running() == 6 && ds[1].running() == 4
+	})
+	if _, err := srv.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	// The replica that held nothing reports first and wants everything.
+	ds[2].set(10)
+	total := func() int64 { return ds[0].running() + ds[1].running() + ds[2].running() }
+	f.leasers[2].Round()
+	if got := ds[2].running(); got != 0 {
+		t.Fatalf("right after Redis lost the leases, a replica that held none got %d slots while the others hold 10", got)
+	}
+	if !leases[2].recovers {
+		t.Fatal("the compartment does not say it recovers")
+	}
+	for i := range 20 {
+		for k := range ds {
+			ds[k].settle()
+			f.leasers[k].Round()
+			if n := total(); n > 10 {
+				t.Fatalf("round %d: %d requests run, limit 10", i, n)
+			}
+		}
+	}
+	// Once the holders' requests end, the newcomer gets its share.
+	ds[0].set(2)
+	ds[1].set(2)
+	waitFor(t, "the leases to move after recovery", func() bool {
+		for k := range ds {
+			ds[k].settle()
+			f.leasers[k].Round()
+			if n := total(); n > 10 {
+				t.Fatalf("%d requests run, limit 10", n)
+			}
+		}
+		return ds[2].running() >= 6
+	})
+}
+
+func TestHostileLeaseContentIsBounded(t *testing.T) {
+	srv := redistest.Standalone(t)
+	rc := inspect(t, srv.Addr())
+	ctx := context.Background()
+	key := "{hostile|feature/chat}:ls"
+	f := newFleet(t, srv.Addr(), "hostile", 1, 2*time.Second)
+	lim := LeaseLimits{MaxConcurrent: 10}
+	d := &demand{want: 5}
+	ls := f.leasers[0].Lease("feature/chat", lim, d)
+	waitFor(t, "a first lease", func() bool { d.settle(); f.leasers[0].Round(); return d.running() == 5 })
+
+	cases := []struct {
+		name  string
+		setup func()
+	}{
+		{"a replica that cannot exist holds a million slots", func() {
+			now, _ := rc.Time(ctx).Result()
+			rc.HSet(ctx, key, "s:ghost", 1000000, "x:ghost", now.Add(time.Hour).UnixMilli(), "ws:ghost", 1000000)
+		}},
+		{"negative and broken counts", func() {
+			now, _ := rc.Time(ctx).Result()
+			rc.HSet(ctx, key, "s:neg", -50, "x:neg", now.Add(time.Second).UnixMilli(), "t:junk", "abc", "born", "-3")
+		}},
+		{"two hundred thousand fake replicas", func() {
+			pipe := rc.Pipeline()
+			for i := 0; i < 200000; i += 1000 {
+				args := make([]any, 0, 2000)
+				for k := i; k < i+1000; k++ {
+					args = append(args, fmt.Sprintf("s:fake%d", k), 1)
+				}
+				pipe.HSet(ctx, key, args...)
+			}
+			_, _ = pipe.Exec(ctx)
+		}},
+		{"a string over the hash", func() { rc.Set(ctx, key, "x", 0) }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.setup()
+			start := time.Now()
+			d.settle()
+			f.leasers[0].Round()
+			took := time.Since(start)
+			if ls.resend != nil {
+				t.Fatalf("the report failed")
+			}
+			t.Logf("report took %v", took)
+			// This replica keeps what it holds, and the compartment is usable: within the
+			// recovery, the lease does not grow; after it, the replica gets its share again.
+			if d.running() != 5 {
+				t.Fatalf("the replica runs %d of its 5 requests", d.running())
+			}
+			d.set(8)
+			waitFor(t, "the lease to grow again", func() bool { d.settle(); f.leasers[0].Round(); return d.running() == 8 })
+			d.set(5)
+			d.settle()
+			f.leasers[0].Round()
+			if n, _ := rc.HLen(ctx, key).Result(); n > 50 {
+				t.Fatalf("the lease hash still holds %d fields", n)
+			}
+		})
+	}
+}
+
+func TestWindowChunksNeverAdmitMoreThanTheWindow(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "win", 3, time.Minute)
+	lim := LeaseLimits{Windows: []Window{{Name: "tenant/acme", Kind: "rpm", Length: time.Minute, Capacity: 100}}}
+	leases := make([]*Lease, 3)
+	for i := range leases {
+		leases[i] = f.leasers[i].Lease("tenant/acme", lim, nil)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	admitted := 0
+	// Each replica asks for requests at its own pace for many rounds, well within a minute.
+	for round := 0; round < 40; round++ {
+		for i, ls := range leases {
+			for range rng.IntN(8) {
+				if _, ok := ls.Reserve(0, 1, time.Now()); ok {
+					admitted++
+				}
+			}
+			f.leasers[i].Round()
+		}
+	}
+	if admitted > 100 {
+		t.Fatalf("%d requests admitted by a window of 100 a minute", admitted)
+	}
+	if admitted < 90 {
+		t.Errorf("only %d of 100 requests admitted although the replicas asked for far more", admitted)
+	}
+}
+
+func TestResentReportAppliesOnce(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "once", 1, time.Minute)
+	lim := LeaseLimits{Windows: []Window{{Name: "tenant/acme", Kind: "tpm", Length: time.Minute, Capacity: 1000}}}
+	ls := f.leasers[0].Lease("tenant/acme", lim, nil)
+	// A need of 400 is granted as one chunk.
+	if _, ok := ls.Reserve(0, 400, time.Now()); ok {
+		t.Fatal("a reservation succeeded before any chunk")
+	}
+	f.leasers[0].Round()
+	c, ok := ls.Reserve(0, 400, time.Now())
+	if !ok {
+		t.Fatal("no chunk after a report")
+	}
+	rc := inspect(t, srv.Addr())
+	sum := func() int64 {
+		v, err := rc.HGet(context.Background(), "{once|tenant/acme}:w:tpm:60000", "-1").Int64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	before := sum()
+	// The request cost 100, and its chunk has expired: 300 go back to the window. The report
+	// carrying them is sent twice (its first answer was lost).
+	ls.Settle(0, c, 100, time.Now().Add(time.Hour))
+	ls.mu.Lock()
+	r := ls.build(time.Now().Add(time.Hour), false)
+	ls.mu.Unlock()
+	var granted int64
+	for range 2 {
+		res, err := f.leasers[0].script.Run(context.Background(), f.stores[0].client, r.keys, r.args...).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		granted += res[8]
+	}
+	if got, want := sum(), before-300+granted; got != want {
+		t.Fatalf("the window holds %d after 300 came back in a report sent twice (and %d granted): want %d", got, granted, want)
+	}
+}
+
+func TestDeadReplicaShareReturnsAfterTTL(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "dead", 2, 700*time.Millisecond)
+	lim := LeaseLimits{MaxConcurrent: 10}
+	a, b := &demand{want: 5}, &demand{want: 5}
+	f.leasers[0].Lease("feature/chat", lim, a)
+	f.leasers[1].Lease("feature/chat", lim, b)
+	waitFor(t, "both leases", func() bool {
+		for i, d := range []*demand{a, b} {
+			d.settle()
+			f.leasers[i].Round()
+		}
+		return a.running() == 5 && b.running() == 5
+	})
+	// Replica 0 dies (no more reports). Replica 1 wants everything.
+	b.set(10)
+	b.settle()
+	f.leasers[1].Round()
+	if b.running() > 5 {
+		t.Fatalf("replica 1 runs %d while replica 0's lease of 5 is live", b.running())
+	}
+	waitFor(t, "the dead replica's share to return", func() bool { b.settle(); f.leasers[1].Round(); return b.running() == 10 })
+}
