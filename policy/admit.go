@@ -195,6 +195,9 @@ type Ticket struct {
 	rpm   [maxCompartments]budget.Charge
 	tpm   [maxCompartments]budget.Charge
 	tpd   [maxCompartments]budget.Charge
+	// charged says where each window's charge was made (leased admission: the lease, or this
+	// process's window).
+	charged [maxCompartments][numWins]leasedWindow
 
 	brk    *breaker.Breaker
 	permit breaker.Permit
@@ -272,13 +275,23 @@ func (t *Ticket) Remaining(now time.Time) (tokens int64, reset time.Duration, ok
 		return sh.remaining, sh.reset, sh.hasTPM
 	}
 	for i := 0; i < t.n; i++ {
-		w := t.insts[i].tpm
-		if w == nil {
+		in := t.insts[i]
+		if in.tpm == nil {
 			continue
 		}
-		st := w.State(now)
-		if !ok || st.Remaining < tokens {
-			tokens, reset, ok = st.Remaining, st.ResetIn, true
+		var left int64
+		var in2 time.Duration
+		if f := in.fleet; t.charged[i][winTPM] == chargedLease && f != nil && f.ls != nil {
+			var known bool
+			if left, in2, known = f.ls.Remaining(f.idx[winTPM]); !known {
+				continue
+			}
+		} else {
+			st := in.tpm.State(now)
+			left, in2 = st.Remaining, st.ResetIn
+		}
+		if !ok || left < tokens {
+			tokens, reset, ok = left, in2, true
 		}
 	}
 	return tokens, reset, ok
@@ -419,9 +432,18 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 		}
 		t.insts[t.n], t.set[t.n] = in, in.c
 		t.rpm[t.n], t.tpm[t.n], t.tpd[t.n] = budget.Charge{}, budget.Charge{}, budget.Charge{}
+		t.charged[t.n] = [numWins]leasedWindow{}
 		t.n++
 	}
-	if cs := e.cluster; cs != nil {
+	if cs := e.cluster; cs != nil && cs.leaser != nil {
+		if cs.closed && !cs.store.Available() && !t.leasesValid(now) {
+			// Redis is gone and the leases ran out: on_unavailable closed refuses.
+			cs.unavailable.WithLabelValues("refused").Inc()
+			t.undo(now)
+			refuseInto(d, ReasonClusterUnavailable, "cluster", cs.retryAfter(), &dims)
+			return
+		}
+	} else if cs != nil {
 		if cs.store.Available() {
 			e.admitShared(ctx, s, r, dims, t, onQueue, now, d)
 			return
@@ -456,21 +478,29 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 		refuseInto(d, reason, in, retry, &dims)
 	}
 
+	unavailable := func() {
+		e.cluster.unavailable.WithLabelValues("refused").Inc()
+		refuse(ReasonClusterUnavailable, "cluster", e.cluster.retryAfter())
+	}
+
 	// 1. Request rates.
 	for i := 0; i < t.n; i++ {
 		in := t.insts[i]
 		if in.rpm == nil {
 			continue
 		}
-		ch, ok, wait := in.rpm.Reserve(1, now)
+		ch, ok, wait, off := e.reserveWindow(ctx, t, i, winRPM, 1, in.limits.Shadow, now)
+		if off {
+			unavailable()
+			return
+		}
 		if !ok {
 			if !in.limits.Shadow {
 				refuse(ReasonRateLimit, in.name, wait)
-				d.Limits.refusedBy(in.rpm, true, now)
+				d.Limits.refusedByWindow(t, i, winRPM, true, now)
 				return
 			}
 			e.metrics.countShadow(s.label(in), ReasonRateLimit)
-			ch = in.rpm.Take(1, now)
 		}
 		t.rpm[i] = ch
 	}
@@ -486,21 +516,25 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 	for i := 0; i < t.n; i++ {
 		in := t.insts[i]
 		for _, wb := range [2]struct {
+			k  int
 			w  *budget.Window
 			ch *budget.Charge
-		}{{in.tpm, &t.tpm[i]}, {in.tpd, &t.tpd[i]}} {
+		}{{winTPM, in.tpm, &t.tpm[i]}, {winTPD, in.tpd, &t.tpd[i]}} {
 			if wb.w == nil {
 				continue
 			}
-			ch, ok, wait := wb.w.Reserve(tokens, now)
+			ch, ok, wait, off := e.reserveWindow(ctx, t, i, wb.k, tokens, in.limits.Shadow, now)
+			if off {
+				unavailable()
+				return
+			}
 			if !ok {
 				if !in.limits.Shadow {
 					refuse(ReasonTokenBudget, in.name, wait)
-					d.Limits.refusedBy(wb.w, false, now)
+					d.Limits.refusedByWindow(t, i, wb.k, false, now)
 					return
 				}
 				e.metrics.countShadow(s.label(in), ReasonTokenBudget)
-				ch = wb.w.Take(tokens, now)
 			}
 			*wb.ch = ch
 		}
@@ -518,6 +552,9 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 	}
 	if e.sched.TryAcquire(t.set[:t.n], t.held[:t.n], want) {
 		t.grantedAt = now
+	} else if e.leaseGrew(ctx, t, want) {
+		// A lease grew in a round the request asked for.
+		t.grantedAt = e.clock.Now()
 	} else if err := e.sched.Acquire(ctx, t.set[:t.n], t.held[:t.n], want, onQueue); err != nil {
 		var rf *bulkhead.Refusal
 		if errors.As(err, &rf) {
@@ -535,7 +572,7 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 	}
 	t.active = true
 	t.startAdaptive(r.Stream)
-	if e.cluster != nil {
+	if e.cluster != nil && e.cluster.leaser == nil {
 		e.trackLocal(s, t, tokens)
 	}
 	e.inflight.Add(1)
@@ -609,14 +646,14 @@ func (t *Ticket) want(tokens int64, tenant string, now time.Time) bulkhead.Want 
 func (t *Ticket) undo(now time.Time) {
 	for i := 0; i < t.n; i++ {
 		in := t.insts[i]
-		if in.rpm != nil && t.rpm[i].Amount() > 0 {
-			in.rpm.Refund(t.rpm[i], now)
+		if in.rpm != nil {
+			t.refundWindow(i, winRPM, t.rpm[i], now)
 		}
-		if in.tpm != nil && t.tpm[i].Amount() > 0 {
-			in.tpm.Refund(t.tpm[i], now)
+		if in.tpm != nil {
+			t.refundWindow(i, winTPM, t.tpm[i], now)
 		}
-		if in.tpd != nil && t.tpd[i].Amount() > 0 {
-			in.tpd.Refund(t.tpd[i], now)
+		if in.tpd != nil {
+			t.refundWindow(i, winTPD, t.tpd[i], now)
 		}
 		if in.family.dyn != nil {
 			in.family.dyn.release(in, now)
@@ -815,11 +852,18 @@ func (t *Ticket) Done(o Outcome) (settled Settled) {
 	default:
 		for i := 0; i < t.n; i++ {
 			in := t.insts[i]
+			if in.rpm != nil && t.charged[i][winRPM] == chargedOutage {
+				// A request counted here while the lease could not be used counts in the
+				// fleet's window too, once Redis answers.
+				if f := in.fleet; f != nil && f.ls != nil {
+					f.ls.AddBack(f.idx[winRPM], t.rpm[i].Amount())
+				}
+			}
 			if in.tpm != nil {
-				in.tpm.Settle(t.tpm[i], settled.Total, now)
+				t.settleWindow(i, winTPM, t.tpm[i], settled.Total, now)
 			}
 			if in.tpd != nil {
-				in.tpd.Settle(t.tpd[i], settled.Total, now)
+				t.settleWindow(i, winTPD, t.tpd[i], settled.Total, now)
 			}
 		}
 	}

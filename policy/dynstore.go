@@ -116,6 +116,7 @@ func (st *dynStore) evictLocked(now time.Time, need bool, scan int) bool {
 		if need || now.UnixNano()-e.in.lease.lastUsed.Load() >= int64(st.ttl) {
 			st.unlink(e)
 			delete(st.entries, e.key)
+			e.in.closeFleet()
 			if need {
 				return true
 			}

@@ -214,8 +214,11 @@ func (e *Engine) retire(prev, next *Snapshot) {
 	}
 	now := e.clock.Now()
 	for name, in := range e.retired {
-		if live[name] || (e.sched.Idle(in.c) && in.budgetsEmpty(now)) {
+		if live[name] {
 			delete(e.retired, name)
+		} else if e.sched.Idle(in.c) && in.budgetsEmpty(now) {
+			delete(e.retired, name)
+			in.closeFleet()
 		}
 	}
 	for id, st := range e.retiredDyn {

@@ -59,6 +59,11 @@ type instance struct {
 	spend []spend.Budget
 	// adaptive is the compartment's learned limit (nil unless max_concurrent is adaptive).
 	adaptive *adaptiveLimit
+	// fleetLimits are the limits before the per-replica share divided them (equal to limits
+	// but while a cluster's shared state is unavailable): what the fleet shares.
+	fleetLimits config.Resolved
+	// fleet is the compartment's lease of the fleet's limits (leased cluster admission only).
+	fleet *fleetLease
 }
 
 // family is a compiled compartment family.
@@ -189,10 +194,11 @@ func (s *Snapshot) keyValues(f *family, d *Dims) []string {
 
 func (s *Snapshot) newDynamic(f *family, d *Dims) *instance {
 	in := &instance{name: instanceName(f.name, s.keyValues(f, d)), family: f, dynamic: true, gen: s.gen, lease: &lease{}}
-	in.limits = s.limitsFor(f, d)
+	s.setLimits(in, s.limitsFor(f, d))
 	in.c = bulkhead.NewCompartment(in.name, compartmentLimits(in.limits))
 	s.attachBudgets(in, nil)
 	s.attachAdaptive(in, nil, false)
+	s.attachFleet(in, true)
 	return in
 }
 
@@ -201,10 +207,11 @@ func (s *Snapshot) newDynamic(f *family, d *Dims) *instance {
 // carry over and are reconfigured in place, under their own locks.
 func (s *Snapshot) refreshDynamic(f *family, in *instance, d *Dims) *instance {
 	fresh := &instance{name: in.name, family: f, c: in.c, dynamic: true, gen: s.gen, lease: in.lease}
-	fresh.limits = s.limitsFor(f, d)
+	s.setLimits(fresh, s.limitsFor(f, d))
 	s.engine.sched.SetLimits(fresh.c, compartmentLimits(fresh.limits)) // s is live: apply now
 	s.attachBudgets(fresh, in)
 	s.attachAdaptive(fresh, in, false)
+	s.attachFleet(fresh, true)
 	return fresh
 }
 
@@ -238,7 +245,12 @@ func (s *Snapshot) limitsFor(f *family, d *Dims) config.Resolved {
 	case modeEnforce:
 		r.Shadow = false
 	}
-	return shareLimits(r, s.share)
+	return r
+}
+
+// setLimits gives in the fleet's limits r, and enforces them divided by the per-replica share.
+func (s *Snapshot) setLimits(in *instance, r config.Resolved) {
+	in.fleetLimits, in.limits = r, shareLimits(r, s.share)
 }
 
 // familyMode is a family's mode override.
@@ -453,7 +465,7 @@ func (s *Snapshot) buildStatic(f *family, old map[string]*instance) {
 			continue
 		}
 		in := &instance{name: instanceName(f.name, s.keyValues(f, &d)), family: f, gen: s.gen}
-		in.limits = s.limitsFor(f, &d)
+		s.setLimits(in, s.limitsFor(f, &d))
 		s.adopt(in, old[in.name])
 		f.instances[idx] = in
 	}
@@ -465,7 +477,7 @@ func (s *Snapshot) buildStatic(f *family, old map[string]*instance) {
 func (s *Snapshot) buildOverflow(f *family, st *dynStore) *instance {
 	d := Dims{Tenant: "", Tier: s.tierIdx[s.policy.Classification.Tier.Default]}
 	in := &instance{name: f.name + "/_overflow", family: f, gen: s.gen}
-	in.limits = s.limitsFor(f, &d)
+	s.setLimits(in, s.limitsFor(f, &d))
 	st.mu.Lock()
 	old := st.overflow
 	st.mu.Unlock()
@@ -490,6 +502,7 @@ func (s *Snapshot) adopt(in, prev *instance) {
 	}
 	s.attachBudgets(in, prev)
 	s.attachAdaptive(in, prev, prev != nil)
+	s.attachFleet(in, false)
 }
 
 // staticInstances lists every static instance in family order, then name order.

@@ -47,6 +47,27 @@ func (l *RefusalLimits) refusedBy(w *budget.Window, rpm bool, now time.Time) {
 	l.Tokens, l.HasTokens = rw, true
 }
 
+// refusedByWindow records window k of the ticket's i-th compartment that refused: the lease's
+// view of the fleet's window when the lease refused, else this process's window.
+func (l *RefusalLimits) refusedByWindow(t *Ticket, i, k int, rpm bool, now time.Time) {
+	in := t.insts[i]
+	if f := in.fleet; t.charged[i][k] == chargedLease && f != nil && f.ls != nil {
+		w := in.fleetLimits.RequestsPerMinute
+		switch k {
+		case winTPM:
+			w = in.fleetLimits.TokensPerMinute
+		case winTPD:
+			w = in.fleetLimits.TokensPerDay
+		}
+		left, reset, ok := f.ls.Remaining(f.idx[k])
+		if ok {
+			l.refusedByShared(w, left, reset, rpm)
+		}
+		return
+	}
+	l.refusedBy(in.localWindow(k), rpm, now)
+}
+
 // refusedByShared records the shared window that refused, from what Redis answered.
 func (l *RefusalLimits) refusedByShared(capacity, left int64, reset time.Duration, rpm bool) {
 	rw := RateWindow{Limit: capacity, Remaining: min(max(left, 0), capacity), Reset: max(reset, 0)}

@@ -22,6 +22,8 @@ import (
 type clusterState struct {
 	store  *cluster.Store
 	closed bool // on_unavailable: closed
+	// leaser keeps this replica's leases (cluster.admission: leased); nil with exact admission.
+	leaser *cluster.Leaser
 	// timeout is cluster.timeout, the retry-after of a cluster_unavailable refusal's floor.
 	timeout time.Duration
 
@@ -100,6 +102,17 @@ func (e *Engine) openCluster(p *config.Policy, reg prometheus.Registerer) error 
 		return err
 	}
 	cs.store = st
+	if c.Admission == config.AdmissionLeased {
+		cs.leaser = cluster.NewLeaser(st, cluster.LeaseOptions{Interval: c.LeaseInterval.D(), Now: e.clock.Now})
+		// Compartments built before the store opened take their leases now.
+		e.applyMu.Lock()
+		if s := e.cur.Load(); s != nil {
+			for _, in := range s.staticInstances() {
+				s.attachFleet(in, true)
+			}
+		}
+		e.applyMu.Unlock()
+	}
 	if _, ok := e.ledger.Store().(*spend.MemoryStore); ok {
 		// Spend budgets are shared too, unless the caller gave a store of its own. No request
 		// has been served yet: nothing is in the memory store.
@@ -116,6 +129,9 @@ func (e *Engine) closeCluster(ctx context.Context) error {
 	cs := e.cluster
 	if cs == nil {
 		return nil
+	}
+	if cs.leaser != nil {
+		cs.leaser.Close(ctx)
 	}
 	err := cs.store.Close(ctx)
 	select {

@@ -45,6 +45,13 @@ type Charge struct {
 // Amount returns how much the charge took.
 func (c Charge) Amount() int64 { return c.amount }
 
+// MakeCharge returns a charge of amount in slot, for a window kept elsewhere (a lease of a window
+// shared by replicas) whose charges are carried the same way.
+func MakeCharge(slot, amount int64) Charge { return Charge{slot: slot, amount: amount} }
+
+// Slot returns the slot the charge was made in.
+func (c Charge) Slot() int64 { return c.slot }
+
 // New returns a Window admitting capacity per window, allowing settlement to push the charged
 // sum up to capacity × (1 + maxDebt), starting empty at now. window must be at least Slots
 // nanoseconds.

@@ -59,6 +59,11 @@ type Compartment struct {
 	// limits.MaxConcurrent: a limit learned at run time (SetAdaptiveLimit). It is this
 	// replica's own, so slots other replicas hold do not count against it.
 	adaptive int64
+	// leased: the limits are the fleet's, and this replica may hold leaseSlots slots and
+	// leaseTokens in-flight tokens of them (leased cluster admission, SetLease). The configured
+	// limits still predict queue waits: capacity comes back from the whole fleet.
+	leased                  bool
+	leaseSlots, leaseTokens int64
 
 	admitted       atomic.Uint64
 	saturations    atomic.Uint64
@@ -443,6 +448,14 @@ func (s *Scheduler) room(c *Compartment, tokens int64) bool {
 		if c.inflight >= m.guaranteed && s.guaranteedWaiting(m) {
 			return false
 		}
+	} else if c.leased {
+		if l.MaxConcurrent > 0 && c.inflight >= c.leaseSlots {
+			return false
+		}
+		if l.MaxInflightTokens > 0 && c.tokens+min(tokens, l.MaxInflightTokens) > c.leaseTokens {
+			return false
+		}
+		return true
 	} else if c.adaptive > 0 {
 		if c.inflight >= c.adaptive {
 			return false
@@ -614,6 +627,32 @@ func (s *Scheduler) SetAdaptiveLimit(c *Compartment, n int64) {
 		s.dispatch(c)
 	}
 	s.mu.Unlock()
+}
+
+// SetLease puts a lease of c's limits in force (leased cluster admission): this replica may hold
+// slots of its concurrency limit and tokens of its in-flight-token limit. on false returns to the
+// configured limits (the lease ran out). A smaller lease revokes nothing: requests in flight keep
+// their slots and nothing new is admitted until use drops below it; a larger one admits waiters
+// at once.
+func (s *Scheduler) SetLease(c *Compartment, slots, tokens int64, on bool) {
+	s.mu.Lock()
+	c.leased, c.leaseSlots, c.leaseTokens = on, max(slots, 0), max(tokens, 0)
+	if c.queue.len() > 0 {
+		s.dispatch(c)
+	}
+	s.mu.Unlock()
+}
+
+// LeaseUsage returns what c holds here and what its queue waits for. With freeze, c first stops
+// admitting beyond what it holds (its lease shrinks to its use) until the next SetLease.
+func (s *Scheduler) LeaseUsage(c *Compartment, freeze bool) (inflight, tokens, waiting, waitingTokens int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if freeze && c.leased {
+		c.leaseSlots, c.leaseTokens = min(c.leaseSlots, c.inflight), min(c.leaseTokens, c.tokens)
+	}
+	waiting, waitingTokens = c.queue.demand()
+	return c.inflight, c.tokens, waiting, waitingTokens
 }
 
 // Saturations counts the admissions into c that took its last slot under an adaptive limit, or

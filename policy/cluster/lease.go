@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
 )
 
 // Leased admission: each replica holds, per compartment it uses, a lease of the compartment's
@@ -60,9 +62,14 @@ type LeaseState struct {
 	// Slots and Tokens are the concurrency and in-flight tokens this replica may hold (when the
 	// compartment has such a limit).
 	Slots, Tokens int64
-	// Valid reports that the lease is in force; when false (Redis has not renewed it within the
-	// lease ttl) the caller enforces cluster.on_unavailable instead.
+	// Valid reports that the lease is in force. When false it holds nothing: it was not granted
+	// yet, or Redis has not renewed it within the lease ttl.
 	Valid bool
+	// Available reports that Redis answers. A lease that is not valid while Redis is
+	// unavailable leaves the caller to enforce cluster.on_unavailable. The holder is told its
+	// lease again whenever Redis's availability changes: before admissions see Redis available,
+	// and after they see it unavailable.
+	Available bool
 }
 
 // Leaser keeps this replica's leases. Safe for concurrent use.
@@ -72,9 +79,9 @@ type Leaser struct {
 	script *redis.Script
 	epoch  string // the epoch key; empty in Redis Cluster, whose scripts can only read one slot
 	// recovery is how long a compartment whose hash was lost keeps every lease from growing: more
-	// than the longest gap between two reports of a lease that holds something.
+	// than the longest gap between two reports of a lease that holds something (a lease is
+	// reported every interval while it holds anything).
 	recovery time.Duration
-	renew    time.Duration
 
 	mu     sync.Mutex
 	leases map[string]*Lease
@@ -83,6 +90,8 @@ type Leaser struct {
 	roundMu sync.Mutex
 	round   chan struct{}
 	seq     atomic.Int64
+	// answering: the last round's reports got answers.
+	answering atomic.Bool
 	// inc names this process among the replica's incarnations, for report numbers.
 	inc string
 	// manual: no loop runs; tests call Round themselves.
@@ -113,10 +122,9 @@ func newLeaser(s *Store, o LeaseOptions, manual bool) *Leaser {
 	if s.o.Mode != Cluster {
 		l.epoch = s.tag + ":e"
 	}
-	// A lease that holds something is reported at least every renew; the recovery time covers
-	// that gap, the lease ttl's margin and a report's round trip.
-	l.renew = max(s.o.LeaseTTL/4, o.Interval)
-	l.recovery = l.renew + 2*s.o.Timeout + o.Interval
+	// A lease that holds something is reported every interval; the recovery time covers two
+	// intervals (a late tick) and a report's round trip.
+	l.recovery = 2*o.Interval + s.o.Timeout
 	l.inc = strconv.FormatUint(uint64(time.Now().UnixNano())&(1<<52-1), 10)
 	l.waits = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "cluster_lease_waits_total",
 		Help: "Requests that waited for this replica's lease to grow (leased admission), by what they lacked: slot (concurrency or in-flight tokens) or window (a request-rate or token chunk)."},
@@ -129,6 +137,7 @@ func newLeaser(s *Store, o LeaseOptions, manual bool) *Leaser {
 			s.o.Registerer.MustRegister(c)
 		}
 	}
+	s.onAvailability(l.availability)
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	if !l.manual {
 		l.wg.Add(1)
@@ -205,6 +214,12 @@ func (l *Leaser) Next() <-chan struct{} {
 	return l.round
 }
 
+// Interval returns the lease interval.
+func (l *Leaser) Interval() time.Duration { return l.o.Interval }
+
+// Answering reports whether the last round of reports got its answers.
+func (l *Leaser) Answering() bool { return l.answering.Load() }
+
 // CountWait counts a request that waited for a lease to grow.
 func (l *Leaser) CountWait(kind string) { l.waits.WithLabelValues(kind).Inc() }
 
@@ -231,6 +246,7 @@ func (l *Leaser) Round() {
 	l.roundMu.Unlock()
 	defer close(done)
 	now := l.o.Now()
+	available := l.st.Available()
 	l.mu.Lock()
 	due := make([]*Lease, 0, len(l.leases))
 	idle := make([]*Lease, 0)
@@ -248,7 +264,7 @@ func (l *Leaser) Round() {
 		}
 	}
 	l.mu.Unlock()
-	if len(due) > 0 && l.st.Available() {
+	if len(due) > 0 && available {
 		ctx, cancel := context.WithTimeout(l.ctx, l.st.o.Timeout)
 		l.report(ctx, due, false)
 		cancel()
@@ -258,6 +274,28 @@ func (l *Leaser) Round() {
 	// Leases not reported may have run out meanwhile: tell their owners.
 	for _, ls := range idle {
 		ls.notify(now)
+	}
+}
+
+// availability tells every holder its lease as it stands with Redis available or not (the store
+// calls it when that changes).
+func (l *Leaser) availability(available bool) {
+	now := l.o.Now()
+	l.mu.Lock()
+	all := make([]*Lease, 0, len(l.leases))
+	for _, ls := range l.leases {
+		all = append(all, ls)
+	}
+	l.mu.Unlock()
+	for _, ls := range all {
+		ls.mu.Lock()
+		st := ls.stateAt(now, available)
+		ls.applied = st
+		h := ls.holder
+		ls.mu.Unlock()
+		if h != nil {
+			h.LeaseChanged(st)
+		}
 	}
 }
 
@@ -296,6 +334,7 @@ func (l *Leaser) report(ctx context.Context, due []*Lease, final bool) {
 		ls.mu.Unlock()
 		ls.notify(now)
 	}
+	l.answering.Store(err == nil)
 	if err != nil && ctx.Err() == nil && l.ctx.Err() == nil {
 		l.st.noteFailure(err)
 	}
@@ -350,7 +389,10 @@ type Lease struct {
 	recovers   bool
 	lastSent   time.Time
 	urgent     bool
-	wins       []allowance
+	// needSlots and needTokens are what requests that found the lease full asked for since the
+	// last report (they may not be queued yet).
+	needSlots, needTokens int64
+	wins                  []allowance
 	// resend is a report whose answer was lost: the next report carries its sequence number and
 	// what it gave back, so that Redis applies them once.
 	resend *leaseReport
@@ -358,6 +400,9 @@ type Lease struct {
 
 // allowance is this replica's part of one window: chunks granted and not yet used.
 type allowance struct {
+	// pace is twice the window's even pace over a chunk's life: the most a chunk holds. Below
+	// 2 the window is reserved one request at a time, and what comes back goes back at once.
+	pace   int64
 	chunks []chunk // oldest first
 	// debt is what settled requests cost beyond what their chunks covered, charged to the window
 	// at the next report.
@@ -382,14 +427,6 @@ type chunk struct {
 	until      time.Time
 }
 
-// Charge is a reservation in a leased window, for settling it.
-type Charge struct {
-	slot, amount int64
-}
-
-// Amount returns how much the charge took.
-func (c Charge) Amount() int64 { return c.amount }
-
 func (ls *Lease) setLimits(lim LeaseLimits) {
 	ls.lim = lim
 	keys := make([]string, len(lim.Windows))
@@ -401,6 +438,10 @@ func (ls *Lease) setLimits(lim LeaseLimits) {
 		// Other windows: chunks of the old ones stay charged there until they age out.
 		ls.wins = make([]allowance, len(keys))
 		ls.resend = nil
+	}
+	for i := range lim.Windows {
+		w := &lim.Windows[i]
+		ls.wins[i].pace = int64(math.Ceil(2 * float64(w.Capacity) * float64(ls.chunkValidity(w)) / float64(w.Length)))
 	}
 	ls.wkeys = keys
 	ls.urgent = true
@@ -427,7 +468,7 @@ func (ls *Lease) chunkValidity(w *Window) time.Duration {
 
 // Reserve takes n from window i's chunks. ok is false, and nothing is taken, when they hold less
 // than n: the request should wait for the next report (Kick, then Round) and try again.
-func (ls *Lease) Reserve(i int, n int64, now time.Time) (c Charge, ok bool) {
+func (ls *Lease) Reserve(i int, n int64, now time.Time) (budget.Charge, bool) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	a := &ls.wins[i]
@@ -439,91 +480,99 @@ func (ls *Lease) Reserve(i int, n int64, now time.Time) (c Charge, ok bool) {
 	if have < n {
 		a.need = max(a.need, n)
 		ls.urgent = true
-		return Charge{}, false
+		return budget.Charge{}, false
 	}
-	c = Charge{amount: n}
 	a.used += n
-	for k := 0; n > 0; k++ {
-		ch := &a.chunks[k]
-		if k == 0 || ch.slot < c.slot {
-			c.slot = ch.slot
-		}
-		take := min(ch.left, n)
-		ch.left -= take
-		n -= take
-	}
-	return c, true
+	return budget.MakeCharge(a.consume(n), n), true
 }
 
-// Take charges n to window i whether or not its chunks cover it (a window in shadow mode): what
-// they do not cover is charged at the next report.
-func (ls *Lease) Take(i int, n int64, now time.Time) Charge {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	a := &ls.wins[i]
-	a.expire(now)
-	a.used += n
-	c := Charge{amount: n}
+// consume takes n from the chunks, oldest first, and returns the slot of the oldest it took from
+// (a refund to that slot can only free what was charged there or later: never too early). What
+// the chunks do not cover is debt.
+func (a *allowance) consume(n int64) (slot int64) {
 	for k := 0; k < len(a.chunks) && n > 0; k++ {
 		ch := &a.chunks[k]
 		if k == 0 {
-			c.slot = ch.slot
+			slot = ch.slot
 		}
 		take := min(ch.left, n)
 		ch.left -= take
 		n -= take
 	}
 	a.debt += n
-	return c
+	return slot
+}
+
+// Take charges n to window i whether or not its chunks cover it (a window in shadow mode): what
+// they do not cover is charged at the next report.
+func (ls *Lease) Take(i int, n int64, now time.Time) budget.Charge {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	a := &ls.wins[i]
+	a.expire(now)
+	a.used += n
+	return budget.MakeCharge(a.consume(n), n)
+}
+
+// AddBack charges n to window i at the next report: what this replica counted in a window of
+// its own while the lease could not be used (Redis unavailable), so that the fleet's window
+// counts it once Redis answers again.
+func (ls *Lease) AddBack(i int, n int64) {
+	if n <= 0 {
+		return
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if i < len(ls.wins) {
+		ls.wins[i].debt += n
+	}
 }
 
 // Settle corrects charge c of window i to actual: an over-estimate goes back to the chunk it
 // came from (or to the window, once that chunk has expired), an under-estimate is taken from the
 // chunks or charged at the next report.
-func (ls *Lease) Settle(i int, c Charge, actual int64, now time.Time) {
+func (ls *Lease) Settle(i int, c budget.Charge, actual int64, now time.Time) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
 	if i >= len(ls.wins) {
 		return
 	}
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	ls.settle(&ls.wins[i], c, c.amount-actual, now)
+	ls.settle(&ls.wins[i], c, c.Amount()-actual, now)
 }
 
 // Refund gives charge c of window i back whole (a refused admission's).
-func (ls *Lease) Refund(i int, c Charge, now time.Time) {
-	if i >= len(ls.wins) || c.amount <= 0 {
-		return
-	}
+func (ls *Lease) Refund(i int, c budget.Charge, now time.Time) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
+	if i >= len(ls.wins) || c.Amount() <= 0 {
+		return
+	}
 	a := &ls.wins[i]
-	a.used -= min(c.amount, a.used)
-	ls.settle(a, c, c.amount, now)
+	a.used -= min(c.Amount(), a.used)
+	ls.settle(a, c, c.Amount(), now)
 }
 
-func (ls *Lease) settle(a *allowance, c Charge, back int64, now time.Time) {
+func (ls *Lease) settle(a *allowance, c budget.Charge, back int64, now time.Time) {
 	a.expire(now)
 	switch {
 	case back > 0:
-		if c.amount == 0 {
+		back = min(back, c.Amount())
+		if a.pace < 2 {
+			// Reserved one request at a time: give it back to the fleet at once.
+			a.giveBack(c.Slot(), back)
+			ls.urgent = true
+			ls.l.Kick()
 			return
 		}
-		back = min(back, c.amount)
 		for k := range a.chunks {
-			if a.chunks[k].slot == c.slot {
+			if a.chunks[k].slot == c.Slot() {
 				a.chunks[k].left += back
 				return
 			}
 		}
-		a.giveBack(c.slot, back)
+		a.giveBack(c.Slot(), back)
 	case back < 0:
-		more := -back
-		for k := 0; k < len(a.chunks) && more > 0; k++ {
-			take := min(a.chunks[k].left, more)
-			a.chunks[k].left -= take
-			more -= take
-		}
-		a.debt += more
+		a.consume(-back)
 	}
 }
 
@@ -586,6 +635,15 @@ func (ls *Lease) State(now time.Time) LeaseState {
 	return st
 }
 
+// Close gives the lease back: it is reported holding what its compartment still holds and
+// wanting nothing, with its chunks returned, until it holds nothing; then it is forgotten. A
+// later Leaser.Lease of the same name takes it up again.
+func (ls *Lease) Close() {
+	ls.mu.Lock()
+	ls.closed, ls.urgent = true, true
+	ls.mu.Unlock()
+}
+
 // Valid reports, without locking, whether the lease is in force at now.
 func (ls *Lease) Valid(now time.Time) bool { return now.UnixNano() < ls.validUntil.Load() }
 
@@ -597,11 +655,26 @@ func (ls *Lease) Urgent() {
 	ls.l.Kick()
 }
 
+// Need asks for a slot (and tokens in flight) more than the lease holds, at the next round,
+// and for the round to come now: a request found the lease full.
+func (ls *Lease) Need(tokens int64) {
+	ls.mu.Lock()
+	ls.urgent = true
+	ls.needSlots++
+	ls.needTokens += tokens
+	ls.mu.Unlock()
+	ls.l.Kick()
+}
+
 func (ls *Lease) state(now time.Time) (LeaseState, bool) {
-	st := LeaseState{Slots: ls.target, Tokens: ls.ttarget, Valid: ls.Valid(now)}
+	st := ls.stateAt(now, ls.l.st.Available())
 	changed := st != ls.applied
 	ls.applied = st
 	return st, changed
+}
+
+func (ls *Lease) stateAt(now time.Time, available bool) LeaseState {
+	return LeaseState{Slots: ls.target, Tokens: ls.ttarget, Valid: ls.Valid(now), Available: available}
 }
 
 // due says whether the lease should be reported at this round, and drop whether it holds
@@ -617,16 +690,14 @@ func (ls *Lease) due(now time.Time) (due, drop bool) {
 			busy = true
 		}
 	}
-	if ls.resend != nil || ls.urgent || busy {
+	if ls.resend != nil || ls.urgent || busy || holds {
+		// A lease that holds anything is reported every round: to give back what is not used,
+		// to renew it, and so that a compartment whose hash Redis lost hears from every holder
+		// within its recovery.
 		return true, false
 	}
-	if !holds {
-		// Nothing to report; a lease its owner closed can be forgotten.
-		return false, ls.closed
-	}
-	// Held but idle: report to give it back, or to renew it.
-	return ls.target < ls.grant || ls.ttarget < ls.tgrant || ls.target > 0 || ls.ttarget > 0 ||
-		now.Sub(ls.lastSent) >= ls.l.renew, false
+	// Nothing to report; a lease its owner closed can be forgotten.
+	return false, ls.closed
 }
 
 // leaseReport is one report's keys and arguments, with the returns and debt it sent per window.
@@ -648,6 +719,8 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 		// at once instead of a report later.
 		u = ls.usage(true)
 		ls.target, ls.ttarget = min(ls.target, u.InFlight), min(ls.ttarget, u.Tokens)
+		// The holder now enforces less than it was last told: tell it again after the answer.
+		ls.applied.Slots = -1
 	}
 	prev := ls.resend
 	ls.urgent = false
@@ -669,8 +742,9 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 	// is true now, also in a report sent again.
 	hs := max(ls.target, u.InFlight)
 	ht := max(ls.ttarget, u.Tokens)
-	ws := wantOf(u.InFlight, u.Waiting, ls.lim.MaxConcurrent, !ls.pressure)
-	wt := wantOf(u.Tokens, u.WaitingTokens, ls.lim.MaxTokens, !ls.pressure)
+	ws := wantOf(u.InFlight, u.Waiting+ls.needSlots, ls.lim.MaxConcurrent, !ls.pressure)
+	wt := wantOf(u.Tokens, u.WaitingTokens+ls.needTokens, ls.lim.MaxTokens, !ls.pressure)
+	ls.needSlots, ls.needTokens = 0, 0
 	if final || ls.closed {
 		hs, ht = u.InFlight, u.Tokens
 		ws, wt = 0, 0
@@ -702,13 +776,20 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 		for _, ch := range a.chunks {
 			have += ch.left
 		}
-		want := max(int64(math.Ceil(3*a.rate))-have, 0)
+		// Enough for three intervals at the recent rate, but never more than twice the
+		// window's even pace over a chunk's life: a chunk is charged to the window when it is
+		// granted, so a replica holding it keeps it from the others. A window whose pace is
+		// below one a chunk (a few requests a minute) is reserved one request at a time.
+		want := max(min(int64(math.Ceil(3*a.rate)), a.pace)-have, 0)
+		if a.pace < 2 {
+			want = 0
+		}
 		need := a.need
 		a.need = 0
 		if final || ls.closed || w.Shadow {
 			want = 0
 		}
-		if final {
+		if final || ls.closed {
 			need = 0
 			for _, ch := range a.chunks {
 				if ch.left > 0 {
@@ -734,15 +815,15 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 }
 
 // wantOf is the slots (or tokens) a compartment asks for: what it holds and what waits, plus, when
-// no other replica wants more than it holds (headroom), a quarter more for what arrives before
-// the next report; within the limit.
+// no other replica wants more than it holds (headroom), half as much again (at least 2) for what
+// arrives before the next report; within the limit.
 func wantOf(used, waiting, limit int64, headroom bool) int64 {
 	want := used + waiting
 	if limit <= 0 || want == 0 {
 		return 0
 	}
 	if headroom {
-		want += max(1, want/4)
+		want += max(2, want/2)
 	}
 	return min(want, limit)
 }

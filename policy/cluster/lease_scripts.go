@@ -179,9 +179,9 @@ local function fairshare(fw, cap)
 end
 
 -- lease computes the grant and the target of one held resource (field f, want field fw): the
--- grant never below what this replica holds, the target never above what the others' leases
--- leave (a limit lowered below the leases admits nothing new until they drain).
-local function lease(f, fw, cap, held, used)
+-- grant never below what this replica holds, the target never above its fair share nor what
+-- the others' leases leave (a limit lowered below the leases admits nothing new until they drain).
+local function lease(f, fw, cap, held)
   if cap <= 0 then return held, held, false end
   local others, pressure = 0, false
   for r, e in pairs(reps) do
@@ -195,12 +195,14 @@ local function lease(f, fw, cap, held, used)
   local room = cap - others
   local grant = held
   if not recovering and fair > held and room > held then grant = math.min(fair, room) end
-  local target = math.max(math.min(fair, grant, room), math.min(used, grant), 0)
+  -- The target may be below what the replica uses: it then admits nothing new until its
+  -- requests drain below it (a lease shrinks only as its own holdings drain).
+  local target = math.max(math.min(fair, grant, room), 0)
   return grant, target, pressure
 end
 
-local gs, tgs, ps = lease('s', 'ws', maxs, hs, us)
-local gt, tgt, pt = lease('t', 'wt', maxt, ht, ut)
+local gs, tgs, ps = lease('s', 'ws', maxs, hs)
+local gt, tgt, pt = lease('t', 'wt', maxt, ht)
 mine.s, mine.t = gs, gt
 
 local out = {status, gs, tgs, gt, tgt, 0, 0, 0}
@@ -232,18 +234,21 @@ for i = 1, nw do
   local df = 'd' .. kind
   mine[df] = want
   if want > 0 or need > 0 then idle = false end
+  -- Chunks come out of the window's capacity, never its debt bound (settlements' only).
   local room = math.max(cap - w.sum, 0)
   local g = 0
   if want > 0 then g = math.min(want, fairshare(df, room)) end
   local wait = 0
   if need > 0 and g < need then
-    if w.sum + math.min(need, cap) <= cap then
+    if need <= room then
       g = need
+    elseif need > cap and w.sum <= 0 then
+      -- More than the whole capacity: it takes an empty window, as in one process.
+      g = math.min(need, cap + debt)
     else
       wait = wwait(w, math.min(need, cap), cap)
     end
   end
-  g = math.min(g, wroom(w, cap, debt))
   if g > 0 then wcharge(w, g) end
   out[#out + 1] = g
   out[#out + 1] = w.cur

@@ -208,6 +208,27 @@ type Store struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	closed atomic.Bool
+
+	// availMu guards availHooks: functions told of every change of availability, before
+	// admissions see the store available and after they see it unavailable.
+	availMu    sync.Mutex
+	availHooks []func(available bool)
+}
+
+// onAvailability adds f to what is told of changes of availability.
+func (s *Store) onAvailability(f func(bool)) {
+	s.availMu.Lock()
+	s.availHooks = append(s.availHooks, f)
+	s.availMu.Unlock()
+}
+
+func (s *Store) tellAvailability(ok bool) {
+	s.availMu.Lock()
+	hooks := s.availHooks
+	s.availMu.Unlock()
+	for _, f := range hooks {
+		f(ok)
+	}
 }
 
 // Open connects to Redis and starts the heartbeat, settlement and subscription loops. It
@@ -459,8 +480,16 @@ func (s *Store) lost(why string) {
 }
 
 func (s *Store) setAvailable(ok bool, why string, err error) {
+	if ok && !s.available.Load() {
+		// Leases that are not valid hold nothing once Redis answers: say so before admissions
+		// can see it answer.
+		s.tellAvailability(true)
+	}
 	if s.available.Swap(ok) == ok {
 		return
+	}
+	if !ok {
+		s.tellAvailability(false)
 	}
 	if ok {
 		msg := "cluster state shared: limits are enforced across replicas"

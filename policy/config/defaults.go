@@ -38,6 +38,9 @@ const (
 	OnUnavailableLocal  = "local"
 	OnUnavailableClosed = "closed"
 
+	AdmissionLeased = "leased"
+	AdmissionExact  = "exact"
+
 	DefaultClusterKeyPrefix             = "llm-bulkhead"
 	DefaultClusterTimeout               = 20 * time.Millisecond
 	DefaultClusterDialTimeout           = time.Second
@@ -45,6 +48,7 @@ const (
 	DefaultClusterLeaseTTL              = 10 * time.Second
 	DefaultClusterSettleInterval        = 2 * time.Millisecond
 	DefaultClusterMaxPendingSettlements = 100000
+	DefaultClusterLeaseInterval         = 200 * time.Millisecond
 )
 
 // MaxReplicaIDBytes bounds cluster.replica_id: it is part of Redis keys and of every lease.
@@ -193,6 +197,8 @@ func (c *Cluster) applyDefaults() {
 	orDuration(&c.SettleInterval, DefaultClusterSettleInterval)
 	c.MaxPendingSettlements = int(orInt(int64(c.MaxPendingSettlements), DefaultClusterMaxPendingSettlements))
 	c.OnUnavailable = orString(c.OnUnavailable, OnUnavailableLocal)
+	c.Admission = orString(c.Admission, AdmissionLeased)
+	orDuration(&c.LeaseInterval, DefaultClusterLeaseInterval)
 }
 
 // defaultReplicaID is "<hostname>-<pid>", with whitespace in the host name replaced and the

@@ -650,6 +650,17 @@ type Cluster struct {
 	// oldest are dropped (counted), and the replica's leases are rewritten from its own state when
 	// Redis is back. Default 100000.
 	MaxPendingSettlements int `koanf:"max_pending_settlements" json:"max_pending_settlements,omitempty"`
+	// Admission is where an admission's limits are counted. "leased": each replica holds, per
+	// compartment it uses, a lease of the compartment's limits (slots, in-flight tokens, chunks
+	// of its windows) granted from Redis by demand, and admits against it with no call to Redis
+	// on the request's path; leases are renewed every lease_interval. "exact": every admission
+	// runs one atomic script in Redis (a round trip per request, one Redis slot for the whole
+	// fleet). Default leased.
+	Admission string `koanf:"admission" json:"admission,omitempty"`
+	// LeaseInterval is how often a replica reports, per compartment it uses, what it holds and
+	// wants, and receives its new lease (leased admission; a replica whose requests wait for its
+	// lease reports at once). Between 10ms and lease_ttl / 4. Default 200ms.
+	LeaseInterval Duration `koanf:"lease_interval" json:"lease_interval,omitempty"`
 	// OnUnavailable is what admission does while Redis is slow or gone: "local" enforces each
 	// limit divided by the live replicas last seen (at least 1) in this process, "closed" refuses
 	// with 503, reason cluster_unavailable. Default local.

@@ -27,6 +27,7 @@ var (
 	degradeReasons = []string{"token_budget", "rate_limit", "bulkhead_full", "spend_budget"}
 	clusterModes   = []string{ClusterStandalone, ClusterSentinel, ClusterCluster}
 	onUnavailable  = []string{OnUnavailableLocal, OnUnavailableClosed}
+	admissions     = []string{AdmissionLeased, AdmissionExact}
 	envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
@@ -811,6 +812,7 @@ const (
 	minClusterLeaseTTL       = time.Second
 	maxClusterSettleInterval = 100 * time.Millisecond
 	minPendingSettlements    = 1000
+	minClusterLeaseInterval  = 10 * time.Millisecond
 )
 
 // cluster checks the cluster section. With the backend off, every other key it sets would do
@@ -883,6 +885,14 @@ func (v *validator) cluster() {
 	}
 	if !slices.Contains(onUnavailable, c.OnUnavailable) {
 		v.add("cluster.on_unavailable", "%q is not one of %s", c.OnUnavailable, strings.Join(onUnavailable, ", "))
+	}
+	if !slices.Contains(admissions, c.Admission) {
+		v.add("cluster.admission", "%q is not one of %s", c.Admission, strings.Join(admissions, ", "))
+	}
+	if c.LeaseInterval.D() < minClusterLeaseInterval {
+		v.add("cluster.lease_interval", "must be at least %s, got %s", minClusterLeaseInterval, c.LeaseInterval)
+	} else if leaseOK && 4*c.LeaseInterval > c.LeaseTTL {
+		v.add("cluster.lease_interval", "%s is more than a quarter of cluster.lease_ttl (%s): leases would expire between two reports that renew them; use at most %s", c.LeaseInterval, c.LeaseTTL, c.LeaseTTL/4)
 	}
 	if len(v.p.Pools) > 0 {
 		v.add("pools", "pools are enforced per process and cannot be shared across replicas yet, so with cluster.backend %s each replica would lend and borrow its own capacity: remove pools or the cluster backend", c.Backend)
