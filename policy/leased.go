@@ -225,11 +225,25 @@ func (e *Engine) leaseGrew(ctx context.Context, t *Ticket, want bulkhead.Want) b
 	if cs == nil || cs.leaser == nil {
 		return false
 	}
-	for range maxLeaseAttempts {
+	// While a compartment recovers (Redis lost its leases, or this is a new deployment's first
+	// use of Redis) no lease grows: the request waits the recovery out rather than be refused
+	// for a lease that could not follow demand yet.
+	until := e.clock.Now().Add(cs.leaser.Recovery() + 2*cs.leaser.Interval())
+	for attempt := 0; attempt < maxLeaseAttempts || (t.leasesRecovering() && e.clock.Now().Before(until)); attempt++ {
 		if !cs.store.Available() || !t.needLeases(want.Tokens) || !e.awaitLease(ctx, "slot") {
 			return false
 		}
 		if e.sched.TryAcquire(t.set[:t.n], t.held[:t.n], want) {
+			return true
+		}
+	}
+	return false
+}
+
+// leasesRecovering reports whether a lease of the ticket's compartments recovers.
+func (t *Ticket) leasesRecovering() bool {
+	for i := 0; i < t.n; i++ {
+		if f := t.insts[i].fleet; f != nil && f.ls != nil && f.ls.Recovering() {
 			return true
 		}
 	}

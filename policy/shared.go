@@ -143,6 +143,25 @@ func (e *Engine) closeCluster(ctx context.Context) error {
 	return err
 }
 
+// ClusterAdmission returns cluster.admission: leased or exact ("" without a cluster).
+func (e *Engine) ClusterAdmission() string {
+	switch {
+	case e.cluster == nil:
+		return ""
+	case e.cluster.leaser != nil:
+		return config.AdmissionLeased
+	}
+	return config.AdmissionExact
+}
+
+// ClusterLeases lists this replica's leases (leased admission; nil otherwise).
+func (e *Engine) ClusterLeases() []cluster.LeaseInfo {
+	if e.cluster == nil || e.cluster.leaser == nil {
+		return nil
+	}
+	return e.cluster.leaser.Leases()
+}
+
 // Cluster returns the shared store, nil without one.
 func (e *Engine) Cluster() *cluster.Store {
 	if e.cluster == nil {

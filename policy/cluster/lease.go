@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -212,6 +213,72 @@ func (l *Leaser) Next() <-chan struct{} {
 	l.roundMu.Lock()
 	defer l.roundMu.Unlock()
 	return l.round
+}
+
+// LeaseInfo is one lease as the admin API shows it.
+type LeaseInfo struct {
+	Compartment string `json:"compartment"`
+	// Slots and Tokens are what this replica may hold now; Granted and TokensGranted what Redis
+	// recorded for it (more while it drains down to its target).
+	Slots         int64 `json:"slots"`
+	Granted       int64 `json:"slots_granted"`
+	Tokens        int64 `json:"inflight_tokens"`
+	TokensGranted int64 `json:"inflight_tokens_granted"`
+	// Valid: renewed within the lease ttl. Recovering: Redis lost the compartment's leases, and
+	// none grows until every holder has reported. Contended: another replica wants more than it
+	// holds.
+	Valid      bool `json:"valid"`
+	Recovering bool `json:"recovering,omitempty"`
+	Contended  bool `json:"contended,omitempty"`
+	// Windows are the window chunks held: per window kind, what is left of them.
+	Windows map[string]int64 `json:"window_chunks,omitempty"`
+}
+
+// Leases lists this replica's leases, by compartment name.
+func (l *Leaser) Leases() []LeaseInfo {
+	now := l.o.Now()
+	l.mu.Lock()
+	all := make([]*Lease, 0, len(l.leases))
+	for _, ls := range l.leases {
+		all = append(all, ls)
+	}
+	l.mu.Unlock()
+	out := make([]LeaseInfo, 0, len(all))
+	for _, ls := range all {
+		ls.mu.Lock()
+		in := LeaseInfo{Compartment: ls.name, Slots: ls.target, Granted: ls.grant, Tokens: ls.ttarget, TokensGranted: ls.tgrant,
+			Valid: ls.Valid(now), Recovering: ls.recovers, Contended: ls.pressure}
+		for i := range ls.wins {
+			if i >= len(ls.lim.Windows) {
+				break
+			}
+			var have int64
+			for _, ch := range ls.wins[i].chunks {
+				if now.Before(ch.until) {
+					have += ch.left
+				}
+			}
+			if in.Windows == nil {
+				in.Windows = map[string]int64{}
+			}
+			in.Windows[ls.lim.Windows[i].Kind] = have
+		}
+		ls.mu.Unlock()
+		out = append(out, in)
+	}
+	slices.SortFunc(out, func(a, b LeaseInfo) int { return strings.Compare(a.Compartment, b.Compartment) })
+	return out
+}
+
+// Recovery returns how long a compartment whose leases Redis lost keeps them from growing.
+func (l *Leaser) Recovery() time.Duration { return l.recovery }
+
+// Recovering reports whether the lease's compartment recovers: Redis lost its leases (or this
+// is a new deployment's first use of Redis), and no lease grows until every holder has reported.
+func (ls *Lease) Recovering() bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.recovers
 }
 
 // Interval returns the lease interval.

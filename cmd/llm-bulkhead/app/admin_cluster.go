@@ -30,6 +30,10 @@ type clusterView struct {
 	// Share is what every limit is divided by here: 1 while shared, the live replicas last seen
 	// while Redis is unavailable with on_unavailable local.
 	Share int `json:"share"`
+	// Admission is cluster.admission: leased or exact.
+	Admission string `json:"admission"`
+	// Leases are this replica's leases of its compartments' limits (leased admission).
+	Leases []cluster.LeaseInfo `json:"leases,omitempty"`
 }
 
 // clusterInfo handles GET /admin/cluster: whether limits are shared across replicas, through
@@ -41,7 +45,8 @@ func (a *App) clusterInfo(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"mode": clusterOff, "state": clusterOff, "share": 1})
 		return
 	}
-	v := clusterView{Info: st.Info(r.Context()), OnUnavailable: a.engine.ClusterOnUnavailable(), Share: a.engine.ClusterShare()}
+	v := clusterView{Info: st.Info(r.Context()), OnUnavailable: a.engine.ClusterOnUnavailable(), Share: a.engine.ClusterShare(),
+		Admission: a.engine.ClusterAdmission(), Leases: a.engine.ClusterLeases()}
 	switch {
 	case v.Available:
 		v.State = clusterShared
