@@ -28,6 +28,9 @@ type adaptiveLimit struct {
 	mu sync.Mutex
 	// limit is the limit last put in force.
 	limit int64
+	// fleet is the compartment's lease with leased cluster admission: the limit is then the
+	// fleet's, and the controller's moves are proposed to it rather than put in force here.
+	fleet *fleetLease
 }
 
 func newAdaptiveLimit(cfg config.AdaptiveLimit, c *bulkhead.Compartment, sched *bulkhead.Scheduler, now time.Time) *adaptiveLimit {
@@ -57,11 +60,30 @@ func (a *adaptiveLimit) observe(now time.Time, x adaptive.Sample) {
 }
 
 // put puts the limit n, just computed by the controller, in force when it changed; a.mu held.
+// With a lease the limit is the fleet's: the move is proposed to it, and the lease brings the
+// fleet's limit back (learned).
 func (a *adaptiveLimit) put(n int64) {
-	if n != a.limit {
-		a.limit = n
-		a.sched.SetAdaptiveLimit(a.c, n)
+	if n == a.limit {
+		return
 	}
+	if f := a.fleet; f != nil && f.ls != nil {
+		f.ls.Propose(a.limit, n)
+		a.limit = n
+		return
+	}
+	a.limit = n
+	a.sched.SetAdaptiveLimit(a.c, n)
+}
+
+// learned takes the fleet's learned limit n (leased cluster admission) as the controller's.
+func (a *adaptiveLimit) learned(now time.Time, n int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if n == a.limit {
+		return
+	}
+	a.ctl.SetLimit(now, n)
+	a.limit = a.ctl.Limit()
 }
 
 // finish ends the request h and puts a changed limit in force.

@@ -39,6 +39,10 @@ type fleetLease struct {
 	// slots and tokens are the compartment's fleet-wide limits (0: none), for its share while
 	// Redis is unavailable.
 	slots, tokens int64
+	// adaptive is the compartment's learned limit (max_concurrent: adaptive), which the fleet
+	// learns as one; nil otherwise.
+	adaptive *adaptiveLimit
+	now      func() time.Time
 	// idx maps a window kind to its index in the lease's windows (-1: the compartment has none).
 	idx [numWins]int
 }
@@ -55,6 +59,9 @@ func (f *fleetLease) LeaseUsage(freeze bool) cluster.LeaseUsage {
 // holds this replica's share of its limits instead (the limit divided by the live replicas last
 // seen; on_unavailable: closed refuses before the compartment is asked).
 func (f *fleetLease) LeaseChanged(st cluster.LeaseState) {
+	if a := f.adaptive; a != nil && st.Learned > 0 {
+		a.learned(f.now(), st.Learned)
+	}
 	switch {
 	case st.Valid:
 		f.sched.SetLease(f.c, st.Slots, st.Tokens, true)
@@ -70,10 +77,11 @@ func (f *fleetLease) LeaseChanged(st cluster.LeaseState) {
 func leaseLimits(in *instance) (cluster.LeaseLimits, [numWins]int) {
 	l := in.fleetLimits
 	lim := cluster.LeaseLimits{MaxConcurrent: l.MaxConcurrent, MaxTokens: l.MaxInflightTokens}
-	if l.Adaptive.On() {
-		// A learned limit is this replica's own (per replica, as without a lease); only in-flight
-		// tokens are leased.
+	if a := l.Adaptive; a.On() {
+		// A learned limit is the fleet's: one limit for the provider, which every replica's
+		// controller moves and every replica leases a share of.
 		lim.MaxConcurrent = 0
+		lim.Learned = cluster.LearnedLimit{Min: a.Min, Max: a.Max, Initial: a.Initial, Step: a.Interval}
 	}
 	idx := [numWins]int{-1, -1, -1}
 	add := func(k int, length time.Duration, capacity int64) {
@@ -99,11 +107,20 @@ func (s *Snapshot) attachFleet(in *instance, live bool) {
 		return
 	}
 	lim, idx := leaseLimits(in)
-	if lim.MaxConcurrent <= 0 && lim.MaxTokens <= 0 && len(lim.Windows) == 0 {
+	if lim.MaxConcurrent <= 0 && lim.MaxTokens <= 0 && lim.Learned.Max <= 0 && len(lim.Windows) == 0 {
 		return
 	}
-	f := &fleetLease{sched: s.engine.sched, store: cs.store, c: in.c, idx: idx, slots: lim.MaxConcurrent, tokens: lim.MaxTokens}
+	f := &fleetLease{sched: s.engine.sched, store: cs.store, c: in.c, idx: idx, slots: lim.MaxConcurrent, tokens: lim.MaxTokens,
+		adaptive: in.adaptive, now: s.engine.clock.Now}
+	if lim.Learned.Max > 0 {
+		f.slots = lim.Learned.Initial
+	}
 	in.fleet = f
+	if in.adaptive != nil {
+		in.adaptive.mu.Lock()
+		in.adaptive.fleet = f
+		in.adaptive.mu.Unlock()
+	}
 	take := func() {
 		f.ls = cs.leaser.Lease(in.name, lim, f)
 		f.LeaseChanged(f.ls.State(s.engine.clock.Now()))

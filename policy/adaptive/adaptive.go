@@ -259,6 +259,22 @@ func (c *Controller) current() int64 {
 	return min(max(int64(c.limit), c.s.Min), c.s.Max)
 }
 
+// SetLimit puts n in force as the learned limit (within Min and Max): a limit learned elsewhere
+// too (a fleet of replicas learns one limit, each proposing its own moves). Requests admitted
+// before a lower limit ran under a higher one, as after a cut of the controller's own.
+func (c *Controller) SetLimit(now time.Time, n int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v := float64(min(max(n, c.s.Min), c.s.Max))
+	if v == c.limit {
+		return
+	}
+	if v < c.limit {
+		c.decreasedAt = now
+	}
+	c.limit, c.changedAt = v, now
+}
+
 // sizeClass returns the prompt size class of a prompt of n tokens.
 func sizeClass(n int64) int {
 	return min(bits.Len64(uint64(max(n, 0))/256), sizeClasses-1)

@@ -497,6 +497,10 @@ func (s *Scheduler) take(set []*Compartment, held []int64, tokens int64, pending
 				c.shadowRefusals.Add(1)
 			}
 		}
+		if c.leased {
+			// A learned limit leased from the fleet is saturated at this replica's lease.
+			lim = c.leaseSlots
+		}
 		if c.adaptive > 0 && (c.inflight+1 >= lim || c.queue.len() > 0) {
 			c.saturations.Add(1)
 		}

@@ -37,6 +37,17 @@ type LeaseLimits struct {
 	MaxConcurrent, MaxTokens int64
 	// Windows are the request-rate and token windows, in the order the caller refers to them.
 	Windows []Window
+	// Learned, when Max is positive, makes the concurrency limit one the fleet learns
+	// (max_concurrent: adaptive): MaxConcurrent is then ignored, and the limit starts at Initial,
+	// within Min and Max, moved by Propose.
+	Learned LearnedLimit
+}
+
+// LearnedLimit bounds a concurrency limit the fleet learns.
+type LearnedLimit struct {
+	Min, Max, Initial int64
+	// Step is how often the limit may rise, for the whole fleet.
+	Step time.Duration
 }
 
 // LeaseUsage is what a compartment holds and wants here, as the caller counts it.
@@ -66,6 +77,9 @@ type LeaseState struct {
 	// Valid reports that the lease is in force. When false it holds nothing: it was not granted
 	// yet, or Redis has not renewed it within the lease ttl.
 	Valid bool
+	// Learned is the fleet's learned concurrency limit, as of the last report (0: the
+	// compartment's limit is not learned, or no report yet).
+	Learned int64
 	// Available reports that Redis answers. A lease that is not valid while Redis is
 	// unavailable leaves the caller to enforce cluster.on_unavailable. The holder is told its
 	// lease again whenever Redis's availability changes: before admissions see Redis available,
@@ -459,6 +473,9 @@ type Lease struct {
 	// needSlots and needTokens are what requests that found the lease full asked for since the
 	// last report (they may not be queued yet).
 	needSlots, needTokens int64
+	// learned is the fleet's learned limit at the last report; proposeFrom and proposeTo this
+	// replica's proposal to move it (from the learned limit its controller moved from).
+	learned, proposeFrom, proposeTo int64
 	wins                  []allowance
 	// resend is a report whose answer was lost: the next report carries its sequence number and
 	// what it gave back, so that Redis applies them once.
@@ -722,6 +739,27 @@ func (ls *Lease) Urgent() {
 	ls.l.Kick()
 }
 
+// Propose asks for the fleet's learned limit to move as this replica's controller moved its own
+// view of it, from from to to. A cut is reported at once.
+func (ls *Lease) Propose(from, to int64) {
+	if from <= 0 || to <= 0 || from == to {
+		return
+	}
+	ls.mu.Lock()
+	if ls.proposeFrom == 0 {
+		ls.proposeFrom = from
+	}
+	ls.proposeTo = to
+	cut := to < from
+	if cut {
+		ls.urgent = true
+	}
+	ls.mu.Unlock()
+	if cut {
+		ls.l.Kick()
+	}
+}
+
 // Need asks for a slot (and tokens in flight) more than the lease holds, at the next round,
 // and for the round to come now: a request found the lease full.
 func (ls *Lease) Need(tokens int64) {
@@ -741,7 +779,7 @@ func (ls *Lease) state(now time.Time) (LeaseState, bool) {
 }
 
 func (ls *Lease) stateAt(now time.Time, available bool) LeaseState {
-	return LeaseState{Slots: ls.target, Tokens: ls.ttarget, Valid: ls.Valid(now), Available: available}
+	return LeaseState{Slots: ls.target, Tokens: ls.ttarget, Valid: ls.Valid(now), Available: available, Learned: ls.learned}
 }
 
 // due says whether the lease should be reported at this round, and drop whether it holds
@@ -809,22 +847,33 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 	// is true now, also in a report sent again.
 	hs := max(ls.target, u.InFlight)
 	ht := max(ls.ttarget, u.Tokens)
-	ws := wantOf(u.InFlight, u.Waiting+ls.needSlots, ls.lim.MaxConcurrent, !ls.pressure)
+	slotLimit := ls.lim.MaxConcurrent
+	if ls.lim.Learned.Max > 0 {
+		slotLimit = ls.lim.Learned.Max
+	}
+	ws := wantOf(u.InFlight, u.Waiting+ls.needSlots, slotLimit, !ls.pressure)
 	wt := wantOf(u.Tokens, u.WaitingTokens+ls.needTokens, ls.lim.MaxTokens, !ls.pressure)
 	ls.needSlots, ls.needTokens = 0, 0
 	if final || ls.closed {
 		hs, ht = u.InFlight, u.Tokens
 		ws, wt = 0, 0
 	}
-	if ls.lim.MaxConcurrent <= 0 {
+	if ls.lim.MaxConcurrent <= 0 && ls.lim.Learned.Max <= 0 {
 		hs, ws = 0, 0
 	}
 	if ls.lim.MaxTokens <= 0 {
 		ht, wt = 0, 0
 	}
 	ttl := ls.l.st.o.LeaseTTL.Milliseconds()
-	r.args = append(make([]any, 0, 14+10*len(ls.wins)), ls.l.st.o.ReplicaID, ttl, epoch, ls.l.recovery.Milliseconds(), ls.l.inc+":"+strconv.FormatInt(r.seq, 10),
-		ls.lim.MaxConcurrent, hs, u.InFlight, ws, ls.lim.MaxTokens, ht, u.Tokens, wt, len(ls.wins))
+	maxSlots := ls.lim.MaxConcurrent
+	if ls.lim.Learned.Max > 0 {
+		maxSlots = max(ls.learned, ls.lim.Learned.Initial) // the script uses the fleet's
+	}
+	ll := ls.lim.Learned
+	r.args = append(make([]any, 0, 20+10*len(ls.wins)), ls.l.st.o.ReplicaID, ttl, epoch, ls.l.recovery.Milliseconds(), ls.l.inc+":"+strconv.FormatInt(r.seq, 10),
+		maxSlots, hs, u.InFlight, ws, ls.lim.MaxTokens, ht, u.Tokens, wt, len(ls.wins),
+		ll.Min, ll.Max, ll.Initial, ll.Step.Milliseconds(), ls.proposeFrom, ls.proposeTo)
+	ls.proposeFrom, ls.proposeTo = 0, 0
 	r.returns = make([][]chunk, len(ls.wins))
 	r.debt = make([]int64, len(ls.wins))
 	elapsed := now.Sub(ls.sent)
@@ -905,14 +954,15 @@ func (ls *Lease) failed(r *leaseReport) {
 // apply takes the answer to report r sent at now.
 func (ls *Lease) apply(r *leaseReport, res []int64, now time.Time) {
 	ls.resend = nil
-	if len(res) < 8 {
+	if len(res) < 9 {
 		return
 	}
 	ls.grant, ls.target, ls.tgrant, ls.ttarget = res[1], res[2], res[3], res[4]
 	ls.pressure, ls.recovers = res[5] == 1, res[6] == 1
 	ls.sent = now
 	ls.validUntil.Store(now.Add(ls.l.validFor()).UnixNano())
-	i := 8
+	ls.learned = res[8]
+	i := 9
 	for k := range ls.wins {
 		if i+4 >= len(res) || k >= len(ls.lim.Windows) {
 			break

@@ -9,6 +9,8 @@ package cluster
 //
 //	{P|C}:ls                     hash  the compartment's leases:
 //	                                   "born"    → when the hash was made (ms, Redis time);
+//	                                   "al", "ali" → the fleet's learned concurrency limit, and
+//	                                   when it last rose (adaptive compartments);
 //	                                   "s:<r>"   → concurrency slots leased to replica r;
 //	                                   "t:<r>"   → in-flight tokens leased to r;
 //	                                   "ws:<r>", "wt:<r>" → what r last said it wants of each;
@@ -30,8 +32,10 @@ package cluster
 //	ARGV: 1 me, 2 lease ttl ms, 3 1 if the epoch key is given, 4 recovery ms, 5 the report's
 //	      number ("<incarnation>:<count>"), 6 max slots (0: none), 7 slots leased to me now, 8 slots in use, 9 slots wanted,
 //	      10 max tokens (0: none), 11 tokens leased to me now, 12 tokens in use, 13 tokens wanted,
-//	      14 number of windows W, then W × (kind, capacity, debt bound, slot ms, chunk wanted,
-//	      largest single need, extra to charge, returns R, R × (slot, amount))
+//	      14 number of windows W, 15-18 a learned limit's min, max (0: not learned), initial and
+//	      step interval ms, 19-20 this replica's proposal: from the limit, to the limit (0: none),
+//	      then W × (kind, capacity, debt bound, slot ms, chunk wanted, largest single need, extra
+//	      to charge, returns R, R × (slot, amount))
 //
 // A replica's lease of slots (and tokens) is what it reports holding: the script trusts a
 // replica's word about itself (a heartbeat rewrites its own truth) and bounds everything else it
@@ -52,8 +56,12 @@ package cluster
 // longest gap between a holder's reports). Windows do not recover: a window Redis lost starts
 // empty, as it does for the per-request script.
 //
+// A learned concurrency limit (max_concurrent: adaptive) is the fleet's, kept in the hash ("al",
+// and "ali": when it last rose); each replica's controller proposes how to move it.
+//
 // Returns {status, slots granted, slots target, tokens granted, tokens target, pressure,
-// recovering, replicas holding, W × (chunk granted, slot charged, remaining, reset ms, wait ms)}.
+// recovering, replicas holding, learned limit (0: none), W × (chunk granted, slot charged,
+// remaining, reset ms, wait ms)}.
 // status is 0, or 2 when the hash held more fields than a compartment can (it was rewritten).
 // pressure is 1 when another replica wants more than it holds. wait is, when a single need did
 // not fit, the time until it would.
@@ -66,6 +74,10 @@ seq = tonumber(seq)
 local maxs, hs, us, ws = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local maxt, ht, ut, wt = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local nw = tonumber(ARGV[14])
+-- A learned (adaptive) concurrency limit is the fleet's: min, max, initial, the step interval
+-- (ms), and this replica's proposal, from the limit it last saw (0: none) to a new one.
+local amin, amax, ainit, aint = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18])
+local afrom, ato = tonumber(ARGV[19]), tonumber(ARGV[20])
 local L = KEYS[1]
 local wk = 2
 if hasEpoch then wk = 3 end
@@ -95,7 +107,7 @@ if not sane(L, MAXFIELDS) then status = 2 end
 
 -- Read the leases, dropping entries that are expired or cannot be.
 local h = redis.call('HGETALL', L)
-local born
+local born, al, ali
 local reps = {}
 local bad = {}
 for i = 1, #h, 2 do
@@ -103,6 +115,10 @@ for i = 1, #h, 2 do
   if f == 'born' then
     born = whole(h[i + 1])
     if born == nil or born > now then born = nil; bad[#bad + 1] = f end
+  elseif f == 'al' then
+    al = whole(h[i + 1])
+  elseif f == 'ali' then
+    ali = whole(h[i + 1])
   else
     local c = string.find(f, ':', 1, true)
     local v = whole(h[i + 1])
@@ -201,16 +217,34 @@ local function lease(f, fw, cap, held)
   return grant, target, pressure
 end
 
+if amax > 0 then
+  -- The learned limit: a proposal moves it by the ratio the replica's controller moved its own
+  -- view of it. A cut applies at once; a raise at most once per step interval for the fleet
+  -- (every replica's controller would otherwise raise it in the same interval).
+  if al == nil or al < amin or al > amax then al = ainit end
+  if afrom > 0 and ato > 0 and ato ~= afrom then
+    local next = al * ato / afrom
+    if next < al then
+      al = math.max(amin, math.floor(next))
+    elseif ali == nil or ali > now or now - ali >= aint then
+      al = math.min(amax, math.max(al + 1, math.floor(next)))
+      ali = now
+      redis.call('HSET', L, 'ali', ali)
+    end
+  end
+  redis.call('HSET', L, 'al', al)
+  maxs = al
+end
 local gs, tgs, ps = lease('s', 'ws', maxs, hs)
 local gt, tgt, pt = lease('t', 'wt', maxt, ht)
 mine.s, mine.t = gs, gt
 
-local out = {status, gs, tgs, gt, tgt, 0, 0, 0}
+local out = {status, gs, tgs, gt, tgt, 0, 0, 0, al or 0}
 if ps or pt then out[6] = 1 end
 if recovering then out[7] = 1 end
 
 -- Windows.
-local a = 15
+local a = 21
 local idle = gs == 0 and gt == 0 and ws == 0 and wt == 0
 for i = 1, nw do
   local kind, cap, debt, slotlen = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])

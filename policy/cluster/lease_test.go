@@ -433,7 +433,7 @@ func TestResentReportAppliesOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		granted += res[8]
+		granted += res[9]
 	}
 	if got, want := sum(), before-300+granted; got != want {
 		t.Fatalf("the window holds %d after 300 came back in a report sent twice (and %d granted): want %d", got, granted, want)
@@ -462,4 +462,48 @@ func TestDeadReplicaShareReturnsAfterTTL(t *testing.T) {
 		t.Fatalf("replica 1 runs %d while replica 0's lease of 5 is live", b.running())
 	}
 	waitFor(t, "the dead replica's share to return", func() bool { b.settle(); f.leasers[1].Round(); return b.running() == 10 })
+}
+
+// TestLearnedLimitIsTheFleets: a compartment whose concurrency limit is learned has one limit
+// for the fleet; a replica's cut applies to every replica at once, and raises by several
+// replicas within one step count once.
+func TestLearnedLimitIsTheFleets(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "learn", 2, time.Second)
+	lim := LeaseLimits{Learned: LearnedLimit{Min: 1, Max: 40, Initial: 10, Step: time.Hour}}
+	a, b := &demand{want: 20}, &demand{want: 20}
+	la := f.leasers[0].Lease("provider/openai", lim, a)
+	lb := f.leasers[1].Lease("provider/openai", lim, b)
+	f.pastRecovery(t, la)
+	round := func() {
+		for i, d := range []*demand{a, b} {
+			d.settle()
+			f.leasers[i].Round()
+		}
+	}
+	round()
+	round()
+	if got := a.running() + b.running(); got != 10 {
+		t.Fatalf("%d requests run under a learned limit starting at 10", got)
+	}
+	// Replica a's controller halves the limit (the provider slows down).
+	la.Propose(10, 5)
+	round()
+	if st := lb.State(time.Now()); st.Learned != 5 {
+		t.Fatalf("replica b sees a learned limit of %d after a's cut to 5", st.Learned)
+	}
+	for range 4 {
+		a.set(min(a.want, 2)) // requests end; the fleet drains to the new limit
+		round()
+	}
+	if got := a.running() + b.running(); got > 5 {
+		t.Fatalf("%d requests run after the fleet's limit fell to 5", got)
+	}
+	// Both controllers raise it by one within the same step: the fleet's rises once.
+	la.Propose(5, 6)
+	lb.Propose(5, 6)
+	round()
+	if st := la.State(time.Now()); st.Learned != 6 {
+		t.Fatalf("learned limit %d after two raises within one step, want 6", st.Learned)
+	}
 }
