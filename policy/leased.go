@@ -173,7 +173,8 @@ func (e *Engine) reserveWindow(ctx context.Context, t *Ticket, i, k int, n int64
 		ls, wi := f.ls, f.idx[k]
 		cs := e.cluster
 		// The chunks may be short: ask for more, and try again after the round (another
-		// request here may have taken what it brought, so a few times).
+		// request here may have taken what it brought, so until cluster.timeout has passed).
+		deadline := now.Add(cs.timeout)
 		for attempt := 0; ; attempt++ {
 			if ch, ok = ls.Reserve(wi, n, now); ok {
 				t.charged[i][k] = chargedLease
@@ -187,7 +188,7 @@ func (e *Engine) reserveWindow(ctx context.Context, t *Ticket, i, k int, n int64
 				}
 				return budget.Charge{}, false, wait, false
 			}
-			if attempt == maxLeaseAttempts || !cs.store.Available() || !e.awaitLease(ctx, "window") {
+			if !cs.store.Available() || !e.awaitLease(ctx, "window", deadline) {
 				break
 			}
 			now = e.clock.Now()
@@ -213,17 +214,18 @@ func (e *Engine) reserveWindow(ctx context.Context, t *Ticket, i, k int, n int64
 	return ch, ok, wait, false
 }
 
-// maxLeaseAttempts bounds the rounds of lease reports one request waits for.
-const maxLeaseAttempts = 3
-
-// awaitLease asks for a round of lease reports now and waits for it, at most cluster.timeout, and
+// awaitLease asks for a round of lease reports now and waits for it to end, until deadline, and
 // reports whether it ended in time. kind names what the request lacks, for the metric.
-func (e *Engine) awaitLease(ctx context.Context, kind string) bool {
+func (e *Engine) awaitLease(ctx context.Context, kind string, deadline time.Time) bool {
 	l := e.cluster.leaser
+	left := deadline.Sub(e.clock.Now())
+	if left <= 0 {
+		return false
+	}
 	l.CountWait(kind)
 	next := l.Next()
 	l.Kick()
-	t := time.NewTimer(e.cluster.timeout)
+	t := time.NewTimer(left)
 	defer t.Stop()
 	select {
 	case <-next:
@@ -242,17 +244,46 @@ func (e *Engine) leaseGrew(ctx context.Context, t *Ticket, want bulkhead.Want) b
 	if cs == nil || cs.leaser == nil {
 		return false
 	}
-	// While a compartment recovers (Redis lost its leases, or this is a new deployment's first
-	// use of Redis) no lease grows: the request waits the recovery out rather than be refused
-	// for a lease that could not follow demand yet.
-	until := e.clock.Now().Add(cs.leaser.Recovery() + 2*cs.leaser.Interval())
-	for attempt := 0; attempt < maxLeaseAttempts || (t.leasesRecovering() && e.clock.Now().Before(until)); attempt++ {
-		if !cs.store.Available() || !t.needLeases(want.Tokens) || !e.awaitLease(ctx, "slot") {
+	// A request waits for its leases to grow, until cluster.timeout has passed, and while a
+	// compartment recovers (Redis lost its leases, or this is a new deployment's first use of
+	// Redis: no lease grows) until the recovery is over, rather than be refused for a lease that
+	// could not follow demand yet. A contended lease cannot grow until another replica shrinks:
+	// the request queues as it would without a lease.
+	start := e.clock.Now()
+	deadline, recovered := start.Add(cs.timeout), start.Add(cs.leaser.Recovery()+cs.leaser.Interval())
+	for cs.store.Available() {
+		switch {
+		case t.needLeases(want.Tokens):
+			if !e.awaitLease(ctx, "slot", deadline) {
+				return false
+			}
+		case t.leasesRecovering():
+			if !e.awaitRound(ctx, recovered) {
+				return false
+			}
+		default:
 			return false
 		}
 		if e.sched.TryAcquire(t.set[:t.n], t.held[:t.n], want) {
 			return true
 		}
+	}
+	return false
+}
+
+// awaitRound waits for the next regular round of lease reports, until deadline.
+func (e *Engine) awaitRound(ctx context.Context, deadline time.Time) bool {
+	left := deadline.Sub(e.clock.Now())
+	if left <= 0 {
+		return false
+	}
+	t := time.NewTimer(left)
+	defer t.Stop()
+	select {
+	case <-e.cluster.leaser.Next():
+		return true
+	case <-t.C:
+	case <-ctx.Done():
 	}
 	return false
 }
@@ -268,16 +299,17 @@ func (t *Ticket) leasesRecovering() bool {
 }
 
 // needLeases asks for the ticket's leases to grow by the request (tokens in flight): it found no
-// room in them, and is about to wait for one.
+// room in them, and is about to wait for one. It reports whether a round can help them all
+// (none is contended or recovering).
 func (t *Ticket) needLeases(tokens int64) bool {
-	any := false
+	help, any := true, false
 	for i := 0; i < t.n; i++ {
 		if f := t.insts[i].fleet; f != nil && f.ls != nil {
-			f.ls.Need(tokens)
+			help = f.ls.Need(tokens) && help
 			any = true
 		}
 	}
-	return any
+	return any && help
 }
 
 // leasesValid reports whether every lease of the ticket's compartments is in force at now.

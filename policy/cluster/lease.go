@@ -93,10 +93,14 @@ type Leaser struct {
 	o      LeaseOptions
 	script *redis.Script
 	epoch  string // the epoch key; empty in Redis Cluster, whose scripts can only read one slot
-	// recovery is how long a compartment whose hash was lost keeps every lease from growing: more
-	// than the longest gap between two reports of a lease that holds something (a lease is
-	// reported every interval while it holds anything).
-	recovery time.Duration
+	// renew is the longest gap between two reports of a lease that holds something: a lease
+	// that is steady (its use within it, nobody else short) is reported that often, one in use
+	// and changing every interval. recovery is how long a compartment whose hash was lost keeps
+	// every lease from growing: more than renew and a report's round trip.
+	renew, recovery time.Duration
+	// channel carries the names of compartments where a replica is short while others hold
+	// more than their share: their holders report at once.
+	channel string
 
 	mu     sync.Mutex
 	leases map[string]*Lease
@@ -109,7 +113,7 @@ type Leaser struct {
 	answering atomic.Bool
 	// inc names this process among the replica's incarnations, for report numbers.
 	inc string
-	// manual: no loop runs; tests call Round themselves.
+	// manual: no loop runs (the listener does); tests call Round themselves.
 	manual bool
 
 	waits   *prometheus.CounterVec
@@ -137,9 +141,11 @@ func newLeaser(s *Store, o LeaseOptions, manual bool) *Leaser {
 	if s.o.Mode != Cluster {
 		l.epoch = s.tag + ":e"
 	}
-	// A lease that holds something is reported every interval; the recovery time covers two
-	// intervals (a late tick) and a report's round trip.
-	l.recovery = 2*o.Interval + s.o.Timeout
+	// A steady lease is reported every renewSteps intervals; the recovery time covers that, a
+	// late tick and a report's round trip.
+	l.renew = renewSteps * o.Interval
+	l.recovery = l.renew + o.Interval + s.o.Timeout
+	l.channel = s.tag + ":lease"
 	l.inc = strconv.FormatUint(uint64(time.Now().UnixNano())&(1<<52-1), 10)
 	l.waits = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "cluster_lease_waits_total",
 		Help: "Requests that waited for this replica's lease to grow (leased admission), by what they lacked: slot (concurrency or in-flight tokens) or window (a request-rate or token chunk)."},
@@ -154,11 +160,52 @@ func newLeaser(s *Store, o LeaseOptions, manual bool) *Leaser {
 	}
 	s.onAvailability(l.availability)
 	l.ctx, l.cancel = context.WithCancel(context.Background())
+	l.wg.Add(1)
+	go l.listen()
 	if !l.manual {
 		l.wg.Add(1)
 		go l.loop()
 	}
 	return l
+}
+
+// renewSteps is how many intervals a steady lease goes between reports.
+const renewSteps = 5
+
+// listen makes the leases of compartments named on the channel due at the next round: a replica
+// there is short, and the others' wants in Redis may be from before their demand fell. Not at
+// once: every short replica's report names the compartment, and rounds for each would follow
+// each other back to back.
+func (l *Leaser) listen() {
+	defer l.wg.Done()
+	for l.ctx.Err() == nil {
+		ps := l.st.client.Subscribe(l.ctx, l.channel)
+		ch := ps.Channel(redis.WithChannelHealthCheckInterval(l.st.o.Heartbeat))
+	read:
+		for {
+			select {
+			case <-l.ctx.Done():
+				break read
+			case msg, ok := <-ch:
+				if !ok {
+					break read
+				}
+				l.mu.Lock()
+				ls := l.leases[msg.Payload]
+				l.mu.Unlock()
+				if ls != nil {
+					ls.mu.Lock()
+					ls.urgent, ls.pressure = true, true
+					ls.mu.Unlock()
+				}
+			}
+		}
+		_ = ps.Close()
+		select {
+		case <-l.ctx.Done():
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // Lease returns this replica's lease of compartment name, making it on first use; h (nil for a
@@ -476,6 +523,9 @@ type Lease struct {
 	// learned is the fleet's learned limit at the last report; proposeFrom and proposeTo this
 	// replica's proposal to move it (from the learned limit its controller moved from).
 	learned, proposeFrom, proposeTo int64
+	// peak and peakTokens are the recent peak of what the compartment held and waited for,
+	// decaying: a lease is not given back between two requests.
+	peak, peakTokens float64
 	wins                  []allowance
 	// resend is a report whose answer was lost: the next report carries its sequence number and
 	// what it gave back, so that Redis applies them once.
@@ -496,8 +546,9 @@ type allowance struct {
 	// used is what was reserved since the last report; rate its average per interval.
 	used int64
 	rate float64
-	// need is the largest single reservation that found too little here since the last report.
-	need int64
+	// need is the largest single reservation that found too little here since the last report,
+	// needSum what all of them asked for.
+	need, needSum int64
 	// remaining, reset and wait are what the window had at the last report: its room, when all
 	// of it is back, and (for a need that did not fit) when it would.
 	remaining int64
@@ -563,6 +614,7 @@ func (ls *Lease) Reserve(i int, n int64, now time.Time) (budget.Charge, bool) {
 	}
 	if have < n {
 		a.need = max(a.need, n)
+		a.needSum += n
 		ls.urgent = true
 		return budget.Charge{}, false
 	}
@@ -762,13 +814,21 @@ func (ls *Lease) Propose(from, to int64) {
 
 // Need asks for a slot (and tokens in flight) more than the lease holds, at the next round,
 // and for the round to come now: a request found the lease full.
-func (ls *Lease) Need(tokens int64) {
+//
+// It reports whether a round can help now: not while the compartment recovers (no lease grows)
+// nor while it is contended (another replica must shrink first; the request waits in the queue,
+// which every report counts, and the short replica's reports say so to the others).
+func (ls *Lease) Need(tokens int64) bool {
 	ls.mu.Lock()
 	ls.urgent = true
 	ls.needSlots++
 	ls.needTokens += tokens
+	help := !ls.recovers && !ls.pressure
 	ls.mu.Unlock()
-	ls.l.Kick()
+	if help {
+		ls.l.Kick()
+	}
+	return help
 }
 
 func (ls *Lease) state(now time.Time) (LeaseState, bool) {
@@ -788,21 +848,37 @@ func (ls *Lease) due(now time.Time) (due, drop bool) {
 	u := ls.usage(false)
 	holds := ls.grant > 0 || ls.tgrant > 0
 	busy := u.InFlight > 0 || u.Waiting > 0 || u.Tokens > 0
+	// steady: nothing to say that cannot wait for the renewal — the lease covers what is used
+	// with room to spare, nobody waits, and every window holds enough for its pace.
+	steady := u.Waiting == 0 && ls.needSlots == 0 && !ls.pressure && !ls.recovers && ls.proposeTo == 0 &&
+		(ls.lim.MaxConcurrent <= 0 && ls.lim.Learned.Max <= 0 || u.InFlight < ls.target) &&
+		(ls.lim.MaxTokens <= 0 || u.Tokens < ls.ttarget)
 	for i := range ls.wins {
 		a := &ls.wins[i]
 		a.expire(now)
 		if len(a.chunks) > 0 || len(a.returns) > 0 || a.debt > 0 || a.used > 0 || a.need > 0 || a.rate > 0.01 {
 			busy = true
 		}
+		var have int64
+		for _, ch := range a.chunks {
+			have += ch.left
+		}
+		if len(a.returns) > 0 || a.debt > 0 || a.need > 0 || (a.rate > 0.01 && float64(have) < 2*a.rate) {
+			steady = false
+		}
 	}
-	if ls.resend != nil || ls.urgent || busy || holds {
-		// A lease that holds anything is reported every round: to give back what is not used,
-		// to renew it, and so that a compartment whose hash Redis lost hears from every holder
-		// within its recovery.
+	switch {
+	case ls.resend != nil || ls.urgent:
 		return true, false
+	case !holds && !busy:
+		// Nothing to report; a lease its owner closed can be forgotten.
+		return false, ls.closed
+	case steady:
+		// Renewed often enough that a compartment whose hash Redis lost hears from every
+		// holder within its recovery.
+		return now.Sub(ls.lastSent) >= ls.l.renew, false
 	}
-	// Nothing to report; a lease its owner closed can be forgotten.
-	return false, ls.closed
+	return true, false
 }
 
 // leaseReport is one report's keys and arguments, with the returns and debt it sent per window.
@@ -851,8 +927,21 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 	if ls.lim.Learned.Max > 0 {
 		slotLimit = ls.lim.Learned.Max
 	}
-	ws := wantOf(u.InFlight, u.Waiting+ls.needSlots, slotLimit, !ls.pressure)
-	wt := wantOf(u.Tokens, u.WaitingTokens+ls.needTokens, ls.lim.MaxTokens, !ls.pressure)
+	// Demand is what is held and waited for now, or, unless another replica is short, the
+	// recent peak of it halving with every report: a lease is not handed back between two
+	// requests only to be asked for again.
+	cur, curTokens := float64(u.InFlight+u.Waiting+ls.needSlots), float64(u.Tokens+u.WaitingTokens+ls.needTokens)
+	if ls.pressure {
+		ls.peak, ls.peakTokens = cur, curTokens
+	} else {
+		ls.peak, ls.peakTokens = max(cur, ls.peak/2), max(curTokens, ls.peakTokens/2)
+	}
+	ws := wantOf(u.InFlight, max(int64(math.Ceil(ls.peak-0.5))-u.InFlight, 0), slotLimit, !ls.pressure)
+	wt := wantOf(u.Tokens, max(int64(math.Ceil(ls.peakTokens-0.5))-u.Tokens, 0), ls.lim.MaxTokens, !ls.pressure)
+	short := "0"
+	if u.Waiting+ls.needSlots > 0 || u.WaitingTokens+ls.needTokens > 0 {
+		short = "1"
+	}
 	ls.needSlots, ls.needTokens = 0, 0
 	if final || ls.closed {
 		hs, ht = u.InFlight, u.Tokens
@@ -870,9 +959,9 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 		maxSlots = max(ls.learned, ls.lim.Learned.Initial) // the script uses the fleet's
 	}
 	ll := ls.lim.Learned
-	r.args = append(make([]any, 0, 20+10*len(ls.wins)), ls.l.st.o.ReplicaID, ttl, epoch, ls.l.recovery.Milliseconds(), ls.l.inc+":"+strconv.FormatInt(r.seq, 10),
+	r.args = append(make([]any, 0, 23+10*len(ls.wins)), ls.l.st.o.ReplicaID, ttl, epoch, ls.l.recovery.Milliseconds(), ls.l.inc+":"+strconv.FormatInt(r.seq, 10),
 		maxSlots, hs, u.InFlight, ws, ls.lim.MaxTokens, ht, u.Tokens, wt, len(ls.wins),
-		ll.Min, ll.Max, ll.Initial, ll.Step.Milliseconds(), ls.proposeFrom, ls.proposeTo)
+		ll.Min, ll.Max, ll.Initial, ll.Step.Milliseconds(), ls.proposeFrom, ls.proposeTo, ls.l.channel, ls.name, short)
 	ls.proposeFrom, ls.proposeTo = 0, 0
 	r.returns = make([][]chunk, len(ls.wins))
 	r.debt = make([]int64, len(ls.wins))
@@ -881,10 +970,11 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 		a := &ls.wins[i]
 		w := &ls.lim.Windows[i]
 		a.expire(now)
-		// The rate of use per interval, smoothed.
+		// The rate of use per interval, smoothed (reports come every interval, every renewal,
+		// or sooner when asked for).
 		per := float64(a.used)
-		if elapsed > ls.l.o.Interval && !ls.sent.IsZero() {
-			per = per * float64(ls.l.o.Interval) / float64(elapsed)
+		if elapsed > 0 && !ls.sent.IsZero() {
+			per = per * float64(ls.l.o.Interval) / float64(max(elapsed, ls.l.o.Interval/4))
 		}
 		a.rate = 0.5*a.rate + 0.5*per
 		a.used = 0
@@ -900,8 +990,10 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 		if a.pace < 2 {
 			want = 0
 		}
+		// Every request that found the chunks short asked for its part: ask for all of it.
+		want = max(want, a.needSum-have)
 		need := a.need
-		a.need = 0
+		a.need, a.needSum = 0, 0
 		if final || ls.closed || w.Shadow {
 			want = 0
 		}

@@ -11,12 +11,11 @@ package cluster
 //	                                   "born"    → when the hash was made (ms, Redis time);
 //	                                   "al", "ali" → the fleet's learned concurrency limit, and
 //	                                   when it last rose (adaptive compartments);
-//	                                   "s:<r>"   → concurrency slots leased to replica r;
-//	                                   "t:<r>"   → in-flight tokens leased to r;
-//	                                   "ws:<r>", "wt:<r>" → what r last said it wants of each;
-//	                                   "d<kind>:<r>" → what r wants of window <kind> per chunk;
-//	                                   "x:<r>"   → when r's leases expire (ms, Redis time);
-//	                                   "q:<r>"   → the number of r's last report applied.
+//	                                   "r:<r>"   → replica r's entry, one string: the slots and
+//	                                   in-flight tokens leased to it, what it last said it wants
+//	                                   of each, when its leases expire (ms, Redis time), the
+//	                                   number of its last report applied, and what it wants of
+//	                                   each window per chunk.
 //	{P|C}:w:<kind>:<window ms>   hash  a sliding window, laid out as the per-request script's
 //	                                   windows are (see luaCommon); window chunks are charged to
 //	                                   it when granted and refunded when given back unused.
@@ -34,7 +33,8 @@ package cluster
 //	      10 max tokens (0: none), 11 tokens leased to me now, 12 tokens in use, 13 tokens wanted,
 //	      14 number of windows W, 15-18 a learned limit's min, max (0: not learned), initial and
 //	      step interval ms, 19-20 this replica's proposal: from the limit, to the limit (0: none),
-//	      then W × (kind, capacity, debt bound, slot ms, chunk wanted, largest single need, extra
+//	      21-22 the channel on which to name the compartment, and its name, 23 1 when requests
+//	      wait here for more than the lease holds, then W × (kind, capacity, debt bound, slot ms, chunk wanted, largest single need, extra
 //	      to charge, returns R, R × (slot, amount))
 //
 // A replica's lease of slots (and tokens) is what it reports holding: the script trusts a
@@ -66,7 +66,7 @@ package cluster
 // pressure is 1 when another replica wants more than it holds. wait is, when a single need did
 // not fit, the time until it would.
 const luaLease = luaCommon + `
-local MAXFIELDS = 4096
+local MAXFIELDS = 1100
 local me, ttl = ARGV[1], tonumber(ARGV[2])
 local hasEpoch, recov = ARGV[3] == '1', tonumber(ARGV[4])
 local inc, seq = string.match(ARGV[5], '^(%d+):(%d+)$')
@@ -78,6 +78,10 @@ local nw = tonumber(ARGV[14])
 -- (ms), and this replica's proposal, from the limit it last saw (0: none) to a new one.
 local amin, amax, ainit, aint = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18])
 local afrom, ato = tonumber(ARGV[19]), tonumber(ARGV[20])
+-- The channel on which a replica short of its share names the compartment (empty: none).
+local chan, cname = ARGV[21], ARGV[22]
+-- short: requests wait here for more than the lease holds.
+local short = ARGV[23] == '1'
 local L = KEYS[1]
 local wk = 2
 if hasEpoch then wk = 3 end
@@ -91,12 +95,11 @@ local function whole(v)
   return n
 end
 
--- sane replaces a key that is not of the type the script keeps there (or is too large to read
--- in bounded time) by nothing: the compartment then recovers as if it had lost its state.
+-- sane replaces a key that is not a hash (or is too large to read in bounded time) by nothing:
+-- the compartment then recovers as if it had lost its state.
 local function sane(key, maxlen)
-  local ty = redis.call('TYPE', key).ok
-  if ty == 'none' then return true end
-  if ty ~= 'hash' or redis.call('HLEN', key) > maxlen then
+  local n = redis.pcall('HLEN', key)
+  if type(n) == 'table' or n > maxlen then
     redis.call('UNLINK', key)
     return false
   end
@@ -105,45 +108,39 @@ end
 
 if not sane(L, MAXFIELDS) then status = 2 end
 
--- Read the leases, dropping entries that are expired or cannot be.
+-- Read the leases, dropping entries that are expired or cannot be. A replica's entry is one
+-- field, "r:<replica>" → "<slots>|<tokens>|<slots wanted>|<tokens wanted>|<expiry ms>|
+-- <incarnation>:<report count>|<kind>=<chunk wanted>,…".
 local h = redis.call('HGETALL', L)
 local born, al, ali
 local reps = {}
 local bad = {}
 for i = 1, #h, 2 do
-  local f = h[i]
+  local f, v = h[i], h[i + 1]
   if f == 'born' then
-    born = whole(h[i + 1])
+    born = whole(v)
     if born == nil or born > now then born = nil; bad[#bad + 1] = f end
   elseif f == 'al' then
-    al = whole(h[i + 1])
+    al = whole(v)
   elseif f == 'ali' then
-    ali = whole(h[i + 1])
+    ali = whole(v)
   else
-    local c = string.find(f, ':', 1, true)
-    local v = whole(h[i + 1])
-    if c ~= nil and string.sub(f, 1, c - 1) == 'q' then
-      -- A report's number: "<incarnation>:<count>".
-      local qi, qn = string.match(h[i + 1], '^(%d+):(%d+)$')
-      if qi then v = {qi, tonumber(qn)} end
+    local r = string.match(f, '^r:(.+)$')
+    local es, et, ews, ewt, ex, qi, qn, ds = string.match(v, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+):(%d+)|(.*)$')
+    local e
+    if r and es then
+      e = {s = whole(es), t = whole(et), ws = whole(ews), wt = whole(ewt), x = whole(ex), q = {qi, tonumber(qn)}, d = {}}
+      for k, dv in string.gmatch(ds, '(%w+)=(%d+)') do e.d[k] = whole(dv) end
     end
-    if c == nil or v == nil then
+    -- A replica's leases expire lease ttl after its last report ran, by this same clock: a
+    -- later expiry cannot be (one replica's longer ttl during a rolling restart counts as ttl
+    -- + 1 s).
+    if e == nil or e.s == nil or e.t == nil or e.ws == nil or e.wt == nil or e.x == nil or
+        (r ~= me and (e.x < now or e.x > now + ttl + 1000)) then
       bad[#bad + 1] = f
     else
-      local r = string.sub(f, c + 1)
-      local e = reps[r]
-      if e == nil then e = {fields = {}}; reps[r] = e end
-      e[string.sub(f, 1, c - 1)] = v
-      e.fields[#e.fields + 1] = f
+      reps[r] = e
     end
-  end
-end
-for r, e in pairs(reps) do
-  -- A replica's leases expire lease ttl after its last report ran, by this same clock: a later
-  -- expiry cannot be (one replica's longer ttl during a rolling restart counts as ttl + 1 s).
-  if r ~= me and (e.x == nil or e.x < now or e.x > now + ttl + 1000) then
-    for _, f in ipairs(e.fields) do bad[#bad + 1] = f end
-    reps[r] = nil
   end
 end
 if #bad > 0 then redis.call('HDEL', L, unpack(bad)) end
@@ -154,9 +151,9 @@ if born == nil then
   -- new for sure only when the deployment's epoch is older than the recovery time.
   born = now
   if hasEpoch and status == 0 then
-    local ty = redis.call('TYPE', KEYS[2]).ok
-    if ty ~= 'string' and ty ~= 'none' then redis.call('DEL', KEYS[2]) end
-    local ep = whole(redis.call('GET', KEYS[2]))
+    local ep = redis.pcall('GET', KEYS[2])
+    if type(ep) == 'table' then redis.call('DEL', KEYS[2]); ep = nil end
+    ep = whole(ep)
     if ep == nil or ep > now then
       redis.call('SET', KEYS[2], now)
     elseif now - ep >= recov then
@@ -164,13 +161,14 @@ if born == nil then
     end
   end
   redis.call('HSET', L, 'born', born)
-elseif (mine == nil or mine.s == nil) and hs > 0 and now - born >= recov then
+elseif mine == nil and hs > 0 and now - born >= recov then
   -- This replica holds slots the hash does not know of: the hash lost them. Recover.
   born = now
   redis.call('HSET', L, 'born', born)
 end
 local recovering = now - born < recov
-if mine == nil then mine = {fields = {}}; reps[me] = mine end
+local hadEntry = mine ~= nil
+if mine == nil then mine = {d = {}}; reps[me] = mine end
 -- Deltas (returns, extra) apply once per report: a report resent after its answer was lost
 -- carries the number it had. A replica restarted under the same id counts anew.
 local fresh = mine.q == nil or mine.q[1] ~= inc or seq > mine.q[2]
@@ -178,10 +176,11 @@ mine.s, mine.t, mine.ws, mine.wt = hs, ht, ws, wt
 
 -- fairshare is the max-min fair share of cap that replica me gets, given each replica's want
 -- (field fw); ties are broken by replica id so that every replica computes the same order.
-local function fairshare(fw, cap)
+local function fairshare(fw, cap, demands)
   local list = {}
   for r, e in pairs(reps) do
-    local w = e[fw] or 0
+    local w
+    if demands then w = e.d[fw] or 0 else w = e[fw] or 0 end
     if w > 0 then list[#list + 1] = {r, w} end
   end
   table.sort(list, function(a, b) if a[2] ~= b[2] then return a[2] < b[2] end return a[1] < b[1] end)
@@ -211,6 +210,12 @@ local function lease(f, fw, cap, held)
   local room = cap - others
   local grant = held
   if not recovering and fair > held and room > held then grant = math.min(fair, room) end
+  if short and grant < mine[fw] and not recovering and chan ~= '' then
+    -- Requests wait here for more than the lease gives: tell the other holders, whose wants
+    -- the hash may have from before their demand fell (a steady lease reports once a
+    -- renewal). They report at their next round, wanting only what they use.
+    redis.call('PUBLISH', chan, cname)
+  end
   -- The target may be below what the replica uses: it then admits nothing new until its
   -- requests drain below it (a lease shrinks only as its own holdings drain).
   local target = math.max(math.min(fair, grant, room), 0)
@@ -244,7 +249,7 @@ if ps or pt then out[6] = 1 end
 if recovering then out[7] = 1 end
 
 -- Windows.
-local a = 21
+local a = 24
 local idle = gs == 0 and gt == 0 and ws == 0 and wt == 0
 for i = 1, nw do
   local kind, cap, debt, slotlen = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
@@ -291,20 +296,18 @@ for i = 1, nw do
   out[#out + 1] = wait
 end
 
--- Write this replica's entry anew (or not at all: an idle replica holds nothing).
-if #mine.fields > 0 then redis.call('HDEL', L, unpack(mine.fields)) end
+-- Write this replica's entry (or drop it: an idle replica holds nothing).
 if idle then
+  if hadEntry then redis.call('HDEL', L, 'r:' .. me) end
   reps[me] = nil
 else
-  local kv = {'s:' .. me, gs, 't:' .. me, gt, 'ws:' .. me, ws, 'wt:' .. me, wt, 'x:' .. me, now + ttl, 'q:' .. me, ARGV[5]}
-  if not fresh then kv[#kv] = mine.q[1] .. ':' .. mine.q[2] end
-  for k, v in pairs(mine) do
-    if type(k) == 'string' and string.sub(k, 1, 1) == 'd' and type(v) == 'number' and v > 0 then
-      kv[#kv + 1] = k .. ':' .. me
-      kv[#kv + 1] = v
-    end
+  local q = ARGV[5]
+  if not fresh then q = mine.q[1] .. ':' .. mine.q[2] end
+  local ds = {}
+  for k, v in pairs(mine.d) do
+    if v > 0 then ds[#ds + 1] = k .. '=' .. v end
   end
-  redis.call('HSET', L, unpack(kv))
+  redis.call('HSET', L, 'r:' .. me, gs .. '|' .. gt .. '|' .. ws .. '|' .. wt .. '|' .. (now + ttl) .. '|' .. q .. '|' .. table.concat(ds, ','))
 end
 local holders = 0
 for _ in pairs(reps) do holders = holders + 1 end

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -59,22 +60,53 @@ func (d *demand) running() int64 {
 	return d.inFlight
 }
 
-// fleet is n replicas, each with a manual Leaser (the test runs the rounds) on one Redis.
+// fleet is n replicas, each with a manual Leaser (the test runs the rounds) on one Redis, with
+// one clock the test moves.
 type fleet struct {
 	stores  []*Store
 	leasers []*Leaser
+	clock   *testClock
+}
+
+// testClock is a clock a test moves.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// fleetInterval is the lease interval of a test fleet.
+const fleetInterval = 50 * time.Millisecond
+
+// round runs one round on every replica, in order, one interval later.
+func (f *fleet) round() {
+	f.clock.add(fleetInterval)
+	for _, l := range f.leasers {
+		l.Round()
+	}
 }
 
 func newFleet(t *testing.T, addr, prefix string, n int, ttl time.Duration) *fleet {
 	t.Helper()
-	f := &fleet{}
+	f := &fleet{clock: &testClock{now: time.Now()}}
 	for i := 0; i < n; i++ {
 		o := options(addr, prefix, "r"+strconv.Itoa(i))
 		// A short timeout keeps the recovery short (a new deployment's compartments recover
 		// first): it is the lease ttl's quarter plus two timeouts and an interval.
 		o.LeaseTTL, o.Timeout = ttl, 100*time.Millisecond
 		s := open(t, o)
-		l := newLeaser(s, LeaseOptions{Interval: 50 * time.Millisecond}, true)
+		l := newLeaser(s, LeaseOptions{Interval: fleetInterval, Now: f.clock.Now}, true)
 		t.Cleanup(func() { l.Close(context.Background()) })
 		f.stores, f.leasers = append(f.stores, s), append(f.leasers, l)
 	}
@@ -87,9 +119,7 @@ func (f *fleet) pastRecovery(t *testing.T, ls *Lease) {
 	t.Helper()
 	waitFor(t, "the first recovery to end", func() bool {
 		ls.Urgent()
-		for _, l := range f.leasers {
-			l.Round()
-		}
+		f.round()
 		ls.mu.Lock()
 		defer ls.mu.Unlock()
 		return !ls.sent.IsZero() && !ls.recovers
@@ -106,8 +136,9 @@ func leaseHash(t *testing.T, addr, prefix, name string) map[string]int64 {
 	}
 	out := map[string]int64{}
 	for k, v := range h {
-		if len(k) > 2 && k[:2] == "s:" {
-			n, _ := strconv.ParseInt(v, 10, 64)
+		if len(k) > 2 && k[:2] == "r:" {
+			slots, _, _ := strings.Cut(v, "|")
+			n, _ := strconv.ParseInt(slots, 10, 64)
 			out[k[2:]] = n
 		}
 	}
@@ -182,20 +213,17 @@ func TestLeaseFollowsSkewWithinThreeRounds(t *testing.T) {
 	f := newFleet(t, srv.Addr(), "skew", 3, time.Second)
 	lim := LeaseLimits{MaxConcurrent: 30}
 	ds := make([]*demand, 3)
-	var first *Lease
+	leases := make([]*Lease, 3)
 	for i := range ds {
 		ds[i] = &demand{want: 10}
-		ls := f.leasers[i].Lease("feature/chat", lim, ds[i])
-		if i == 0 {
-			first = ls
-		}
+		leases[i] = f.leasers[i].Lease("feature/chat", lim, ds[i])
 	}
-	f.pastRecovery(t, first)
+	f.pastRecovery(t, leases[0])
 	round := func() {
 		for i := range ds {
 			ds[i].settle()
-			f.leasers[i].Round()
 		}
+		f.round()
 	}
 	for range 4 {
 		round()
@@ -205,7 +233,8 @@ func TestLeaseFollowsSkewWithinThreeRounds(t *testing.T) {
 			t.Fatalf("replica %d runs %d of its 10 before the skew", i, n)
 		}
 	}
-	// One replica now gets 80 % of the traffic: 24 of 30 concurrent requests.
+	// One replica now gets 80 % of the traffic: 24 of 30 concurrent requests. The others' leases
+	// are steady (reported once a renewal): they hear of it from the short replica's report.
 	ds[0].set(24)
 	ds[1].set(3)
 	ds[2].set(3)
@@ -214,6 +243,19 @@ func TestLeaseFollowsSkewWithinThreeRounds(t *testing.T) {
 		if ds[0].running() == 24 {
 			t.Logf("the lease followed the skew in %d rounds", k)
 			return
+		}
+		if k == 1 {
+			waitFor(t, "the others to hear that replica 0 is short", func() bool {
+				for _, ls := range leases[1:] {
+					ls.mu.Lock()
+					heard := ls.urgent
+					ls.mu.Unlock()
+					if !heard {
+						return false
+					}
+				}
+				return true
+			})
 		}
 	}
 	t.Fatalf("after 3 rounds replica 0 runs %d of the 24 it wants (others %d, %d)", ds[0].running(), ds[1].running(), ds[2].running())
@@ -229,16 +271,17 @@ func TestIdleReplicaHoldsNothing(t *testing.T) {
 	for range 3 {
 		busy.settle()
 		idle.settle()
-		f.leasers[0].Round()
-		f.leasers[1].Round()
+		f.round()
 	}
 	if got := leaseHash(t, srv.Addr(), "idle", "tenant/acme"); got["r1"] == 0 {
 		t.Fatalf("replica r1 holds nothing while it runs requests: %v", got)
 	}
+	// r1's requests end. It keeps its lease a little (a request may come back at once), then
+	// gives it back: within a few renewals of its lease.
 	idle.set(0)
-	for range 3 {
+	for range 6 * renewSteps {
 		idle.settle()
-		f.leasers[1].Round()
+		f.round()
 	}
 	got := leaseHash(t, srv.Addr(), "idle", "tenant/acme")
 	if _, ok := got["r1"]; ok {
@@ -314,7 +357,7 @@ func TestHostileLeaseContentIsBounded(t *testing.T) {
 	lim := LeaseLimits{MaxConcurrent: 10}
 	d := &demand{want: 5}
 	ls := f.leasers[0].Lease("feature/chat", lim, d)
-	waitFor(t, "a first lease", func() bool { d.settle(); f.leasers[0].Round(); return d.running() == 5 })
+	waitFor(t, "a first lease", func() bool { d.settle(); ls.Urgent(); f.round(); return d.running() == 5 })
 
 	cases := []struct {
 		name  string
@@ -322,18 +365,22 @@ func TestHostileLeaseContentIsBounded(t *testing.T) {
 	}{
 		{"a replica that cannot exist holds a million slots", func() {
 			now, _ := rc.Time(ctx).Result()
-			rc.HSet(ctx, key, "s:ghost", 1000000, "x:ghost", now.Add(time.Hour).UnixMilli(), "ws:ghost", 1000000)
+			rc.HSet(ctx, key, "r:ghost", fmt.Sprintf("1000000|0|1000000|0|%d|1:1|", now.Add(time.Hour).UnixMilli()))
+		}},
+		{"this replica's own entry claims a million slots", func() {
+			now, _ := rc.Time(ctx).Result()
+			rc.HSet(ctx, key, "r:r0", fmt.Sprintf("1000000|0|1000000|0|%d|1:1|", now.Add(time.Second).UnixMilli()))
 		}},
 		{"negative and broken counts", func() {
 			now, _ := rc.Time(ctx).Result()
-			rc.HSet(ctx, key, "s:neg", -50, "x:neg", now.Add(time.Second).UnixMilli(), "t:junk", "abc", "born", "-3")
+			rc.HSet(ctx, key, "r:neg", fmt.Sprintf("-50|0|0|0|%d|1:1|", now.Add(time.Second).UnixMilli()), "r:junk", "abc", "born", "-3", "al", "x")
 		}},
 		{"two hundred thousand fake replicas", func() {
 			pipe := rc.Pipeline()
 			for i := 0; i < 200000; i += 1000 {
 				args := make([]any, 0, 2000)
 				for k := i; k < i+1000; k++ {
-					args = append(args, fmt.Sprintf("s:fake%d", k), 1)
+					args = append(args, fmt.Sprintf("r:fake%d", k), "1|0|1|0|99999999999999|1:1|")
 				}
 				pipe.HSet(ctx, key, args...)
 			}
@@ -346,7 +393,8 @@ func TestHostileLeaseContentIsBounded(t *testing.T) {
 			c.setup()
 			start := time.Now()
 			d.settle()
-			f.leasers[0].Round()
+			ls.Urgent()
+			f.round()
 			took := time.Since(start)
 			if ls.resend != nil {
 				t.Fatalf("the report failed")
@@ -358,10 +406,11 @@ func TestHostileLeaseContentIsBounded(t *testing.T) {
 				t.Fatalf("the replica runs %d of its 5 requests", d.running())
 			}
 			d.set(8)
-			waitFor(t, "the lease to grow again", func() bool { d.settle(); f.leasers[0].Round(); return d.running() == 8 })
+			waitFor(t, "the lease to grow again", func() bool { d.settle(); ls.Urgent(); f.round(); return d.running() == 8 })
 			d.set(5)
 			d.settle()
-			f.leasers[0].Round()
+			ls.Urgent()
+			f.round()
 			if n, _ := rc.HLen(ctx, key).Result(); n > 50 {
 				t.Fatalf("the lease hash still holds %d fields", n)
 			}
