@@ -70,7 +70,7 @@ bench: ## Benchmarks: hot paths, and llm-bulkhead against a no-op ext_proc serve
 	$(GO) run ./integration/cmd/bench
 
 .PHONY: bench-cluster
-bench-cluster: ## Cluster-mode benchmark: admission through Redis against local, one Redis for three replicas (needs redis-server)
+bench-cluster: ## Cluster-mode benchmark: exact and leased admission against local, fleets of 3-30 replicas on one Redis and a Redis Cluster, skew and churn (needs redis-server, redis-cli)
 	$(GO) run ./integration/cmd/bench/cluster
 
 .PHONY: demo

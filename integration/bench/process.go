@@ -164,6 +164,18 @@ func (p *Process) Stop() error {
 	return p.exitErr()
 }
 
+// Kill ends the server with SIGKILL, as a crash would (nothing drained, nothing given back),
+// and waits until it has exited.
+func (p *Process) Kill() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
 func (p *Process) exitErr() error {
 	if p.err == nil {
 		return nil

@@ -242,7 +242,7 @@ func Demo(ctx context.Context, o Options) (*Result, error) {
 	for i, mode := range o.Modes {
 		var b []byte
 		if mode == ModeShared {
-			b, err = fleet.WithCluster(o.PolicyPath, scaled, fleet.Cluster{Addr: rd.Addr,
+			b, err = fleet.WithCluster(o.PolicyPath, scaled, fleet.Cluster{Addrs: []string{rd.Addr},
 				KeyPrefix: fmt.Sprintf("clusterdemo-%d-%d", os.Getpid(), i), Timeout: o.RedisTimeout})
 		} else {
 			b, err = fleet.WithoutCluster(o.PolicyPath, scaled)

@@ -8,6 +8,9 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,43 +19,60 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
 )
 
-// Sides of the comparison.
-const (
-	SideLocal = "local"
-	SideRedis = "redis"
-)
+// SideLocal is the comparison's side without a cluster section; the others are named after
+// their admission.
+const SideLocal = "local"
 
-// Sample is one load run of one side.
-type Sample struct {
-	Side string `json:"side"`
-	bench.Sample
-	// The Redis side only. Admitted is what the replica admitted during the whole run (warm-up
-	// included); the per-stream figures below divide by it.
-	Admitted float64 `json:"admitted,omitempty"`
-	// AdmitCalls, SettleCalls and HeartbeatCalls are the replica's calls to Redis per admission.
-	AdmitCalls     float64 `json:"admit_calls_per_stream,omitempty"`
-	SettleCalls    float64 `json:"settle_calls_per_stream,omitempty"`
-	HeartbeatCalls float64 `json:"heartbeat_calls_per_stream,omitempty"`
-	// Scripts (EVALSHA and EVAL), RoundTrips (every command clients sent), InScripts (commands
-	// the scripts ran inside Redis) and Processed (total_commands_processed) per admission, from
-	// Redis's own counters.
-	Scripts    float64 `json:"scripts_per_stream,omitempty"`
-	RoundTrips float64 `json:"round_trips_per_stream,omitempty"`
-	InScripts  float64 `json:"commands_in_scripts_per_stream,omitempty"`
-	Processed  float64 `json:"commands_processed_per_stream,omitempty"`
-	// RedisCPU is Redis's CPU time per admission, µs; ScriptUsec the time Redis accounts to
-	// running the scripts per admission (commandstats usec), µs.
-	RedisCPU   float64 `json:"redis_cpu_us_per_stream,omitempty"`
-	ScriptUsec float64 `json:"redis_script_us_per_stream,omitempty"`
-	// AdmitP50 and AdmitP99 are the admission script's round trip as the replica measured it
-	// (its histogram, interpolated within buckets), µs.
-	AdmitP50 float64 `json:"admit_round_trip_p50_us,omitempty"`
-	AdmitP99 float64 `json:"admit_round_trip_p99_us,omitempty"`
+// Num is a figure that may not have been measured (NaN): JSON null then.
+type Num float64
+
+// MarshalJSON writes NaN and infinities as null.
+func (n Num) MarshalJSON() ([]byte, error) {
+	if math.IsNaN(float64(n)) || math.IsInf(float64(n), 0) {
+		return []byte("null"), nil
+	}
+	return strconv.AppendFloat(nil, float64(n), 'g', -1, 64), nil
+}
+
+// Work is what cluster mode cost Redis and the replicas over one run's measured window, per
+// admission (the admissions the replicas counted in the window).
+type Work struct {
+	Admitted float64 `json:"admitted"`
+	// ClientCommands are the commands clients sent (INFO commandstats without the commands the
+	// scripts run and without this program's INFO); Scripts those of them that are EVALSHA or
+	// EVAL; InScripts the commands the scripts ran inside Redis; Processed
+	// total_commands_processed (both kinds).
+	ClientCommands Num `json:"client_commands_per_admission"`
+	Scripts        Num `json:"scripts_per_admission"`
+	InScripts      Num `json:"commands_in_scripts_per_admission"`
+	Processed      Num `json:"commands_processed_per_admission"`
+	// RedisCPU is Redis's CPU time per admission (every node's, /proc/<pid>/stat), µs; ScriptUsec
+	// the time commandstats accounts to the scripts, µs; RedisCores Redis's CPU use.
+	RedisCPU   Num `json:"redis_cpu_us_per_admission"`
+	ScriptUsec Num `json:"redis_script_us_per_admission"`
+	RedisCores Num `json:"redis_cores"`
+	// The replicas' own count of their calls to Redis per admission, by operation
+	// (llm_bulkhead_cluster_redis_seconds_count{op}; a lease call is one pipeline of reports),
+	// their lease reports and the requests that waited for a lease to grow (WindowWaits: of them,
+	// those that waited for a window chunk rather than a slot).
+	AdmitCalls     Num `json:"admit_calls_per_admission"`
+	SettleCalls    Num `json:"settle_calls_per_admission"`
+	HeartbeatCalls Num `json:"heartbeat_calls_per_admission"`
+	LeaseCalls     Num `json:"lease_calls_per_admission"`
+	LeaseReports   Num `json:"lease_reports_per_admission"`
+	LeaseWaits     Num `json:"lease_waits_per_admission"`
+	WindowWaits    Num `json:"window_waits_per_admission"`
+	// ReportsPerReplica is lease reports per second per replica.
+	ReportsPerReplica Num `json:"lease_reports_per_replica_second"`
+	// CallP50 and CallP99 are the round trip of the replicas' calls for admissions (op admit
+	// for exact, lease for leased), from their histogram interpolated within its buckets, µs.
+	CallP50 Num `json:"redis_call_p50_us"`
+	CallP99 Num `json:"redis_call_p99_us"`
 	// WithoutRedis counts admissions decided without Redis (it did not answer in time).
-	WithoutRedis float64 `json:"without_redis,omitempty"`
+	WithoutRedis float64 `json:"without_redis"`
 	// Commands holds, per command Redis counted (scripts' own commands included), its calls and
 	// the µs Redis accounts to it, per admission.
-	Commands map[string]CommandCost `json:"-"`
+	Commands map[string]CommandCost `json:"commands_per_admission,omitempty"`
 }
 
 // CommandCost is one command's calls and time (µs), per admission.
@@ -61,33 +81,32 @@ type CommandCost struct {
 	Usec  float64 `json:"usec"`
 }
 
-// FleetSample is one run of several replicas sharing one Redis, each under the same load.
+// Sample is one load run of one side of the comparison.
+type Sample struct {
+	Side string       `json:"side"`
+	Load bench.Sample `json:"load"`
+	// Work is the cluster sides' (nil for local).
+	Work *Work `json:"redis,omitempty"`
+}
+
+// FleetSample is one load run of a fleet: Replicas replicas of one admission sharing one Redis.
 type FleetSample struct {
-	Rep         int `json:"rep"`
-	Replicas    int `json:"replicas"`
-	Concurrency int `json:"concurrency_per_replica"`
+	Redis       string `json:"redis"`
+	Replicas    int    `json:"replicas"`
+	Admission   string `json:"admission"`
+	Rep         int    `json:"rep"`
+	Concurrency int    `json:"concurrency_per_replica"`
 	// Streams and Rate add up the replicas' measured windows.
 	Streams int     `json:"streams"`
 	Rate    float64 `json:"streams_per_sec"`
 	// P50 is the median of the replicas' p50s, P99 the largest of their p99s, µs.
 	P50 float64 `json:"p50_us"`
 	P99 float64 `json:"p99_us"`
-	// ReplicaCores adds the replicas' CPU use in the window; RedisCores is Redis's.
-	ReplicaCores float64 `json:"replica_cores"`
-	RedisCores   float64 `json:"redis_cores"`
-	// RedisCPU is Redis's CPU per stream in the window, µs; Ceiling the streams/s one fully busy
-	// Redis core would sustain at that cost (1 s / RedisCPU).
-	RedisCPU float64 `json:"redis_cpu_us_per_stream"`
-	Ceiling  float64 `json:"ceiling_streams_per_sec"`
-	// Scripts, RoundTrips and ScriptUsec are per admission over the whole run, as in Sample.
-	Scripts    float64 `json:"scripts_per_stream"`
-	RoundTrips float64 `json:"round_trips_per_stream"`
-	ScriptUsec float64 `json:"redis_script_us_per_stream"`
-	// ScriptCeiling is the streams/s Redis would sustain if it did nothing but run the scripts
-	// (1 s / ScriptUsec): the bound without Redis's networking.
-	ScriptCeiling float64 `json:"script_ceiling_streams_per_sec"`
-	Errors        int     `json:"errors"`
-	WithoutRedis  float64 `json:"without_redis"`
+	// ReplicaCores adds the replicas' CPU use in the window.
+	ReplicaCores Num    `json:"replica_cores"`
+	Errors       int    `json:"errors"`
+	FirstError   string `json:"first_error,omitempty"`
+	Work         Work   `json:"work"`
 }
 
 // Run measures and writes the report. progress receives one line per step.
@@ -98,231 +117,350 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 		return nil, err
 	}
-	logf := func(format string, args ...any) {
+	b := &bencher{cfg: cfg, rep: newReport(cfg), logf: func(format string, args ...any) {
 		fmt.Fprintf(progress, "%s  %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
-	}
-	rep := newReport(cfg)
-
-	src, err := os.ReadFile(cfg.PolicyPath)
-	if err != nil {
+	}}
+	var err error
+	if b.src, err = os.ReadFile(cfg.PolicyPath); err != nil {
 		return nil, err
 	}
-	tmp, err := os.MkdirTemp("", "llm-bulkhead-bench-cluster-")
-	if err != nil {
+	if b.tmp, err = os.MkdirTemp("", "llm-bulkhead-bench-cluster-"); err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(tmp)
-	bin := cfg.BulkheadBinary
-	rep.BulkheadCommand = "llm-bulkhead serve (prebuilt binary " + bin + ")"
-	if bin == "" {
-		logf("building llm-bulkhead")
-		if bin, err = bench.BuildServer(ctx, tmp); err != nil {
+	defer os.RemoveAll(b.tmp)
+	b.bin = cfg.BulkheadBinary
+	b.rep.BulkheadCommand = "llm-bulkhead serve (prebuilt binary " + b.bin + ")"
+	if b.bin == "" {
+		b.logf("building llm-bulkhead")
+		if b.bin, err = bench.BuildServer(ctx, b.tmp); err != nil {
 			return nil, err
 		}
-		rep.BulkheadCommand = "llm-bulkhead serve (binary from go build -tags vtprotobuf ./cmd/llm-bulkhead)"
+		b.rep.BulkheadCommand = "llm-bulkhead serve (binary from go build -tags vtprotobuf ./cmd/llm-bulkhead)"
 	}
-	rd, err := fleet.StartRedis(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer rd.Stop()
-	if v, err := rd.Info(ctx, "server"); err == nil {
-		rep.RedisVersion = v["redis_version"]
-	}
-	logf("redis-server %s listening on %s (pid %d)", rep.RedisVersion, rd.Addr, rd.Pid())
-
-	localPolicy, err := fleet.WithoutCluster(cfg.PolicyPath, src)
-	if err != nil {
-		return nil, err
-	}
-	sharedPolicy, err := fleet.WithCluster(cfg.PolicyPath, src, fleet.Cluster{Addr: rd.Addr, KeyPrefix: "bench", Timeout: cfg.RedisTimeout})
-	if err != nil {
-		return nil, err
-	}
-	files := map[string]string{SideLocal: filepath.Join(tmp, "local.yaml"), SideRedis: filepath.Join(tmp, "redis.yaml")}
-	for side, b := range map[string][]byte{SideLocal: localPolicy, SideRedis: sharedPolicy} {
-		if err := os.WriteFile(files[side], b, 0o600); err != nil {
-			return nil, err
-		}
-	}
-	spec := func(side, id string) bench.Spec {
-		env := bench.ServerEnv()
-		if side == SideRedis {
-			env = append(env, "LLM_BULKHEAD_CLUSTER__REPLICA_ID="+id)
-		}
-		return bench.Spec{Name: id, Env: env, ReadyMsg: bench.BinaryReadyMessage,
-			Argv: []string{bin, "serve", "--config", files[side], "--watch=false", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"}}
-	}
-
 	body, err := bench.ChatBody(bench.BodySize)
 	if err != nil {
 		return nil, err
 	}
-	req := bench.ChatRequest(body)
-	filter, err := bench.FilterConfig(cfg.MessageTimeout)
-	if err != nil {
+	b.req = bench.ChatRequest(body)
+	if b.filter, err = bench.FilterConfig(cfg.MessageTimeout); err != nil {
 		return nil, err
 	}
 
 	if len(cfg.Levels) > 0 {
-		if err := compare(ctx, cfg, rep, rd, spec, req, filter, logf); err != nil {
-			return rep, err
+		if err := b.compare(ctx); err != nil {
+			return b.rep, err
 		}
 	}
-	if cfg.Replicas > 1 {
-		if err := fleetRuns(ctx, cfg, rep, rd, spec, req, filter, logf); err != nil {
-			return rep, err
+	for _, kind := range cfg.Redis {
+		if len(cfg.Replicas) == 0 {
+			break
+		}
+		if err := b.fleets(ctx, kind); err != nil {
+			return b.rep, err
 		}
 	}
-	rep.finish()
-	return rep, rep.write(cfg.Out)
+	if cfg.Behaviours {
+		if err := b.behaviours(ctx); err != nil {
+			return b.rep, err
+		}
+	}
+	b.rep.finish()
+	return b.rep, b.rep.write(cfg.Out)
 }
 
-// compare runs one local and one Redis replica at every level, Reps times, alternating which
-// goes first.
-func compare(ctx context.Context, cfg Config, rep *Report, rd *fleet.Redis, spec func(side, id string) bench.Spec,
-	req *envoysim.Request, filter envoysim.FilterConfig, logf func(string, ...any)) error {
-	type side struct {
-		name string
-		r    *fleet.Replica
-		sim  *envoysim.Sim
+// bencher holds what every part of a run shares.
+type bencher struct {
+	cfg    Config
+	rep    *Report
+	logf   func(string, ...any)
+	src    []byte // the policy
+	tmp    string
+	bin    string
+	req    *envoysim.Request
+	filter envoysim.FilterConfig
+	files  int
+}
+
+// startRedis starts the Redis of kind (standalone or cluster) and records its version.
+func (b *bencher) startRedis(ctx context.Context, kind string) (fleet.Backend, error) {
+	var be fleet.Backend
+	var first *fleet.Redis
+	if kind == RedisCluster {
+		c, err := fleet.StartCluster(ctx, 3)
+		if err != nil {
+			return nil, err
+		}
+		be, first = c, c.Nodes[0]
+	} else {
+		r, err := fleet.StartRedis(ctx)
+		if err != nil {
+			return nil, err
+		}
+		be, first = r, r
 	}
+	if v, err := first.Info(ctx, "server"); err == nil {
+		b.rep.RedisVersion = v["redis_version"]
+	}
+	b.logf("redis (%s) %s listening on %s", kind, b.rep.RedisVersion, strings.Join(be.Addrs(), ", "))
+	return be, nil
+}
+
+// policy writes the policy of a side: without a cluster section when be is nil, else with one of
+// admission on be under key prefix prefix.
+func (b *bencher) policy(be fleet.Backend, admission, prefix string) (string, error) {
+	var src []byte
+	var err error
+	if be == nil {
+		src, err = fleet.WithoutCluster(b.cfg.PolicyPath, b.src)
+	} else {
+		src, err = fleet.WithCluster(b.cfg.PolicyPath, b.src, fleet.Cluster{Addrs: be.Addrs(), Mode: be.Mode(), KeyPrefix: prefix,
+			Timeout: b.cfg.RedisTimeout, Admission: admission, LeaseInterval: b.cfg.LeaseInterval, LeaseTTL: b.cfg.LeaseTTL})
+	}
+	if err != nil {
+		return "", err
+	}
+	b.files++
+	f := filepath.Join(b.tmp, fmt.Sprintf("policy-%d.yaml", b.files))
+	return f, os.WriteFile(f, src, 0o600)
+}
+
+// spec is replica id's command line running policy file, with env overrides (NAME=value, each
+// replacing the benchmark's own of that name). shared says the policy has a cluster section.
+func (b *bencher) spec(file, id string, shared bool, env ...string) bench.Spec {
+	e := bench.ServerEnv()
+	if shared {
+		env = append(env, "LLM_BULKHEAD_CLUSTER__REPLICA_ID="+id)
+	}
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		e = slices.DeleteFunc(e, func(s string) bool { return strings.HasPrefix(s, name+"=") })
+	}
+	e = append(e, env...)
+	return bench.Spec{Name: id, Env: e, ReadyMsg: bench.BinaryReadyMessage,
+		Argv: []string{b.bin, "serve", "--config", file, "--watch=false", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"}}
+}
+
+// connect opens a simulator to each replica and sends one request through it (the first
+// admission of a leased fleet waits until its compartments' leases may grow).
+func (b *bencher) connect(ctx context.Context, rs []*fleet.Replica) ([]*envoysim.Sim, error) {
+	return b.open(ctx, rs, true)
+}
+
+// open opens a simulator to each replica and, with first, sends one request through it.
+func (b *bencher) open(ctx context.Context, rs []*fleet.Replica, first bool) ([]*envoysim.Sim, error) {
+	sims := make([]*envoysim.Sim, len(rs))
+	for i, r := range rs {
+		var err error
+		if sims[i], err = envoysim.New(r.GRPCAddr, b.filter); err != nil {
+			closeSims(sims)
+			return nil, err
+		}
+		if !first {
+			continue
+		}
+		res, err := sims[i].RoundTrip(ctx, b.req, bench.SSEUpstream())
+		if err == nil {
+			err = bench.Check(res, true)
+		}
+		if err != nil {
+			closeSims(sims)
+			return nil, fmt.Errorf("first request through replica %s: %w", r.ID, err)
+		}
+	}
+	return sims, nil
+}
+
+func closeSims(sims []*envoysim.Sim) {
+	for _, s := range sims {
+		if s != nil {
+			_ = s.Close()
+		}
+	}
+}
+
+// side is one replica of the comparison.
+type side struct {
+	name string
+	be   fleet.Backend // nil for local
+	r    *fleet.Replica
+	sim  *envoysim.Sim
+}
+
+// compare runs one replica per side at every level, Reps times, rotating which side goes first.
+// Each admission has a Redis of its own, so that Redis's counters are that admission's alone.
+func (b *bencher) compare(ctx context.Context) (err error) {
 	var sides []*side
 	defer func() {
 		for _, s := range sides {
 			if s.sim != nil {
 				_ = s.sim.Close()
 			}
+			if s.r != nil {
+				_ = s.r.Stop()
+			}
+			if s.be != nil {
+				s.be.Stop()
+			}
 		}
-		var rs []*fleet.Replica
-		for _, s := range sides {
-			rs = append(rs, s.r)
-		}
-		_ = fleet.StopReplicas(rs)
 	}()
-	for _, name := range []string{SideLocal, SideRedis} {
-		rs, err := fleet.StartReplicas(1, func(int) bench.Spec { return spec(name, name) })
-		if err != nil {
-			return err
-		}
-		s := &side{name: name, r: rs[0]}
+	for _, name := range append([]string{SideLocal}, b.cfg.Admissions...) {
+		s := &side{name: name}
 		sides = append(sides, s)
-		if s.sim, err = envoysim.New(s.r.GRPCAddr, filter); err != nil {
-			return err
+		if name != SideLocal {
+			if s.be, err = b.startRedis(ctx, RedisStandalone); err != nil {
+				return err
+			}
 		}
-		res, err := s.sim.RoundTrip(ctx, req, bench.SSEUpstream())
+		file, err := b.policy(s.be, name, "bench")
 		if err != nil {
 			return err
 		}
-		if err := bench.Check(res, true); err != nil {
-			return fmt.Errorf("first request through %s: %w", name, err)
+		rs, err := fleet.StartReplicas(1, func(int) bench.Spec { return b.spec(file, name, s.be != nil) })
+		if err != nil {
+			return err
 		}
-		logf("%s listening on %s (pid %d)", name, s.r.GRPCAddr, s.r.Pid())
+		s.r = rs[0]
+		sims, err := b.connect(ctx, rs)
+		if err != nil {
+			return err
+		}
+		s.sim = sims[0]
+		b.logf("%s listening on %s, admin %s (pid %d)", name, s.r.GRPCAddr, s.r.AdminAddr, s.r.Pid())
 	}
 	up := bench.SSEUpstream()
-	for _, conc := range cfg.Levels {
-		for r := range cfg.Reps {
-			order := []*side{sides[r%2], sides[(r+1)%2]}
-			for _, s := range order {
-				l := bench.Load{Sim: s.sim, Request: req, Upstream: up, Concurrency: conc, Warmup: cfg.Warmup,
-					Duration: cfg.Duration, Admitted: true, Pid: s.r.Pid()}
-				var smp Sample
-				var err error
-				if s.name == SideRedis {
-					smp, err = measureRedis(ctx, rd, []*fleet.Replica{s.r}, func() (bench.Sample, error) { return l.Run(ctx) })
-				} else {
-					smp.Sample, err = l.Run(ctx)
+	for _, conc := range b.cfg.Levels {
+		for r := range b.cfg.Reps {
+			for k := range sides {
+				s := sides[(r+k)%len(sides)]
+				l := bench.Load{Sim: s.sim, Request: b.req, Upstream: up, Concurrency: conc, Warmup: b.cfg.Warmup,
+					Duration: b.cfg.Duration, Admitted: true, Pid: s.r.Pid()}
+				smp := Sample{Side: s.name}
+				var rs []*fleet.Replica
+				if s.be != nil {
+					rs = []*fleet.Replica{s.r}
 				}
+				smp.Work, err = b.measure(ctx, s.be, s.name, rs, func() (err error) {
+					smp.Load, err = l.Run(ctx)
+					return err
+				})
 				if err != nil {
 					return err
 				}
 				if err := s.r.Alive(); err != nil {
 					return err
 				}
-				smp.Side, smp.Server, smp.Rep = s.name, s.name, r+1
-				rep.Samples = append(rep.Samples, smp)
+				smp.Load.Server, smp.Load.Rep = s.name, r+1
+				b.rep.Samples = append(b.rep.Samples, smp)
 				line := fmt.Sprintf("%-6s c=%-4d rep %d/%d: %7.0f streams/s  p50 %6.0fµs  p99 %7.0fµs  server %5.1fµs CPU/stream  errors %d",
-					s.name, conc, r+1, cfg.Reps, smp.Rate, smp.P50, smp.P99, smp.ServerCPU, smp.Errors)
-				if s.name == SideRedis {
-					line += fmt.Sprintf("  | %.2f scripts/stream, Redis %.1fµs CPU/stream, admit round trip p50 %.0fµs p99 %.0fµs",
-						smp.Scripts, smp.RedisCPU, smp.AdmitP50, smp.AdmitP99)
+					s.name, conc, r+1, b.cfg.Reps, smp.Load.Rate, smp.Load.P50, smp.Load.P99, smp.Load.ServerCPU, smp.Load.Errors)
+				if w := smp.Work; w != nil {
+					line += fmt.Sprintf("  | %.3f client commands, %.1f in scripts, Redis %.1fµs CPU per admission", w.ClientCommands, w.InScripts, w.RedisCPU)
 				}
-				logf("%s", line)
+				b.logf("%s", line)
 			}
 		}
 	}
 	return nil
 }
 
-// measureRedis runs load and reads, around it, Redis's counters and CPU time and the replicas'
-// metrics, once every settlement has reached Redis.
-func measureRedis(ctx context.Context, rd *fleet.Redis, rs []*fleet.Replica, load func() (bench.Sample, error)) (Sample, error) {
-	var smp Sample
-	m0, err := scrape(ctx, rs)
-	if err != nil {
-		return smp, err
+// reading is one instant of a run: Redis's counters and CPU time, the replicas' metrics.
+type reading struct {
+	at   time.Time
+	cmds fleet.Commands
+	cpu  time.Duration
+	m    []fleet.Metrics
+}
+
+// read takes a reading: the replicas' metrics (all at once), then Redis's.
+func read(ctx context.Context, be fleet.Backend, rs []*fleet.Replica) (reading, error) {
+	rd := reading{at: time.Now(), m: make([]fleet.Metrics, len(rs))}
+	errs := make([]error, len(rs))
+	var wg sync.WaitGroup
+	for i, r := range rs {
+		wg.Go(func() { rd.m[i], errs[i] = r.Metrics(ctx) })
 	}
-	c0, err := rd.ReadCommands(ctx)
-	if err != nil {
-		return smp, err
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return rd, err
 	}
-	cpu0, err := rd.CPU()
-	if err != nil {
-		return smp, err
+	var err error
+	if rd.cmds, err = be.ReadCommands(ctx); err != nil {
+		return rd, err
 	}
-	if smp.Sample, err = load(); err != nil {
-		return smp, err
+	rd.cpu, err = be.CPU()
+	return rd, err
+}
+
+// measure runs load, whose warm-up starts now and whose window follows it, and, when be is not
+// nil, reads Redis and the replicas rs at the window's edges and returns their work per admission.
+func (b *bencher) measure(ctx context.Context, be fleet.Backend, admission string, rs []*fleet.Replica, load func() error) (*Work, error) {
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- load() }()
+	if be == nil {
+		return nil, <-done
 	}
-	if err := settled(ctx, rs); err != nil {
-		return smp, err
+	var r0, r1 reading
+	rerr := errors.New("the run ended before its window")
+	if bench.SleepUntil(ctx, start.Add(b.cfg.Warmup)) {
+		if r0, rerr = read(ctx, be, rs); rerr == nil && bench.SleepUntil(ctx, start.Add(b.cfg.Warmup+b.cfg.Duration)) {
+			r1, rerr = read(ctx, be, rs)
+		}
 	}
-	cpu1, err := rd.CPU()
-	if err != nil {
-		return smp, err
+	if err := <-done; err != nil {
+		return nil, err
 	}
-	c1, err := rd.ReadCommands(ctx)
-	if err != nil {
-		return smp, err
+	if rerr != nil {
+		return nil, rerr
 	}
-	m1, err := scrape(ctx, rs)
-	if err != nil {
-		return smp, err
-	}
-	d := c1.Sub(c0)
+	w := workOf(r0, r1, admission)
+	return &w, nil
+}
+
+// workOf is the work between two readings, per admission.
+func workOf(r0, r1 reading, admission string) Work {
+	d := r1.cmds.Sub(r0.cmds)
 	sum := func(name string, match ...string) float64 {
 		var v float64
-		for i := range rs {
-			v += m1[i].Sum(name, match...) - m0[i].Sum(name, match...)
+		for i := range r1.m {
+			v += r1.m[i].Sum(name, match...) - r0.m[i].Sum(name, match...)
 		}
 		return v
 	}
 	n := sum("llm_bulkhead_admitted_total")
-	smp.Admitted = n
-	smp.WithoutRedis = sum("llm_bulkhead_cluster_unavailable_admissions_total")
-	per := func(x float64) float64 {
+	per := func(x float64) Num {
 		if n <= 0 {
-			return math.NaN()
+			return Num(math.NaN())
 		}
-		return x / n
+		return Num(x / n)
 	}
-	smp.AdmitCalls = per(sum("llm_bulkhead_cluster_redis_seconds_count", "op", "admit"))
-	smp.SettleCalls = per(sum("llm_bulkhead_cluster_redis_seconds_count", "op", "settle"))
-	smp.HeartbeatCalls = per(sum("llm_bulkhead_cluster_redis_seconds_count", "op", "heartbeat"))
-	smp.Scripts = per(float64(d.Scripts()))
-	smp.RoundTrips = per(float64(d.RoundTrips()))
-	smp.InScripts = per(float64(d.InScripts()))
-	smp.Processed = per(float64(d.Processed))
-	smp.RedisCPU = per(float64((cpu1 - cpu0).Microseconds()))
-	smp.ScriptUsec = per(float64(d.ScriptUsec()))
-	smp.Commands = map[string]CommandCost{}
+	secs := r1.at.Sub(r0.at).Seconds()
+	w := Work{Admitted: n, WithoutRedis: sum("llm_bulkhead_cluster_unavailable_admissions_total"),
+		ClientCommands: per(float64(d.ClientCommands())), Scripts: per(float64(d.Scripts())), InScripts: per(float64(d.InScripts())),
+		Processed: per(float64(d.Processed)), RedisCPU: per(float64((r1.cpu - r0.cpu).Microseconds())), ScriptUsec: per(float64(d.ScriptUsec())),
+		RedisCores:     Num((r1.cpu - r0.cpu).Seconds() / secs),
+		AdmitCalls:     per(sum("llm_bulkhead_cluster_redis_seconds_count", "op", "admit")),
+		SettleCalls:    per(sum("llm_bulkhead_cluster_redis_seconds_count", "op", "settle")),
+		HeartbeatCalls: per(sum("llm_bulkhead_cluster_redis_seconds_count", "op", "heartbeat")),
+		LeaseCalls:     per(sum("llm_bulkhead_cluster_redis_seconds_count", "op", "lease")),
+		LeaseReports:   per(sum("llm_bulkhead_cluster_lease_reports_total")),
+		LeaseWaits:     per(sum("llm_bulkhead_cluster_lease_waits_total")),
+		WindowWaits:    per(sum("llm_bulkhead_cluster_lease_waits_total", "kind", "window")),
+		Commands:       map[string]CommandCost{},
+	}
+	w.ReportsPerReplica = Num(sum("llm_bulkhead_cluster_lease_reports_total") / secs / float64(max(len(r1.m), 1)))
 	for k, v := range d.Calls {
 		if k != "info" && n > 0 {
-			smp.Commands[k] = CommandCost{Calls: float64(v) / n, Usec: float64(d.Usec[k]) / n}
+			w.Commands[k] = CommandCost{Calls: float64(v) / n, Usec: float64(d.Usec[k]) / n}
 		}
 	}
+	op := "admit"
+	if admission == Leased {
+		op = "lease"
+	}
 	var h fleet.Buckets
-	for i := range rs {
-		hi := m1[i].Histogram("llm_bulkhead_cluster_redis_seconds", "op", "admit").Sub(m0[i].Histogram("llm_bulkhead_cluster_redis_seconds", "op", "admit"))
+	for i := range r1.m {
+		hi := r1.m[i].Histogram("llm_bulkhead_cluster_redis_seconds", "op", op).Sub(r0.m[i].Histogram("llm_bulkhead_cluster_redis_seconds", "op", op))
 		if h == nil {
 			h = hi
 			continue
@@ -333,114 +471,61 @@ func measureRedis(ctx context.Context, rd *fleet.Redis, rs []*fleet.Replica, loa
 			}
 		}
 	}
-	smp.AdmitP50, smp.AdmitP99 = h.Quantile(0.5)*1e6, h.Quantile(0.99)*1e6
-	return smp, nil
+	w.CallP50, w.CallP99 = Num(h.Quantile(0.5)*1e6), Num(h.Quantile(0.99)*1e6)
+	return w
 }
 
-func scrape(ctx context.Context, rs []*fleet.Replica) ([]fleet.Metrics, error) {
-	out := make([]fleet.Metrics, len(rs))
-	for i, r := range rs {
-		m, err := r.Metrics(ctx)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = m
+// fleets runs, on a Redis of kind, a fresh fleet of each size for each admission (the
+// admissions' order rotating from one size to the next), FleetReps load runs each.
+func (b *bencher) fleets(ctx context.Context, kind string) error {
+	be, err := b.startRedis(ctx, kind)
+	if err != nil {
+		return err
 	}
-	return out, nil
-}
-
-// settled waits until every replica has sent its settlements and holds no lease.
-func settled(ctx context.Context, rs []*fleet.Replica) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ms, err := scrape(ctx, rs)
-		if err != nil {
-			return err
+	defer be.Stop()
+	for i, n := range b.cfg.Replicas {
+		for k := range b.cfg.Admissions {
+			adm := b.cfg.Admissions[(i+k)%len(b.cfg.Admissions)]
+			if err := b.fleet(ctx, be, kind, n, adm); err != nil {
+				return err
+			}
 		}
-		busy := 0.0
-		for _, m := range ms {
-			busy += m.Sum("llm_bulkhead_cluster_settlement_queue") + m.Sum("llm_bulkhead_cluster_leases")
-		}
-		if busy == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("replicas still hold %v leases and queued settlements 10s after the load", busy)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
+	return nil
 }
 
-// fleetRuns starts cfg.Replicas replicas sharing one Redis and loads them all at once.
-func fleetRuns(ctx context.Context, cfg Config, rep *Report, rd *fleet.Redis, spec func(side, id string) bench.Spec,
-	req *envoysim.Request, filter envoysim.FilterConfig, logf func(string, ...any)) error {
-	rs, err := fleet.StartReplicas(cfg.Replicas, func(i int) bench.Spec { return spec(SideRedis, fmt.Sprintf("r%d", i+1)) })
+// fleet starts n replicas of admission adm on be, loads them all at once FleetReps times, and
+// stops them.
+func (b *bencher) fleet(ctx context.Context, be fleet.Backend, kind string, n int, adm string) error {
+	file, err := b.policy(be, adm, fmt.Sprintf("fleet-%s-%d-%s", kind, n, adm))
+	if err != nil {
+		return err
+	}
+	rs, err := fleet.StartReplicas(n, func(i int) bench.Spec { return b.spec(file, fmt.Sprintf("r%d", i+1), true) })
 	if err != nil {
 		return err
 	}
 	defer fleet.StopReplicas(rs)
-	sims := make([]*envoysim.Sim, len(rs))
-	defer func() {
-		for _, s := range sims {
-			if s != nil {
-				_ = s.Close()
-			}
-		}
-	}()
-	for i, r := range rs {
-		if sims[i], err = envoysim.New(r.GRPCAddr, filter); err != nil {
-			return err
-		}
-		res, err := sims[i].RoundTrip(ctx, req, bench.SSEUpstream())
-		if err != nil {
-			return err
-		}
-		if err := bench.Check(res, true); err != nil {
-			return fmt.Errorf("first request through replica %s: %w", r.ID, err)
-		}
+	sims, err := b.connect(ctx, rs)
+	if err != nil {
+		return err
 	}
-	logf("%d replicas sharing redis-server %s: %d streams each", len(rs), rd.Addr, cfg.FleetConcurrency)
+	defer closeSims(sims)
+	b.logf("%d %s replicas on redis (%s): %d streams each", n, adm, kind, b.cfg.FleetConcurrency)
 	up := bench.SSEUpstream()
-	for r := range cfg.FleetReps {
-		fs := FleetSample{Rep: r + 1, Replicas: len(rs), Concurrency: cfg.FleetConcurrency}
-		var redisCPU [2]time.Duration
-		var redisOK bool
-		smp, err := measureRedis(ctx, rd, rs, func() (bench.Sample, error) {
-			samples := make([]bench.Sample, len(rs))
+	for r := range b.cfg.FleetReps {
+		fs := FleetSample{Redis: kind, Replicas: n, Admission: adm, Rep: r + 1, Concurrency: b.cfg.FleetConcurrency}
+		samples := make([]bench.Sample, len(rs))
+		w, err := b.measure(ctx, be, adm, rs, func() error {
 			errs := make([]error, len(rs))
 			var wg sync.WaitGroup
-			start := time.Now()
 			for i, rp := range rs {
-				l := bench.Load{Sim: sims[i], Request: req, Upstream: up, Concurrency: cfg.FleetConcurrency, Warmup: cfg.Warmup,
-					Duration: cfg.Duration, Admitted: true, Pid: rp.Pid()}
+				l := bench.Load{Sim: sims[i], Request: b.req, Upstream: up, Concurrency: b.cfg.FleetConcurrency, Warmup: b.cfg.Warmup,
+					Duration: b.cfg.Duration, Admitted: true, Pid: rp.Pid()}
 				wg.Go(func() { samples[i], errs[i] = l.Run(ctx) })
 			}
-			// Redis's CPU time over the loads' common window.
-			redisOK = bench.SleepUntil(ctx, start.Add(cfg.Warmup))
-			var cpuErr error
-			if redisOK {
-				redisCPU[0], cpuErr = rd.CPU()
-				redisOK = cpuErr == nil && bench.SleepUntil(ctx, start.Add(cfg.Warmup+cfg.Duration))
-			}
-			if redisOK {
-				redisCPU[1], cpuErr = rd.CPU()
-				redisOK = cpuErr == nil
-			}
 			wg.Wait()
-			if err := errors.Join(errs...); err != nil {
-				return bench.Sample{}, err
-			}
-			var p50s []float64
-			for _, s := range samples {
-				fs.Streams += s.Streams
-				fs.Rate += s.Rate
-				fs.Errors += s.Errors
-				fs.ReplicaCores += s.ServerCores
-				fs.P99 = max(fs.P99, s.P99)
-				p50s = append(p50s, s.P50)
-			}
-			fs.P50 = bench.Summarize(p50s).Median
-			return bench.Sample{}, nil
+			return errors.Join(errs...)
 		})
 		if err != nil {
 			return err
@@ -450,23 +535,25 @@ func fleetRuns(ctx context.Context, cfg Config, rep *Report, rd *fleet.Redis, sp
 				return err
 			}
 		}
-		fs.RedisCores, fs.RedisCPU, fs.Ceiling = math.NaN(), math.NaN(), math.NaN()
-		if redisOK && fs.Streams > 0 {
-			d := redisCPU[1] - redisCPU[0]
-			fs.RedisCores = d.Seconds() / cfg.Duration.Seconds()
-			fs.RedisCPU = float64(d.Microseconds()) / float64(fs.Streams)
-			if fs.RedisCPU > 0 {
-				fs.Ceiling = 1e6 / fs.RedisCPU
+		var p50s []float64
+		cores := 0.0
+		for _, s := range samples {
+			fs.Streams += s.Streams
+			fs.Rate += s.Rate
+			fs.Errors += s.Errors
+			if fs.FirstError == "" {
+				fs.FirstError = s.FirstError
 			}
+			cores += s.ServerCores
+			fs.P99 = max(fs.P99, s.P99)
+			p50s = append(p50s, s.P50)
 		}
-		fs.Scripts, fs.RoundTrips, fs.ScriptUsec, fs.WithoutRedis = smp.Scripts, smp.RoundTrips, smp.ScriptUsec, smp.WithoutRedis
-		fs.ScriptCeiling = math.NaN()
-		if fs.ScriptUsec > 0 {
-			fs.ScriptCeiling = 1e6 / fs.ScriptUsec
-		}
-		rep.Fleet = append(rep.Fleet, fs)
-		logf("fleet rep %d/%d: %.0f streams/s over %d replicas, Redis %.2f cores (%.1fµs CPU/stream, ceiling %.0f streams/s per core), replicas %.2f cores, errors %d",
-			r+1, cfg.FleetReps, fs.Rate, fs.Replicas, fs.RedisCores, fs.RedisCPU, fs.Ceiling, fs.ReplicaCores, fs.Errors)
+		fs.P50 = bench.Summarize(p50s).Median
+		fs.ReplicaCores = Num(cores)
+		fs.Work = *w
+		b.rep.Fleet = append(b.rep.Fleet, fs)
+		b.logf("  rep %d/%d: %.0f streams/s, p50 %.0fµs, %.3f client commands and %.1f in scripts per admission, Redis %.1fµs CPU per admission (%.2f cores), errors %d",
+			r+1, b.cfg.FleetReps, fs.Rate, fs.P50, w.ClientCommands, w.InScripts, w.RedisCPU, w.RedisCores, fs.Errors)
 	}
 	return nil
 }

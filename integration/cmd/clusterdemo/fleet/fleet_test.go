@@ -3,6 +3,8 @@ package fleet
 import (
 	"math"
 	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -41,8 +43,8 @@ func TestCommandsSplitRoundTripsFromScriptWork(t *testing.T) {
 	}
 	// Client commands: the scripts, SUBSCRIBE, PING and CONFIG; not INFO (the readings), not
 	// HGETALL or PUBLISH (run inside the scripts).
-	if got := c.RoundTrips(); got != 102+1+4+1 {
-		t.Errorf("round trips = %d, want 108", got)
+	if got := c.ClientCommands(); got != 102+1+4+1 {
+		t.Errorf("client commands = %d, want 108", got)
 	}
 	if got := c.InScripts(); got != 800 {
 		t.Errorf("commands inside scripts = %d, want 800", got)
@@ -52,8 +54,47 @@ func TestCommandsSplitRoundTripsFromScriptWork(t *testing.T) {
 	if d.Processed != 234 || d.Calls["evalsha"] != 60 || d.Usec["evalsha"] != 10000 || d.Calls["hgetall"] != 700 {
 		t.Errorf("difference %+v", d)
 	}
+	// Two servers' readings add up; a command whose count comes to 0 is left out.
+	sum := d.Add(before)
+	if sum.Processed != 1234 || sum.Calls["evalsha"] != 100 || sum.Usec["evalsha"] != 16000 || sum.Calls["hgetall"] != 700 {
+		t.Errorf("sum %+v", sum)
+	}
+	if z := before.Sub(before); len(z.Calls) != 0 || len(z.Usec) != 0 || z.Processed != 0 {
+		t.Errorf("a reading minus itself: %+v", z)
+	}
 	if _, err := ParseCommands(ParseInfo("# Stats\r\n")); err == nil {
 		t.Error("INFO without total_commands_processed parsed")
+	}
+}
+
+// Every command policy/cluster's scripts run counts as run inside a script, not as one a client
+// sent: otherwise the commands per admission would count a script's work as round trips.
+func TestScriptCommandsCoverTheScripts(t *testing.T) {
+	files, err := filepath.Glob("../../../../policy/cluster/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := regexp.MustCompile(`redis\.p?call\('([A-Za-z]+)'`)
+	seen := map[string]bool{}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range call.FindAllSubmatch(b, -1) {
+			seen[strings.ToLower(string(m[1]))] = true
+		}
+	}
+	if len(seen) < 10 {
+		t.Fatalf("found only %v in policy/cluster's scripts: has the source moved?", seen)
+	}
+	for name := range seen {
+		if !scriptCommands[name] {
+			t.Errorf("the scripts run %s, which is not among scriptCommands", strings.ToUpper(name))
+		}
 	}
 }
 
@@ -111,7 +152,7 @@ func TestClusterSectionIsReplacedAndRemoved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := WithCluster("policy.yaml", src, Cluster{Addr: "127.0.0.1:6390", KeyPrefix: "demo-1", Timeout: 250e6})
+	b, err := WithCluster("policy.yaml", src, Cluster{Addrs: []string{"127.0.0.1:6390"}, KeyPrefix: "demo-1", Timeout: 250e6})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,12 +168,21 @@ func TestClusterSectionIsReplacedAndRemoved(t *testing.T) {
 		t.Error("the rest of the policy, comments included, was not kept")
 	}
 	// Writing it again replaces the section rather than adding a second one.
-	b2, err := WithCluster("shared.yaml", b, Cluster{Addr: "127.0.0.1:6391"})
+	b2, err := WithCluster("shared.yaml", b, Cluster{Addrs: []string{"127.0.0.1:6391", "127.0.0.1:6392", "127.0.0.1:6393"}, Mode: "cluster",
+		Admission: "exact", LeaseInterval: 50e6, LeaseTTL: 2e9})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n := strings.Count(string(b2), "\ncluster:"); n != 1 {
 		t.Errorf("%d cluster sections", n)
+	}
+	p2, err := config.Load("shared.yaml", b2, []string{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := p2.Cluster; len(c.Addresses) != 3 || c.Mode != "cluster" || c.Admission != "exact" || c.LeaseInterval.D().String() != "50ms" ||
+		c.LeaseTTL.D().String() != "2s" || c.KeyPrefix != "llm-bulkhead" {
+		t.Errorf("second cluster section %+v", c)
 	}
 	b3, err := WithoutCluster("shared.yaml", b2)
 	if err != nil {

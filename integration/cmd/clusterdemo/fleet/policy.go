@@ -11,20 +11,26 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
-// Cluster is the cluster section WithCluster writes: backend redis, standalone, at Addr.
+// Cluster is the cluster section WithCluster writes: backend redis at Addrs.
 type Cluster struct {
-	// Addr is the Redis server's host:port.
-	Addr string
+	// Addrs are the Redis server's host:port (standalone) or some of a Redis Cluster's nodes.
+	Addrs []string
+	// Mode is cluster.mode (empty: the default, standalone).
+	Mode string
 	// KeyPrefix separates runs sharing one Redis (empty: the default).
 	KeyPrefix string
 	// Timeout is cluster.timeout (0: the default, 20ms).
 	Timeout time.Duration
+	// Admission is cluster.admission, exact or leased (empty: the default); LeaseInterval and
+	// LeaseTTL are cluster.lease_interval and cluster.lease_ttl (0: the defaults).
+	Admission               string
+	LeaseInterval, LeaseTTL time.Duration
 }
 
 // WithCluster returns the policy src with its cluster section replaced by c's (comments and
 // every other section kept), checked to load. name is used in messages.
 func WithCluster(name string, src []byte, c Cluster) ([]byte, error) {
-	if c.Addr == "" {
+	if len(c.Addrs) == 0 {
 		return nil, errors.New("a Redis address is required")
 	}
 	sec := &yaml.Node{Kind: yaml.MappingNode}
@@ -33,12 +39,23 @@ func WithCluster(name string, src []byte, c Cluster) ([]byte, error) {
 	}
 	str := func(s string) *yaml.Node { return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s} }
 	add("backend", str("redis"))
-	add("addresses", &yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle, Content: []*yaml.Node{str(c.Addr)}})
-	if c.KeyPrefix != "" {
-		add("key_prefix", str(c.KeyPrefix))
+	addrs := &yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle}
+	for _, a := range c.Addrs {
+		addrs.Content = append(addrs.Content, str(a))
 	}
-	if c.Timeout > 0 {
-		add("timeout", str(c.Timeout.String()))
+	add("addresses", addrs)
+	for _, kv := range []struct{ k, v string }{{"mode", c.Mode}, {"key_prefix", c.KeyPrefix}, {"admission", c.Admission}} {
+		if kv.v != "" {
+			add(kv.k, str(kv.v))
+		}
+	}
+	for _, kv := range []struct {
+		k string
+		d time.Duration
+	}{{"timeout", c.Timeout}, {"lease_interval", c.LeaseInterval}, {"lease_ttl", c.LeaseTTL}} {
+		if kv.d > 0 {
+			add(kv.k, str(kv.d.String()))
+		}
 	}
 	return rewrite(name, src, sec)
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/integration/bench"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 )
 
 // Replica is one llm-bulkhead process of a fleet.
@@ -73,9 +75,69 @@ var metricsClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: t
 
 // Metrics fetches the replica's /metrics.
 func (r *Replica) Metrics(ctx context.Context) (Metrics, error) {
+	b, err := r.get(ctx, "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	return ParseMetrics(b), nil
+}
+
+// ClusterView is what GET /admin/cluster says of leased admission.
+type ClusterView struct {
+	Admission string              `json:"admission"`
+	Available bool                `json:"available"`
+	Leases    []cluster.LeaseInfo `json:"leases"`
+}
+
+// Lease returns the lease of compartment name (the zero LeaseInfo when the replica holds none).
+func (v ClusterView) Lease(name string) cluster.LeaseInfo {
+	for _, l := range v.Leases {
+		if l.Compartment == name {
+			return l
+		}
+	}
+	return cluster.LeaseInfo{Compartment: name}
+}
+
+// Cluster fetches the replica's GET /admin/cluster. It costs the replica a call to Redis.
+func (r *Replica) Cluster(ctx context.Context) (ClusterView, error) {
+	var v ClusterView
+	return v, r.getJSON(ctx, "/admin/cluster", &v)
+}
+
+// Compartment is one compartment of GET /admin/compartments.
+type Compartment struct {
+	Name          string `json:"name"`
+	InFlight      int64  `json:"in_flight"`
+	MaxConcurrent int64  `json:"max_concurrent"`
+	Queued        int    `json:"queued"`
+}
+
+// Compartments fetches the replica's GET /admin/compartments.
+func (r *Replica) Compartments(ctx context.Context) ([]Compartment, error) {
+	var v struct {
+		Compartments []Compartment `json:"compartments"`
+	}
+	err := r.getJSON(ctx, "/admin/compartments", &v)
+	return v.Compartments, err
+}
+
+func (r *Replica) getJSON(ctx context.Context, path string, v any) error {
+	b, err := r.get(ctx, path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("replica %s: GET %s: %w", r.ID, path, err)
+	}
+	return nil
+}
+
+// get fetches path from the replica's admin server.
+func (r *Replica) get(ctx context.Context, path string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.AdminAddr+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.AdminAddr+path, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -85,13 +147,9 @@ func (r *Replica) Metrics(ctx context.Context) (Metrics, error) {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("replica %s: GET /metrics: %s", r.ID, resp.Status)
+		return nil, fmt.Errorf("replica %s: GET %s: %s", r.ID, path, resp.Status)
 	}
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
-	if err != nil {
-		return nil, err
-	}
-	return ParseMetrics(b), nil
+	return io.ReadAll(io.LimitReader(resp.Body, 32<<20))
 }
 
 // Metrics are the samples of a Prometheus text exposition.
