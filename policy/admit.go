@@ -552,10 +552,10 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 	}
 	if e.sched.TryAcquire(t.set[:t.n], t.held[:t.n], want) {
 		t.grantedAt = now
-	} else if e.leaseGrew(ctx, t, want) {
+	} else if grew, told := e.leaseGrew(ctx, t, want, onQueue); grew {
 		// A lease grew in a round the request asked for.
 		t.grantedAt = e.clock.Now()
-	} else if err := e.sched.Acquire(ctx, t.set[:t.n], t.held[:t.n], want, onQueue); err != nil {
+	} else if err := e.sched.Acquire(ctx, t.set[:t.n], t.held[:t.n], want, queueHook(onQueue, told)); err != nil {
 		var rf *bulkhead.Refusal
 		if errors.As(err, &rf) {
 			reason := ReasonBulkheadFull

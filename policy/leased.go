@@ -239,10 +239,14 @@ func (e *Engine) awaitLease(ctx context.Context, kind string, deadline time.Time
 // leaseGrew asks the ticket's leases to grow by the request, which found no room, and tries
 // again after each round of reports, a few times: a request is not refused, nor queued, for a
 // lease that has not had the chance to follow demand.
-func (e *Engine) leaseGrew(ctx context.Context, t *Ticket, want bulkhead.Want) bool {
+//
+// onQueue, when not nil, is told before a wait that may outlast Envoy's message timeout (a
+// compartment's recovery), with the longest wait the request may now have; told reports that it
+// was, and the caller must not tell it again.
+func (e *Engine) leaseGrew(ctx context.Context, t *Ticket, want bulkhead.Want, onQueue func(time.Duration)) (grew, told bool) {
 	cs := e.cluster
 	if cs == nil || cs.leaser == nil {
-		return false
+		return false, false
 	}
 	// A request waits for its leases to grow, until cluster.timeout has passed, and while a
 	// compartment recovers (Redis lost its leases, or this is a new deployment's first use of
@@ -255,20 +259,32 @@ func (e *Engine) leaseGrew(ctx context.Context, t *Ticket, want bulkhead.Want) b
 		switch {
 		case t.needLeases(want.Tokens):
 			if !e.awaitLease(ctx, "slot", deadline) {
-				return false
+				return false, told
 			}
 		case t.leasesRecovering():
+			if onQueue != nil && !told {
+				onQueue(recovered.Sub(e.clock.Now()) + want.MaxWait)
+				told = true
+			}
 			if !e.awaitRound(ctx, recovered) {
-				return false
+				return false, told
 			}
 		default:
-			return false
+			return false, told
 		}
 		if e.sched.TryAcquire(t.set[:t.n], t.held[:t.n], want) {
-			return true
+			return true, told
 		}
 	}
-	return false
+	return false, told
+}
+
+// queueHook is onQueue unless the request was told already (a lease's recovery).
+func queueHook(onQueue func(time.Duration), told bool) func(time.Duration) {
+	if told {
+		return nil
+	}
+	return onQueue
 }
 
 // awaitRound waits for the next regular round of lease reports, until deadline.

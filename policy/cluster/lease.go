@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"math"
 	"slices"
 	"strconv"
@@ -92,7 +93,14 @@ type Leaser struct {
 	st     *Store
 	o      LeaseOptions
 	script *redis.Script
-	epoch  string // the epoch key; empty in Redis Cluster, whose scripts can only read one slot
+	// epochScript keeps the deployment's epoch; epochKey is its key, which lease scripts read
+	// too except in Redis Cluster (where a script reaches one slot only: they use the epoch the
+	// replica knows); known is the epoch as this replica knows it ("" until it learns one).
+	epochScript    *redis.Script
+	epochKey       string
+	epochInScripts bool
+	knownMu        sync.Mutex
+	known          string
 	// renew is the longest gap between two reports of a lease that holds something: a lease
 	// that is steady (its use within it, nobody else short) is reported that often, one in use
 	// and changing every interval. recovery is how long a compartment whose hash was lost keeps
@@ -138,9 +146,7 @@ func newLeaser(s *Store, o LeaseOptions, manual bool) *Leaser {
 	}
 	l := &Leaser{st: s, o: o, script: redis.NewScript(luaLease), leases: map[string]*Lease{},
 		kick: make(chan struct{}, 1), round: make(chan struct{}), manual: manual}
-	if s.o.Mode != Cluster {
-		l.epoch = s.tag + ":e"
-	}
+	l.epochScript, l.epochKey, l.epochInScripts = redis.NewScript(luaEpoch), s.tag+":e", s.o.Mode != Cluster
 	// A steady lease is reported every renewSteps intervals; the recovery time covers that, a
 	// late tick and a report's round trip.
 	l.renew = renewSteps * o.Interval
@@ -331,6 +337,66 @@ func (l *Leaser) Leases() []LeaseInfo {
 	return out
 }
 
+// Epoch returns the deployment's epoch as this replica knows it ("" before it learned one).
+func (l *Leaser) Epoch() string {
+	l.knownMu.Lock()
+	defer l.knownMu.Unlock()
+	return l.known
+}
+
+func (l *Leaser) learnEpoch(e string) {
+	if e == "" {
+		return
+	}
+	l.knownMu.Lock()
+	l.known = e
+	l.knownMu.Unlock()
+}
+
+// refreshEpoch learns the deployment's epoch (making it when Redis has none).
+func (l *Leaser) refreshEpoch(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, l.st.o.WriteTimeout)
+	defer cancel()
+	e, err := l.epochScript.Run(ctx, l.st.client, []string{l.epochKey}, l.Epoch(), l.recovery.Milliseconds()).Text()
+	if err == nil {
+		l.learnEpoch(e)
+	}
+	return err
+}
+
+// leaseReply reads a lease script's answer: integers, and the epoch (a string) at index 9,
+// returned as 0 in the slice and learned by the caller from leaseEpoch.
+func leaseReply(c *redis.Cmd) ([]int64, error) {
+	v, err := c.Slice()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int64, len(v))
+	for i, x := range v {
+		switch x := x.(type) {
+		case int64:
+			out[i] = x
+		case string:
+			if i != 9 {
+				return nil, errors.New("lease script: unexpected string in its answer")
+			}
+		default:
+			return nil, errors.New("lease script: unexpected value in its answer")
+		}
+	}
+	return out, nil
+}
+
+// leaseEpoch returns the epoch in a lease script's answer.
+func leaseEpoch(c *redis.Cmd) string {
+	v, err := c.Slice()
+	if err != nil || len(v) < 10 {
+		return ""
+	}
+	s, _ := v[9].(string)
+	return s
+}
+
 // Recovery returns how long a compartment whose leases Redis lost keeps them from growing.
 func (l *Leaser) Recovery() time.Duration { return l.recovery }
 
@@ -355,12 +421,20 @@ func (l *Leaser) loop() {
 	defer l.wg.Done()
 	t := time.NewTicker(l.o.Interval)
 	defer t.Stop()
+	var epochAt time.Time
 	for {
 		select {
 		case <-l.ctx.Done():
 			return
 		case <-t.C:
 		case <-l.kick:
+		}
+		if now := l.o.Now(); now.Sub(epochAt) >= l.renew && l.st.Available() {
+			// Known before Redis can lose its state, the epoch tells whoever first finds it
+			// gone that it was lost, not new.
+			if l.refreshEpoch(l.ctx) == nil {
+				epochAt = now
+			}
 		}
 		l.Round()
 	}
@@ -452,12 +526,13 @@ func (l *Leaser) report(ctx context.Context, due []*Lease, final bool) {
 	l.st.met.observe("lease", start, err)
 	l.reports.Add(float64(len(due)))
 	for i, ls := range due {
-		res, cerr := cmds[i].Int64Slice()
+		res, cerr := leaseReply(cmds[i])
 		ls.mu.Lock()
 		if cerr != nil {
 			ls.failed(reps[i])
 		} else {
 			ls.apply(reps[i], res, now)
+			l.learnEpoch(leaseEpoch(cmds[i]))
 		}
 		ls.mu.Unlock()
 		ls.notify(now)
@@ -526,7 +601,7 @@ type Lease struct {
 	// peak and peakTokens are the recent peak of what the compartment held and waited for,
 	// decaying: a lease is not given back between two requests.
 	peak, peakTokens float64
-	wins                  []allowance
+	wins             []allowance
 	// resend is a report whose answer was lost: the next report carries its sequence number and
 	// what it gave back, so that Redis applies them once.
 	resend *leaseReport
@@ -914,8 +989,8 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 	}
 	r.keys = append(make([]string, 0, 2+len(ls.wkeys)), ls.key)
 	epoch := "0"
-	if ls.l.epoch != "" {
-		r.keys = append(r.keys, ls.l.epoch)
+	if ls.l.epochInScripts {
+		r.keys = append(r.keys, ls.l.epochKey)
 		epoch = "1"
 	}
 	r.keys = append(r.keys, ls.wkeys...)
@@ -959,9 +1034,9 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 		maxSlots = max(ls.learned, ls.lim.Learned.Initial) // the script uses the fleet's
 	}
 	ll := ls.lim.Learned
-	r.args = append(make([]any, 0, 23+10*len(ls.wins)), ls.l.st.o.ReplicaID, ttl, epoch, ls.l.recovery.Milliseconds(), ls.l.inc+":"+strconv.FormatInt(r.seq, 10),
+	r.args = append(make([]any, 0, 24+10*len(ls.wins)), ls.l.st.o.ReplicaID, ttl, epoch, ls.l.recovery.Milliseconds(), ls.l.inc+":"+strconv.FormatInt(r.seq, 10),
 		maxSlots, hs, u.InFlight, ws, ls.lim.MaxTokens, ht, u.Tokens, wt, len(ls.wins),
-		ll.Min, ll.Max, ll.Initial, ll.Step.Milliseconds(), ls.proposeFrom, ls.proposeTo, ls.l.channel, ls.name, short)
+		ll.Min, ll.Max, ll.Initial, ll.Step.Milliseconds(), ls.proposeFrom, ls.proposeTo, ls.l.channel, ls.name, short, ls.l.Epoch())
 	ls.proposeFrom, ls.proposeTo = 0, 0
 	r.returns = make([][]chunk, len(ls.wins))
 	r.debt = make([]int64, len(ls.wins))
@@ -1046,7 +1121,7 @@ func (ls *Lease) failed(r *leaseReport) {
 // apply takes the answer to report r sent at now.
 func (ls *Lease) apply(r *leaseReport, res []int64, now time.Time) {
 	ls.resend = nil
-	if len(res) < 9 {
+	if len(res) < 10 {
 		return
 	}
 	ls.grant, ls.target, ls.tgrant, ls.ttarget = res[1], res[2], res[3], res[4]
@@ -1054,7 +1129,7 @@ func (ls *Lease) apply(r *leaseReport, res []int64, now time.Time) {
 	ls.sent = now
 	ls.validUntil.Store(now.Add(ls.l.validFor()).UnixNano())
 	ls.learned = res[8]
-	i := 9
+	i := 10
 	for k := range ls.wins {
 		if i+4 >= len(res) || k >= len(ls.lim.Windows) {
 			break

@@ -19,11 +19,10 @@ package cluster
 //	{P|C}:w:<kind>:<window ms>   hash  a sliding window, laid out as the per-request script's
 //	                                   windows are (see luaCommon); window chunks are charged to
 //	                                   it when granted and refunded when given back unused.
-//	{P}:e                        string the deployment's epoch (standalone and Sentinel only): when
-//	                                   it was made (ms, Redis time), by the first lease report
-//	                                   that found it missing. A compartment found without its
-//	                                   hash in an epoch younger than the recovery time may have
-//	                                   lost it; in an older one it was not in use.
+//	{P}:e                        string the deployment's epoch: "<made ms>:<f|l>", made when it
+//	                                   is missing — "f" (fresh) by a replica that knew no epoch
+//	                                   (a new deployment), "l" (lost) by one that knew an earlier
+//	                                   one (Redis lost its state while replicas held leases).
 
 // luaLease renews replica r's lease of one compartment and grants it a new one.
 //
@@ -34,7 +33,8 @@ package cluster
 //	      14 number of windows W, 15-18 a learned limit's min, max (0: not learned), initial and
 //	      step interval ms, 19-20 this replica's proposal: from the limit, to the limit (0: none),
 //	      21-22 the channel on which to name the compartment, and its name, 23 1 when requests
-//	      wait here for more than the lease holds, then W × (kind, capacity, debt bound, slot ms, chunk wanted, largest single need, extra
+//	      wait here for more than the lease holds, 24 the epoch as this replica knows it (see
+//	      luaEpochCommon; "" when none), then W × (kind, capacity, debt bound, slot ms, chunk wanted, largest single need, extra
 //	      to charge, returns R, R × (slot, amount))
 //
 // A replica's lease of slots (and tokens) is what it reports holding: the script trusts a
@@ -60,15 +60,17 @@ package cluster
 // and "ali": when it last rose); each replica's controller proposes how to move it.
 //
 // Returns {status, slots granted, slots target, tokens granted, tokens target, pressure,
-// recovering, replicas holding, learned limit (0: none), W × (chunk granted, slot charged,
-// remaining, reset ms, wait ms)}.
+// recovering, replicas holding, learned limit (0: none), the epoch, W × (chunk granted, slot
+// charged, remaining, reset ms, wait ms)}.
 // status is 0, or 2 when the hash held more fields than a compartment can (it was rewritten).
 // pressure is 1 when another replica wants more than it holds. wait is, when a single need did
 // not fit, the time until it would.
-const luaLease = luaCommon + `
+const luaLease = luaCommon + luaEpochCommon + `
 local MAXFIELDS = 1100
 local me, ttl = ARGV[1], tonumber(ARGV[2])
 local hasEpoch, recov = ARGV[3] == '1', tonumber(ARGV[4])
+-- The deployment's epoch as this replica knows it ("" when it knows none yet).
+local known = ARGV[24]
 local inc, seq = string.match(ARGV[5], '^(%d+):(%d+)$')
 seq = tonumber(seq)
 local maxs, hs, us, ws = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -146,19 +148,21 @@ end
 if #bad > 0 then redis.call('HDEL', L, unpack(bad)) end
 
 local mine = reps[me]
+-- The epoch: read (and kept) here where the script can reach its key, else as the replica last
+-- learned it.
+local epoch = known
+if hasEpoch then epoch = epochOf(KEYS[2], known, now, recov) end
 if born == nil then
-  -- The hash is new: either the compartment was not in use anywhere, or Redis lost it. It is
-  -- new for sure only when the deployment's epoch is older than the recovery time.
-  born = now
-  if hasEpoch and status == 0 then
-    local ep = redis.pcall('GET', KEYS[2])
-    if type(ep) == 'table' then redis.call('DEL', KEYS[2]); ep = nil end
-    ep = whole(ep)
-    if ep == nil or ep > now then
-      redis.call('SET', KEYS[2], now)
-    elseif now - ep >= recov then
-      born = now - recov
-    end
+  -- The hash is new: either the compartment was not in use anywhere, or Redis lost it. It was
+  -- lost when the epoch is one Redis began after losing its state, less than the recovery
+  -- time ago: every holder has then not reported yet, and no lease grows until they have. A
+  -- hash rewritten because it could not be recovers too.
+  born = now - recov
+  local created, flag = string.match(epoch, '^(%d+):([fl])$')
+  if status ~= 0 or created == nil then
+    born = now
+  elseif flag == 'l' and now - tonumber(created) < recov then
+    born = tonumber(created)
   end
   redis.call('HSET', L, 'born', born)
 elseif mine == nil and hs > 0 and now - born >= recov then
@@ -244,12 +248,12 @@ local gs, tgs, ps = lease('s', 'ws', maxs, hs)
 local gt, tgt, pt = lease('t', 'wt', maxt, ht)
 mine.s, mine.t = gs, gt
 
-local out = {status, gs, tgs, gt, tgt, 0, 0, 0, al or 0}
+local out = {status, gs, tgs, gt, tgt, 0, 0, 0, al or 0, epoch}
 if ps or pt then out[6] = 1 end
 if recovering then out[7] = 1 end
 
 -- Windows.
-local a = 24
+local a = 25
 local idle = gs == 0 and gt == 0 and ws == 0 and wt == 0
 for i = 1, nw do
   local kind, cap, debt, slotlen = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
@@ -316,4 +320,38 @@ out[8] = holders
 -- coming back is not taken for one that lost its state.
 redis.call('PEXPIRE', L, math.max(3600000, 4 * ttl))
 return out
+`
+
+// luaEpochCommon keeps the deployment's epoch. A replica passes the epoch it knows. When the
+// key is missing (or holds what cannot be), the epoch is made anew: lost when the replica knew
+// another one (Redis lost its state under a running fleet), fresh when it knew none (a new
+// deployment, or a replica's first call). A fresh epoch younger than the recovery time that a
+// replica knowing an earlier epoch finds is one a replica started meanwhile made: it is marked
+// lost. A compartment hash made in a lost epoch's recovery time recovers (no lease grows until
+// every holder has reported); in a fresh epoch, or later, it is new.
+const luaEpochCommon = `
+local function epochOf(key, known, now, recov)
+  local ep = redis.pcall('GET', key)
+  if type(ep) == 'table' then redis.call('DEL', key); ep = false end
+  local created, flag
+  if ep then created, flag = string.match(ep, '^(%d+):([fl])$') end
+  if created == nil or tonumber(created) > now then
+    if known ~= '' then flag = 'l' else flag = 'f' end
+    ep = now .. ':' .. flag
+    redis.call('SET', key, ep)
+  elseif known ~= '' and known ~= ep and flag == 'f' and now - tonumber(created) < recov then
+    ep = created .. ':l'
+    redis.call('SET', key, ep)
+  end
+  return ep
+end
+`
+
+// luaEpoch returns the deployment's epoch, keeping it as luaEpochCommon says: a replica learns
+// it at start and every renewal, so that it knows the epoch before Redis can lose it.
+//
+//	KEYS: 1 the epoch key
+//	ARGV: 1 the epoch this replica knows ("" when none), 2 recovery ms
+const luaEpoch = luaCommon + luaEpochCommon + `
+return epochOf(KEYS[1], ARGV[1], nowms(), tonumber(ARGV[2]))
 `

@@ -108,6 +108,10 @@ func newFleet(t *testing.T, addr, prefix string, n int, ttl time.Duration) *flee
 		s := open(t, o)
 		l := newLeaser(s, LeaseOptions{Interval: fleetInterval, Now: f.clock.Now}, true)
 		t.Cleanup(func() { l.Close(context.Background()) })
+		// A replica learns the epoch as it starts (its loop does, which manual leasers lack).
+		if err := l.refreshEpoch(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 		f.stores, f.leasers = append(f.stores, s), append(f.leasers, l)
 	}
 	return f
@@ -248,7 +252,7 @@ func TestLeaseFollowsSkewWithinThreeRounds(t *testing.T) {
 			waitFor(t, "the others to hear that replica 0 is short", func() bool {
 				for _, ls := range leases[1:] {
 					ls.mu.Lock()
-					heard := ls.urgent
+					heard := ls.pressure
 					ls.mu.Unlock()
 					if !heard {
 						return false
@@ -478,11 +482,11 @@ func TestResentReportAppliesOnce(t *testing.T) {
 	ls.mu.Unlock()
 	var granted int64
 	for range 2 {
-		res, err := f.leasers[0].script.Run(context.Background(), f.stores[0].client, r.keys, r.args...).Int64Slice()
+		res, err := leaseReply(f.leasers[0].script.Run(context.Background(), f.stores[0].client, r.keys, r.args...))
 		if err != nil {
 			t.Fatal(err)
 		}
-		granted += res[9]
+		granted += res[10]
 	}
 	if got, want := sum(), before-300+granted; got != want {
 		t.Fatalf("the window holds %d after 300 came back in a report sent twice (and %d granted): want %d", got, granted, want)
@@ -554,5 +558,37 @@ func TestLearnedLimitIsTheFleets(t *testing.T) {
 	round()
 	if st := la.State(time.Now()); st.Learned != 6 {
 		t.Fatalf("learned limit %d after two raises within one step, want 6", st.Learned)
+	}
+}
+
+// TestNewDeploymentDoesNotRecover: a fleet starting on an empty Redis gets leases at its first
+// report (Redis did not lose anything: no replica knew an earlier epoch), while the same fleet
+// after Redis lost its state holds every lease where it is until the recovery is over.
+func TestNewDeploymentDoesNotRecover(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "fresh", 2, time.Second)
+	lim := LeaseLimits{MaxConcurrent: 10}
+	a := &demand{want: 4}
+	ls := f.leasers[0].Lease("feature/chat", lim, a)
+	ls.Urgent()
+	f.round()
+	if ls.Recovering() || a.running() != 4 {
+		t.Fatalf("a new deployment's first report: recovering %v, %d of 4 requests run", ls.Recovering(), a.running())
+	}
+	if e := f.leasers[0].Epoch(); !strings.HasSuffix(e, ":f") {
+		t.Fatalf("epoch %q, want a fresh one", e)
+	}
+	if _, err := srv.Do("FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	b := &demand{want: 4}
+	lb := f.leasers[1].Lease("feature/chat", lim, b)
+	lb.Urgent()
+	f.round()
+	if !lb.Recovering() || b.running() != 0 {
+		t.Fatalf("after Redis lost its state: recovering %v, %d requests run on the replica that held nothing", lb.Recovering(), b.running())
+	}
+	if e := f.leasers[1].Epoch(); !strings.HasSuffix(e, ":l") {
+		t.Fatalf("epoch %q, want a lost one", e)
 	}
 }
