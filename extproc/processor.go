@@ -487,7 +487,7 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 		if p.req.bodyOK {
 			f := &p.req.fields
 			size = policy.RequestSize{Scanned: true, BodyBytes: int64(len(p.req.body)), PromptBytes: f.PromptBytes, Images: f.Images, Audio: f.Audio,
-				Files: f.Files, MaxTokens: f.MaxTokens, HasMaxTokens: f.HasMaxTokens, N: f.N, NoOutput: noOutput}
+				Files: f.Files, MaxTokens: f.MaxTokens, HasMaxTokens: f.HasMaxTokens, N: f.Choices, Prompts: f.Prompts, NoOutput: noOutput}
 		}
 	}
 	dims := s.Classify(p)

@@ -27,7 +27,7 @@ func decodeAny(b []byte) (any, bool) {
 
 // refScanRequest is ScanRequest over a decoded document.
 func refScanRequest(api API, body []byte) (RequestFields, error) {
-	f := RequestFields{N: 1}
+	f := RequestFields{N: 1, BestOf: 1, Prompts: 1, Choices: 1}
 	v, ok := decodeAny(body)
 	m, isObj := v.(map[string]any)
 	if !ok || !isObj {
@@ -95,6 +95,17 @@ func refScanRequest(api API, body []byte) (RequestFields, error) {
 			f.N = n
 		}
 	}
+	if v, ok := m["best_of"]; ok {
+		if n, ok := integer(fBestOf, v, 1); ok {
+			f.BestOf = n
+		}
+	}
+	if a, ok := m["prompt"].([]any); ok && len(a) > 1 {
+		if _, num := a[0].(json.Number); !num {
+			f.Prompts = int64(len(a))
+		}
+	}
+	f.Choices = choices(api, f.N, f.BestOf, f.Prompts)
 	if v, ok := m["stream"]; ok {
 		f.Stream = boolean(fStream, v)
 	}

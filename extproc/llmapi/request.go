@@ -35,8 +35,19 @@ type RequestFields struct {
 	MaxTokens    int64
 	HasMaxTokens bool
 	// N is the number of choices requested; 1 when absent.
-	N      int64
-	Stream bool
+	N int64
+	// BestOf is the completions API's best_of, the candidates generated per prompt of which n
+	// are returned (all of them are billed); 1 when absent.
+	BestOf int64
+	// Prompts is the number of prompts in a batched completions request: the elements of a
+	// prompt array of strings or of token-id arrays; 1 for a single prompt (a string or one
+	// array of token ids) or none.
+	Prompts int64
+	// Choices is the number of answers the API generates and bills for this request: prompts ×
+	// max(n, best_of) for completions (and for a body of an unknown API), n for chat, 1 for the
+	// APIs that have no such field. Each is bounded by the output limit on its own.
+	Choices int64
+	Stream  bool
 	// HasStreamOptions reports a stream_options object.
 	HasStreamOptions bool
 	// IncludeUsage is stream_options.include_usage == true.
@@ -117,6 +128,7 @@ const (
 	fMaxCompletionTokens
 	fMaxOutputTokens
 	fN
+	fBestOf
 	fStream
 	fStreamOptions
 	fIncludeUsage
@@ -136,6 +148,7 @@ var fieldInfo = [numFields]struct{ name, want string }{
 	fMaxCompletionTokens: {"max_completion_tokens", "a non-negative integer"},
 	fMaxOutputTokens:     {"max_output_tokens", "a non-negative integer"},
 	fN:                   {"n", "a positive integer"},
+	fBestOf:              {"best_of", "a positive integer"},
 	fStream:              {"stream", "a boolean"},
 	fStreamOptions:       {"stream_options", "an object"},
 	fIncludeUsage:        {"stream_options.include_usage", "a boolean"},
@@ -159,6 +172,10 @@ const (
 type requestScan struct {
 	b    []byte
 	skip skipper
+	// items counts the elements of the prompt array being measured, when counting; numbers
+	// says its first element is a number (one prompt of token ids).
+	counting, numbers bool
+	items             int64
 	// problems holds, per field, what is wrong with its last occurrence: a
 	// repeated key replaces the earlier value, and so its problem.
 	problems [numFields]uint8
@@ -193,7 +210,7 @@ func (s *requestScan) err() error {
 // when they are not in the intern table yet. ScanRequest is safe for
 // concurrent use; f must not be shared with another writer.
 func ScanRequest(api API, body []byte, f *RequestFields) error {
-	*f = RequestFields{N: 1}
+	*f = RequestFields{N: 1, BestOf: 1, Prompts: 1, Choices: 1}
 	s := requestScan{b: body}
 	i := skipWS(body, 0)
 	if i >= len(body) || body[i] != '{' {
@@ -229,6 +246,12 @@ func ScanRequest(api API, body []byte, f *RequestFields) error {
 			if !has {
 				f.N = 1
 			}
+		case "best_of":
+			var has bool
+			v, ok = s.intField(v, &f.BestOf, &has, fBestOf, 1)
+			if !has {
+				f.BestOf = 1
+			}
 		case "stream":
 			f.at.stream = v + 1
 			v, ok = s.boolField(v, &f.Stream, fStream)
@@ -245,7 +268,13 @@ func ScanRequest(api API, body []byte, f *RequestFields) error {
 		case "system":
 			v, ok = s.textSource(v, &system, fSystem, true)
 		case "prompt":
+			s.counting, s.numbers, s.items = true, false, 0
 			v, ok = s.textSource(v, &prompt, fPrompt, true)
+			s.counting = false
+			f.Prompts = 1
+			if s.items > 1 && !s.numbers {
+				f.Prompts = s.items
+			}
 		case "input":
 			v, ok = s.textSource(v, &input, fInput, true)
 		case "instructions":
@@ -269,6 +298,7 @@ func ScanRequest(api API, body []byte, f *RequestFields) error {
 	default:
 		f.User = metaUser.String()
 	}
+	f.Choices = choices(api, f.N, f.BestOf, f.Prompts)
 	f.HasMaxTokens = hasMax || hasMaxCompletion || hasMaxOut
 	f.MaxTokens = max(maxTokens, maxCompletion, maxOutput)
 	var c content
@@ -283,6 +313,22 @@ func ScanRequest(api API, body []byte, f *RequestFields) error {
 	}
 	f.at.whole, f.at.size, f.at.close = true, len(body), it.i-1
 	return s.err()
+}
+
+// maxChoices bounds each factor of a request's choice count, so that their product cannot
+// overflow; no API accepts anywhere near as many.
+const maxChoices = 1 << 20
+
+// choices is the number of answers a request of api with n, best_of and prompts generates.
+func choices(api API, n, bestOf, prompts int64) int64 {
+	n, bestOf, prompts = min(max(n, 1), maxChoices), min(max(bestOf, 1), maxChoices), min(max(prompts, 1), maxChoices)
+	switch api {
+	case APIOpenAICompletions, APIUnknown:
+		return prompts * max(n, bestOf)
+	case APIOpenAIChat:
+		return n
+	}
+	return 1
 }
 
 // stringField reads a string value into dst (null clears it).
@@ -461,6 +507,12 @@ func (s *requestScan) texts(i, depth, level int, dst *content) (int, bool) {
 			var ok bool
 			if i >= len(b) {
 				return i, false
+			}
+			if s.counting && depth == 1 {
+				if s.items == 0 {
+					s.numbers = b[i] == '-' || (b[i] >= '0' && b[i] <= '9')
+				}
+				s.items++
 			}
 			if i, ok = s.texts(i, depth+1, level, dst); !ok {
 				return i, false

@@ -86,7 +86,7 @@ func TestScanRequest(t *testing.T) {
 			name: "openai chat",
 			api:  APIOpenAIChat,
 			body: `{"model":"gpt-4o","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi\n\"there\""}],"max_completion_tokens":256,"n":2,"stream":true,"stream_options":{"include_usage":true},"user":"u-1"}`,
-			want: RequestFields{Model: "gpt-4o", MaxTokens: 256, HasMaxTokens: true, N: 2, Stream: true, HasStreamOptions: true, IncludeUsage: true, User: "u-1", PromptBytes: 9 + 10},
+			want: RequestFields{Model: "gpt-4o", MaxTokens: 256, HasMaxTokens: true, N: 2, Stream: true, HasStreamOptions: true, IncludeUsage: true, User: "u-1", PromptBytes: 9 + 10, Choices: 2},
 		},
 		{
 			name: "openai chat multimodal parts and tool calls",
@@ -98,7 +98,7 @@ func TestScanRequest(t *testing.T) {
 			name: "openai completions with prompt array",
 			api:  APIOpenAICompletions,
 			body: `{"model":"gpt-3.5-turbo-instruct","prompt":["Say this","is a test",[1,2,3]],"max_tokens":7,"stream":false}`,
-			want: RequestFields{Model: "gpt-3.5-turbo-instruct", MaxTokens: 7, HasMaxTokens: true, N: 1, PromptBytes: 8 + 9},
+			want: RequestFields{Model: "gpt-3.5-turbo-instruct", MaxTokens: 7, HasMaxTokens: true, N: 1, PromptBytes: 8 + 9, Prompts: 3, Choices: 3},
 		},
 		{
 			name: "openai embeddings",
@@ -278,8 +278,15 @@ func TestScanRequest(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var got RequestFields
 			err := ScanRequest(tc.api, []byte(tc.body), &got)
-			if public(got) != tc.want {
-				t.Errorf("got  %+v\nwant %+v", got, tc.want)
+			want := tc.want
+			// One prompt, one choice and no best_of unless the case says otherwise.
+			for _, f := range []*int64{&want.BestOf, &want.Prompts, &want.Choices} {
+				if *f == 0 {
+					*f = 1
+				}
+			}
+			if public(got) != want {
+				t.Errorf("got  %+v\nwant %+v", got, want)
 			}
 			if !errors.Is(err, tc.err) || (err == nil) != (tc.err == nil) {
 				t.Errorf("err = %v, want %v", err, tc.err)
@@ -289,6 +296,49 @@ func TestScanRequest(t *testing.T) {
 				t.Errorf("reference: %+v (%v)", ref, rerr)
 			}
 		})
+	}
+}
+
+// TestScanRequestChoices pins, per API, how many answers a request is billed for: every one
+// of them may use the whole output limit, so the estimate, the spend worst case and the bound
+// on reported usage all multiply by it.
+func TestScanRequestChoices(t *testing.T) {
+	tests := []struct {
+		name                        string
+		api                         API
+		body                        string
+		n, bestOf, prompts, choices int64
+	}{
+		{"completions one prompt", APIOpenAICompletions, `{"prompt":"a","max_tokens":25}`, 1, 1, 1, 1},
+		{"completions batch of strings with n", APIOpenAICompletions, `{"prompt":["Say this is a test","Say this is another"],"max_tokens":25,"n":2}`, 2, 1, 2, 4},
+		{"completions batch of token arrays", APIOpenAICompletions, `{"prompt":[[1,2],[3],[4,5,6]],"n":2}`, 2, 1, 3, 6},
+		{"completions one token array", APIOpenAICompletions, `{"prompt":[1,2,3],"n":3}`, 3, 1, 1, 3},
+		{"completions best_of above n", APIOpenAICompletions, `{"prompt":["a","b"],"n":2,"best_of":5}`, 2, 5, 2, 10},
+		{"completions best_of below n", APIOpenAICompletions, `{"prompt":"a","n":4,"best_of":1}`, 4, 1, 1, 4},
+		{"completions last prompt wins", APIOpenAICompletions, `{"prompt":["a","b","c"],"prompt":"d"}`, 1, 1, 1, 1},
+		{"completions empty batch", APIOpenAICompletions, `{"prompt":[],"n":2}`, 2, 1, 1, 2},
+		{"chat n", APIOpenAIChat, `{"messages":[],"n":3,"best_of":7}`, 3, 7, 1, 3},
+		{"chat prompt is not a batch", APIOpenAIChat, `{"prompt":["a","b"],"n":2}`, 2, 1, 2, 2},
+		{"responses", APIOpenAIResponses, `{"input":"a","n":4}`, 4, 1, 1, 1},
+		{"anthropic", APIAnthropicMessages, `{"messages":[],"n":4}`, 4, 1, 1, 1},
+		{"embeddings", APIOpenAIEmbeddings, `{"input":["a","b"],"n":4}`, 4, 1, 1, 1},
+		{"unknown API reads like completions", APIUnknown, `{"prompt":["a","b"],"n":2,"best_of":3}`, 2, 3, 2, 6},
+		{"huge factors saturate", APIOpenAICompletions, `{"prompt":["a","b"],"n":9223372036854775807,"best_of":9223372036854775807}`, 9223372036854775807, 9223372036854775807, 2, 2 * maxChoices},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var f RequestFields
+			if err := ScanRequest(tc.api, []byte(tc.body), &f); err != nil {
+				t.Fatal(err)
+			}
+			if f.N != tc.n || f.BestOf != tc.bestOf || f.Prompts != tc.prompts || f.Choices != tc.choices {
+				t.Fatalf("n %d best_of %d prompts %d choices %d, want %d %d %d %d", f.N, f.BestOf, f.Prompts, f.Choices, tc.n, tc.bestOf, tc.prompts, tc.choices)
+			}
+		})
+	}
+	var f RequestFields
+	if err := ScanRequest(APIOpenAICompletions, []byte(`{"prompt":["a"],"best_of":0}`), &f); !errors.Is(err, ErrFieldValue) || !strings.Contains(err.Error(), "best_of") {
+		t.Fatalf("best_of 0: %v", err)
 	}
 }
 

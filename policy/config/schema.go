@@ -33,7 +33,8 @@ type Policy struct {
 	// per million tokens; costs are counted in millionths of the currency unit and a request's
 	// cost is rounded up once, to the next millionth. Nothing is fetched from the network: the
 	// prices are what you write. A request reserves its worst case before it runs, its
-	// estimated prompt tokens × input_per_mtok + max_tokens (or the default max tokens) × n ×
+	// estimated prompt tokens × input_per_mtok + max_tokens (or the default max tokens) × the
+	// choices the API returns (n; prompts × max(n, best_of) for batched completions) ×
 	// output_per_mtok, in every spend budget of its compartments (all or nothing), and settles
 	// after at the usage the response reports, priced by the model that answered (the model
 	// field of the response): prompt tokens served from a cache at cached_input_per_mtok,
