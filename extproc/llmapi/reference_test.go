@@ -133,7 +133,7 @@ func refScanRequest(api API, body []byte) (RequestFields, error) {
 		}
 	}
 	switch {
-	case api == APIAnthropicMessages:
+	case api.Anthropic():
 		f.User = metaUser
 	case api != APIUnknown || hasUser:
 		f.User = user

@@ -289,7 +289,7 @@ func ScanRequest(api API, body []byte, f *RequestFields) error {
 	}
 	f.Model = model.String()
 	switch {
-	case api == APIAnthropicMessages:
+	case api.Anthropic():
 		f.User = metaUser.String()
 	case api != APIUnknown:
 		f.User = user.String()
