@@ -57,6 +57,24 @@ var boundCases = []boundCase{
 		bound: 40, usage: func(p, c int64) string {
 			return `{"usage":{"input_tokens":` + itoa(p) + `,"output_tokens":` + itoa(c) + `,"total_tokens":` + itoa(p+c) + `}}`
 		}},
+	{name: "azure completions: 3 prompts × best_of 2 × max_tokens 10", path: "/openai/deployments/instruct/completions?api-version=2024-10-21",
+		body:  `{"prompt":["a","b","c"],"max_tokens":10,"best_of":2}`,
+		bound: 60, usage: openAIUsage},
+	{name: "gemini: candidateCount 2 × maxOutputTokens 30", path: "/v1beta/models/gemini-2.5-flash:generateContent",
+		body:  `{"contents":[{"parts":[{"text":"hi"}]}],"generationConfig":{"maxOutputTokens":30,"candidateCount":2}}`,
+		bound: 60, usage: func(p, c int64) string {
+			return `{"candidates":[],"usageMetadata":{"promptTokenCount":` + itoa(p) + `,"candidatesTokenCount":` + itoa(c) + `,"totalTokenCount":` + itoa(p+c) + `}}`
+		}},
+	{name: "bedrock converse: maxTokens 40", path: "/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse",
+		body:  `{"messages":[{"role":"user","content":[{"text":"hi"}]}],"inferenceConfig":{"maxTokens":40}}`,
+		bound: 40, usage: func(p, c int64) string {
+			return `{"output":{},"usage":{"inputTokens":` + itoa(p) + `,"outputTokens":` + itoa(c) + `,"totalTokens":` + itoa(p+c) + `}}`
+		}},
+	{name: "bedrock invoke: max_tokens 30", path: "/model/anthropic.claude-3-haiku-20240307-v1%3A0/invoke",
+		body:  `{"anthropic_version":"bedrock-2023-05-31","max_tokens":30,"messages":[{"role":"user","content":"hi"}]}`,
+		bound: 30, usage: func(p, c int64) string {
+			return `{"type":"message","usage":{"input_tokens":` + itoa(p) + `,"output_tokens":` + itoa(c) + `}}`
+		}},
 	{name: "anthropic: max_tokens 50, no choices", path: "/v1/messages",
 		body:  `{"model":"claude","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`,
 		bound: 50, usage: func(p, c int64) string {

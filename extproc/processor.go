@@ -487,7 +487,9 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 			e.ClassifyError(reason)
 			p.srv.log.Debug("request body field has a wrong type or value", "request_id", p.req.id, "err", err.Error())
 		}
-		if p.req.bodyOK {
+		if p.req.bodyOK && p.req.api != llmapi.APIGeminiCountTokens {
+			// (Counting tokens is free: such a request is admitted as a request, its body is
+			// not an estimate.)
 			f := &p.req.fields
 			size = policy.RequestSize{Scanned: true, BodyBytes: int64(len(p.req.body)), PromptBytes: f.PromptBytes, Images: f.Images, Audio: f.Audio,
 				Files: f.Files, MaxTokens: f.MaxTokens, HasMaxTokens: f.HasMaxTokens, N: f.Choices, Prompts: f.Prompts, NoOutput: noOutput}
@@ -645,7 +647,7 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 	resp := out.headersReply(false, common)
 
 	bodyComing := !h.EndOfStream && p.resBodyMode != extprocfilterv3.ProcessingMode_NONE
-	p.res.reading = bodyComing && p.res.status >= 200 && p.res.status < 300
+	p.res.reading = bodyComing && p.res.status >= 200 && p.res.status < 300 && p.req.api != llmapi.APIGeminiCountTokens
 	if p.res.reading {
 		ct, _ := p.Header("content-type")
 		ce, _ := p.Header("content-encoding")
