@@ -412,6 +412,9 @@ func (p *processor) wantBody() bool {
 }
 
 func (p *processor) requiresValidJSON() bool {
+	if p.req.api.Multipart() {
+		return false // an audio upload is multipart/form-data, never JSON
+	}
 	for _, prefix := range p.snap.Settings().RequireValidJSON {
 		if strings.HasPrefix(p.req.path, prefix) {
 			return true
@@ -466,7 +469,7 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 	s, e := p.snap, p.srv.engine
 	noOutput := p.req.api.NoOutput()
 	size := policy.RequestSize{N: 1, NoOutput: noOutput}
-	if at == msgRequestBody {
+	if at == msgRequestBody && !p.req.api.Multipart() {
 		err := llmapi.ScanRequest(p.req.api, p.req.body, &p.req.fields)
 		switch {
 		case err == nil:

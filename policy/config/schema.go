@@ -227,7 +227,10 @@ type Rule struct {
 	PathPrefix string `koanf:"path_prefix" json:"path_prefix,omitempty"`
 	// PathRegex matches the :path by a regular expression; Value is assigned ($1… expand groups).
 	PathRegex string `koanf:"path_regex" json:"path_regex,omitempty"`
-	// Body reads a JSON body field by dotted path, e.g. "metadata.feature" or "user".
+	// Body reads a JSON body field by dotted path, e.g. "metadata.feature" or "user". "model"
+	// is the model the path names when it names one, with or without a body: Gemini's
+	// models/{model}, Bedrock's model/{modelId} and Azure OpenAI's deployment (map deployment
+	// names to models with Map).
 	Body string `koanf:"body" json:"body,omitempty"`
 	// Metadata reads Envoy dynamic metadata forwarded in metadata_context.
 	Metadata *MetadataRef `koanf:"metadata" json:"metadata,omitempty"`
