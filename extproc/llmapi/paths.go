@@ -273,6 +273,8 @@ const (
 	treeResponsesSSE
 	treeAnthropicJSON
 	treeAnthropicSSE
+	treeGemini
+	treeBedrock
 	numTrees
 )
 
@@ -311,6 +313,24 @@ var treeSpecs = [numTrees][]string{
 		anthropicUsagePaths("usage", 0),
 		errorPaths[:2],
 	),
+	// Gemini's GenerateContentResponse, whole or as each chunk of a stream (SSE or a JSON
+	// array): usageMetadata is in every chunk, the last one final. thoughtsTokenCount is
+	// output that candidatesTokenCount leaves out (Usage adds it); an error object's status
+	// (RESOURCE_EXHAUSTED, UNAVAILABLE, ...) classifies it.
+	treeGemini: {
+		"usageMetadata.promptTokenCount=#0", "usageMetadata.candidatesTokenCount=#1", "usageMetadata.totalTokenCount=#2",
+		"usageMetadata.cachedContentTokenCount=#3", "usageMetadata.thoughtsTokenCount=#4",
+		"candidates[].content.parts[].text=$",
+		"error=%", "error.status=!",
+	},
+	// Bedrock Converse's response, and the events of ConverseStream (usage in its metadata
+	// event, text in contentBlockDelta): input, cache reads and cache writes are all input.
+	treeBedrock: {
+		"usage.inputTokens=#0", "usage.outputTokens=#1", "usage.totalTokens=#2",
+		"usage.cacheReadInputTokens=#3", "usage.cacheWriteInputTokens=#5",
+		"output.message.content[].text=$", "output.message.content[].reasoningContent.reasoningText.text=$",
+		"delta.text=$", "delta.reasoningContent.text=$", "delta.toolUse.input=$",
+	},
 }
 
 // trees are compiled once. The specs are fixed, so treesErr can only be set
@@ -354,11 +374,15 @@ func treeFor(api API, sse bool) pathTree {
 		if sse {
 			i = treeResponsesSSE
 		}
-	case APIAnthropicMessages:
+	case APIAnthropicMessages, APIBedrockInvoke, APIBedrockInvokeStream:
 		i = treeAnthropicJSON
 		if sse {
 			i = treeAnthropicSSE
 		}
+	case APIGeminiGenerate, APIGeminiStream, APIGeminiCountTokens, APIGeminiEmbed:
+		i = treeGemini
+	case APIBedrockConverse, APIBedrockConverseStream:
+		i = treeBedrock
 	}
 	if trees[i] == nil {
 		return emptyTree

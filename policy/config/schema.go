@@ -33,7 +33,8 @@ type Policy struct {
 	// per million tokens; costs are counted in millionths of the currency unit and a request's
 	// cost is rounded up once, to the next millionth. Nothing is fetched from the network: the
 	// prices are what you write. A request reserves its worst case before it runs, its
-	// estimated prompt tokens × input_per_mtok + max_tokens (or the default max tokens) × n ×
+	// estimated prompt tokens × input_per_mtok + max_tokens (or the default max tokens) × the
+	// choices the API returns (n; prompts × max(n, best_of) for batched completions) ×
 	// output_per_mtok, in every spend budget of its compartments (all or nothing), and settles
 	// after at the usage the response reports, priced by the model that answered (the model
 	// field of the response): prompt tokens served from a cache at cached_input_per_mtok,
@@ -226,7 +227,10 @@ type Rule struct {
 	PathPrefix string `koanf:"path_prefix" json:"path_prefix,omitempty"`
 	// PathRegex matches the :path by a regular expression; Value is assigned ($1… expand groups).
 	PathRegex string `koanf:"path_regex" json:"path_regex,omitempty"`
-	// Body reads a JSON body field by dotted path, e.g. "metadata.feature" or "user".
+	// Body reads a JSON body field by dotted path, e.g. "metadata.feature" or "user". "model"
+	// is the model the path names when it names one, with or without a body: Gemini's
+	// models/{model}, Bedrock's model/{modelId} and Azure OpenAI's deployment (map deployment
+	// names to models with Map).
 	Body string `koanf:"body" json:"body,omitempty"`
 	// Metadata reads Envoy dynamic metadata forwarded in metadata_context.
 	Metadata *MetadataRef `koanf:"metadata" json:"metadata,omitempty"`
