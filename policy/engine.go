@@ -86,6 +86,8 @@ type Engine struct {
 	afterBuildStep func(step string) error
 	// clampLoggedAt is when a clamped settlement was last logged (Unix nanoseconds).
 	clampLoggedAt atomic.Int64
+	// invalidLoggedAt is when a classification value that cannot be used was last logged.
+	invalidLoggedAt atomic.Int64
 	// breakerLogs rate-limits each breaker's log lines.
 	breakerLogs breakerLogs
 	// cluster is the shared state of cluster mode (nil without one).
@@ -547,18 +549,44 @@ func (s *Snapshot) buildPools() error {
 func (s *Snapshot) Classify(in Input) Dims {
 	c := &s.classifier
 	var d Dims
-	fv, unknown := c.feature.eval(in, c, &d, func(v string) bool { _, ok := c.featureIdx[v]; return ok })
+	fv, unknown, bad := c.feature.eval(in, c, &d, func(v string) bool { _, ok := c.featureIdx[v]; return ok })
 	if unknown > 0 {
 		s.engine.metrics.unknownFeature.Add(float64(unknown))
 	}
+	s.invalidValue(dimFeature, bad)
 	d.Feature = c.featureIdx[fv]
-	d.Tenant, _ = c.tenant.eval(in, c, &d, nil)
-	d.Model, _ = c.model.eval(in, c, &d, nil)
-	tv, _ := c.tier.eval(in, c, &d, func(v string) bool { _, ok := c.tierIdx[v]; return ok })
+	d.Tenant, _, bad = c.tenant.eval(in, c, &d, nil)
+	s.invalidValue(dimTenant, bad)
+	d.Model, _, bad = c.model.eval(in, c, &d, nil)
+	s.invalidValue(dimModel, bad)
+	tv, _, bad := c.tier.eval(in, c, &d, func(v string) bool { _, ok := c.tierIdx[v]; return ok })
+	s.invalidValue(dimTier, bad)
 	d.Tier = c.tierIdx[tv]
-	pv, _ := c.provider.eval(in, c, &d, func(v string) bool { _, ok := c.providerIdx[v]; return ok })
+	pv, _, bad := c.provider.eval(in, c, &d, func(v string) bool { _, ok := c.providerIdx[v]; return ok })
+	s.invalidValue(dimProvider, bad)
 	d.Provider = c.providerIdx[pv]
 	return d
+}
+
+// invalidValue counts a request one of whose rules for dimension dim read a value that cannot
+// be a dimension's value (bad.rule ≥ 0), and logs it at most once a minute. The value itself is
+// not logged: a rule may read a header that holds a secret (an API key mapped to a tenant).
+func (s *Snapshot) invalidValue(d dim, bad invalidValue) {
+	if bad.rule < 0 {
+		return
+	}
+	e := s.engine
+	e.metrics.invalidValue[d].Inc()
+	now := e.clock.Now().UnixNano()
+	last := e.invalidLoggedAt.Load()
+	if last != 0 && now-last < int64(time.Minute) || !e.invalidLoggedAt.CompareAndSwap(last, now) {
+		return
+	}
+	r := &s.classifier.dimension(d).rules[bad.rule]
+	e.log.Warn("classification skipped a value with control characters, bytes that are not UTF-8 or too many bytes, as if its rule had read nothing "+
+		"(further cases this minute are only counted in llm_bulkhead_classify_errors_total)",
+		"rule", fmt.Sprintf("classification.%s.rules[%d]", dimNames[d], bad.rule), "source", r.source(),
+		"problem", bad.err.Error(), "reason", "invalid_"+dimNames[d])
 }
 
 // Names is a request's dimensions as names, for headers, logs and metadata.
