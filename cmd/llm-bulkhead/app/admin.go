@@ -188,12 +188,25 @@ func (a *App) unauthorised(w http.ResponseWriter) {
 	writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin token required: set " + a.current.Load().Admin.TokenEnv + " on the server and send Authorization: Bearer <token>"})
 }
 
+// authorised reports whether r carries the admin token, compared in constant time.
 func (a *App) authorised(r *http.Request) bool {
 	if a.adminToken == "" {
 		return false
 	}
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	got, ok := bearerToken(r.Header.Get("Authorization"))
 	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(a.adminToken)) == 1
+}
+
+// bearerToken returns the credentials of an Authorization header value of the Bearer scheme.
+// Scheme names are case-insensitive and one or more spaces follow them (RFC 7235 §2.1), so
+// "bearer t" and "BEARER  t" carry the token t as "Bearer t" does.
+func bearerToken(h string) (string, bool) {
+	scheme, token, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimLeft(token, " ")
+	return token, token != ""
 }
 
 func writeText(w http.ResponseWriter, status int, s string) {

@@ -280,12 +280,31 @@ func TestReloadRefusesRestartOnlySettings(t *testing.T) {
 // WWW-Authenticate header and body.
 func get(t *testing.T, url, token string) (int, string, []byte) {
 	t.Helper()
-	req, err := http.NewRequest("GET", url, nil)
+	if token != "" {
+		token = "Bearer " + token
+	}
+	return do(t, "GET", url, http.Header{"Authorization": {token}})
+}
+
+// do sends a request without a body with the given headers (an empty value is left out; a Host
+// header sets the request's host) and returns the response's status, WWW-Authenticate header
+// and body.
+func do(t *testing.T, method, url string, h http.Header) (int, string, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+	for k, vs := range h {
+		for _, v := range vs {
+			switch {
+			case v == "":
+			case http.CanonicalHeaderKey(k) == "Host":
+				req.Host = v
+			default:
+				req.Header.Add(k, v)
+			}
+		}
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -398,6 +417,28 @@ func TestExposedAdminReadsNeedToken(t *testing.T) {
 		if code, _, _ := get(t, base+path, ""); code != http.StatusOK {
 			t.Errorf("GET %s without a token: %d, want it open for Prometheus and probes", path, code)
 		}
+	}
+}
+
+// TestAdminTokenSchemeIsCaseInsensitive: the Bearer scheme's name is case-insensitive and may
+// be followed by several spaces (RFC 7235), for reads on an exposed listener and for POSTs;
+// other schemes and malformed values are refused.
+func TestAdminTokenSchemeIsCaseInsensitive(t *testing.T) {
+	_, base := startExposed(t, app.Options{Env: []string{"LLM_BULKHEAD_ADMIN_TOKEN=s3cret"}, LogOutput: io.Discard})
+	for auth, want := range map[string]int{
+		"Bearer s3cret": http.StatusOK, "bearer s3cret": http.StatusOK, "BEARER s3cret": http.StatusOK,
+		"bEaReR s3cret": http.StatusOK, "Bearer   s3cret": http.StatusOK,
+		"Basic s3cret": http.StatusUnauthorized, "Bearers3cret": http.StatusUnauthorized, "Bearer": http.StatusUnauthorized,
+		"Bearer ": http.StatusUnauthorized, "bearer S3CRET": http.StatusUnauthorized, "Bearer s3cret2": http.StatusUnauthorized,
+		"s3cret": http.StatusUnauthorized,
+	} {
+		if code, _, _ := do(t, "GET", base+"/admin/config", http.Header{"Authorization": {auth}}); code != want {
+			t.Errorf("GET with Authorization %q: %d, want %d", auth, code, want)
+		}
+	}
+	// A POST with the lower-case scheme reaches the handler, which wants a body.
+	if code, _, body := do(t, "POST", base+"/admin/breakers/nope", http.Header{"Authorization": {"bearer s3cret"}}); code != http.StatusBadRequest {
+		t.Errorf("POST with a lower-case scheme: %d %s", code, body)
 	}
 }
 
