@@ -54,7 +54,8 @@ type Options struct {
 	Env []string
 	// LogOutput receives JSON logs; nil means os.Stderr.
 	LogOutput io.Writer
-	// Clock defaults to the system clock.
+	// Clock defaults to the system clock. The engine, the spend state and the check of the
+	// ext_proc listener's certificates (one not valid now is not rotated in) read it.
 	Clock policy.Clock
 	// Watch reloads the policy file when it changes on disk (and on SIGHUP, see Run).
 	Watch bool
@@ -137,6 +138,9 @@ func New(o Options) (*App, error) {
 	if o.LogOutput == nil {
 		o.LogOutput = os.Stderr
 	}
+	if o.Clock == nil {
+		o.Clock = policy.SystemClock{}
+	}
 	a := &App{opts: o, level: new(slog.LevelVar), registry: prometheus.NewRegistry(), serveErr: make(chan error, 2)}
 	a.log = slog.New(slog.NewJSONHandler(o.LogOutput, &slog.HandlerOptions{Level: a.level}))
 
@@ -196,7 +200,7 @@ func New(o Options) (*App, error) {
 	}
 	gopts := grpcOptions(p)
 	if files.Cert != "" {
-		if a.tls, err = newListenerTLS(files, a.log, a.registry); err != nil {
+		if a.tls, err = newListenerTLS(files, a.log, a.registry, o.Clock.Now); err != nil {
 			return fail(err)
 		}
 		gopts = append(gopts, grpc.Creds(a.tls.credentials()))
