@@ -47,6 +47,11 @@ type Options struct {
 	// AdminInsecure serves an admin address that is not loopback without an admin token. Without
 	// it, New refuses such an address with an *ExposedAdminError unless the token is set.
 	AdminInsecure bool
+	// AdminAllowedHosts are host names, besides localhost and IP addresses, for which the admin
+	// listener serves /admin/* and the dashboard to requests without the admin token (any port;
+	// ParseAdminHosts reads the flag). Requests for any other Host are refused with 403, so that
+	// a web page cannot read them through DNS rebinding.
+	AdminAllowedHosts []string
 	// LogLevel overrides the policy's server.log_level.
 	LogLevel string
 	// Env is the environment for LLM_BULKHEAD_ overrides and the admin token; nil uses
@@ -93,6 +98,10 @@ type App struct {
 	guardReads bool
 	// adminUnguarded is a listener beyond loopback with nothing guarding it (--admin-insecure).
 	adminUnguarded bool
+	// adminHosts are Options.AdminAllowedHosts, normalised; hostRefusedAt is when a request for
+	// another Host was last logged (Unix nanoseconds).
+	adminHosts    map[string]bool
+	hostRefusedAt atomic.Int64
 
 	serveErr chan error
 	stopOnce sync.Once
@@ -141,7 +150,11 @@ func New(o Options) (*App, error) {
 	if o.Clock == nil {
 		o.Clock = policy.SystemClock{}
 	}
-	a := &App{opts: o, level: new(slog.LevelVar), registry: prometheus.NewRegistry(), serveErr: make(chan error, 2)}
+	a := &App{opts: o, level: new(slog.LevelVar), registry: prometheus.NewRegistry(), serveErr: make(chan error, 2),
+		adminHosts: map[string]bool{}}
+	for _, h := range o.AdminAllowedHosts {
+		a.adminHosts[normalHost(h)] = true
+	}
 	a.log = slog.New(slog.NewJSONHandler(o.LogOutput, &slog.HandlerOptions{Level: a.level}))
 
 	p, name, err := LoadPolicy(o.ConfigPath, o.Env)

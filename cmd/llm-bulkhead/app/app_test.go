@@ -460,6 +460,85 @@ func TestLoopbackAdminReadsOpen(t *testing.T) {
 	}
 }
 
+// TestAdminHostIsChecked: without the admin token, /admin/* and the dashboard answer only
+// requests whose Host is localhost, an IP address or a name in AdminAllowedHosts — a web page
+// re-resolving its own name to 127.0.0.1 (DNS rebinding) gets 403 and no data — on a loopback
+// listener and on an exposed one served with AdminInsecure. The token passes whatever the Host.
+// /metrics, /healthz and /readyz answer every Host: the kubelet's probes and Prometheus send the
+// pod's IP, a Docker or Consul check the service's name.
+func TestAdminHostIsChecked(t *testing.T) {
+	var logs bytes.Buffer
+	loopback, err := app.New(app.Options{GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{"LLM_BULKHEAD_ADMIN_TOKEN=s3cret"},
+		LogOutput: &logs, AdminAllowedHosts: []string{"Bulkhead.Internal."}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := loopback.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer loopback.Shutdown(context.Background())
+	_, insecure := startExposed(t, app.Options{Env: []string{}, LogOutput: io.Discard, AdminInsecure: true, AdminAllowedHosts: []string{"bulkhead.internal"}})
+
+	allowed := []string{"localhost", "localhost:9090", "LOCALHOST:9090", "localhost.:9090", "127.0.0.1:9090", "127.0.0.1",
+		"[::1]:9090", "[::1]", "10.244.1.7:9090", "[fe80::1%25eth0]:9090", "bulkhead.internal:8080", "BULKHEAD.INTERNAL."}
+	refused := []string{"evil.example", "evil.example:9090", "127.0.0.1.nip.io:9090", "localhost.evil.example", "bulkhead.internal.evil.example",
+		"2130706433:9090", "llm-bulkhead.llm.svc:9090", "127.0.0.1:9090.evil.example", "[::1].evil.example"}
+	for _, base := range []string{"http://" + loopback.AdminAddr(), insecure} {
+		for _, path := range []string{"/", "/admin/compartments", "/admin/config", "/admin/spend", "/admin/breakers", "/admin/decisions", "/admin/cluster"} {
+			for _, host := range refused {
+				code, _, body := do(t, "GET", base+path, http.Header{"Host": {host}})
+				if code != http.StatusForbidden || strings.Contains(string(body), "compartments\"") || !strings.Contains(string(body), "--admin-allowed-hosts") {
+					t.Errorf("%s GET %s, Host %s: %d %.100s", base, path, host, code, body)
+				}
+			}
+			for _, host := range allowed {
+				if code, _, body := do(t, "GET", base+path, http.Header{"Host": {host}}); code != http.StatusOK {
+					t.Errorf("%s GET %s, Host %s: %d %.100s", base, path, host, code, body)
+				}
+			}
+		}
+		for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
+			for _, host := range append(refused, allowed...) {
+				if code, _, _ := do(t, "GET", base+path, http.Header{"Host": {host}}); code != http.StatusOK {
+					t.Errorf("%s GET %s, Host %s: %d, want it open for probes and Prometheus", base, path, host, code)
+				}
+			}
+		}
+	}
+	// The token passes whatever the Host.
+	if code, _, _ := do(t, "GET", "http://"+loopback.AdminAddr()+"/admin/config", http.Header{"Host": {"evil.example"}, "Authorization": {"Bearer s3cret"}}); code != http.StatusOK {
+		t.Errorf("GET with the token and another Host: %d", code)
+	}
+	if code, _, _ := do(t, "GET", "http://"+loopback.AdminAddr()+"/admin/config", http.Header{"Host": {"evil.example"}, "Authorization": {"Bearer wrong"}}); code != http.StatusForbidden {
+		t.Errorf("GET with a wrong token and another Host: %d", code)
+	}
+	// The refusals are logged, once a minute.
+	if n := strings.Count(logs.String(), "admin request refused"); n != 1 || !strings.Contains(logs.String(), `"host":"evil.example"`) {
+		t.Errorf("%d log lines:\n%s", n, logs.String())
+	}
+}
+
+// TestExposedAdminWithTokenIgnoresHostForProbes: the Helm chart's admin listener (every
+// interface, with a token): the kubelet's probes and Prometheus, which send the pod's IP or
+// a service name as Host and no token, get /healthz, /readyz and /metrics; /admin/* needs the
+// token whatever the Host, and with it any Host is served.
+func TestExposedAdminWithTokenIgnoresHostForProbes(t *testing.T) {
+	_, base := startExposed(t, app.Options{Env: []string{"LLM_BULKHEAD_ADMIN_TOKEN=s3cret"}, LogOutput: io.Discard})
+	for _, host := range []string{"10.244.1.7:9090", "llm-bulkhead.llm.svc.cluster.local:9090", "evil.example"} {
+		for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
+			if code, _, _ := do(t, "GET", base+path, http.Header{"Host": {host}}); code != http.StatusOK {
+				t.Errorf("GET %s, Host %s: %d", path, host, code)
+			}
+		}
+		if code, _, _ := do(t, "GET", base+"/admin/compartments", http.Header{"Host": {host}}); code != http.StatusUnauthorized {
+			t.Errorf("GET /admin/compartments without the token, Host %s: %d", host, code)
+		}
+		if code, _, _ := do(t, "GET", base+"/admin/compartments", http.Header{"Host": {host}, "Authorization": {"Bearer s3cret"}}); code != http.StatusOK {
+			t.Errorf("GET /admin/compartments with the token, Host %s: %d", host, code)
+		}
+	}
+}
+
 // TestAdminInsecureWarns: AdminInsecure serves an exposed listener without a token, and says
 // so in the log when it starts.
 func TestAdminInsecureWarns(t *testing.T) {
