@@ -127,6 +127,14 @@ func NewEngine(p *config.Policy, o Options) (*Engine, error) {
 	return e, nil
 }
 
+// logDue reports whether a line of a kind logged at most once a minute may be written now: at
+// holds when one was last written (Unix nanoseconds, 0 for never) and is set to now when so.
+func (e *Engine) logDue(at *atomic.Int64) bool {
+	now := e.clock.Now().UnixNano()
+	last := at.Load()
+	return (last == 0 || now-last >= int64(time.Minute)) && at.CompareAndSwap(last, now)
+}
+
 // Close disconnects from the shared state (giving this replica's slots back at once); ctx
 // bounds it. Without a cluster it does nothing.
 func (e *Engine) Close(ctx context.Context) error { return e.closeCluster(ctx) }
@@ -568,8 +576,8 @@ func (s *Snapshot) Classify(in Input) Dims {
 	return d
 }
 
-// invalidValue counts a request one of whose rules for dimension dim read a value that cannot
-// be a dimension's value (bad.rule ≥ 0), and logs it at most once a minute. The value itself is
+// invalidValue counts a request one of whose rules for dimension d read a value that cannot be
+// a dimension's value (bad.rule ≥ 0), and logs it at most once a minute. The value itself is
 // not logged: a rule may read a header that holds a secret (an API key mapped to a tenant).
 func (s *Snapshot) invalidValue(d dim, bad invalidValue) {
 	if bad.rule < 0 {
@@ -577,9 +585,7 @@ func (s *Snapshot) invalidValue(d dim, bad invalidValue) {
 	}
 	e := s.engine
 	e.metrics.invalidValue[d].Inc()
-	now := e.clock.Now().UnixNano()
-	last := e.invalidLoggedAt.Load()
-	if last != 0 && now-last < int64(time.Minute) || !e.invalidLoggedAt.CompareAndSwap(last, now) {
+	if !e.logDue(&e.invalidLoggedAt) {
 		return
 	}
 	r := &s.classifier.dimension(d).rules[bad.rule]
