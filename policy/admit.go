@@ -847,9 +847,7 @@ func (t *Ticket) Done(o Outcome) (settled Settled) {
 // logClamp logs a clamped settlement, at most once a minute: one response claiming absurd usage
 // is worth a line, a provider doing it on every response is what the metric is for.
 func (e *Engine) logClamp(feature, model string, u Usage, est Estimate) {
-	now := e.clock.Now().UnixNano()
-	last := e.clampLoggedAt.Load()
-	if last != 0 && now-last < int64(time.Minute) || !e.clampLoggedAt.CompareAndSwap(last, now) {
+	if !e.logDue(&e.clampLoggedAt) {
 		return
 	}
 	e.log.Warn("reported usage is more than the request could cost; settled at the bound (further cases this minute are only counted in llm_bulkhead_usage_clamped_total)",

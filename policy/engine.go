@@ -86,6 +86,8 @@ type Engine struct {
 	afterBuildStep func(step string) error
 	// clampLoggedAt is when a clamped settlement was last logged (Unix nanoseconds).
 	clampLoggedAt atomic.Int64
+	// invalidLoggedAt is when a classification value that cannot be used was last logged.
+	invalidLoggedAt atomic.Int64
 	// breakerLogs rate-limits each breaker's log lines.
 	breakerLogs breakerLogs
 	// cluster is the shared state of cluster mode (nil without one).
@@ -123,6 +125,14 @@ func NewEngine(p *config.Policy, o Options) (*Engine, error) {
 		}
 	}
 	return e, nil
+}
+
+// logDue reports whether a line of a kind logged at most once a minute may be written now: at
+// holds when one was last written (Unix nanoseconds, 0 for never) and is set to now when so.
+func (e *Engine) logDue(at *atomic.Int64) bool {
+	now := e.clock.Now().UnixNano()
+	last := at.Load()
+	return (last == 0 || now-last >= int64(time.Minute)) && at.CompareAndSwap(last, now)
 }
 
 // Close disconnects from the shared state (giving this replica's slots back at once); ctx
@@ -547,18 +557,42 @@ func (s *Snapshot) buildPools() error {
 func (s *Snapshot) Classify(in Input) Dims {
 	c := &s.classifier
 	var d Dims
-	fv, unknown := c.feature.eval(in, c, &d, func(v string) bool { _, ok := c.featureIdx[v]; return ok })
+	fv, unknown, bad := c.feature.eval(in, c, &d, func(v string) bool { _, ok := c.featureIdx[v]; return ok })
 	if unknown > 0 {
 		s.engine.metrics.unknownFeature.Add(float64(unknown))
 	}
+	s.invalidValue(dimFeature, bad)
 	d.Feature = c.featureIdx[fv]
-	d.Tenant, _ = c.tenant.eval(in, c, &d, nil)
-	d.Model, _ = c.model.eval(in, c, &d, nil)
-	tv, _ := c.tier.eval(in, c, &d, func(v string) bool { _, ok := c.tierIdx[v]; return ok })
+	d.Tenant, _, bad = c.tenant.eval(in, c, &d, nil)
+	s.invalidValue(dimTenant, bad)
+	d.Model, _, bad = c.model.eval(in, c, &d, nil)
+	s.invalidValue(dimModel, bad)
+	tv, _, bad := c.tier.eval(in, c, &d, func(v string) bool { _, ok := c.tierIdx[v]; return ok })
+	s.invalidValue(dimTier, bad)
 	d.Tier = c.tierIdx[tv]
-	pv, _ := c.provider.eval(in, c, &d, func(v string) bool { _, ok := c.providerIdx[v]; return ok })
+	pv, _, bad := c.provider.eval(in, c, &d, func(v string) bool { _, ok := c.providerIdx[v]; return ok })
+	s.invalidValue(dimProvider, bad)
 	d.Provider = c.providerIdx[pv]
 	return d
+}
+
+// invalidValue counts a request one of whose rules for dimension d read a value that cannot be
+// a dimension's value (bad.rule ≥ 0), and logs it at most once a minute. The value itself is
+// not logged: a rule may read a header that holds a secret (an API key mapped to a tenant).
+func (s *Snapshot) invalidValue(d dim, bad invalidValue) {
+	if bad.rule < 0 {
+		return
+	}
+	e := s.engine
+	e.metrics.invalidValue[d].Inc()
+	if !e.logDue(&e.invalidLoggedAt) {
+		return
+	}
+	r := &s.classifier.dimension(d).rules[bad.rule]
+	e.log.Warn("classification skipped a value with control characters, bytes that are not UTF-8 or too many bytes, as if its rule had read nothing "+
+		"(further cases this minute are only counted in llm_bulkhead_classify_errors_total)",
+		"rule", fmt.Sprintf("classification.%s.rules[%d]", dimNames[d], bad.rule), "source", r.source(),
+		"problem", bad.err.Error(), "reason", "invalid_"+dimNames[d])
 }
 
 // Names is a request's dimensions as names, for headers, logs and metadata.

@@ -16,7 +16,16 @@ type Policy struct {
 	// Envoy (Envoy's own config is); they let validation check that waits fit Envoy's timeouts and
 	// let `llm-bulkhead envoy-config` print a matching filter.
 	Envoy Envoy `koanf:"envoy" json:"envoy,omitempty"`
-	// Classification holds the ordered rules that give every request its dimensions.
+	// Classification holds the ordered rules that give every request its dimensions. A value a
+	// rule reads is trimmed of white space (CR and LF at its ends included). A value that still
+	// holds a control character (NUL, CR, LF, tab, DEL, U+0080–U+009F), bytes that are not UTF-8,
+	// or more than 256 bytes is skipped as if the rule had read nothing — the next rule or the
+	// default decides — and counted in llm_bulkhead_classify_errors_total{reason="invalid_tenant"}
+	// (invalid_feature, invalid_tier, invalid_provider, invalid_model), with a warning logged at
+	// most once a minute that names the rule and the problem, never the value. So whatever a
+	// trusted source holds, the headers, Envoy metadata, log lines and metric labels made from a
+	// request's dimensions are valid. Defaults, path rule values, map entries and tenant ids in
+	// the policy are checked the same way when it loads.
 	Classification Classification `koanf:"classification" json:"classification,omitempty"`
 	// Tenants is the tenant directory: tenant → tier, with optional per-tenant limit overrides.
 	Tenants Tenants `koanf:"tenants" json:"tenants,omitempty"`
@@ -200,9 +209,10 @@ type Classification struct {
 	Tier Dimension `koanf:"tier" json:"tier,omitempty"`
 	// Provider rules. Values must name an entry of providers.
 	Provider Dimension `koanf:"provider" json:"provider,omitempty"`
-	// Model rules. Any value is kept (models are open-ended); it is used for estimation, the
-	// model map and provider model maps. A compartment family keyed by model is keyed by the
-	// `models` glob the value matches (or other), never by the value itself.
+	// Model rules. Any value a classification value may be is kept (models are open-ended); it
+	// is used for estimation, the model map and provider model maps. A compartment family keyed
+	// by model is keyed by the `models` glob the value matches (or other), never by the value
+	// itself.
 	Model Dimension `koanf:"model" json:"model,omitempty"`
 }
 
