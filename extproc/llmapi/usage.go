@@ -57,8 +57,8 @@ const (
 	// package knows.
 	ErrorServer
 	// ErrorRateLimited: a rate limit (a type or code containing
-	// "rate_limit": rate_limit_exceeded, rate_limit_error; Google's
-	// RESOURCE_EXHAUSTED; AWS's ThrottlingException).
+	// "rate_limit": rate_limit_exceeded, rate_limit_error; Azure OpenAI's
+	// code "429"; Google's RESOURCE_EXHAUSTED; AWS's ThrottlingException).
 	ErrorRateLimited
 	// ErrorClient: the request was at fault (invalid_request_error,
 	// authentication_error, permission_error, not_found_error,
@@ -117,7 +117,9 @@ func classifyErrorCode(b []byte) int {
 		"validationException", "ValidationException", "accessDeniedException", "AccessDeniedException",
 		"resourceNotFoundException", "ResourceNotFoundException", "modelErrorException", "ModelErrorException":
 		return errClient
-	case "RESOURCE_EXHAUSTED":
+	case "RESOURCE_EXHAUSTED",
+		// Azure OpenAI's code for every rate or quota limit is the status itself.
+		"429":
 		return errRate
 	}
 	return errUnknown
