@@ -406,7 +406,8 @@ type PriceRule struct {
 	ReasoningPerMtok *Amount `koanf:"reasoning_per_mtok" json:"reasoning_per_mtok,omitempty"`
 	// PerSecond is the price of one second of audio, for models billed by duration (whisper-1:
 	// 0.0001 is $0.006 a minute), charged for the seconds of /v1/audio/transcriptions and
-	// /v1/audio/translations. Default 0.
+	// /v1/audio/translations. An upload's model is a form field, which is never read: name it
+	// with a classification.model rule (a header, or a path_prefix with a value). Default 0.
 	PerSecond *Amount `koanf:"per_second" json:"per_second,omitempty"`
 	// PerRequest is the price of each request the provider served (a 2xx response), on top of
 	// any tokens: speech, or a per-call fee. Default 0.
