@@ -21,6 +21,15 @@ type Policy struct {
 	// Tenants is the tenant directory: tenant → tier, with optional per-tenant limit overrides.
 	Tenants Tenants `koanf:"tenants" json:"tenants,omitempty"`
 	// Models maps model names (globs, first match wins) to providers and estimation settings.
+	// A request's model is the one its API names: the body's model for OpenAI's
+	// /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/audio/speech and
+	// /v1/images/generations and for Anthropic's /v1/messages; the path's for Google Gemini
+	// (models/{model}:generateContent, :streamGenerateContent, :countTokens, :embedContent, as
+	// gemini-2.5-flash), AWS Bedrock (model/{modelId}/converse, /converse-stream, /invoke,
+	// /invoke-with-response-stream, the id as written, as
+	// anthropic.claude-3-5-haiku-20241022-v1:0) and Azure OpenAI's deployments
+	// (/openai/deployments/{deployment}/...; the deployment's name); an audio upload's model is
+	// a form field that is never read (name it with a classification.model rule).
 	Models []ModelRule `koanf:"models" json:"models,omitempty"`
 	// Estimation sets how token use is estimated before a response reports it.
 	Estimation Estimation `koanf:"estimation" json:"estimation,omitempty"`
