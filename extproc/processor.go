@@ -400,6 +400,11 @@ func (p *processor) override(req, res bodyMode) *extprocfilterv3.ProcessingMode 
 // wantBody reports whether deciding needs the request body.
 func (p *processor) wantBody() bool {
 	s := p.snap
+	if p.req.api.Multipart() {
+		// An audio upload is multipart/form-data, up to 25 MB: nothing in it is read (no rule
+		// reads a form field), so it is never buffered; its size comes from content-length.
+		return false
+	}
 	if s.NeedsBodyForRules || s.TokenLimits || s.SpendLimits || s.RewritesModels {
 		// RewritesModels: a re-route may have to rewrite the body's model, which only a reply to
 		// the buffered body can do.
@@ -469,6 +474,16 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 	s, e := p.snap, p.srv.engine
 	noOutput := p.req.api.NoOutput()
 	size := policy.RequestSize{N: 1, NoOutput: noOutput}
+	if p.req.api.Multipart() {
+		// One audio file, its estimate the policy's audio_tokens; the longest audio its size can
+		// hold is reserved at a price per second.
+		n, _ := p.Header("content-length")
+		bytes, err := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
+		if err != nil || bytes < 0 {
+			bytes = 0
+		}
+		size = policy.RequestSize{Scanned: true, BodyBytes: bytes, Audio: 1, N: 1, AudioMillis: llmapi.UploadAudioMillis(bytes)}
+	}
 	if at == msgRequestBody && !p.req.api.Multipart() {
 		err := llmapi.ScanRequest(p.req.api, p.req.body, &p.req.fields)
 		switch {
@@ -496,6 +511,9 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 			f := &p.req.fields
 			size = policy.RequestSize{Scanned: true, BodyBytes: int64(len(p.req.body)), PromptBytes: f.PromptBytes, Images: f.Images, Audio: f.Audio,
 				Files: f.Files, MaxTokens: f.MaxTokens, HasMaxTokens: f.HasMaxTokens, N: f.Choices, Prompts: f.Prompts, NoOutput: noOutput}
+			if p.req.api == llmapi.APIOpenAIImages {
+				size.OutputImages = f.Choices // n images, each priced per_image
+			}
 		}
 	}
 	dims := s.Classify(p)
@@ -841,7 +859,8 @@ func (p *processor) settle(cancelled bool) {
 		}
 		u := p.res.scanner.Finish()
 		o.Usage = policy.Usage{Prompt: u.PromptTokens, Completion: u.CompletionTokens, Total: u.TotalTokens,
-			Cached: u.CachedTokens, Reasoning: u.ReasoningTokens, Known: u.Known, PromptKnown: u.PromptKnown, ContentBytes: u.ContentBytes}
+			Cached: u.CachedTokens, Reasoning: u.ReasoningTokens, Known: u.Known, PromptKnown: u.PromptKnown, ContentBytes: u.ContentBytes,
+			AudioMillis: u.AudioMillis}
 		o.StreamError = streamError(u.Error)
 		o.Model = p.res.scanner.Model()
 		// A body read to its end without a token waited for one all along.

@@ -699,6 +699,9 @@ type Usage struct {
 	PromptKnown bool
 	// ContentBytes is the generated text seen, for a partial estimate when usage is unknown.
 	ContentBytes int64
+	// AudioMillis is the audio the response reported it was billed for by duration, in
+	// milliseconds (0: none reported), priced per second.
+	AudioMillis int64
 }
 
 // Settled is how a finished request was charged.

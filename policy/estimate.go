@@ -33,6 +33,10 @@ type RequestSize struct {
 	// NoOutput: the API generates no tokens (embeddings): nothing is reserved for output, and a
 	// response claiming completion tokens is not believed.
 	NoOutput bool
+	// AudioMillis is the most audio an upload to be transcribed can hold, in milliseconds, and
+	// OutputImages the images an image generation asks for: reserved at a per_second and a
+	// per_image price (see Estimate).
+	AudioMillis, OutputImages int64
 }
 
 // Estimate is a request's token estimate before the response reports its real use.
@@ -52,6 +56,10 @@ type Estimate struct {
 	// an Estimate made by hand is unbounded unless it says so.
 	MaxPrompt, MaxCompletion int64
 	Bounded                  bool
+	// AudioMillis and OutputImages are RequestSize's: the audio and the images a request is
+	// reserved for at the prices per second and per image; a response that reports no seconds
+	// settles at AudioMillis.
+	AudioMillis, OutputImages int64
 }
 
 // promptOverhead is what a chat template, tool definitions' framing and special tokens may add
@@ -190,6 +198,7 @@ func (s *Snapshot) Estimate(model string, rs RequestSize) Estimate {
 	est.Prompt = min(est.Prompt, est.Total)
 	est.MaxPrompt, est.MaxCompletion = s.usageCeiling(mr, rs)
 	est.Bounded = true
+	est.AudioMillis, est.OutputImages = max(rs.AudioMillis, 0), max(rs.OutputImages, 0)
 	return est
 }
 

@@ -88,7 +88,8 @@ func (e *Engine) reserveSpend(ctx context.Context, s *Snapshot, r *Request, dims
 		}
 	}
 	price, _ := s.prices.Lookup(dims.Model)
-	amount := price.Cost(spend.Tokens{Prompt: r.Estimate.Prompt, Completion: r.Estimate.Output})
+	amount := price.Cost(spend.Tokens{Prompt: r.Estimate.Prompt, Completion: r.Estimate.Output,
+		AudioMillis: r.Estimate.AudioMillis, Requests: 1, Images: r.Estimate.OutputImages})
 	rf, ok := e.ledger.Reserve(ctx, res, amount, now)
 	if !ok {
 		t.undo(now)
@@ -125,9 +126,11 @@ func (t *Ticket) SpendReserved() (spend.Micros, bool) {
 // settleSpend settles the ticket's spend reservation at the cost of settled, priced by the
 // model that answered (o.Model) when the prices list names it, else by the model the request
 // was sent as. Cached and reasoning tokens count only when usage was reported, and never beyond
-// the settled prompt and completion. A request that cost nothing because it never reached the
-// provider gets its reservation back. It returns the cost charged, and false when no spend
-// budget applied.
+// the settled prompt and completion. A request the provider served (a 2xx) also pays its
+// per_request price, per_image for the images it asked for, and per_second for the audio the
+// response reported, or, when it reported no usage, the audio it was reserved for. A request
+// that cost nothing because it never reached the provider gets its reservation back. It
+// returns the cost charged, and false when no spend budget applied.
 func (t *Ticket) settleSpend(o Outcome, settled Settled, now time.Time) (spend.Micros, bool) {
 	res := t.spend
 	if res == nil || !res.Active() {
@@ -135,7 +138,8 @@ func (t *Ticket) settleSpend(o Outcome, settled Settled, now time.Time) (spend.M
 	}
 	s := t.snap
 	c := s.features[t.dims.Feature].spend
-	if settled.Total == 0 && !o.Usage.Known {
+	served := o.Status >= 200 && o.Status < 300
+	if settled.Total == 0 && !o.Usage.Known && !served {
 		res.Release(now)
 		if c != nil {
 			c.refunded.Add(res.Amount().Float())
@@ -150,6 +154,19 @@ func (t *Ticket) settleSpend(o Outcome, settled Settled, now time.Time) (spend.M
 	if o.Usage.Known {
 		tok.Cached = min(max(o.Usage.Cached, 0), settled.Prompt)
 		tok.Reasoning = min(max(o.Usage.Reasoning, 0), settled.Completion)
+	}
+	if served {
+		tok.Requests, tok.Images = 1, t.est.OutputImages
+		switch {
+		case o.Usage.AudioMillis > 0:
+			// Never more than the upload can hold: a provider's claim beyond it is not believed.
+			tok.AudioMillis = o.Usage.AudioMillis
+			if t.est.AudioMillis > 0 {
+				tok.AudioMillis = min(tok.AudioMillis, t.est.AudioMillis)
+			}
+		case !o.Usage.Known:
+			tok.AudioMillis = t.est.AudioMillis
+		}
 	}
 	cost := price.Cost(tok)
 	res.Settle(cost, now)

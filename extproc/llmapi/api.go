@@ -90,6 +90,22 @@ func (a API) Multipart() bool {
 	return a == APIOpenAITranscriptions || a == APIOpenAITranslations
 }
 
+// MinAudioBytesPerSecond is the lowest bitrate an uploaded audio file is taken to have, 2000
+// bytes (16 kbit/s) a second: speech codecs go about that low. UploadAudioMillis reads an
+// upload's size at this rate, which gives the longest audio it can hold.
+const MinAudioBytesPerSecond = 2000
+
+// UploadAudioMillis is the most audio, in milliseconds, that an upload of size bytes (a
+// transcription's whole multipart body) holds at MinAudioBytesPerSecond: the worst case a
+// request billed by the second is reserved for. A size of 0 or less (unknown) gives 0.
+func UploadAudioMillis(size int64) int64 {
+	if size <= 0 {
+		return 0
+	}
+	const limit = 1 << 40 // far beyond any upload; keeps the product from overflowing
+	return (min(size, limit)*1000 + MinAudioBytesPerSecond - 1) / MinAudioBytesPerSecond
+}
+
 // IncludeUsage reports whether a streamed request of a can ask for a final usage chunk with
 // stream_options.include_usage (OpenAI chat and completions, on OpenAI and on Azure).
 func (a API) IncludeUsage() bool { return a == APIOpenAIChat || a == APIOpenAICompletions }

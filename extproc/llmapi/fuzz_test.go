@@ -157,8 +157,13 @@ data: {"id":"b","error":{"type":"rate_limit_error","type":"overloaded_error","me
 data: {"id":"c","error":{"type":"overloaded_error","message":"n"},"error":{"code":"\u0072ate_limit_exceeded"}}
 
 `), uint8(APIOpenAIChat), uint8(0), uint64(7))
+	for _, b := range []string{audioTokensJSON, audioDurationJSON, audioSSE} {
+		f.Add([]byte(b), uint8(6), uint8(0), uint64(len(b)))
+	}
+	// The APIs up to Anthropic's, and audio transcriptions (byte 6).
+	fuzzed := [...]API{APIUnknown, APIOpenAIChat, APIOpenAICompletions, APIOpenAIEmbeddings, APIOpenAIResponses, APIAnthropicMessages, APIOpenAITranscriptions}
 	f.Fuzz(func(t *testing.T, data []byte, apiByte, ctByte uint8, seed uint64) {
-		api := API(apiByte % 6)
+		api := fuzzed[int(apiByte)%len(fuzzed)]
 		ct := contentTypes[int(ctByte)%len(contentTypes)]
 		whole, err := scanChunks(api, ct, "", data)
 		if err != nil {

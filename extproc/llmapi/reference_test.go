@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"math/big"
 	"strconv"
 	"strings"
 )
@@ -586,6 +587,26 @@ func (r *refDoc) walk(tree pathTree, n uint8, v any) {
 			return
 		}
 		r.vals[node.slot] = int64(x)
+		r.has |= 1 << node.slot
+	case nodeMillis:
+		num, ok := v.(json.Number)
+		if !ok || strings.ContainsAny(string(num), "-eE") {
+			return
+		}
+		// Seconds to milliseconds, rounded up, in exact arithmetic.
+		sec, ok := new(big.Rat).SetString(string(num))
+		if !ok {
+			return
+		}
+		ms := new(big.Rat).Mul(sec, big.NewRat(1000, 1))
+		q, rem := new(big.Int).QuoRem(ms.Num(), ms.Denom(), new(big.Int))
+		if rem.Sign() > 0 {
+			q.Add(q, big.NewInt(1))
+		}
+		if !q.IsInt64() || q.Int64() > maxCount {
+			return
+		}
+		r.vals[node.slot] = q.Int64()
 		r.has |= 1 << node.slot
 	case nodeText:
 		if s, ok := v.(string); ok {

@@ -24,6 +24,10 @@ type Usage struct {
 	CachedTokens int64
 	// ReasoningTokens is the part of CompletionTokens spent reasoning.
 	ReasoningTokens int64
+	// AudioMillis is the audio an audio transcription or translation reports it was billed
+	// for by duration ({"usage":{"type":"duration","seconds":9.2}}), in milliseconds rounded
+	// up; 0 when it reported none. Such a usage is complete (Known) with no tokens.
+	AudioMillis int64
 	// Known reports that a complete usage (input and output counts) came in a
 	// well-formed document. When it is false the counts above are whatever
 	// partial numbers were seen, which may be none.
@@ -57,8 +61,8 @@ const (
 	// package knows.
 	ErrorServer
 	// ErrorRateLimited: a rate limit (a type or code containing
-	// "rate_limit": rate_limit_exceeded, rate_limit_error; Google's
-	// RESOURCE_EXHAUSTED; AWS's ThrottlingException).
+	// "rate_limit": rate_limit_exceeded, rate_limit_error; Azure OpenAI's
+	// code "429"; Google's RESOURCE_EXHAUSTED; AWS's ThrottlingException).
 	ErrorRateLimited
 	// ErrorClient: the request was at fault (invalid_request_error,
 	// authentication_error, permission_error, not_found_error,
@@ -117,7 +121,9 @@ func classifyErrorCode(b []byte) int {
 		"validationException", "ValidationException", "accessDeniedException", "AccessDeniedException",
 		"resourceNotFoundException", "ResourceNotFoundException", "modelErrorException", "ModelErrorException":
 		return errClient
-	case "RESOURCE_EXHAUSTED":
+	case "RESOURCE_EXHAUSTED",
+		// Azure OpenAI's code for every rate or quota limit is the status itself.
+		"429":
 		return errRate
 	}
 	return errUnknown
@@ -593,7 +599,8 @@ func (t *tally) add(api API, sse bool, valid bool, typ []byte, has uint32, vals 
 	// make a complete usage in a whole response. A stream's chunks all carry a prompt and a
 	// total, its output count only once there is output.
 	hasTotal := g&(1<<slotTotal) != 0
-	complete := hasPrompt && (hasCompletion || api == APIOpenAIEmbeddings || (api.gemini() && hasTotal && !sse))
+	complete := hasPrompt && (hasCompletion || api == APIOpenAIEmbeddings || (api.gemini() && hasTotal && !sse)) ||
+		g&(1<<slotMillis) != 0
 	switch {
 	case valid && complete:
 		t.vals = [groupSize]int64{}
@@ -624,6 +631,7 @@ func (t *tally) usage(api API) Usage {
 		CompletionTokens: t.vals[slotCompletion],
 		CachedTokens:     t.vals[slotCached],
 		ReasoningTokens:  t.vals[slotReasoning],
+		AudioMillis:      t.vals[slotMillis],
 		Known:            t.known,
 		PromptKnown:      t.promptKnown || t.known,
 		ContentBytes:     t.content,

@@ -30,6 +30,15 @@ type Policy struct {
 	// Tenants is the tenant directory: tenant → tier, with optional per-tenant limit overrides.
 	Tenants Tenants `koanf:"tenants" json:"tenants,omitempty"`
 	// Models maps model names (globs, first match wins) to providers and estimation settings.
+	// A request's model is the one its API names: the body's model for OpenAI's
+	// /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/audio/speech and
+	// /v1/images/generations and for Anthropic's /v1/messages; the path's for Google Gemini
+	// (models/{model}:generateContent, :streamGenerateContent, :countTokens, :embedContent, as
+	// gemini-2.5-flash), AWS Bedrock (model/{modelId}/converse, /converse-stream, /invoke,
+	// /invoke-with-response-stream, the id as written, as
+	// anthropic.claude-3-5-haiku-20241022-v1:0) and Azure OpenAI's deployments
+	// (/openai/deployments/{deployment}/...; the deployment's name); an audio upload's model is
+	// a form field that is never read (name it with a classification.model rule).
 	Models []ModelRule `koanf:"models" json:"models,omitempty"`
 	// Estimation sets how token use is estimated before a response reports it.
 	Estimation Estimation `koanf:"estimation" json:"estimation,omitempty"`
@@ -54,10 +63,16 @@ type Policy struct {
 	// reserves 2000 × 0.27 + 1000 × 1.10 = 1640 millionths, $0.00164;
 	// its response reports 2000 prompt tokens of which 1500 cached and 400 completion tokens, so
 	// it settles at 500 × 0.27 + 1500 × 0.07 + 400 × 1.10 = 135 + 105 + 440 = 680 millionths,
-	// $0.00068, and a tenant with spend_per_day 1.00 has $0.99932 left that day. When a spend
-	// budget applies, every model the models list and the providers' models maps name must be
-	// priced (by an entry or the default); a model nobody named that no entry prices is charged
-	// at the highest price of each kind in the list. Default empty.
+	// $0.00068, and a tenant with spend_per_day 1.00 has $0.99932 left that day. Models billed
+	// otherwise than by the token add per_second (audio transcription and translation billed by
+	// duration: the seconds the response's usage reports, else, as for a response in the text,
+	// srt or vtt format, which reports none, the upload's worst-case length, its bytes at 2000 a
+	// second, the lowest bitrate speech codecs use), per_request (every request the provider
+	// served: speech, or a fee on top of tokens) and per_image (each image an
+	// /v1/images/generations request asks for with n), reserved and settled with the tokens.
+	// When a spend budget applies, every model the models list and the providers' models maps
+	// name must be priced (by an entry or the default); a model nobody named that no entry
+	// prices is charged at the highest price of each kind in the list. Default empty.
 	Prices []PriceRule `koanf:"prices" json:"prices,omitempty"`
 	// TimeZone is the IANA time zone (e.g. Europe/Berlin, America/New_York) whose calendar the
 	// windows of spend budgets follow: an hour is a clock hour, a day runs from midnight to
@@ -396,9 +411,11 @@ type PriceRule struct {
 	// the models list (ignoring case unless classification.model.case_sensitive), or default:
 	// the price of models no other entry matches (at most one such entry).
 	Match string `koanf:"match" json:"match,omitempty"`
-	// InputPerMtok is the price of a million prompt tokens. Required.
+	// InputPerMtok is the price of a million prompt tokens. Required unless the entry sets
+	// per_second, per_request or per_image (then default 0).
 	InputPerMtok *Amount `koanf:"input_per_mtok" json:"input_per_mtok,omitempty"`
-	// OutputPerMtok is the price of a million completion tokens. Required.
+	// OutputPerMtok is the price of a million completion tokens. Required unless the entry sets
+	// per_second, per_request or per_image (then default 0).
 	OutputPerMtok *Amount `koanf:"output_per_mtok" json:"output_per_mtok,omitempty"`
 	// CachedInputPerMtok is the price of a million prompt tokens served from a prompt cache.
 	// Default input_per_mtok.
@@ -406,6 +423,17 @@ type PriceRule struct {
 	// ReasoningPerMtok is the price of a million reasoning tokens (part of the completion).
 	// Default output_per_mtok.
 	ReasoningPerMtok *Amount `koanf:"reasoning_per_mtok" json:"reasoning_per_mtok,omitempty"`
+	// PerSecond is the price of one second of audio, for models billed by duration (whisper-1:
+	// 0.0001 is $0.006 a minute), charged for the seconds of /v1/audio/transcriptions and
+	// /v1/audio/translations. An upload's model is a form field, which is never read: name it
+	// with a classification.model rule (a header, or a path_prefix with a value). Default 0.
+	PerSecond *Amount `koanf:"per_second" json:"per_second,omitempty"`
+	// PerRequest is the price of each request the provider served (a 2xx response), on top of
+	// any tokens: speech, or a per-call fee. Default 0.
+	PerRequest *Amount `koanf:"per_request" json:"per_request,omitempty"`
+	// PerImage is the price of each image an /v1/images/generations request asks for (its n,
+	// default 1), charged when the provider served it. Default 0.
+	PerImage *Amount `koanf:"per_image" json:"per_image,omitempty"`
 }
 
 // DefaultPrice is the match of the price entry that prices models no other entry matches.
