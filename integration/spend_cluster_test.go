@@ -47,12 +47,12 @@ func chatDay(prefix string, now time.Time) string {
 
 // expectedOutcomes is what n requests, one after the other, each reserving reserve and settling
 // at cost, get from a budget of limit: admitted while what is spent leaves room for the
-// reservation (or nothing is spent yet), then refused with spend_budget.
+// reservation, then refused with spend_budget.
 func expectedOutcomes(n int, limit, reserve, cost float64) string {
 	out := make([]string, n)
 	used := 0.0
 	for i := range out {
-		if used == 0 || used+reserve <= limit+1e-9 {
+		if used+reserve <= limit+1e-9 {
 			out[i] = "200 "
 			used += cost
 		} else {

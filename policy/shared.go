@@ -104,7 +104,7 @@ func (e *Engine) openCluster(p *config.Policy, reg prometheus.Registerer) error 
 		// Spend budgets are shared too, unless the caller gave a store of its own. No request
 		// has been served yet: nothing is in the memory store.
 		l := spend.NewLedger(spend.NewRedisStore(st))
-		l.Configure(e.ledger.Currency(), e.ledger.Calendar())
+		l.Configure(e.ledger.Settings())
 		e.ledger = l
 	}
 	go e.shareWorker()

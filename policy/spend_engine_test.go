@@ -396,3 +396,44 @@ func BenchmarkAdmitDoneSpend(b *testing.B) {
 		tk.Done(o)
 	}
 }
+
+// TestSpendRequestLargerThanBudgetRefused: a request whose worst case is more than the whole
+// budget is refused even when nothing was spent in the window yet (the hour and the day alike),
+// with a message that says why waiting will not help; spend.allow_single_overrun lets one such
+// request run in an untouched window, and nothing after it.
+func TestSpendRequestLargerThanBudgetRefused(t *testing.T) {
+	for _, period := range []string{"hour", "day"} {
+		t.Run(period, func(t *testing.T) {
+			yaml := strings.Replace(spendEnginePolicy, "spend_per_day: 1.00", "spend_per_"+period+": 1.00", 1)
+			e, _ := spendEngine(t, yaml, nil)
+			// 1 000 prompt and 60 000 completion tokens of gpt-x cost at worst 0.01 + 1.80.
+			d, _ := admitTokens(e, spendRequest("acme", "default", "gpt-x"), 1_000, 60_000)
+			if d.Verdict != policy.Reject || d.Reason != policy.ReasonSpendBudget || d.Compartment != "tenant/acme" || !d.SpendOverLimit {
+				t.Fatalf("a $1.81 request against an untouched $1.00 %s: %+v, want spend_budget by tenant/acme", period, d)
+			}
+			if !strings.Contains(d.Message(), "more than the whole spend budget of tenant/acme") {
+				t.Fatalf("message %q", d.Message())
+			}
+			if s, r, _ := spent(t, e, "tenant/acme", period); s != 0 || r != 0 {
+				t.Fatalf("the refused request left spent %s reserved %s", s, r)
+			}
+			// A request that fits the whole budget exactly is admitted.
+			if d, _ := admitTokens(e, spendRequest("acme", "default", "gpt-x"), 10_000, 30_000); d.Verdict != policy.Admit {
+				t.Fatalf("a request of exactly $1.00: %+v", d)
+			}
+
+			e, _ = spendEngine(t, yaml+"spend: {allow_single_overrun: true}\n", nil)
+			d, tk := admitTokens(e, spendRequest("acme", "default", "gpt-x"), 1_000, 60_000)
+			if d.Verdict != policy.Admit {
+				t.Fatalf("with allow_single_overrun, into an untouched window: %+v", d)
+			}
+			tk.Done(usage(1_000, 50_000))
+			if s, _, _ := spent(t, e, "tenant/acme", period); s != 1_510_000 {
+				t.Fatalf("spent %s, want 1.51", s)
+			}
+			if d, _ := admitTokens(e, spendRequest("acme", "default", "gpt-x"), 1, 1); d.Verdict != policy.Reject || d.SpendOverLimit {
+				t.Fatalf("after the overrun: %+v, want refused (used up, not too large)", d)
+			}
+		})
+	}
+}

@@ -31,8 +31,8 @@ func (s *Snapshot) buildSpend() {
 	if !s.SpendLimits {
 		return
 	}
-	currency, cal := p.Currency, spend.NewCalendar(p.Location())
-	s.onCommit(func() { e.ledger.Configure(currency, cal) })
+	settings := spend.Settings{Currency: p.Currency, Calendar: spend.NewCalendar(p.Location()), AllowSingleOverrun: p.Spend.AllowSingleOverrun}
+	s.onCommit(func() { e.ledger.Configure(settings) })
 	for _, f := range s.features {
 		s.onCommit(func() { f.spend = e.spendMetrics.feature(f.name) })
 	}
@@ -93,7 +93,7 @@ func (e *Engine) reserveSpend(ctx context.Context, s *Snapshot, r *Request, dims
 	if !ok {
 		t.undo(now)
 		refuseInto(d, ReasonSpendBudget, rf.Budget.Name, max(rf.Window.End.Sub(now), 0), &dims)
-		d.SpendReset = rf.Window.End
+		d.SpendReset, d.SpendOverLimit = rf.Window.End, amount > rf.Window.Limit
 		return true
 	}
 	if over := res.Over(); over != 0 {

@@ -42,6 +42,9 @@ type SpendWindow struct {
 	// End is when the window ends.
 	End    time.Time
 	Shadow bool
+	// AllowSingleOverrun lets a reservation larger than the limit run in a window that holds
+	// nothing yet; otherwise it is refused.
+	AllowSingleOverrun bool
 }
 
 // SpendUsage is a shared window's sums.
@@ -67,23 +70,24 @@ const tokenTTL = 35 * 24 * time.Hour
 // luaSpendReserve reserves amount in every window, all or nothing.
 //
 //	KEYS: 1 the window index, 2 this process's reservations, then one key per window
-//	ARGV: 1 amount, 2 grace ms, 3 token, 4 token table ttl ms, then per window: limit, end ms, shadow
+//	ARGV: 1 amount, 2 grace ms, 3 token, 4 token table ttl ms, then per window: limit, end ms,
+//	      shadow, allow a single overrun
 //
-// A window has room when spent + reserved + amount ≤ limit, or when it holds nothing yet (a
-// request larger than the whole budget runs only into an untouched window). Returns
-// {over, refused, now ms}: over has bit i-1 set for each window i without room; refused is 1
-// when an enforced one had none, and then nothing changed.
+// A window has room when spent + reserved + amount ≤ limit, or, when it allows a single
+// overrun, when it holds nothing yet. Returns {over, refused, now ms}: over has bit i-1 set for
+// each window i without room; refused is 1 when an enforced one had none, and then nothing
+// changed.
 const luaSpendReserve = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local amount, grace = tonumber(ARGV[1]), tonumber(ARGV[2])
 local over, refused = 0, 0
 for i = 3, #KEYS do
-  local a = 5 + (i - 3) * 3
-  local limit, shadow = tonumber(ARGV[a]), ARGV[a + 2] == '1'
+  local a = 5 + (i - 3) * 4
+  local limit, shadow, overrun = tonumber(ARGV[a]), ARGV[a + 2] == '1', ARGV[a + 3] == '1'
   local h = redis.call('HMGET', KEYS[i], 's', 'r')
   local used = (tonumber(h[1]) or 0) + (tonumber(h[2]) or 0)
-  if used > 0 and used > limit - amount then
+  if used > limit - amount and not (overrun and used == 0) then
     over = over + 2 ^ (i - 3)
     if not shadow then refused = 1 end
   end
@@ -93,7 +97,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - grace)
 redis.call('HSET', KEYS[2], ARGV[3], amount)
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
 for i = 3, #KEYS do
-  local a = 5 + (i - 3) * 3
+  local a = 5 + (i - 3) * 4
   local e = tonumber(ARGV[a + 1])
   redis.call('HINCRBY', KEYS[i], 'r', amount)
   redis.call('HSET', KEYS[i], 'l', ARGV[a], 'e', ARGV[a + 1], 'h', ARGV[a + 2])
@@ -153,11 +157,11 @@ func (s *Store) ReserveSpend(ctx context.Context, ws []SpendWindow, amount int64
 	token = s.NextLease()
 	keys := make([]string, 0, len(ws)+2)
 	keys = append(keys, s.keys.spendIndex, s.keys.spendTokens)
-	args := make([]any, 0, 4+3*len(ws))
+	args := make([]any, 0, 4+4*len(ws))
 	args = append(args, amount, spendGrace.Milliseconds(), strconv.FormatUint(token, 10), tokenTTL.Milliseconds())
 	for i := range ws {
 		keys = append(keys, s.spendKey(ws[i].Key))
-		args = append(args, ws[i].Limit, ws[i].End.UnixMilli(), b01(ws[i].Shadow))
+		args = append(args, ws[i].Limit, ws[i].End.UnixMilli(), b01(ws[i].Shadow), b01(ws[i].AllowSingleOverrun))
 	}
 	s.rewrite.RLock()
 	defer s.rewrite.RUnlock()

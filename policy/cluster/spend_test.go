@@ -110,10 +110,15 @@ func TestSpendAllOrNothing(t *testing.T) {
 	if u := spendGet(t, s, month.Key); u.Reserved != dollars(1.1) || !u.Shadow {
 		t.Fatalf("shadow window: %+v", u)
 	}
-	// A request larger than a whole budget runs in an untouched window only.
+	// A request larger than a whole budget is refused, even by an untouched window; a window
+	// that allows a single overrun lets it run while it holds nothing.
 	big := spendWindow("tenant/big|day|1", dollars(1), end)
+	if _, refused := reserveSpend(t, s, []SpendWindow{big}, dollars(5)); !refused {
+		t.Fatal("a request larger than the whole budget was admitted")
+	}
+	big.AllowSingleOverrun = true
 	if _, refused := reserveSpend(t, s, []SpendWindow{big}, dollars(5)); refused {
-		t.Fatal("refused in an untouched window")
+		t.Fatal("allowed a single overrun, refused in an untouched window")
 	}
 	if _, refused := reserveSpend(t, s, []SpendWindow{big}, 1); !refused {
 		t.Fatal("admitted past a spent budget")

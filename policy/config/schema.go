@@ -65,7 +65,8 @@ type Policy struct {
 	// comes after a crash; their reservation is the most they can have cost). A policy reload
 	// keeps every budget's spend (a budget is known by its compartment and period). With a
 	// cluster backend Redis keeps spend instead, shared by every replica (docs/cluster.md). Default
-	// memory only: spend starts empty at every start.
+	// memory only: spend starts empty at every start. It also says whether a single request may
+	// overrun a budget (allow_single_overrun).
 	Spend SpendState `koanf:"spend" json:"spend,omitempty"`
 	// Body sets how request bodies are read and rewritten.
 	Body Body `koanf:"body" json:"body,omitempty"`
@@ -365,8 +366,10 @@ type Limits struct {
 	MaxDebt *float64 `koanf:"max_debt" json:"max_debt,omitempty"`
 	// SpendPerHour is a spend budget in money (the policy's currency, e.g. 1.00) for each clock
 	// hour of time_zone. A request is refused with 429, reason spend_budget, when its
-	// worst-case cost does not fit what is left (see prices), until the hour ends. Tiers' spend
-	// budgets scale by ratio in tier × feature compartments like every limit. Default 0 = none.
+	// worst-case cost does not fit what is left (see prices), until the hour ends; a request
+	// whose worst case is more than the whole budget is refused even in an untouched window,
+	// unless spend.allow_single_overrun. Tiers' spend budgets scale by ratio in tier × feature
+	// compartments like every limit. Default 0 = none.
 	SpendPerHour *Amount `koanf:"spend_per_hour" json:"spend_per_hour,omitempty"`
 	// SpendPerDay is a spend budget in money for each calendar day of time_zone, like
 	// spend_per_hour. Default 0 = none.

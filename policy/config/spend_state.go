@@ -11,7 +11,8 @@ const (
 	maxSpendStateInterval = time.Hour
 )
 
-// SpendState sets where a single process keeps spend across restarts.
+// SpendState sets where a single process keeps spend across restarts, and how spend budgets
+// treat a request whose worst case is more than a whole budget.
 type SpendState struct {
 	// StateFile is the file that keeps the spend of every budget's current window across
 	// restarts of a single process. It is written atomically (a temporary file in the same
@@ -28,6 +29,14 @@ type SpendState struct {
 	// StateInterval is how often the state file is written while the process runs, from 1s to
 	// 1h: the most settled spend a crash can lose. Takes effect on restart. Default 10s.
 	StateInterval Duration `koanf:"state_interval" json:"state_interval,omitempty"`
+	// AllowSingleOverrun lets one request whose worst-case cost is more than a whole spend
+	// budget run in a window in which nothing has been spent or reserved yet (it may then spend
+	// up to its worst case, beyond the limit; everything after it is refused until the window
+	// resets). Without it such a request is refused with spend_budget like any request whose
+	// worst case does not fit what is left: no single request ever overruns a budget. It
+	// applies to every spend budget (hour, day and month, in one process and in cluster mode).
+	// Default false.
+	AllowSingleOverrun bool `koanf:"allow_single_overrun" json:"allow_single_overrun,omitempty"`
 }
 
 func (s *SpendState) applyDefaults() {

@@ -22,15 +22,17 @@ func TestSpendStateDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Spend.StateFile != "" || p.Spend.StateInterval.D() != 10*time.Second {
+	if p.Spend.StateFile != "" || p.Spend.StateInterval.D() != 10*time.Second ||
+		p.Spend.AllowSingleOverrun {
 		t.Fatalf("defaults: %+v", p.Spend)
 	}
 	p, err = config.Load("p.yaml", []byte(spendStateBase), []string{"LLM_BULKHEAD_SPEND__STATE_FILE=/var/lib/llm-bulkhead/spend.json",
-		"LLM_BULKHEAD_SPEND__STATE_INTERVAL=30s"})
+		"LLM_BULKHEAD_SPEND__STATE_INTERVAL=30s", "LLM_BULKHEAD_SPEND__ALLOW_SINGLE_OVERRUN=true"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.Spend.StateFile != "/var/lib/llm-bulkhead/spend.json" || p.Spend.StateInterval.D() != 30*time.Second {
+	if p.Spend.StateFile != "/var/lib/llm-bulkhead/spend.json" || p.Spend.StateInterval.D() != 30*time.Second ||
+		!p.Spend.AllowSingleOverrun {
 		t.Fatalf("from the environment: %+v", p.Spend)
 	}
 }

@@ -39,6 +39,10 @@ type Window struct {
 	// End is when the window ends and the budget resets.
 	End    time.Time
 	Shadow bool
+	// AllowSingleOverrun lets one request whose worst case is more than the whole limit run in
+	// a window nothing was spent or reserved in yet (spend.allow_single_overrun); otherwise a
+	// reservation that does not fit is refused even by an untouched window.
+	AllowSingleOverrun bool
 }
 
 // Usage is what a window holds.
@@ -56,9 +60,8 @@ func (u Usage) Remaining() Micros { return u.Limit - u.Spent - u.Reserved }
 // Store keeps the sums of every window. Implementations are safe for concurrent use.
 type Store interface {
 	// Reserve adds amount to the reserved sum of every window of ws if each enforced window has
-	// room for it: spent + reserved + amount ≤ limit, or nothing spent or reserved at all (a
-	// request larger than a whole budget may run in an untouched window, as with token
-	// budgets). All or nothing. over has bit i set for each window i without room, shadow
+	// room for it: spent + reserved + amount ≤ limit, or, for a window that allows a single
+	// overrun, nothing spent or reserved in it at all. All or nothing. over has bit i set for each window i without room, shadow
 	// windows included; when an enforced window is over, nothing changed. A non-nil error says
 	// the store could not be asked; nothing changed.
 	Reserve(ctx context.Context, ws []Window, amount Micros, now time.Time) (over uint64, err error)
@@ -168,10 +171,15 @@ type Refusal struct {
 	Spent, Reserved Micros
 }
 
-// ledgerConfig is what a policy reload changes.
-type ledgerConfig struct {
-	currency string
-	cal      Calendar
+// Settings are the policy's settings a ledger follows; a policy reload changes them.
+type Settings struct {
+	// Currency is the code of the currency amounts are counted in, for states and views.
+	Currency string
+	// Calendar places instants in windows.
+	Calendar Calendar
+	// AllowSingleOverrun lets a request whose worst case is more than a whole budget run in a
+	// window nothing was spent or reserved in (see Window.AllowSingleOverrun).
+	AllowSingleOverrun bool
 }
 
 // Ledger reserves and settles spend in the windows of budgets, in a Store. It outlives policy
@@ -181,7 +189,7 @@ type Ledger struct {
 	// fallback takes reservations while the store cannot be reached, so that each budget is
 	// still enforced in this process; settlements go where their reservation went.
 	fallback *MemoryStore
-	cfg      atomic.Pointer[ledgerConfig]
+	cfg      atomic.Pointer[Settings]
 	// fellBack counts reservations made in the fallback store.
 	fellBack atomic.Uint64
 }
@@ -193,24 +201,28 @@ func NewLedger(store Store) *Ledger {
 		store = NewMemoryStore()
 	}
 	l := &Ledger{store: store, fallback: NewMemoryStore()}
-	l.cfg.Store(&ledgerConfig{currency: "USD"})
+	l.cfg.Store(&Settings{Currency: "USD"})
 	return l
 }
 
 // Store returns the store the ledger keeps its sums in.
 func (l *Ledger) Store() Store { return l.store }
 
-// Configure sets the currency (for states and views) and the calendar of the windows. Windows
-// already counted keep the start they had: a new zone applies to windows that start later.
-func (l *Ledger) Configure(currency string, cal Calendar) {
-	l.cfg.Store(&ledgerConfig{currency: currency, cal: cal})
+// Configure sets the currency (for states and views), the calendar of the windows and whether a
+// single request may overrun an untouched window. Windows already counted keep the start they
+// had: a new zone applies to windows that start later.
+func (l *Ledger) Configure(s Settings) {
+	l.cfg.Store(&s)
 }
 
+// Settings returns the settings the ledger follows.
+func (l *Ledger) Settings() Settings { return *l.cfg.Load() }
+
 // Currency returns the configured currency code.
-func (l *Ledger) Currency() string { return l.cfg.Load().currency }
+func (l *Ledger) Currency() string { return l.cfg.Load().Currency }
 
 // Calendar returns the configured calendar.
-func (l *Ledger) Calendar() Calendar { return l.cfg.Load().cal }
+func (l *Ledger) Calendar() Calendar { return l.cfg.Load().Calendar }
 
 // FellBack returns how many reservations were made in the ledger's own memory because the
 // store could not be reached.
@@ -218,13 +230,14 @@ func (l *Ledger) FellBack() uint64 { return l.fellBack.Load() }
 
 // Window returns the window of b that holds now.
 func (l *Ledger) Window(b Budget, now time.Time) Window {
-	cal := l.cfg.Load().cal
-	start := cal.Start(b.Period, now)
+	cfg := l.cfg.Load()
+	start := cfg.Calendar.Start(b.Period, now)
 	return Window{
-		ID:     WindowID{Budget: b.Name, Period: b.Period, Start: start.Unix()},
-		Limit:  b.Limit,
-		End:    cal.End(b.Period, start),
-		Shadow: b.Shadow,
+		ID:                 WindowID{Budget: b.Name, Period: b.Period, Start: start.Unix()},
+		Limit:              b.Limit,
+		End:                cfg.Calendar.End(b.Period, start),
+		Shadow:             b.Shadow,
+		AllowSingleOverrun: cfg.AllowSingleOverrun,
 	}
 }
 

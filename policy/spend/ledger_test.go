@@ -84,10 +84,15 @@ func TestLedgerReservesAllOrNothing(t *testing.T) {
 func TestLedgerReleaseAndOversizedRequests(t *testing.T) {
 	l := spend.NewLedger(nil)
 	b := spend.Budget{Name: "tenant/acme", Period: spend.Day, Limit: dollars("1")}
-	// A request costing more than the whole budget runs only in an untouched window.
+	// A request costing more than the whole budget is refused, even by an untouched window.
+	if _, rf, ok := reserve(l, dollars("3"), t0, b); ok || rf.Budget != b {
+		t.Fatalf("an oversized request: %+v, %v; want refused by %s", rf, ok, b.Name)
+	}
+	// Unless the policy allows a single overrun: then it runs in an untouched window only.
+	l.Configure(spend.Settings{Currency: "USD", AllowSingleOverrun: true})
 	big, _, ok := reserve(l, dollars("3"), t0, b)
 	if !ok {
-		t.Fatal("an oversized request was refused by an untouched window")
+		t.Fatal("allowed a single overrun, an oversized request was refused by an untouched window")
 	}
 	if _, _, ok := reserve(l, 1, t0, b); ok {
 		t.Fatal("admitted with the window over its limit")
@@ -115,7 +120,7 @@ func TestLedgerWindowsReset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.Configure("EUR", spend.NewCalendar(berlin))
+	l.Configure(spend.Settings{Currency: "EUR", Calendar: spend.NewCalendar(berlin)})
 	month := spend.Budget{Name: "tenant/acme", Period: spend.Month, Limit: dollars("10")}
 	day := spend.Budget{Name: "tenant/acme", Period: spend.Day, Limit: dollars("5")}
 	// 31 March 23:30 in Berlin is 21:30 UTC.
@@ -199,7 +204,7 @@ func TestLedgerFallsBackWhileTheStoreIsUnreachable(t *testing.T) {
 
 func TestSaveAndRestoreNeverDoubleCount(t *testing.T) {
 	l := spend.NewLedger(nil)
-	l.Configure("USD", spend.Calendar{})
+	l.Configure(spend.Settings{Currency: "USD"})
 	day := spend.Budget{Name: "tenant/acme", Period: spend.Day, Limit: dollars("1")}
 	hour := spend.Budget{Name: "tenant/acme", Period: spend.Hour, Limit: dollars("1")}
 	r, _, _ := reserve(l, dollars("0.30"), t0, day, hour)
@@ -213,7 +218,7 @@ func TestSaveAndRestoreNeverDoubleCount(t *testing.T) {
 
 	// A new process restores it: settled and in-flight spend count as spent.
 	l2 := spend.NewLedger(nil)
-	l2.Configure("USD", spend.Calendar{})
+	l2.Configure(spend.Settings{Currency: "USD"})
 	n, err := l2.RestoreState(st, t0)
 	if err != nil || n != 2 {
 		t.Fatalf("RestoreState = %d, %v", n, err)
@@ -244,7 +249,7 @@ func TestSaveAndRestoreNeverDoubleCount(t *testing.T) {
 	}
 	// Another currency is refused whole.
 	l4 := spend.NewLedger(nil)
-	l4.Configure("EUR", spend.Calendar{})
+	l4.Configure(spend.Settings{Currency: "EUR"})
 	var se *spend.StateError
 	if _, err := l4.RestoreState(st, t0); !errors.As(err, &se) || se.Reason != spend.ReasonCurrency {
 		t.Fatalf("restoring USD into EUR: %v", err)

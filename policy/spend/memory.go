@@ -71,7 +71,7 @@ func (s *MemoryStore) Reserve(_ context.Context, ws []Window, amount Micros, now
 	refused := false
 	for i, w := range ws {
 		m := s.window(w, now)
-		if used := m.used(); used > 0 && used > w.Limit-amount {
+		if used := m.used(); used > w.Limit-amount && !(w.AllowSingleOverrun && used == 0) {
 			over |= 1 << uint(i)
 			refused = refused || !w.Shadow
 		}

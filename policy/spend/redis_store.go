@@ -61,7 +61,7 @@ func (r *RedisStore) pop(k string) (uint64, bool) {
 func sharedWindows(ws []Window) []cluster.SpendWindow {
 	out := make([]cluster.SpendWindow, len(ws))
 	for i, w := range ws {
-		out[i] = cluster.SpendWindow{Key: w.ID.Key(), Limit: int64(w.Limit), End: w.End, Shadow: w.Shadow}
+		out[i] = cluster.SpendWindow{Key: w.ID.Key(), Limit: int64(w.Limit), End: w.End, Shadow: w.Shadow, AllowSingleOverrun: w.AllowSingleOverrun}
 	}
 	return out
 }

@@ -34,7 +34,7 @@ func replica(t *testing.T, addr, id string) (*Ledger, *cluster.Store) {
 		t.Fatalf("replica %s never reached Redis", id)
 	}
 	l := NewLedger(NewRedisStore(st))
-	l.Configure("USD", NewCalendar(time.UTC))
+	l.Configure(Settings{Currency: "USD", Calendar: NewCalendar(time.UTC)})
 	return l, st
 }
 
