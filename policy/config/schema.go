@@ -65,8 +65,9 @@ type Policy struct {
 	// comes after a crash; their reservation is the most they can have cost). A policy reload
 	// keeps every budget's spend (a budget is known by its compartment and period). With a
 	// cluster backend Redis keeps spend instead, shared by every replica (docs/cluster.md). Default
-	// memory only: spend starts empty at every start. It also says whether a single request may
-	// overrun a budget (allow_single_overrun).
+	// memory only: spend starts empty at every start. It also says what a start does with a state
+	// file it cannot use (on_state_error) and whether a single request may overrun a budget
+	// (allow_single_overrun).
 	Spend SpendState `koanf:"spend" json:"spend,omitempty"`
 	// Body sets how request bodies are read and rewritten.
 	Body Body `koanf:"body" json:"body,omitempty"`
