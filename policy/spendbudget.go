@@ -90,6 +90,13 @@ func (e *Engine) reserveSpend(ctx context.Context, s *Snapshot, r *Request, dims
 	price, _ := s.prices.Lookup(dims.Model)
 	amount := price.Cost(spend.Tokens{Prompt: r.Estimate.Prompt, Completion: r.Estimate.Output})
 	rf, ok := e.ledger.Reserve(ctx, res, amount, now)
+	if !ok && rf.Unavailable {
+		// Redis did not answer and on_unavailable is closed.
+		t.undo(now)
+		e.cluster.unavailable.WithLabelValues("refused").Inc()
+		refuseInto(d, ReasonClusterUnavailable, "cluster", e.cluster.retryAfter(), &dims)
+		return true
+	}
 	if !ok {
 		t.undo(now)
 		refuseInto(d, ReasonSpendBudget, rf.Budget.Name, max(rf.Window.End.Sub(now), 0), &dims)
@@ -169,6 +176,7 @@ type spendCounters struct {
 type spendMetrics struct {
 	reserved, settled, refunded *prometheus.CounterVec
 	fellBack                    prometheus.CounterFunc
+	pending                     prometheus.GaugeFunc
 
 	mu        sync.Mutex
 	byFeature map[string]*spendCounters
@@ -185,10 +193,13 @@ func newSpendMetrics(e *Engine, reg prometheus.Registerer) *spendMetrics {
 			Help: "Reservations given back whole because the request never reached the provider, in units of the policy's currency, by feature."}, []string{"feature"}),
 	}
 	m.fellBack = prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: Namespace, Name: "spend_store_fallbacks_total",
-		Help: "Spend reservations made in this process's memory because the shared spend store could not be reached."},
+		Help: "Spend reservations decided in this replica's memory because the shared spend store (Redis) did not answer in time or was unavailable: each against this replica's share of what Redis last showed left, and added to Redis once it answers."},
 		func() float64 { return float64(e.ledger.FellBack()) })
+	m.pending = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: Namespace, Name: "spend_local_pending",
+		Help: "Spend this replica counted in its own memory while Redis did not answer that Redis has not applied yet (settled spend and reservations in flight, net of reservations that ended), in units of the policy's currency, each request once whatever its budgets; 0 without a cluster."},
+		func() float64 { return e.ledger.PendingTotal().Float() })
 	if reg != nil {
-		reg.MustRegister(m.reserved, m.settled, m.refunded, m.fellBack, &spendCollector{e: e})
+		reg.MustRegister(m.reserved, m.settled, m.refunded, m.fellBack, m.pending, &spendCollector{e: e})
 	}
 	return m
 }
@@ -263,6 +274,14 @@ type SpendBudgetView struct {
 	// metrics without tenant labels (<family>/*): its numbers are those of the tenant closest
 	// to its limit.
 	Aggregate bool
+	// Shared marks a budget kept in the cluster's shared store (Redis). Spent and Reserved then
+	// include what this replica counted in its own memory that Redis has not applied yet.
+	Shared bool
+	// LocalLimit is, for a shared budget, what this replica may count on its own while Redis
+	// does not answer: its share (the limit divided by the live replicas) of what Redis last
+	// showed left. Local is what it counted so (Local.Pending: not applied by Redis yet).
+	LocalLimit spend.Micros
+	Local      spend.Local
 }
 
 func (b SpendBudgetView) ratio() float64 {
@@ -316,8 +335,9 @@ func (s *Snapshot) spendBudgets(now time.Time) []SpendBudgetView {
 		v := SpendBudgetView{Budget: b.Name, Label: label, Period: b.Period.String(), Start: time.Unix(w.ID.Start, 0).In(l.Calendar().Location()),
 			End: w.End, Limit: b.Limit}
 		if u, ok := byID[w.ID]; ok {
-			v.Spent, v.Reserved = u.Spent, u.Reserved
+			v.Spent, v.Reserved, v.Local = u.Spent, u.Reserved, u.Local
 		}
+		v.LocalLimit, v.Shared = l.LocalLimit(b, now)
 		return v
 	}
 	for _, in := range s.staticInstances() {
@@ -365,8 +385,11 @@ func (s *Snapshot) spendBudgets(now time.Time) []SpendBudgetView {
 			continue
 		}
 		seen[k] = true
-		out = append(out, SpendBudgetView{Budget: u.ID.Budget, Label: u.ID.Budget, Period: u.ID.Period.String(), Tenant: true,
-			Start: time.Unix(u.ID.Start, 0).In(l.Calendar().Location()), End: u.End, Limit: u.Limit, Spent: u.Spent, Reserved: u.Reserved})
+		v := SpendBudgetView{Budget: u.ID.Budget, Label: u.ID.Budget, Period: u.ID.Period.String(), Tenant: true,
+			Start: time.Unix(u.ID.Start, 0).In(l.Calendar().Location()), End: u.End, Limit: u.Limit, Spent: u.Spent, Reserved: u.Reserved,
+			Local: u.Local}
+		v.LocalLimit, v.Shared = l.LocalLimit(spend.Budget{Name: u.ID.Budget, Period: u.ID.Period, Limit: u.Limit}, now)
+		out = append(out, v)
 	}
 	if !s.tenantLabel {
 		agg := map[key]int{}

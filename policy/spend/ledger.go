@@ -52,6 +52,48 @@ type Usage struct {
 	Spent Micros
 	// Reserved is the worst-case cost of admitted requests not settled yet.
 	Reserved Micros
+	// Local is, with a Shared store, what this process counted in its own memory because the
+	// store did not answer in time (included in Spent and Reserved while Pending says the store
+	// does not have it yet); zero otherwise.
+	Local Local
+}
+
+// Local is what a process counted in one window of its own memory while its shared store did
+// not answer.
+type Local struct {
+	// Spent and Reserved are what it counted there, settled and in flight.
+	Spent, Reserved Micros
+	// Pending is what of it the shared store does not have yet.
+	Pending Pending
+}
+
+// Pending is spend counted in a process's memory that its shared store has not applied yet.
+type Pending struct {
+	// Reserved is the change to the reserved sum (negative once such a reservation ended) and
+	// Settled the settled spend.
+	Reserved, Settled Micros
+}
+
+// Shared is a Store outside this process (Redis) that every replica of a fleet keeps its sums
+// in. It may fail to answer a reservation: the Ledger then decides it in its own memory, against
+// this replica's share of what the store last showed left, and hands what it counted there to
+// AddLocal, so that the store counts it too once it answers.
+type Shared interface {
+	Store
+	// Replicas returns the live replicas the budgets are shared among, at least 1.
+	Replicas() int
+	// Seen returns the window's sums as the store last reported them; ok is false when it never
+	// did (or the window has ended).
+	Seen(id WindowID, now time.Time) (u Usage, ok bool)
+	// AddLocal queues spend counted in this process's memory, to be added to every window of ws:
+	// reserved (negative when such a reservation ended) and settled. The store applies each
+	// addition exactly once, in order, as soon as it answers. It never blocks.
+	AddLocal(ws []Window, reserved, settled Micros)
+	// Pending returns what AddLocal queued that the store has not applied yet, by window.
+	Pending() map[WindowID]Pending
+	// PendingTotal returns the sum of what AddLocal queued that the store has not applied yet,
+	// reserved plus settled, each addition once whatever its windows.
+	PendingTotal() Micros
 }
 
 // Remaining is Limit - Spent - Reserved (negative when settlement overran the limit).
@@ -164,7 +206,11 @@ func (r *Reservation) Release(now time.Time) {
 
 // Refusal says which budget refused a reservation.
 type Refusal struct {
-	Budget Budget
+	// Unavailable says the shared store did not answer and the ledger refuses rather than
+	// decide in its own memory (cluster.on_unavailable: closed); Budget and Window are then
+	// unset.
+	Unavailable bool
+	Budget      Budget
 	// Window is the refusing window; its End is when the budget resets.
 	Window Window
 	// Spent and Reserved are the window's sums when it refused.
@@ -186,9 +232,15 @@ type Settings struct {
 // reloads. Safe for concurrent use.
 type Ledger struct {
 	store Store
+	// shared is store when it is a Shared one; nil otherwise.
+	shared Shared
+	// closed refuses a reservation the shared store did not answer, instead of deciding it here.
+	closed bool
 	// fallback takes reservations while the store cannot be reached, so that each budget is
-	// still enforced in this process; settlements go where their reservation went.
+	// still enforced in this process; local settles them there and adds them to the shared
+	// store. Settlements go where their reservation went.
 	fallback *MemoryStore
+	local    *localStore
 	cfg      atomic.Pointer[Settings]
 	// fellBack counts reservations made in the fallback store.
 	fellBack atomic.Uint64
@@ -197,12 +249,22 @@ type Ledger struct {
 // NewLedger returns a ledger keeping its sums in store (nil: a new MemoryStore), in USD and UTC
 // until Configure says otherwise.
 func NewLedger(store Store) *Ledger {
+	l := &Ledger{fallback: NewMemoryStore()}
+	l.cfg.Store(&Settings{Currency: "USD"})
+	l.UseStore(store, false)
+	return l
+}
+
+// UseStore makes the ledger keep its sums in store (nil: a new MemoryStore); call it before the
+// ledger is used. With a Shared store, a reservation the store does not answer is refused when
+// closed is set, and otherwise decided in this process's memory (see Reserve).
+func (l *Ledger) UseStore(store Store, closed bool) {
 	if store == nil {
 		store = NewMemoryStore()
 	}
-	l := &Ledger{store: store, fallback: NewMemoryStore()}
-	l.cfg.Store(&Settings{Currency: "USD"})
-	return l
+	l.store, l.closed = store, closed
+	l.shared, _ = store.(Shared)
+	l.local = &localStore{MemoryStore: l.fallback, shared: l.shared}
 }
 
 // Store returns the store the ledger keeps its sums in.
@@ -243,7 +305,13 @@ func (l *Ledger) Window(b Budget, now time.Time) Window {
 
 // Reserve reserves amount in the current window of every budget added to r, all or nothing.
 // On a refusal r holds nothing and the Refusal names the first enforced budget without room.
-// If the store cannot be reached, the reservation is made in the ledger's own memory instead.
+//
+// If the store cannot be reached (a shared store that is gone, or did not answer in time), the
+// reservation is decided in the ledger's own memory instead, against this process's share of
+// each budget: what the shared store last showed left in the window (the whole limit if it never
+// showed the window) divided by the live replicas, less what this process already counted there
+// on its own. What it reserves there, and later settles, is added to the shared store (see
+// Shared.AddLocal). A ledger whose shared store is closed refuses instead (Refusal.Unavailable).
 func (l *Ledger) Reserve(ctx context.Context, r *Reservation, amount Micros, now time.Time) (Refusal, bool) {
 	amount = max(amount, 0)
 	for i := 0; i < r.n; i++ {
@@ -253,9 +321,12 @@ func (l *Ledger) Reserve(ctx context.Context, r *Reservation, amount Micros, now
 	store := Store(l.store)
 	over, err := store.Reserve(ctx, ws, amount, now)
 	if err != nil {
+		if l.closed {
+			return Refusal{Unavailable: true}, false
+		}
 		l.fellBack.Add(1)
-		store = l.fallback
-		over, _ = store.Reserve(ctx, ws, amount, now)
+		store = l.local
+		over = l.local.reserve(ctx, ws, amount, now)
 	}
 	for i := range ws {
 		if over&(1<<uint(i)) != 0 && !ws[i].Shadow {
@@ -270,15 +341,134 @@ func (l *Ledger) Reserve(ctx context.Context, r *Reservation, amount Micros, now
 	return Refusal{}, true
 }
 
-// Usage lists every window not ended at now, in the store and (while the store is or was
-// unreachable) in the ledger's own memory.
+// localStore is the ledger's own memory for reservations its store could not take. With a
+// shared store, each budget there is this process's share of what the shared store last showed
+// left, and what it counts is added to the shared store.
+type localStore struct {
+	*MemoryStore
+	shared Shared
+}
+
+// share returns the window as this process may count it on its own: its share of what the
+// shared store last showed left (the whole limit when it never showed the window), divided by
+// the live replicas; a single overrun only where the shared window was seen untouched or never.
+func (s *localStore) share(w Window, now time.Time) Window {
+	if s.shared == nil {
+		return w
+	}
+	seen, _ := s.shared.Seen(w.ID, now)
+	used := seen.Spent + seen.Reserved
+	w.Limit = max(w.Limit-used, 0) / Micros(max(s.shared.Replicas(), 1))
+	w.AllowSingleOverrun = w.AllowSingleOverrun && used == 0
+	return w
+}
+
+// reserve reserves amount in every window of ws, each at this process's share, and queues it
+// for the shared store once made.
+func (s *localStore) reserve(ctx context.Context, ws []Window, amount Micros, now time.Time) uint64 {
+	var buf [MaxWindows]Window
+	lws := buf[:len(ws)]
+	for i, w := range ws {
+		lws[i] = s.share(w, now)
+	}
+	over, _ := s.MemoryStore.Reserve(ctx, lws, amount, now)
+	refused := false
+	for i := range ws {
+		refused = refused || over&(1<<uint(i)) != 0 && !ws[i].Shadow
+	}
+	if !refused && s.shared != nil {
+		s.shared.AddLocal(ws, amount, 0)
+	}
+	return over
+}
+
+// Settle implements Store: here, and added to the shared store.
+func (s *localStore) Settle(ws []Window, reserved, actual Micros, now time.Time) {
+	s.MemoryStore.Settle(ws, reserved, actual, now)
+	if s.shared != nil {
+		s.shared.AddLocal(ws, -reserved, actual)
+	}
+}
+
+// Release implements Store: here, and added to the shared store.
+func (s *localStore) Release(ws []Window, reserved Micros, now time.Time) {
+	s.MemoryStore.Release(ws, reserved, now)
+	if s.shared != nil {
+		s.shared.AddLocal(ws, -reserved, 0)
+	}
+}
+
+// Usage lists every window not ended at now. With a shared store, each window's sums include
+// what this process counted in its own memory that the shared store has not applied yet, and
+// Local says what it counted there; windows only this process knows (counted while the shared
+// store could not be reached) are listed too. Without one, the store's windows and (while the
+// store is or was unreachable) those of the ledger's own memory.
 func (l *Ledger) Usage(now time.Time) []Usage {
 	out := l.store.Usage(now)
-	if l.fellBack.Load() > 0 {
-		out = append(out, l.fallback.Usage(now)...)
+	if l.shared == nil {
+		if l.fellBack.Load() > 0 {
+			out = append(out, l.fallback.Usage(now)...)
+		}
+		return out
 	}
+	pending := l.shared.Pending()
+	local := map[WindowID]Usage{}
+	if l.fellBack.Load() > 0 {
+		for _, u := range l.fallback.Usage(now) {
+			local[u.ID] = u
+		}
+	}
+	if len(pending) == 0 && len(local) == 0 {
+		return out
+	}
+	seen := make(map[WindowID]bool, len(out))
+	for i := range out {
+		seen[out[i].ID] = true
+		addLocal(&out[i], local, pending)
+	}
+	for id, u := range local {
+		if !seen[id] {
+			u.Spent, u.Reserved = 0, 0
+			addLocal(&u, local, pending)
+			out = append(out, u)
+		}
+	}
+	sortUsage(out)
 	return out
 }
+
+// addLocal adds to u what this process counted in its own memory for its window.
+func addLocal(u *Usage, local map[WindowID]Usage, pending map[WindowID]Pending) {
+	p := pending[u.ID]
+	u.Spent = max(u.Spent+p.Settled, 0)
+	u.Reserved = max(u.Reserved+p.Reserved, 0)
+	if lu, ok := local[u.ID]; ok || p != (Pending{}) {
+		u.Local = Local{Spent: lu.Spent, Reserved: lu.Reserved, Pending: p}
+	}
+}
+
+// LocalLimit returns what this process may count in b's window at now on its own while its
+// shared store does not answer: its share (the budget divided by the live replicas) of what the
+// store last showed left. ok is false without a shared store.
+func (l *Ledger) LocalLimit(b Budget, now time.Time) (Micros, bool) {
+	if l.shared == nil {
+		return 0, false
+	}
+	return l.local.share(l.Window(b, now), now).Limit, true
+}
+
+// PendingTotal returns what this process counted in its own memory that its shared store has
+// not applied yet, net of reservations that ended, each request once whatever its windows (0
+// without a shared store).
+func (l *Ledger) PendingTotal() Micros {
+	if l.shared == nil {
+		return 0
+	}
+	return l.shared.PendingTotal()
+}
+
+// Shared reports whether the ledger keeps its sums in a shared store.
+func (l *Ledger) Shared() bool { return l.shared != nil }
 
 // SaveState implements Source: the store's windows with the ledger's currency. A store that
 // keeps its own state (not Persistent) gives none.

@@ -132,8 +132,13 @@ func (s *MemoryStore) Usage(now time.Time) []Usage {
 		}
 	}
 	s.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return windowLess(out[i].ID, out[j].ID) })
+	sortUsage(out)
 	return out
+}
+
+// sortUsage orders us as Store.Usage lists windows.
+func sortUsage(us []Usage) {
+	sort.Slice(us, func(i, j int) bool { return windowLess(us[i].ID, us[j].ID) })
 }
 
 func windowLess(a, b WindowID) bool {

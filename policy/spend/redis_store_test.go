@@ -96,11 +96,15 @@ func TestRedisStoreSharesBudgetsAcrossReplicas(t *testing.T) {
 	}
 }
 
-// TestRedisStoreFallsBackWhileRedisIsGone: with Redis not answering, the ledger enforces the budget
-// in this process; what it reserved there is settled there, and Redis's window is untouched.
-func TestRedisStoreFallsBackWhileRedisIsGone(t *testing.T) {
+// TestRedisStoreAddsLocalSpendBack: with Redis not answering, the ledger decides reservations in
+// this process against its share of what Redis last showed left (two replicas, $0.30 of $1.00
+// reserved: $0.35 each), lists what it counted, and once Redis is back adds it there, settled
+// at real cost, so that the budget counts every dollar spent during the outage.
+func TestRedisStoreAddsLocalSpendBack(t *testing.T) {
 	rd := redistest.Standalone(t)
 	l, st := replica(t, rd.Addr(), "a")
+	_, other := replica(t, rd.Addr(), "b")
+	eventually(t, "both replicas to see each other", func() bool { return st.Live() == 2 && other.Live() == 2 })
 	budget := Budget{Name: "tenant/acme", Period: Day, Limit: 1_000_000}
 	shared, _, ok := reserveIn(t, l, budget, 300_000)
 	if !ok {
@@ -112,20 +116,54 @@ func TestRedisStoreFallsBackWhileRedisIsGone(t *testing.T) {
 		return !st.Available()
 	})
 	before := l.FellBack()
-	local, _, ok := reserveIn(t, l, budget, 600_000)
+	if _, _, ok := reserveIn(t, l, budget, 400_000); ok {
+		t.Fatal("$0.40 admitted locally: this replica's share is half of the $0.70 left, $0.35")
+	}
+	local, _, ok := reserveIn(t, l, budget, 300_000)
 	if !ok || l.FellBack() == before {
 		t.Fatalf("reservation while Redis is gone: ok %v, fell back %d times", ok, l.FellBack()-before)
 	}
-	if _, _, ok := reserveIn(t, l, budget, 600_000); ok {
-		t.Fatal("the local fallback let $1.20 into a $1.00 budget")
+	if _, _, ok := reserveIn(t, l, budget, 100_000); ok {
+		t.Fatal("$0.40 counted locally against a share of $0.35")
 	}
-	local.Settle(500_000, time.Now())
-	shared.Settle(100_000, time.Now())
+	small, _, ok := reserveIn(t, l, budget, 50_000)
+	if !ok {
+		t.Fatal("$0.05 refused with $0.05 of the share left")
+	}
+	now := time.Now()
+	if got, ok := l.LocalLimit(budget, now); !ok || got != 350_000 {
+		t.Fatalf("local limit %s, %v; want 0.35", got, ok)
+	}
+	u := ledgerUsage(t, l, budget, now)
+	if u.Spent != 0 || u.Reserved != 650_000 || u.Local.Reserved != 350_000 || u.Local.Pending.Reserved != 350_000 {
+		t.Fatalf("during the outage: %+v, want $0.30 seen in Redis and $0.35 reserved here, all pending", u)
+	}
+	local.Settle(250_000, now)
+	small.Release(now)
+	shared.Settle(100_000, now)
+	if got := l.PendingTotal(); got != 250_000 {
+		t.Fatalf("pending %s, want the 0.25 settled here", got)
+	}
 	rd.Resume()
 	eventually(t, "Redis to be back", st.Available)
 	id := l.Window(budget, time.Now()).ID
-	eventually(t, "the queued settlement", func() bool {
+	eventually(t, "the spend counted here to reach Redis", func() bool {
 		u, ok := l.Store().Get(id, time.Now())
-		return ok && u.Spent == 100_000 && u.Reserved == 0
+		return ok && u.Spent == 350_000 && u.Reserved == 0 && l.PendingTotal() == 0
 	})
+	if u := ledgerUsage(t, l, budget, time.Now()); u.Spent != 350_000 || u.Reserved != 0 || u.Local.Spent != 250_000 || u.Local.Pending != (Pending{}) {
+		t.Fatalf("after Redis is back: %+v", u)
+	}
+}
+
+func ledgerUsage(t *testing.T, l *Ledger, b Budget, now time.Time) Usage {
+	t.Helper()
+	id := l.Window(b, now).ID
+	for _, u := range l.Usage(now) {
+		if u.ID == id {
+			return u
+		}
+	}
+	t.Fatalf("no window %v in %+v", id, l.Usage(now))
+	return Usage{}
 }
