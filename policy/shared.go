@@ -104,6 +104,10 @@ func (e *Engine) openCluster(p *config.Policy, reg prometheus.Registerer) error 
 		// Spend budgets are shared too, unless the caller gave a store of its own. No request
 		// has been served yet: nothing is in the memory store.
 		e.ledger.UseStore(spend.NewRedisStore(st), cs.closed)
+		if st.Available() {
+			// Reached before the ledger used Redis: carry what sharedState could not.
+			e.carryForeignSpend()
+		}
 	}
 	go e.shareWorker()
 	return nil
@@ -226,6 +230,9 @@ func (e *Engine) sharedWatched() []string {
 // local, every limit becomes this replica's share (limit ÷ live replicas last seen).
 func (e *Engine) sharedState(available bool, live int) {
 	share := 1
+	if available {
+		e.carryForeignSpend()
+	}
 	if !available {
 		// What other replicas held no longer counts here: either this replica enforces its
 		// share of every limit alone, or it refuses everything. Counts start afresh once the

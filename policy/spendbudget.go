@@ -32,9 +32,33 @@ func (s *Snapshot) buildSpend() {
 		return
 	}
 	settings := spend.Settings{Currency: p.Currency, Calendar: spend.NewCalendar(p.Location()), AllowSingleOverrun: p.Spend.AllowSingleOverrun}
-	s.onCommit(func() { e.ledger.Configure(settings) })
+	s.onCommit(func() {
+		n, err := e.ledger.Configure(settings, e.clock.Now())
+		s.spendCarried, s.spendCarryErr = n, err
+		if err != nil {
+			e.log.Error("the spend of the current windows could not be carried into the new time zone's windows yet; it is carried once the spend store answers",
+				"time_zone", p.TimeZone, "error", err)
+		}
+	})
 	for _, f := range s.features {
 		s.onCommit(func() { f.spend = e.spendMetrics.feature(f.name) })
+	}
+}
+
+// carryForeignSpend carries into the current windows the spend of windows another time zone
+// made current (see spend.Ledger.CarryForeign): windows replicas that still use another zone
+// keep in the shared store, or that a reload could not carry while the store did not answer.
+// The cluster calls it whenever the shared store is available again (and at start).
+func (e *Engine) carryForeignSpend() {
+	if s := e.Snapshot(); s == nil || !s.SpendLimits {
+		return
+	}
+	n, err := e.ledger.CarryForeign(e.clock.Now())
+	switch {
+	case err != nil:
+		e.log.Warn("could not carry spend of another time zone's windows into the current ones; trying again when the spend store is available again", "error", err)
+	case n > 0:
+		e.log.Info("spend of windows of another time zone carried into the current windows", "windows", n)
 	}
 }
 
@@ -377,16 +401,19 @@ func (s *Snapshot) spendBudgets(now time.Time) []SpendBudgetView {
 	}
 	// Tenants evicted from memory (or restored from a saved state) still have spend in the
 	// ledger: they are listed with the limit their window was last reserved with.
+	cal := l.Calendar()
 	for _, u := range usage {
 		fam, _, _ := strings.Cut(u.ID.Budget, "/")
 		f := dyn[fam]
 		k := key{u.ID.Budget, u.ID.Period.String()}
-		if f == nil || seen[k] {
+		if f == nil || seen[k] || u.ID.Start != cal.Start(u.ID.Period, now).Unix() {
+			// Not a tenant's budget, listed already, or a window of another time zone (whose
+			// spend the current window carries).
 			continue
 		}
 		seen[k] = true
 		v := SpendBudgetView{Budget: u.ID.Budget, Label: u.ID.Budget, Period: u.ID.Period.String(), Tenant: true,
-			Start: time.Unix(u.ID.Start, 0).In(l.Calendar().Location()), End: u.End, Limit: u.Limit, Spent: u.Spent, Reserved: u.Reserved,
+			Start: time.Unix(u.ID.Start, 0).In(cal.Location()), End: u.End, Limit: u.Limit, Spent: u.Spent, Reserved: u.Reserved,
 			Local: u.Local}
 		v.LocalLimit, v.Shared = l.LocalLimit(spend.Budget{Name: u.ID.Budget, Period: u.ID.Period, Limit: u.Limit}, now)
 		out = append(out, v)

@@ -8,7 +8,9 @@ package cluster
 //
 //	{P}:sp:<window key>  hash  "s" → spent (settled), "r" → reserved by requests in flight,
 //	                     "l" → limit (as of the last reservation), "e" → end (Unix ms),
-//	                     "h" → 1 for a shadow budget. Expires spendGrace after the window ends
+//	                     "h" → 1 for a shadow budget, "c" → spend carried from windows of
+//	                     another time zone (counted as spent), "c:<window key>" → what was
+//	                     carried from that window. Expires spendGrace after the window ends
 //	                     (by Redis's clock).
 //	{P}:spi              zset  window key → end (Unix ms): the windows not ended, for listing
 //	{P}:spq:<replica>:<incarnation>  hash  reservation token → amount: this process's
@@ -106,8 +108,8 @@ local sums = {}
 for i = 3, #KEYS do
   local a = 5 + (i - 3) * 4
   local limit, shadow, overrun = tonumber(ARGV[a]), ARGV[a + 2] == '1', ARGV[a + 3] == '1'
-  local h = redis.call('HMGET', KEYS[i], 's', 'r')
-  local s, r = tonumber(h[1]) or 0, tonumber(h[2]) or 0
+  local h = redis.call('HMGET', KEYS[i], 's', 'r', 'c')
+  local s, r = (tonumber(h[1]) or 0) + (tonumber(h[3]) or 0), tonumber(h[2]) or 0
   sums[#sums + 1], sums[#sums + 2] = s, r
   local used = s + r
   if used > limit - amount and not (overrun and used == 0) then
@@ -213,6 +215,83 @@ return applied
 `
 
 var spendAddScript = redis.NewScript(luaSpendAdd)
+
+// luaSpendCarry carries spend from windows of a time zone no longer used into the windows of
+// the same budgets and periods that the zone in use makes current. Each destination keeps what
+// it carried from each source ("c:<source>") and their sum ("c", counted as spent); a carry
+// raises what it keeps from a source to what the source holds now (spent, reserved and what it
+// carried itself, except what it carried from the destination: switching back and forth counts
+// nothing twice), and never lowers it. Replicas that change zone at different moments each
+// carry what the old window holds then: the last to change carries everything.
+//
+//	KEYS: 1 the window index, then per move: source key, destination key
+//	ARGV: 1 grace ms, then per move: source window key, destination window key, destination
+//	      limit, destination end ms, destination shadow
+//
+// A move whose source or destination has ended (by Redis's clock) is skipped. Returns the
+// number of destinations changed.
+const luaSpendCarry = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local grace = tonumber(ARGV[1])
+local changed = 0
+for i = 0, (#KEYS - 1) / 2 - 1 do
+  local src, dst, a = KEYS[2 + 2 * i], KEYS[3 + 2 * i], 2 + 5 * i
+  local h = redis.call('HMGET', src, 's', 'r', 'c', 'e', 'c:' .. ARGV[a + 1])
+  local de = tonumber(ARGV[a + 3])
+  if (tonumber(h[4]) or 0) > now and de > now then
+    local amount = (tonumber(h[1]) or 0) + (tonumber(h[2]) or 0) + (tonumber(h[3]) or 0) - (tonumber(h[5]) or 0)
+    local field = 'c:' .. ARGV[a]
+    local old = tonumber(redis.call('HGET', dst, field) or 0)
+    if amount > old then
+      redis.call('HSET', dst, field, amount)
+      redis.call('HINCRBY', dst, 'c', amount - old)
+      if redis.call('HEXISTS', dst, 'l') == 0 then
+        redis.call('HSET', dst, 'l', ARGV[a + 2], 'h', ARGV[a + 4])
+      end
+      redis.call('HSET', dst, 'e', de)
+      redis.call('PEXPIREAT', dst, de + grace)
+      redis.call('ZADD', KEYS[1], de, dst)
+      changed = changed + 1
+    end
+  end
+end
+return changed
+`
+
+var spendCarryScript = redis.NewScript(luaSpendCarry)
+
+// SpendMove carries the spend of window From (a key) into window To.
+type SpendMove struct {
+	From string
+	To   SpendWindow
+}
+
+// CarrySpend carries each move's source window into its destination (see luaSpendCarry), in
+// one call bounded by the write timeout, and returns how many destinations changed. It fails at
+// once while the store is unavailable.
+func (s *Store) CarrySpend(ctx context.Context, moves []SpendMove) (int, error) {
+	if !s.available.Load() {
+		return 0, ErrUnavailable
+	}
+	if len(moves) == 0 {
+		return 0, nil
+	}
+	keys := make([]string, 0, 1+2*len(moves))
+	keys = append(keys, s.keys.spendIndex)
+	args := make([]any, 0, 1+5*len(moves))
+	args = append(args, spendGrace.Milliseconds())
+	for _, m := range moves {
+		keys = append(keys, s.spendKey(m.From), s.spendKey(m.To.Key))
+		args = append(args, m.From, m.To.Key, m.To.Limit, m.To.End.UnixMilli(), b01(m.To.Shadow))
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.o.WriteTimeout)
+	defer cancel()
+	start := time.Now()
+	n, err := spendCarryScript.Run(ctx, s.client, keys, args...).Int()
+	s.met.observe("spend_carry", start, err)
+	return n, err
+}
 
 func (s *Store) spendKey(key string) string { return s.tag + ":sp:" + key }
 
@@ -533,7 +612,7 @@ func (s *Store) spendGet(ctx context.Context, keys []string, now time.Time) ([]S
 	}
 	cmds := make([]*redis.SliceCmd, len(keys))
 	for i, k := range keys {
-		cmds[i] = pipe.HMGet(ctx, k, "s", "r", "l", "e", "h")
+		cmds[i] = pipe.HMGet(ctx, k, "s", "r", "l", "e", "h", "c")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return nil, err
@@ -545,7 +624,7 @@ func (s *Store) spendGet(ctx context.Context, keys []string, now time.Time) ([]S
 	out := make([]SpendUsage, 0, len(keys))
 	for i, c := range cmds {
 		v, err := c.Result()
-		if err != nil || len(v) != 5 || v[3] == nil {
+		if err != nil || len(v) != 6 || v[3] == nil {
 			continue
 		}
 		num := func(x any) int64 {
@@ -557,7 +636,7 @@ func (s *Store) spendGet(ctx context.Context, keys []string, now time.Time) ([]S
 		if !end.After(now) {
 			continue
 		}
-		out = append(out, SpendUsage{Key: strings.TrimPrefix(keys[i], prefix), Spent: num(v[0]), Reserved: num(v[1]),
+		out = append(out, SpendUsage{Key: strings.TrimPrefix(keys[i], prefix), Spent: num(v[0]) + num(v[5]), Reserved: num(v[1]),
 			Limit: num(v[2]), End: end, Shadow: num(v[4]) == 1})
 	}
 	return out, nil

@@ -52,7 +52,11 @@ type Policy struct {
 	// TimeZone is the IANA time zone (e.g. Europe/Berlin, America/New_York) whose calendar the
 	// windows of spend budgets follow: an hour is a clock hour, a day runs from midnight to
 	// midnight (23 or 25 hours when the clocks change) and a month from the 1st to the 1st.
-	// The zone database is built in. Default UTC.
+	// The zone database is built in. Changing it (by a reload, or a restart with a state file
+	// or Redis) carries what each budget's current window had counted into the window the new
+	// zone makes current, which may have started earlier or later: a new zone never gives back
+	// what was spent, changing back counts nothing twice, and the reload's log line lists the
+	// change. Default UTC.
 	TimeZone string `koanf:"time_zone" json:"time_zone,omitempty"`
 	// Spend sets how spend budgets' spend outlives the process. A single process keeps it in a
 	// state file (state_file): read once at start before any request is served, written

@@ -2,6 +2,7 @@ package spend
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync/atomic"
@@ -119,6 +120,22 @@ type Store interface {
 	Get(id WindowID, now time.Time) (u Usage, ok bool)
 }
 
+// Move carries the spend of one window into another: From is a window of a budget's period in
+// a time zone the policy no longer uses, To the window of the same budget and period that the
+// policy's zone makes current.
+type Move struct {
+	From WindowID
+	To   Window
+}
+
+// Carrier is a Store that can carry spend from window to window (see Ledger.CarryForeign).
+type Carrier interface {
+	// Carry makes each move's To count what its From holds (settled and reserved alike), without
+	// ever counting it twice however often the same moves, or moves back, are made. It returns
+	// how many windows changed. Moves whose From or To has ended at now are skipped.
+	Carry(moves []Move, now time.Time) (int, error)
+}
+
 // Persistent is a Store whose content someone must save to outlive the process (MemoryStore;
 // a shared store keeps its own).
 type Persistent interface {
@@ -231,16 +248,10 @@ type Settings struct {
 // Ledger reserves and settles spend in the windows of budgets, in a Store. It outlives policy
 // reloads. Safe for concurrent use.
 type Ledger struct {
-	store Store
-	// shared is store when it is a Shared one; nil otherwise.
-	shared Shared
-	// closed refuses a reservation the shared store did not answer, instead of deciding it here.
-	closed bool
+	st atomic.Pointer[stores]
 	// fallback takes reservations while the store cannot be reached, so that each budget is
-	// still enforced in this process; local settles them there and adds them to the shared
-	// store. Settlements go where their reservation went.
+	// still enforced in this process. Settlements go where their reservation went.
 	fallback *MemoryStore
-	local    *localStore
 	cfg      atomic.Pointer[Settings]
 	// fellBack counts reservations made in the fallback store.
 	fellBack atomic.Uint64
@@ -255,26 +266,88 @@ func NewLedger(store Store) *Ledger {
 	return l
 }
 
-// UseStore makes the ledger keep its sums in store (nil: a new MemoryStore); call it before the
-// ledger is used. With a Shared store, a reservation the store does not answer is refused when
+// stores are where a ledger keeps its sums.
+type stores struct {
+	store Store
+	// shared is store when it is a Shared one; nil otherwise.
+	shared Shared
+	// closed refuses a reservation the shared store did not answer, instead of deciding it here.
+	closed bool
+	// local is the fallback store as reservations the store could not take use it: it adds
+	// what it counts to the shared store.
+	local *localStore
+}
+
+// UseStore makes the ledger keep its sums in store (nil: a new MemoryStore), before it serves
+// any reservation. With a Shared store, a reservation the store does not answer is refused when
 // closed is set, and otherwise decided in this process's memory (see Reserve).
 func (l *Ledger) UseStore(store Store, closed bool) {
 	if store == nil {
 		store = NewMemoryStore()
 	}
-	l.store, l.closed = store, closed
-	l.shared, _ = store.(Shared)
-	l.local = &localStore{MemoryStore: l.fallback, shared: l.shared}
+	st := &stores{store: store, closed: closed}
+	st.shared, _ = store.(Shared)
+	st.local = &localStore{MemoryStore: l.fallback, shared: st.shared}
+	l.st.Store(st)
 }
 
 // Store returns the store the ledger keeps its sums in.
-func (l *Ledger) Store() Store { return l.store }
+func (l *Ledger) Store() Store { return l.st.Load().store }
 
 // Configure sets the currency (for states and views), the calendar of the windows and whether a
-// single request may overrun an untouched window. Windows already counted keep the start they
-// had: a new zone applies to windows that start later.
-func (l *Ledger) Configure(s Settings) {
+// single request may overrun an untouched window. When the calendar's zone changes, the spend
+// already counted in each budget's current window carries into the window the new zone makes
+// current (see CarryForeign), so that a new zone never gives a budget back what was spent; it
+// returns how many windows that changed, and the error of a store that could not carry (then
+// CarryForeign should be called again once it can).
+func (l *Ledger) Configure(s Settings, now time.Time) (carried int, err error) {
+	old := l.cfg.Load()
+	if old.Calendar.Location().String() == s.Calendar.Location().String() {
+		l.cfg.Store(&s)
+		return 0, nil
+	}
+	// Before the switch, so that the first reservation in a new window finds the spend there;
+	// and again after it, for what was reserved in the old windows meanwhile (carrying twice
+	// counts nothing twice).
+	n1, err1 := l.carry(s.Calendar, now)
 	l.cfg.Store(&s)
+	n2, err2 := l.carry(s.Calendar, now)
+	return max(n1, n2), errors.Join(err1, err2)
+}
+
+// CarryForeign carries into each budget's current window the spend of every window that holds
+// now but that the calendar does not make current: windows of a time zone the policy used
+// before (a reload or a restart changed time_zone), restored from a state file or kept in Redis
+// by replicas that still use it. The current window then counts at least what such a window
+// holds: a zone change never gives back what was spent, and carrying again, or back when the
+// zone is changed back, counts nothing twice. It returns how many windows changed.
+func (l *Ledger) CarryForeign(now time.Time) (int, error) {
+	return l.carry(l.Calendar(), now)
+}
+
+func (l *Ledger) carry(cal Calendar, now time.Time) (int, error) {
+	store := l.Store()
+	c, ok := store.(Carrier)
+	if !ok {
+		return 0, nil
+	}
+	var moves []Move
+	at := now.Unix()
+	for _, u := range store.Usage(now) {
+		if u.ID.Start > at || !u.End.After(now) {
+			continue // not a window holding now
+		}
+		start := cal.Start(u.ID.Period, now)
+		if start.Unix() == u.ID.Start {
+			continue // current
+		}
+		moves = append(moves, Move{From: u.ID, To: Window{ID: WindowID{Budget: u.ID.Budget, Period: u.ID.Period, Start: start.Unix()},
+			Limit: u.Limit, End: cal.End(u.ID.Period, start), Shadow: u.Shadow}})
+	}
+	if len(moves) == 0 {
+		return 0, nil
+	}
+	return c.Carry(moves, now)
 }
 
 // Settings returns the settings the ledger follows.
@@ -318,15 +391,16 @@ func (l *Ledger) Reserve(ctx context.Context, r *Reservation, amount Micros, now
 		r.ws[i] = l.Window(r.bs[i], now)
 	}
 	ws := r.ws[:r.n]
-	store := Store(l.store)
+	st := l.st.Load()
+	store := st.store
 	over, err := store.Reserve(ctx, ws, amount, now)
 	if err != nil {
-		if l.closed {
+		if st.closed {
 			return Refusal{Unavailable: true}, false
 		}
 		l.fellBack.Add(1)
-		store = l.local
-		over = l.local.reserve(ctx, ws, amount, now)
+		store = st.local
+		over = st.local.reserve(ctx, ws, amount, now)
 	}
 	for i := range ws {
 		if over&(1<<uint(i)) != 0 && !ws[i].Shadow {
@@ -404,14 +478,15 @@ func (s *localStore) Release(ws []Window, reserved Micros, now time.Time) {
 // store could not be reached) are listed too. Without one, the store's windows and (while the
 // store is or was unreachable) those of the ledger's own memory.
 func (l *Ledger) Usage(now time.Time) []Usage {
-	out := l.store.Usage(now)
-	if l.shared == nil {
+	st := l.st.Load()
+	out := st.store.Usage(now)
+	if st.shared == nil {
 		if l.fellBack.Load() > 0 {
 			out = append(out, l.fallback.Usage(now)...)
 		}
 		return out
 	}
-	pending := l.shared.Pending()
+	pending := st.shared.Pending()
 	local := map[WindowID]Usage{}
 	if l.fellBack.Load() > 0 {
 		for _, u := range l.fallback.Usage(now) {
@@ -451,30 +526,32 @@ func addLocal(u *Usage, local map[WindowID]Usage, pending map[WindowID]Pending) 
 // shared store does not answer: its share (the budget divided by the live replicas) of what the
 // store last showed left. ok is false without a shared store.
 func (l *Ledger) LocalLimit(b Budget, now time.Time) (Micros, bool) {
-	if l.shared == nil {
+	st := l.st.Load()
+	if st.shared == nil {
 		return 0, false
 	}
-	return l.local.share(l.Window(b, now), now).Limit, true
+	return st.local.share(l.Window(b, now), now).Limit, true
 }
 
 // PendingTotal returns what this process counted in its own memory that its shared store has
 // not applied yet, net of reservations that ended, each request once whatever its windows (0
 // without a shared store).
 func (l *Ledger) PendingTotal() Micros {
-	if l.shared == nil {
+	st := l.st.Load()
+	if st.shared == nil {
 		return 0
 	}
-	return l.shared.PendingTotal()
+	return st.shared.PendingTotal()
 }
 
 // Shared reports whether the ledger keeps its sums in a shared store.
-func (l *Ledger) Shared() bool { return l.shared != nil }
+func (l *Ledger) Shared() bool { return l.st.Load().shared != nil }
 
 // SaveState implements Source: the store's windows with the ledger's currency. A store that
 // keeps its own state (not Persistent) gives none.
 func (l *Ledger) SaveState(now time.Time) SavedState {
 	st := SavedState{Currency: l.Currency(), Windows: []SavedWindow{}}
-	if p, ok := l.store.(Persistent); ok {
+	if p, ok := l.Store().(Persistent); ok {
 		st.Windows = p.Save(now)
 	}
 	return st
@@ -486,7 +563,7 @@ func (l *Ledger) RestoreState(st SavedState, now time.Time) (int, error) {
 	if st.Currency != l.Currency() {
 		return 0, &StateError{Reason: ReasonCurrency, Err: fmt.Errorf("the state is counted in %q, the policy in %q", st.Currency, l.Currency())}
 	}
-	p, ok := l.store.(Persistent)
+	p, ok := l.Store().(Persistent)
 	if !ok {
 		return 0, nil
 	}
@@ -494,5 +571,8 @@ func (l *Ledger) RestoreState(st SavedState, now time.Time) (int, error) {
 	if err != nil {
 		return 0, &StateError{Reason: ReasonCorrupt, Err: err}
 	}
+	// A file written under another time_zone holds windows the policy's zone does not make
+	// current: their spend carries into the current ones.
+	_, _ = l.CarryForeign(now)
 	return n, nil
 }

@@ -19,15 +19,19 @@ type MemoryStore struct {
 
 type memWindow struct {
 	w Window
-	// spent is settled here; carried was restored from a saved state (replaced, never added
-	// to, by a later restore).
-	spent, carried, reserved Micros
+	// spent is settled here; restored was restored from a saved state (replaced, never added
+	// to, by a later restore); carried was carried from a window of another time zone (see
+	// Carry).
+	spent, restored, carried, reserved Micros
 }
 
-func (m *memWindow) used() Micros { return satAdd(satAdd(m.spent, m.carried), m.reserved) }
+// settled is everything counted as spent in the window.
+func (m *memWindow) settled() Micros { return satAdd(satAdd(m.spent, m.restored), m.carried) }
+
+func (m *memWindow) used() Micros { return satAdd(m.settled(), m.reserved) }
 
 func (m *memWindow) usage() Usage {
-	return Usage{Window: m.w, Spent: satAdd(m.spent, m.carried), Reserved: m.reserved}
+	return Usage{Window: m.w, Spent: m.settled(), Reserved: m.reserved}
 }
 
 // sweepEvery is how often ended windows are dropped.
@@ -164,7 +168,7 @@ func (s *MemoryStore) Save(now time.Time) []SavedWindow {
 		out = append(out, SavedWindow{
 			Budget: m.w.ID.Budget, Period: m.w.ID.Period.String(),
 			Start: time.Unix(m.w.ID.Start, 0).UTC(), End: m.w.End.UTC(),
-			Settled: int64(satAdd(m.spent, m.carried)), InFlight: int64(m.reserved),
+			Settled: int64(m.settled()), InFlight: int64(m.reserved),
 		})
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -224,9 +228,30 @@ func (s *MemoryStore) Load(saved []SavedWindow, now time.Time) (int, error) {
 			m = &memWindow{w: Window{ID: it.id, End: it.end}}
 			s.windows[it.id] = m
 		}
-		m.carried = it.spent
+		m.restored = it.spent
 	}
 	return len(items), nil
+}
+
+// Carry implements Carrier. A window of this process holds everything spent in it, so carrying
+// is a floor: after it, To counts at least what From holds (settled and reserved) besides what
+// To has in flight; carrying again, or back and forth, never counts anything twice.
+func (s *MemoryStore) Carry(moves []Move, now time.Time) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, mv := range moves {
+		src := s.windows[mv.From]
+		if src == nil || !src.w.End.After(now) || mv.From == mv.To.ID || !mv.To.End.After(now) {
+			continue
+		}
+		dst := s.window(mv.To, now)
+		if need := src.used() - satAdd(dst.spent, dst.restored); need > dst.carried {
+			dst.carried = need
+			n++
+		}
+	}
+	return n, nil
 }
 
 func satAdd(a, b Micros) Micros {

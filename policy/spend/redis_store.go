@@ -31,7 +31,11 @@ type RedisStore struct {
 	sweepAt time.Time
 }
 
-var _ Shared = (*RedisStore)(nil)
+var (
+	_ Shared  = (*RedisStore)(nil)
+	_ Carrier = (*RedisStore)(nil)
+	_ Carrier = (*MemoryStore)(nil)
+)
 
 // NewRedisStore returns a store keeping its sums through st.
 func NewRedisStore(st *cluster.Store) *RedisStore {
@@ -200,6 +204,16 @@ func (r *RedisStore) Pending() map[WindowID]Pending {
 		}
 	}
 	return out
+}
+
+// Carry implements Carrier: in Redis, where each window keeps what it carried from each other
+// window, so that replicas changing zone at different moments together carry everything once.
+func (r *RedisStore) Carry(moves []Move, _ time.Time) (int, error) {
+	sm := make([]cluster.SpendMove, len(moves))
+	for i, m := range moves {
+		sm[i] = cluster.SpendMove{From: m.From.Key(), To: sharedWindows([]Window{m.To})[0]}
+	}
+	return r.st.CarrySpend(context.Background(), sm)
 }
 
 // PendingTotal implements Shared.
