@@ -364,8 +364,10 @@ func (l *Ledger) Calendar() Calendar { return l.cfg.Load().Calendar }
 func (l *Ledger) FellBack() uint64 { return l.fellBack.Load() }
 
 // Window returns the window of b that holds now.
-func (l *Ledger) Window(b Budget, now time.Time) Window {
-	cfg := l.cfg.Load()
+func (l *Ledger) Window(b Budget, now time.Time) Window { return l.cfg.Load().window(b, now) }
+
+// window returns the window of b that holds now under these settings.
+func (cfg *Settings) window(b Budget, now time.Time) Window {
 	start := cfg.Calendar.Start(b.Period, now)
 	return Window{
 		ID:                 WindowID{Budget: b.Name, Period: b.Period, Start: start.Unix()},
@@ -387,8 +389,9 @@ func (l *Ledger) Window(b Budget, now time.Time) Window {
 // Shared.AddLocal). A ledger whose shared store is closed refuses instead (Refusal.Unavailable).
 func (l *Ledger) Reserve(ctx context.Context, r *Reservation, amount Micros, now time.Time) (Refusal, bool) {
 	amount = max(amount, 0)
+	cfg := l.cfg.Load()
 	for i := 0; i < r.n; i++ {
-		r.ws[i] = l.Window(r.bs[i], now)
+		r.ws[i] = cfg.window(r.bs[i], now)
 	}
 	ws := r.ws[:r.n]
 	st := l.st.Load()

@@ -21,12 +21,15 @@ type memWindow struct {
 	w Window
 	// spent is settled here; restored was restored from a saved state (replaced, never added
 	// to, by a later restore); carried was carried from a window of another time zone (see
-	// Carry).
-	spent, restored, carried, reserved Micros
+	// Carry); before is restored plus carried, kept so that the admission path adds no more.
+	spent, restored, carried, before, reserved Micros
 }
 
+// setBefore updates before after restored or carried changed.
+func (m *memWindow) setBefore() { m.before = satAdd(m.restored, m.carried) }
+
 // settled is everything counted as spent in the window.
-func (m *memWindow) settled() Micros { return satAdd(satAdd(m.spent, m.restored), m.carried) }
+func (m *memWindow) settled() Micros { return satAdd(m.spent, m.before) }
 
 func (m *memWindow) used() Micros { return satAdd(m.settled(), m.reserved) }
 
@@ -73,8 +76,14 @@ func (s *MemoryStore) Reserve(_ context.Context, ws []Window, amount Micros, now
 	defer s.mu.Unlock()
 	var over uint64
 	refused := false
-	for i, w := range ws {
-		m := s.window(w, now)
+	// The windows found, so that each is looked up once (a reservation has at most MaxWindows).
+	var found [MaxWindows]*memWindow
+	for i := range ws {
+		w := &ws[i]
+		m := s.window(*w, now)
+		if i < MaxWindows {
+			found[i] = m
+		}
 		if used := m.used(); used > w.Limit-amount && !(w.AllowSingleOverrun && used == 0) {
 			over |= 1 << uint(i)
 			refused = refused || !w.Shadow
@@ -83,8 +92,11 @@ func (s *MemoryStore) Reserve(_ context.Context, ws []Window, amount Micros, now
 	if refused {
 		return over, nil
 	}
-	for _, w := range ws {
-		m := s.windows[w.ID]
+	for i := range ws {
+		m := s.windows[ws[i].ID]
+		if i < MaxWindows {
+			m = found[i]
+		}
 		m.reserved = satAdd(m.reserved, amount)
 	}
 	return over, nil
@@ -229,6 +241,7 @@ func (s *MemoryStore) Load(saved []SavedWindow, now time.Time) (int, error) {
 			s.windows[it.id] = m
 		}
 		m.restored = it.spent
+		m.setBefore()
 	}
 	return len(items), nil
 }
@@ -248,6 +261,7 @@ func (s *MemoryStore) Carry(moves []Move, now time.Time) (int, error) {
 		dst := s.window(mv.To, now)
 		if need := src.used() - satAdd(dst.spent, dst.restored); need > dst.carried {
 			dst.carried = need
+			dst.setBefore()
 			n++
 		}
 	}
