@@ -91,6 +91,9 @@ type Decision struct {
 	Limits RefusalLimits
 	// SpendReset is when the refusing spend budget's window ends (a spend_budget refusal).
 	SpendReset time.Time
+	// SpendOverLimit says the request's worst-case cost is more than the refusing spend
+	// budget's whole limit: it would be refused even by an untouched window.
+	SpendOverLimit bool
 }
 
 // Err returns nil for an admission, else an error wrapping the reason's sentinel.
@@ -149,6 +152,9 @@ func (d Decision) Message() string {
 	case ReasonClusterUnavailable:
 		return fmt.Sprintf("The service cannot check its shared limits right now. Retry after %d %s.", secs, unit)
 	case ReasonSpendBudget:
+		if d.SpendOverLimit {
+			return fmt.Sprintf("The worst-case cost of this request is more than the whole spend budget of %s: ask for fewer output tokens (max_tokens).", d.Compartment)
+		}
 		return fmt.Sprintf("Spend budget of %s is used up until %s. Retry after %d %s.", d.Compartment, d.SpendReset.UTC().Format(time.RFC3339), secs, unit)
 	}
 	return fmt.Sprintf("Compartment %s is at capacity. Retry after %d %s.", d.Compartment, secs, unit)

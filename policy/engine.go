@@ -155,9 +155,13 @@ func (e *Engine) SystemClock() bool {
 	return ok
 }
 
-// Diff summarises what a reload changed, by compartment instance name.
+// Diff summarises what a reload changed, by compartment instance name, and the policy-wide
+// settings of spend budgets that changed (time_zone, currency, spend.allow_single_overrun).
 type Diff struct {
 	Added, Removed, Changed []string
+	// Settings describes each policy-wide setting that changed, e.g. "time_zone UTC →
+	// Asia/Kathmandu (spend carried into 2 windows of the new zone)".
+	Settings []string
 }
 
 // String formats the diff as one log-friendly line.
@@ -168,7 +172,11 @@ func (d Diff) String() string {
 		}
 		return label + ": " + strings.Join(names, ", ")
 	}
-	return part("added", d.Added) + "; " + part("removed", d.Removed) + "; " + part("changed", d.Changed)
+	out := part("added", d.Added) + "; " + part("removed", d.Removed) + "; " + part("changed", d.Changed)
+	if len(d.Settings) > 0 {
+		out += "; " + part("settings", d.Settings)
+	}
+	return out
 }
 
 // Apply builds a snapshot for p aside and swaps it in atomically. State (in-flight counts,
@@ -261,7 +269,33 @@ func diffSnapshots(prev, next *Snapshot) Diff {
 		d.Removed = append(d.Removed, name)
 	}
 	sort.Strings(d.Removed)
+	d.Settings = settingsDiff(prev, next)
 	return d
+}
+
+// settingsDiff describes the policy-wide spend settings next changed from prev.
+func settingsDiff(prev, next *Snapshot) []string {
+	a, b := prev.policy, next.policy
+	var out []string
+	if a.TimeZone != b.TimeZone {
+		what := fmt.Sprintf("time_zone %s → %s", a.TimeZone, b.TimeZone)
+		switch {
+		case !b.AnySpendLimits():
+		case next.spendCarryErr != nil:
+			what += " (the spend of the current windows is carried into the new zone's once the spend store answers)"
+		default:
+			// Another replica may have carried the shared windows already: none changed then.
+			what += fmt.Sprintf(" (spend of the current windows carried into the new zone's: %d windows changed)", next.spendCarried)
+		}
+		out = append(out, what)
+	}
+	if a.Currency != b.Currency {
+		out = append(out, fmt.Sprintf("currency %s → %s (amounts already counted are kept as they are)", a.Currency, b.Currency))
+	}
+	if a.Spend.AllowSingleOverrun != b.Spend.AllowSingleOverrun {
+		out = append(out, fmt.Sprintf("spend.allow_single_overrun %t → %t", a.Spend.AllowSingleOverrun, b.Spend.AllowSingleOverrun))
+	}
+	return out
 }
 
 // Snapshot is one immutable, compiled policy plus references to the live state it uses.
@@ -274,6 +308,10 @@ type Snapshot struct {
 	built  time.Time
 	// share divides every limit (live replicas, while the cluster's shared state is unavailable).
 	share int64
+	// spendCarried and spendCarryErr are what configuring the spend ledger with this snapshot's
+	// time zone carried (see spend.Ledger.Configure), for the reload's diff.
+	spendCarried  int
+	spendCarryErr error
 
 	features    []*featureEntry
 	tiers       []string

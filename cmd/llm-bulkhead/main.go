@@ -15,7 +15,8 @@
 // An admin address that is not loopback needs the admin token (LLM_BULKHEAD_ADMIN_TOKEN), which
 // then guards /admin/* and the dashboard too, or --admin-insecure to serve it without one.
 // Exit status: 0 on success and after a graceful shutdown, 2 for an invalid policy or bad
-// usage (an unguarded admin address included), 1 when the server cannot run (e.g. an address
+// usage (an unguarded admin address included, and a spend state file that cannot be used with
+// spend.on_state_error: refuse), 1 when the server cannot run (e.g. an address
 // in use). health exits 0 only when the server answers SERVING, 1 otherwise, 2 for bad usage.
 package main
 
@@ -248,7 +249,8 @@ func serve(c *command, ctx context.Context, args, env []string, stdout, stderr i
 		}
 		var exposed *app.ExposedAdminError
 		var listener *app.ListenerError
-		if errors.As(err, &exposed) || errors.As(err, &listener) {
+		var state *app.SpendStateError
+		if errors.As(err, &exposed) || errors.As(err, &listener) || errors.As(err, &state) {
 			fmt.Fprintln(stderr, "llm-bulkhead: not starting:", err)
 			return 2
 		}

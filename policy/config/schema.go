@@ -77,7 +77,11 @@ type Policy struct {
 	// TimeZone is the IANA time zone (e.g. Europe/Berlin, America/New_York) whose calendar the
 	// windows of spend budgets follow: an hour is a clock hour, a day runs from midnight to
 	// midnight (23 or 25 hours when the clocks change) and a month from the 1st to the 1st.
-	// The zone database is built in. Default UTC.
+	// The zone database is built in. Changing it (by a reload, or a restart with a state file
+	// or Redis) carries what each budget's current window had counted into the window the new
+	// zone makes current, which may have started earlier or later: a new zone never gives back
+	// what was spent, changing back counts nothing twice, and the reload's log line lists the
+	// change. Default UTC.
 	TimeZone string `koanf:"time_zone" json:"time_zone,omitempty"`
 	// Spend sets how spend budgets' spend outlives the process. A single process keeps it in a
 	// state file (state_file): read once at start before any request is served, written
@@ -90,7 +94,9 @@ type Policy struct {
 	// comes after a crash; their reservation is the most they can have cost). A policy reload
 	// keeps every budget's spend (a budget is known by its compartment and period). With a
 	// cluster backend Redis keeps spend instead, shared by every replica (docs/cluster.md). Default
-	// memory only: spend starts empty at every start.
+	// memory only: spend starts empty at every start. It also says what a start does with a state
+	// file it cannot use (on_state_error) and whether a single request may overrun a budget
+	// (allow_single_overrun).
 	Spend SpendState `koanf:"spend" json:"spend,omitempty"`
 	// Body sets how request bodies are read and rewritten.
 	Body Body `koanf:"body" json:"body,omitempty"`
@@ -394,8 +400,10 @@ type Limits struct {
 	MaxDebt *float64 `koanf:"max_debt" json:"max_debt,omitempty"`
 	// SpendPerHour is a spend budget in money (the policy's currency, e.g. 1.00) for each clock
 	// hour of time_zone. A request is refused with 429, reason spend_budget, when its
-	// worst-case cost does not fit what is left (see prices), until the hour ends. Tiers' spend
-	// budgets scale by ratio in tier × feature compartments like every limit. Default 0 = none.
+	// worst-case cost does not fit what is left (see prices), until the hour ends; a request
+	// whose worst case is more than the whole budget is refused even in an untouched window,
+	// unless spend.allow_single_overrun. Tiers' spend budgets scale by ratio in tier × feature
+	// compartments like every limit. Default 0 = none.
 	SpendPerHour *Amount `koanf:"spend_per_hour" json:"spend_per_hour,omitempty"`
 	// SpendPerDay is a spend budget in money for each calendar day of time_zone, like
 	// spend_per_hour. Default 0 = none.
