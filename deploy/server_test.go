@@ -75,10 +75,18 @@ func TestChartPodStartsAndAnswersProbes(t *testing.T) {
 		<-exited
 	}()
 
+	// As the kubelet probes and Prometheus scrapes: to the pod's IP address, which is the Host
+	// they send, without a token.
+	_, adminPort, err := net.SplitHostPort(adminAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
 	probe := func(path string) int {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+adminAddr+path, nil)
+		req.Host = "10.244.1.7:" + adminPort
+		req.Header.Set("User-Agent", "kube-probe/1.34")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return 0
@@ -101,6 +109,9 @@ func TestChartPodStartsAndAnswersProbes(t *testing.T) {
 	}
 	if code := probe("/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz = %d", code)
+	}
+	if code := probe("/metrics"); code != http.StatusOK {
+		t.Errorf("/metrics = %d", code)
 	}
 
 	// SIGTERM, as the kubelet stops a pod: the server drains (nothing in flight here) and exits 0.

@@ -2,6 +2,8 @@ package extproc
 
 import (
 	"math"
+	"strings"
+	"unicode/utf8"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -45,7 +47,14 @@ func appendEntry(b []byte, key string, valueField protowire.Number, valueSize in
 	return protowire.AppendVarint(b, uint64(value))
 }
 
+// appendString writes a string Value. Protobuf strings must be UTF-8: Envoy (and any other
+// reader) refuses to parse a reply holding one that is not, and the request fails. Values
+// classification yields are valid already; one a response names (response_model) may not be,
+// and each run of bytes in it that are not UTF-8 becomes U+FFFD.
 func appendString(b []byte, key, v string) []byte {
+	if !utf8.ValidString(v) {
+		v = strings.ToValidUTF8(v, "\uFFFD")
+	}
 	b = appendEntry(b, key, fieldValueString, protowire.SizeBytes(len(v)))
 	b = protowire.AppendTag(b, fieldValueString, protowire.BytesType)
 	return protowire.AppendString(b, v)

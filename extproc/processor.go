@@ -63,9 +63,11 @@ const (
 
 // requestPart is what the request said.
 type requestPart struct {
-	id       string
-	path     string
-	api      llmapi.API
+	id   string
+	path string
+	api  llmapi.API
+	// route is what the path says: the API, the dialect of refusals, the model it names.
+	route    llmapi.Route
 	metadata *corev3.Metadata
 	attrs    *structpb.Struct
 	// body is the buffered request body until the decision is made.
@@ -355,11 +357,12 @@ func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	p.snap = p.srv.engine.Snapshot()
 	p.headers = h.GetHeaders().GetHeaders()
 	path, _ := p.Header(":path")
+	p.req.route = llmapi.ParsePath(path)
 	if i := strings.IndexByte(path, '?'); i >= 0 {
 		path = path[:i]
 	}
 	p.req.path = path
-	p.req.api = llmapi.APIFromPath(path)
+	p.req.api = p.req.route.API
 	p.req.id, _ = p.Header(HeaderRequestID)
 	p.req.metadata = req.MetadataContext
 	p.req.attrs = req.Attributes[attributesKey]
@@ -397,18 +400,26 @@ func (p *processor) override(req, res bodyMode) *extprocfilterv3.ProcessingMode 
 // wantBody reports whether deciding needs the request body.
 func (p *processor) wantBody() bool {
 	s := p.snap
+	if p.req.api.Multipart() {
+		// An audio upload is multipart/form-data, up to 25 MB: nothing in it is read (no rule
+		// reads a form field), so it is never buffered; its size comes from content-length.
+		return false
+	}
 	if s.NeedsBodyForRules || s.TokenLimits || s.SpendLimits || s.RewritesModels {
 		// RewritesModels: a re-route may have to rewrite the body's model, which only a reply to
 		// the buffered body can do.
 		return true
 	}
-	if s.Settings().InjectIncludeUsage && (p.req.api == llmapi.APIOpenAIChat || p.req.api == llmapi.APIOpenAICompletions) {
+	if s.Settings().InjectIncludeUsage && p.req.api.IncludeUsage() {
 		return true
 	}
 	return p.requiresValidJSON()
 }
 
 func (p *processor) requiresValidJSON() bool {
+	if p.req.api.Multipart() {
+		return false // an audio upload is multipart/form-data, never JSON
+	}
 	for _, prefix := range p.snap.Settings().RequireValidJSON {
 		if strings.HasPrefix(p.req.path, prefix) {
 			return true
@@ -461,9 +472,19 @@ func (p *processor) dropBody() {
 // decides at (msgRequestHeaders or msgRequestBody).
 func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 	s, e := p.snap, p.srv.engine
-	noOutput := p.req.api == llmapi.APIOpenAIEmbeddings
+	noOutput := p.req.api.NoOutput()
 	size := policy.RequestSize{N: 1, NoOutput: noOutput}
-	if at == msgRequestBody {
+	if p.req.api.Multipart() {
+		// One audio file, its estimate the policy's audio_tokens; the longest audio its size can
+		// hold is reserved at a price per second.
+		n, _ := p.Header("content-length")
+		bytes, err := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
+		if err != nil || bytes < 0 {
+			bytes = 0
+		}
+		size = policy.RequestSize{Scanned: true, BodyBytes: bytes, Audio: 1, N: 1, AudioMillis: llmapi.UploadAudioMillis(bytes)}
+	}
+	if at == msgRequestBody && !p.req.api.Multipart() {
 		err := llmapi.ScanRequest(p.req.api, p.req.body, &p.req.fields)
 		switch {
 		case err == nil:
@@ -484,16 +505,23 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 			e.ClassifyError(reason)
 			p.srv.log.Debug("request body field has a wrong type or value", "request_id", p.req.id, "err", err.Error())
 		}
-		if p.req.bodyOK {
+		if p.req.bodyOK && p.req.api != llmapi.APIGeminiCountTokens {
+			// (Counting tokens is free: such a request is admitted as a request, its body is
+			// not an estimate.)
 			f := &p.req.fields
 			size = policy.RequestSize{Scanned: true, BodyBytes: int64(len(p.req.body)), PromptBytes: f.PromptBytes, Images: f.Images, Audio: f.Audio,
-				Files: f.Files, MaxTokens: f.MaxTokens, HasMaxTokens: f.HasMaxTokens, N: f.N, NoOutput: noOutput}
+				Files: f.Files, MaxTokens: f.MaxTokens, HasMaxTokens: f.HasMaxTokens, N: f.Choices, Prompts: f.Prompts, NoOutput: noOutput}
+			if p.req.api == llmapi.APIOpenAIImages {
+				size.OutputImages = f.Choices // n images, each priced per_image
+			}
 		}
 	}
 	dims := s.Classify(p)
 	p.dec.estimate = s.Estimate(dims.Model, size)
+	// A model the path names cannot be rewritten in the body.
+	canRewrite := at == msgRequestBody && p.req.bodyOK && p.req.route.Model == "" && !p.req.api.Multipart()
 	r := policy.Request{Dims: dims, Estimate: p.dec.estimate, PromptBytes: size.PromptBytes,
-		CanRewriteModel: at == msgRequestBody && p.req.bodyOK, Stream: p.req.bodyOK && p.req.fields.Stream, Now: p.clock()}
+		CanRewriteModel: canRewrite, Stream: p.req.api.Streams() || (p.req.bodyOK && p.req.fields.Stream), Now: p.clock()}
 	d := &p.dec.decision
 	e.AdmitInto(p.ctx, s, &r, &p.dec.ticket, p.onQueueFn, d)
 	p.traceDecided(d, true)
@@ -527,8 +555,8 @@ func (p *processor) refuse(d *policy.Decision) *extprocv3.ProcessingResponse {
 	p.req.id = refusalRequestID(p.req.id)
 	st := p.snap.Settings()
 	r := refusal{requestID: p.req.id, now: p.clock(), noRetryAbove: st.NoRetryAbove, rateLimitHeaders: st.RefusalRateLimitHeaders}
-	p.logRefusal(*d, refusalStatus(d.Reason, p.req.api))
-	return p.withMetadata(immediateReply(*d, p.req.api, r))
+	p.logRefusal(*d, refusalStatus(d.Reason, p.req.route.Dialect))
+	return p.withMetadata(immediateReply(*d, p.req.route.Dialect, r))
 }
 
 // admitReply lets the request continue with the server's header (and body) mutations, in the
@@ -640,7 +668,7 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 	resp := out.headersReply(false, common)
 
 	bodyComing := !h.EndOfStream && p.resBodyMode != extprocfilterv3.ProcessingMode_NONE
-	p.res.reading = bodyComing && p.res.status >= 200 && p.res.status < 300
+	p.res.reading = bodyComing && p.res.status >= 200 && p.res.status < 300 && p.req.api != llmapi.APIGeminiCountTokens
 	if p.res.reading {
 		ct, _ := p.Header("content-type")
 		ce, _ := p.Header("content-encoding")
@@ -831,7 +859,8 @@ func (p *processor) settle(cancelled bool) {
 		}
 		u := p.res.scanner.Finish()
 		o.Usage = policy.Usage{Prompt: u.PromptTokens, Completion: u.CompletionTokens, Total: u.TotalTokens,
-			Cached: u.CachedTokens, Reasoning: u.ReasoningTokens, Known: u.Known, PromptKnown: u.PromptKnown, ContentBytes: u.ContentBytes}
+			Cached: u.CachedTokens, Reasoning: u.ReasoningTokens, Known: u.Known, PromptKnown: u.PromptKnown, ContentBytes: u.ContentBytes,
+			AudioMillis: u.AudioMillis}
 		o.StreamError = streamError(u.Error)
 		o.Model = p.res.scanner.Model()
 		// A body read to its end without a token waited for one all along.
@@ -884,7 +913,12 @@ func (p *processor) method() string {
 func (p *processor) Path() string { return p.req.path }
 
 // BodyField implements policy.Input.
+// For "model" it returns the model (or Azure deployment) the path names when it names one:
+// that is the one the provider serves, whatever the body says, and it is known without a body.
 func (p *processor) BodyField(path string) (string, bool) {
+	if m := p.req.route.Model; m != "" && path == "model" {
+		return m, true
+	}
 	if !p.req.bodyOK {
 		return "", false
 	}
@@ -893,7 +927,7 @@ func (p *processor) BodyField(path string) (string, bool) {
 	case "model":
 		return p.req.fields.Model, p.req.fields.Model != ""
 	case "user":
-		if p.req.api != llmapi.APIAnthropicMessages {
+		if !p.req.api.Anthropic() {
 			return p.req.fields.User, p.req.fields.User != ""
 		}
 	}

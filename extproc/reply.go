@@ -28,6 +28,11 @@ const (
 	HeaderShouldRetry = "x-should-retry"
 	// HeaderAnthropicRequestID is where the Anthropic SDK reads a request id (Error.RequestID).
 	HeaderAnthropicRequestID = "request-id"
+	// HeaderAmznRequestID is where the AWS SDKs read a request id; HeaderAmznErrorType names
+	// the exception of an error response (ThrottlingException, ServiceUnavailableException,
+	// ValidationException), which they raise as its own type.
+	HeaderAmznRequestID = "x-amzn-requestid"
+	HeaderAmznErrorType = "x-amzn-errortype"
 	// HeaderRemainingTokens and HeaderResetTokens mirror OpenAI's rate-limit headers for the
 	// tightest per-minute token budget of the request's compartments.
 	HeaderRemainingTokens = "x-ratelimit-remaining-tokens"
@@ -246,17 +251,17 @@ func (m *headerMem) build(key string, value []byte) *corev3.HeaderValueOption {
 	return &m.opt
 }
 
-// refusalStatus is the HTTP status of a refusal in the API family the client called: 429 for
-// budgets and rates, 503 when there is no capacity (Anthropic's overloaded is 529), 400 for a
-// body that cannot be read.
-func refusalStatus(r policy.Reason, api llmapi.API) int {
+// refusalStatus is the HTTP status of a refusal in the dialect of the API the client called:
+// 429 for budgets and rates, 503 when there is no capacity (Anthropic's overloaded is 529), 400
+// for a body that cannot be read.
+func refusalStatus(r policy.Reason, d llmapi.Dialect) int {
 	switch r {
 	case policy.ReasonTokenBudget, policy.ReasonRateLimit, policy.ReasonSpendBudget:
 		return 429
 	case policy.ReasonBadRequest:
 		return 400
 	}
-	if api.Anthropic() {
+	if d == llmapi.DialectAnthropic {
 		return 529
 	}
 	return 503
@@ -276,18 +281,16 @@ type refusal struct {
 
 // refusalBody writes the error JSON in the format of the API the client called, so the
 // client's own SDK raises its usual error types. Anthropic's error shape has a top-level
-// request_id; OpenAI's has no field for it, so it is an extra member of the error object
-// (SDKs keep unknown members: openai-go in Error.JSON.ExtraFields).
-func refusalBody(d policy.Decision, api llmapi.API, requestID string) []byte {
+// request_id; OpenAI's and Azure's have no field for it, so it is an extra member of the error
+// object (SDKs keep unknown members: openai-go in Error.JSON.ExtraFields). Google's carries
+// the reason in an ErrorInfo and the wait in a RetryInfo detail, as Google's own APIs do;
+// AWS's names the exception in the x-amzn-errortype header (bedrockException) and holds only
+// the message.
+func refusalBody(d policy.Decision, dialect llmapi.Dialect, requestID string) []byte {
 	msg := d.Message()
-	if api.Anthropic() {
-		typ := "overloaded_error"
-		switch d.Reason {
-		case policy.ReasonTokenBudget, policy.ReasonRateLimit, policy.ReasonSpendBudget:
-			typ = "rate_limit_error"
-		case policy.ReasonBadRequest:
-			typ = "invalid_request_error"
-		}
+	switch dialect {
+	case llmapi.DialectAnthropic:
+		typ := byKind(d.Reason, "rate_limit_error", "invalid_request_error", "overloaded_error")
 		b := []byte(`{"type":"error","error":{"type":`)
 		b = strconv.AppendQuote(b, typ)
 		b = append(b, `,"message":`...)
@@ -297,6 +300,33 @@ func refusalBody(d policy.Decision, api llmapi.API, requestID string) []byte {
 			b = append(b, `,"request_id":`...)
 			b = llmapi.AppendJSONString(b, requestID)
 		}
+		return append(b, '}')
+	case llmapi.DialectGemini:
+		status := byKind(d.Reason, "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT", "UNAVAILABLE")
+		b := []byte(`{"error":{"code":`)
+		b = strconv.AppendInt(b, int64(refusalStatus(d.Reason, dialect)), 10)
+		b = append(b, `,"message":`...)
+		b = llmapi.AppendJSONString(b, msg)
+		b = append(b, `,"status":"`...)
+		b = append(b, status...)
+		b = append(b, `","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":`...)
+		b = strconv.AppendQuote(b, string(d.Reason))
+		b = append(b, `,"domain":"llm-bulkhead"`...)
+		if requestID != "" {
+			b = append(b, `,"metadata":{"request_id":`...)
+			b = llmapi.AppendJSONString(b, requestID)
+			b = append(b, '}')
+		}
+		b = append(b, '}')
+		if d.Reason != policy.ReasonBadRequest {
+			b = append(b, `,{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"`...)
+			b = appendProtoDuration(b, time.Duration(retryAfterMillis(d))*time.Millisecond)
+			b = append(b, `"}`...)
+		}
+		return append(b, "]}}"...)
+	case llmapi.DialectBedrock:
+		b := []byte(`{"message":`)
+		b = llmapi.AppendJSONString(b, msg)
 		return append(b, '}')
 	}
 	typ := "server_overloaded"
@@ -309,18 +339,61 @@ func refusalBody(d policy.Decision, api llmapi.API, requestID string) []byte {
 	case policy.ReasonBadRequest:
 		typ = "invalid_request_error"
 	}
+	code := string(d.Reason)
+	if dialect == llmapi.DialectAzure {
+		// Azure OpenAI's codes: "429" for every rate or quota limit, a name otherwise.
+		code = byKind(d.Reason, "429", "BadRequest", "ServiceUnavailable")
+	}
 	b := []byte(`{"error":{"message":`)
 	b = llmapi.AppendJSONString(b, msg)
 	b = append(b, `,"type":`...)
 	b = strconv.AppendQuote(b, typ)
 	b = append(b, `,"code":`...)
-	b = strconv.AppendQuote(b, string(d.Reason))
+	b = strconv.AppendQuote(b, code)
 	b = append(b, `,"param":null`...)
+	if dialect == llmapi.DialectAzure {
+		b = append(b, `,"innererror":{"code":`...)
+		b = strconv.AppendQuote(b, string(d.Reason))
+		b = append(b, '}')
+	}
 	if requestID != "" {
 		b = append(b, `,"request_id":`...)
 		b = llmapi.AppendJSONString(b, requestID)
 	}
 	return append(b, "}}"...)
+}
+
+// appendProtoDuration appends d in the JSON form of a google.protobuf.Duration: seconds with
+// up to nine decimals and an "s" ("7s", "0.250s").
+func appendProtoDuration(b []byte, d time.Duration) []byte {
+	b = strconv.AppendInt(b, int64(d/time.Second), 10)
+	if frac := d % time.Second; frac > 0 {
+		b = append(b, '.')
+		digits := strconv.AppendInt(nil, int64(frac)+int64(time.Second), 10)[1:]
+		for len(digits) > 1 && digits[len(digits)-1] == '0' {
+			digits = digits[:len(digits)-1]
+		}
+		b = append(b, digits...)
+	}
+	return append(b, 's')
+}
+
+// bedrockException is the AWS exception a Bedrock refusal names in x-amzn-errortype, which
+// the AWS SDKs turn into their error types (ThrottlingException is retried by them).
+func bedrockException(r policy.Reason) string {
+	return byKind(r, "ThrottlingException", "ValidationException", "ServiceUnavailableException")
+}
+
+// byKind names a refusal by its kind: limited for a rate or a budget (a 429), bad for a body
+// that cannot be read (a 400), unavailable for no capacity (a 503).
+func byKind(r policy.Reason, limited, bad, unavailable string) string {
+	switch r {
+	case policy.ReasonTokenBudget, policy.ReasonRateLimit, policy.ReasonSpendBudget:
+		return limited
+	case policy.ReasonBadRequest:
+		return bad
+	}
+	return unavailable
 }
 
 // retryAfterMillis is the retry-after-ms of a refusal: its wait in milliseconds, rounded up.
@@ -338,13 +411,16 @@ func retryAfterMillis(d policy.Decision) int64 {
 // latter), x-should-retry: false when the wait is longer than the policy's bound, the request
 // id, and on a 429 by a rate or budget the refusing window's limit, remaining and reset in
 // the rate-limit headers of the API called.
-func immediateReply(d policy.Decision, api llmapi.API, r refusal) *extprocv3.ProcessingResponse {
-	status := refusalStatus(d.Reason, api)
+func immediateReply(d policy.Decision, dialect llmapi.Dialect, r refusal) *extprocv3.ProcessingResponse {
+	status := refusalStatus(d.Reason, dialect)
 	headers := make([]*corev3.HeaderValueOption, 0, 16)
 	headers = append(headers,
 		setHeader("content-type", "application/json"),
 		setHeader(HeaderReason, string(d.Reason)),
 	)
+	if dialect == llmapi.DialectBedrock {
+		headers = append(headers, setHeader(HeaderAmznErrorType, bedrockException(d.Reason)))
+	}
 	if d.Compartment != "" {
 		headers = append(headers, setHeader(HeaderCompartment, d.Compartment))
 	}
@@ -362,31 +438,35 @@ func immediateReply(d policy.Decision, api llmapi.API, r refusal) *extprocv3.Pro
 	}
 	if r.requestID != "" {
 		headers = append(headers, setHeader(HeaderRequestID, r.requestID))
-		if api.Anthropic() {
+		switch dialect {
+		case llmapi.DialectAnthropic:
 			headers = append(headers, setHeader(HeaderAnthropicRequestID, r.requestID))
+		case llmapi.DialectBedrock:
+			headers = append(headers, setHeader(HeaderAmznRequestID, r.requestID))
 		}
 	}
-	if status == 429 && r.rateLimitHeaders {
-		headers = appendRateLimitHeaders(headers, d.Limits, api, r.now)
+	if status == 429 && r.rateLimitHeaders && dialect != llmapi.DialectGemini && dialect != llmapi.DialectBedrock {
+		headers = appendRateLimitHeaders(headers, d.Limits, dialect, r.now)
 	}
 	return &extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
 			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(status)},
 			Headers: &extprocv3.HeaderMutation{SetHeaders: headers},
-			Body:    refusalBody(d, api, r.requestID),
+			Body:    refusalBody(d, dialect, r.requestID),
 			Details: "llm_bulkhead_" + string(d.Reason),
 		}},
 	}
 }
 
 // appendRateLimitHeaders adds the headers of each window l has, named as the API called names
-// them: OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens}, the reset a duration
-// ("1s", "6m0s", "120ms"); Anthropic's anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset},
-// the reset an RFC 3339 time.
-func appendRateLimitHeaders(h []*corev3.HeaderValueOption, l policy.RefusalLimits, api llmapi.API, now time.Time) []*corev3.HeaderValueOption {
+// them: OpenAI's (and Azure's) x-ratelimit-{limit,remaining,reset}-{requests,tokens}, the reset
+// a duration ("1s", "6m0s", "120ms"); Anthropic's
+// anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}, the reset an RFC 3339 time.
+// Gemini and Bedrock have no such headers.
+func appendRateLimitHeaders(h []*corev3.HeaderValueOption, l policy.RefusalLimits, dialect llmapi.Dialect, now time.Time) []*corev3.HeaderValueOption {
 	add := func(kind string, w policy.RateWindow) {
 		limit, remaining := strconv.FormatInt(w.Limit, 10), strconv.FormatInt(w.Remaining, 10)
-		if api.Anthropic() {
+		if dialect == llmapi.DialectAnthropic {
 			prefix := "anthropic-ratelimit-" + kind + "-"
 			h = append(h, setHeader(prefix+"limit", limit), setHeader(prefix+"remaining", remaining),
 				setHeader(prefix+"reset", formatResetTime(now, w.Reset)))

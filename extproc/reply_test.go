@@ -42,7 +42,7 @@ func budgetRefusal() policy.Decision {
 
 func TestOpenAIRefusalCarriesRateLimitsRetryAndRequestID(t *testing.T) {
 	r := refusal{requestID: "req-42", now: refusedAt, noRetryAbove: 10 * time.Second, rateLimitHeaders: true}
-	status, h, body := replyHeaders(t, immediateReply(budgetRefusal(), llmapi.APIOpenAIChat, r))
+	status, h, body := replyHeaders(t, immediateReply(budgetRefusal(), llmapi.DialectOpenAI, r))
 	want := map[string]string{
 		"content-type":                 "application/json",
 		"x-bulkhead-reason":            "token_budget",
@@ -79,7 +79,7 @@ func TestAnthropicRefusalUsesAnthropicNames(t *testing.T) {
 	d := policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonRateLimit, Compartment: "tenant/acme", RetryAfter: 120 * time.Millisecond,
 		Limits: policy.RefusalLimits{HasRequests: true, Requests: policy.RateWindow{Limit: 60, Remaining: 0, Reset: 59*time.Second + 300*time.Millisecond}}}
 	r := refusal{requestID: "7f1c", now: refusedAt.Add(200 * time.Millisecond), noRetryAbove: 10 * time.Second, rateLimitHeaders: true}
-	status, h, body := replyHeaders(t, immediateReply(d, llmapi.APIAnthropicMessages, r))
+	status, h, body := replyHeaders(t, immediateReply(d, llmapi.DialectAnthropic, r))
 	want := map[string]string{
 		"retry-after":                            "1",
 		"retry-after-ms":                         "120",
@@ -133,7 +133,7 @@ func TestShouldRetryFalseAboveTheBound(t *testing.T) {
 	}
 	for _, tt := range tests {
 		d := policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonBulkheadFull, Compartment: "feature/chat", RetryAfter: tt.retry}
-		status, h, _ := replyHeaders(t, immediateReply(d, llmapi.APIOpenAIChat, refusal{requestID: "x", noRetryAbove: tt.bound}))
+		status, h, _ := replyHeaders(t, immediateReply(d, llmapi.DialectOpenAI, refusal{requestID: "x", noRetryAbove: tt.bound}))
 		_, got := h["x-should-retry"]
 		if got != tt.want || (got && h["x-should-retry"] != "false") {
 			t.Errorf("retry %s bound %s: x-should-retry %q, want set %v", tt.retry, tt.bound, h["x-should-retry"], tt.want)
@@ -146,13 +146,13 @@ func TestShouldRetryFalseAboveTheBound(t *testing.T) {
 
 func TestRateLimitHeadersOnlyOn429sAndWhenEnabled(t *testing.T) {
 	d := budgetRefusal()
-	_, h, _ := replyHeaders(t, immediateReply(d, llmapi.APIOpenAIChat, refusal{requestID: "x", rateLimitHeaders: false}))
+	_, h, _ := replyHeaders(t, immediateReply(d, llmapi.DialectOpenAI, refusal{requestID: "x", rateLimitHeaders: false}))
 	if _, ok := h["x-ratelimit-limit-tokens"]; ok {
 		t.Errorf("rate-limit headers with refusals.ratelimit_headers off: %v", h)
 	}
 	// A 503 never carries them, whatever the decision holds.
 	d.Reason = policy.ReasonBulkheadFull
-	_, h, _ = replyHeaders(t, immediateReply(d, llmapi.APIOpenAIChat, refusal{requestID: "x", rateLimitHeaders: true}))
+	_, h, _ = replyHeaders(t, immediateReply(d, llmapi.DialectOpenAI, refusal{requestID: "x", rateLimitHeaders: true}))
 	if _, ok := h["x-ratelimit-limit-tokens"]; ok {
 		t.Errorf("rate-limit headers on a 503: %v", h)
 	}
@@ -160,7 +160,7 @@ func TestRateLimitHeadersOnlyOn429sAndWhenEnabled(t *testing.T) {
 
 func TestBadRequestRefusalHasNoRetryHeaders(t *testing.T) {
 	d := policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonBadRequest}
-	status, h, body := replyHeaders(t, immediateReply(d, llmapi.APIAnthropicMessages, refusal{requestID: "id", noRetryAbove: time.Nanosecond, rateLimitHeaders: true}))
+	status, h, body := replyHeaders(t, immediateReply(d, llmapi.DialectAnthropic, refusal{requestID: "id", noRetryAbove: time.Nanosecond, rateLimitHeaders: true}))
 	for _, k := range []string{"retry-after", "retry-after-ms", "x-should-retry", "x-bulkhead-compartment"} {
 		if _, ok := h[k]; ok {
 			t.Errorf("bad_request has %s", k)

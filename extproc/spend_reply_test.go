@@ -26,7 +26,7 @@ func spendRefusal(t *testing.T) policy.Decision {
 func TestSpendRefusal(t *testing.T) {
 	d := spendRefusal(t)
 	r := refusal{requestID: "req-7", now: refusedAt, noRetryAbove: 10 * time.Second, rateLimitHeaders: true}
-	for _, api := range []llmapi.API{llmapi.APIOpenAIChat, llmapi.APIAnthropicMessages} {
+	for _, api := range []llmapi.Dialect{llmapi.DialectOpenAI, llmapi.DialectAnthropic} {
 		status, h, body := replyHeaders(t, immediateReply(d, api, r))
 		if status != 429 {
 			t.Errorf("%v: status %d", api, status)
@@ -54,7 +54,7 @@ func TestSpendRefusal(t *testing.T) {
 		}
 		e := raw["error"].(map[string]any)
 		wantType := "insufficient_quota"
-		if api.Anthropic() {
+		if api == llmapi.DialectAnthropic {
 			wantType = "rate_limit_error"
 		}
 		if e["type"] != wantType || !strings.Contains(e["message"].(string), "Spend budget of tenant/acme is used up until 2026-06-01T22:00:00Z") {

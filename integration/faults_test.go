@@ -212,7 +212,7 @@ func plan(rng *rand.Rand) faultCase {
 		ending:   faultEndings[rng.IntN(len(faultEndings))],
 		graceful: rng.IntN(2) == 0,
 	}
-	c.stream = c.api.stream && rng.IntN(3) > 0
+	c.stream = c.api.stream && (rng.IntN(3) > 0 || c.api.onlyStream)
 	return c
 }
 
@@ -223,7 +223,7 @@ func (c faultCase) request(s *harness.Stack) (*envoysim.Request, envoysim.Upstre
 	h = append(h, c.faults...)
 	filter := s.Filter
 	filter.GracefulClose = c.graceful
-	req := &envoysim.Request{Method: "POST", Path: c.api.path, Headers: h, Body: []byte(c.api.body(c.stream)), Filter: &filter}
+	req := &envoysim.Request{Method: "POST", Path: c.api.pathFor(c.stream), Headers: h, Body: []byte(c.api.body(c.stream)), Filter: &filter}
 	var up envoysim.Upstream = s.Upstream
 	switch c.ending {
 	case "cancel_before_headers_reply":

@@ -2,12 +2,14 @@ package integration_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/mockllm/mock"
+	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
 )
@@ -39,6 +41,45 @@ compartments:
   - {name: feature, key: [feature], limits_from: feature}
 `
 
+// skipNearMidnight skips a test of chat's daily budget that could run over midnight UTC, when
+// the budget resets.
+func skipNearMidnight(t *testing.T) {
+	t.Helper()
+	if now := time.Now().UTC(); now.Add(2*time.Minute).Day() != now.Day() {
+		t.Skip("too close to midnight UTC: chat's daily spend budget would reset during the test")
+	}
+}
+
+// spendFleet is a Redis server and the mock LLM for replicas sharing spend budgets.
+type spendFleet struct {
+	rd *redistest.Server
+	up *envoysim.HTTPUpstream
+}
+
+func newSpendFleet(t *testing.T) spendFleet {
+	t.Helper()
+	return spendFleet{rd: redistest.Standalone(t), up: startMockLLM(t, mock.Options{TimeScale: 0.01})}
+}
+
+// start starts one replica per id serving policy with cfg's cluster section (its address set
+// to the fleet's Redis, and cluster.timeout to timeout unless 0) and the mode's lines.
+func (f spendFleet) start(t *testing.T, policy string, cfg clusterConfig, timeout time.Duration, modeYAML string, ids ...string) []*harness.Replica {
+	t.Helper()
+	cfg.addrs = []string{f.rd.Addr()}
+	cl := cfg.yaml()
+	if timeout > 0 {
+		cl = strings.Replace(cl, "timeout: 1s", "timeout: "+timeout.String(), 1)
+	}
+	return startReplicas(t, writePolicy(t, policy+cl+modeYAML), ids...)
+}
+
+// startSpendFleet starts a spend fleet and its replicas serving spendClusterPolicy.
+func startSpendFleet(t *testing.T, cfg clusterConfig, modeYAML string, ids ...string) (*redistest.Server, *envoysim.HTTPUpstream, []*harness.Replica) {
+	t.Helper()
+	f := newSpendFleet(t)
+	return f.rd, f.up, f.start(t, spendClusterPolicy, cfg, 0, modeYAML, ids...)
+}
+
 // chatDay is the key of chat's daily spend window in Redis, for the day now falls in (UTC).
 func chatDay(prefix string, now time.Time) string {
 	start := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
@@ -47,12 +88,12 @@ func chatDay(prefix string, now time.Time) string {
 
 // expectedOutcomes is what n requests, one after the other, each reserving reserve and settling
 // at cost, get from a budget of limit: admitted while what is spent leaves room for the
-// reservation (or nothing is spent yet), then refused with spend_budget.
+// reservation, then refused with spend_budget.
 func expectedOutcomes(n int, limit, reserve, cost float64) string {
 	out := make([]string, n)
 	used := 0.0
 	for i := range out {
-		if used == 0 || used+reserve <= limit+1e-9 {
+		if used+reserve <= limit+1e-9 {
 			out[i] = "200 "
 			used += cost
 		} else {
@@ -74,103 +115,318 @@ func reservedEach(t *testing.T, r *harness.Replica, admitted int) float64 {
 // process would, whichever replica each request reaches. Both replicas then report the same
 // spend, and Redis holds it.
 func TestClusterSharedSpendBudget(t *testing.T) {
-	if now := time.Now().UTC(); now.Add(2*time.Minute).Day() != now.Day() {
-		t.Skip("too close to midnight UTC: chat's daily spend budget would reset during the test")
-	}
-	rd := redistest.Standalone(t)
-	up := startMockLLM(t, mock.Options{TimeScale: 0.01})
-	cfg := clusterConfig{addrs: []string{rd.Addr()}, prefix: "spend"}
-	reps := startReplicas(t, writePolicy(t, spendClusterPolicy+cfg.yaml()), "spend-a", "spend-b")
+	skipNearMidnight(t)
+	eachSpendClusterMode(t, func(t *testing.T, mode, modeYAML string) {
+		prefix := "spend-" + mode
+		rd, up, reps := startSpendFleet(t, clusterConfig{prefix: prefix}, modeYAML, "spend-a", "spend-b")
 
-	var got []string
-	for i := range 8 {
-		r := reps[i%2]
-		res, err := r.Do(context.Background(), pricedChat(), up)
-		if err != nil {
-			t.Fatalf("request %d on %s: %v", i+1, r.Name, err)
+		var got []string
+		for i := range 8 {
+			r := reps[i%2]
+			res, err := r.Do(context.Background(), pricedChat(), up)
+			if err != nil {
+				t.Fatalf("request %d on %s: %v", i+1, r.Name, err)
+			}
+			got = append(got, fmt.Sprintf("%d %s", res.Status, header(res, "x-bulkhead-reason")))
+			// Settlements reach Redis in the background: wait for this one before the next.
+			if res.Status == 200 {
+				want := float64(strings.Count(strings.Join(got, ","), "200")) * chatCost
+				clusterWait(t, fmt.Sprintf("$%.2f settled in Redis", want), func() bool {
+					return near(replicaMetric(t, reps[(i+1)%2], "llm_bulkhead_spend_budget_used", "compartment", "feature/chat", "period", "day"), want)
+				})
+			}
 		}
-		got = append(got, fmt.Sprintf("%d %s", res.Status, header(res, "x-bulkhead-reason")))
-		// Settlements reach Redis in the background: wait for this one before the next.
-		if res.Status == 200 {
-			want := float64(strings.Count(strings.Join(got, ","), "200")) * chatCost
-			clusterWait(t, fmt.Sprintf("$%.2f settled in Redis", want), func() bool {
-				return near(replicaMetric(t, reps[(i+1)%2], "llm_bulkhead_spend_budget_used", "compartment", "feature/chat", "period", "day"), want)
-			})
+		admitted := strings.Count(strings.Join(got, ","), "200")
+		reserve := reservedEach(t, reps[0], (admitted+1)/2)
+		if reserve < chatCost || reserve > 0.5 {
+			t.Fatalf("each request reserved $%v: want its worst case, more than its $%.2f cost", reserve, chatCost)
 		}
-	}
-	admitted := strings.Count(strings.Join(got, ","), "200")
-	reserve := reservedEach(t, reps[0], (admitted+1)/2)
-	if reserve < chatCost || reserve > 0.5 {
-		t.Fatalf("each request reserved $%v: want its worst case, more than its $%.2f cost", reserve, chatCost)
-	}
-	if want := expectedOutcomes(8, 1.00, reserve, chatCost); strings.Join(got, ",") != want {
-		t.Fatalf("outcomes %q, want %q (reserving $%v each)", strings.Join(got, ","), want, reserve)
-	}
-	t.Logf("outcomes %q, reserving $%v each", strings.Join(got, ","), reserve)
-	if admitted < 2 || admitted == 8 {
-		t.Fatalf("%d of 8 admitted: the test must reach the budget with both replicas", admitted)
-	}
-	used := float64(admitted) * chatCost
-	for _, r := range reps {
-		if v := replicaMetric(t, r, "llm_bulkhead_spend_budget_used", "compartment", "feature/chat", "period", "day"); !near(v, used) {
-			t.Errorf("%s reports $%v used, want $%.2f", r.Name, v, used)
+		if want := expectedOutcomes(8, 1.00, reserve, chatCost); strings.Join(got, ",") != want {
+			t.Fatalf("outcomes %q, want %q (reserving $%v each)", strings.Join(got, ","), want, reserve)
 		}
-	}
-	spent, err := rd.Do("HGET", chatDay("spend", time.Now().UTC()), "s")
-	if want := fmt.Sprint(admitted * 150000); err != nil || spent != want {
-		t.Errorf("Redis holds %q micro-units spent (%v), want %s", spent, err, want)
-	}
-	if ttl, err := rd.Do("PTTL", chatDay("spend", time.Now().UTC())); err != nil || strings.HasPrefix(ttl, "-") {
-		t.Errorf("the window's key has no expiry: PTTL %q (%v)", ttl, err)
-	}
+		t.Logf("outcomes %q, reserving $%v each", strings.Join(got, ","), reserve)
+		if admitted < 2 || admitted == 8 {
+			t.Fatalf("%d of 8 admitted: the test must reach the budget with both replicas", admitted)
+		}
+		used := float64(admitted) * chatCost
+		for _, r := range reps {
+			if v := replicaMetric(t, r, "llm_bulkhead_spend_budget_used", "compartment", "feature/chat", "period", "day"); !near(v, used) {
+				t.Errorf("%s reports $%v used, want $%.2f", r.Name, v, used)
+			}
+		}
+		spent, err := rd.Do("HGET", chatDay(prefix, time.Now().UTC()), "s")
+		if want := fmt.Sprint(admitted * 150000); err != nil || spent != want {
+			t.Errorf("Redis holds %q micro-units spent (%v), want %s", spent, err, want)
+		}
+		if ttl, err := rd.Do("PTTL", chatDay(prefix, time.Now().UTC())); err != nil || strings.HasPrefix(ttl, "-") {
+			t.Errorf("the window's key has no expiry: PTTL %q (%v)", ttl, err)
+		}
+
+	})
 }
 
 // TestClusterSpendWithoutRedis: with Redis gone, on_unavailable: local enforces this replica's
-// share of the spend budget (half of $1.00 with two replicas), and closed refuses every request.
+// share of the spend budget (half of $1.00 with two replicas) and closed refuses every request.
+// When Redis is back (restarted empty) what the replica spent on its own is added to it, so the
+// other replica counts it too and the budget is not spent twice.
 func TestClusterSpendWithoutRedis(t *testing.T) {
-	if now := time.Now().UTC(); now.Add(2*time.Minute).Day() != now.Day() {
-		t.Skip("too close to midnight UTC: chat's daily spend budget would reset during the test")
-	}
-	rd := redistest.Standalone(t)
-	up := startMockLLM(t, mock.Options{TimeScale: 0.01})
-	cfg := clusterConfig{addrs: []string{rd.Addr()}, leaseTTL: 2 * time.Second, heartbeat: 250 * time.Millisecond}
-	cfg.prefix, cfg.onUnavailable = "spend-local", "local"
-	local := startReplicas(t, writePolicy(t, spendClusterPolicy+cfg.yaml()), "local-a", "local-b")
-	cfg.prefix, cfg.onUnavailable = "spend-closed", "closed"
-	closed := startReplicas(t, writePolicy(t, spendClusterPolicy+cfg.yaml()), "closed-a")
+	skipNearMidnight(t)
+	eachSpendClusterMode(t, func(t *testing.T, mode, modeYAML string) {
+		f := newSpendFleet(t)
+		rd, up := f.rd, f.up
+		cfg := clusterConfig{leaseTTL: 2 * time.Second, heartbeat: 250 * time.Millisecond}
+		cfg.prefix, cfg.onUnavailable = "spend-local-"+mode, "local"
+		local := f.start(t, spendClusterPolicy, cfg, 0, modeYAML, "local-a", "local-b")
+		cfg.prefix, cfg.onUnavailable = "spend-closed-"+mode, "closed"
+		closed := f.start(t, spendClusterPolicy, cfg, 0, modeYAML, "closed-a")
 
-	rd.Kill()
-	for _, r := range append(local, closed...) {
-		clusterWait(t, r.Name+" to notice Redis is gone", func() bool { return replicaMetric(t, r, "llm_bulkhead_cluster_available") == 0 })
-	}
-	r := local[0]
-	clusterWait(t, r.Name+" to enforce its share", func() bool {
-		return near(replicaMetric(t, r, "llm_bulkhead_spend_budget_limit", "compartment", "feature/chat", "period", "day"), 0.5)
-	})
-	// Requests reserving about $0.20 and costing $0.15, against $0.50.
-	var got []string
-	for range 4 {
-		res, err := r.Do(context.Background(), pricedChat(), up)
+		rd.Kill()
+		for _, r := range append(local, closed...) {
+			clusterWait(t, r.Name+" to notice Redis is gone", func() bool { return replicaMetric(t, r, "llm_bulkhead_cluster_available") == 0 })
+		}
+		r := local[0]
+		if v := replicaSpend(t, r, "feature/chat", "day"); v.Local == nil || !near(v.Local.Limit, 0.5) || !near(v.Limit, 1) {
+			t.Fatalf("%s without Redis: %+v (local %+v), want the $1.00 budget and a local share of $0.50", r.Name, v, v.Local)
+		}
+		// Requests reserving about $0.20 and costing $0.15, against $0.50.
+		var got []string
+		for range 4 {
+			res, err := r.Do(context.Background(), pricedChat(), up)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, fmt.Sprintf("%d %s", res.Status, header(res, "x-bulkhead-reason")))
+		}
+		admitted := strings.Count(strings.Join(got, ","), "200")
+		reserve := reservedEach(t, r, admitted)
+		t.Logf("%s without Redis: %q, reserving $%v each", r.Name, strings.Join(got, ","), reserve)
+		if want := expectedOutcomes(4, 0.50, reserve, chatCost); strings.Join(got, ",") != want || admitted == 4 {
+			t.Errorf("%s without Redis: %q, want %q (its half of the budget, reserving $%v each)", r.Name, strings.Join(got, ","), want, reserve)
+		}
+		if v := replicaMetric(t, r, "llm_bulkhead_spend_store_fallbacks_total"); v < float64(admitted) {
+			t.Errorf("spend reservations made locally: %v, want at least %d", v, admitted)
+		}
+		spentHere := float64(admitted) * chatCost
+		if v := replicaMetric(t, r, "llm_bulkhead_spend_local_pending"); !near(v, spentHere) {
+			t.Errorf("%s: $%v pending for Redis, want the $%.2f it spent", r.Name, v, spentHere)
+		}
+
+		res, err := closed[0].Do(context.Background(), pricedChat(), up)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got = append(got, fmt.Sprintf("%d %s", res.Status, header(res, "x-bulkhead-reason")))
-	}
-	admitted := strings.Count(strings.Join(got, ","), "200")
-	reserve := reservedEach(t, r, admitted)
-	t.Logf("%s without Redis: %q, reserving $%v each", r.Name, strings.Join(got, ","), reserve)
-	if want := expectedOutcomes(4, 0.50, reserve, chatCost); strings.Join(got, ",") != want || admitted == 4 {
-		t.Errorf("%s without Redis: %q, want %q (its half of the budget, reserving $%v each)", r.Name, strings.Join(got, ","), want, reserve)
-	}
-	if v := replicaMetric(t, r, "llm_bulkhead_spend_store_fallbacks_total"); v < float64(admitted) {
-		t.Errorf("spend reservations made locally: %v, want at least %d", v, admitted)
-	}
+		if res.Status != 503 || header(res, "x-bulkhead-reason") != "cluster_unavailable" {
+			t.Errorf("closed replica without Redis answered %d %s, want 503 cluster_unavailable", res.Status, header(res, "x-bulkhead-reason"))
+		}
 
-	res, err := closed[0].Do(context.Background(), pricedChat(), up)
-	if err != nil {
+		// Redis comes back empty: the spend counted locally is added to it, once.
+		rd.Restart()
+		for _, x := range local {
+			clusterWait(t, x.Name+" to see the spend made without Redis", func() bool {
+				v := replicaSpend(t, x, "feature/chat", "day")
+				return replicaMetric(t, x, "llm_bulkhead_cluster_available") == 1 && near(v.Spent, spentHere) && v.Reserved == 0
+			})
+		}
+		if spent, err := rd.Do("HGET", chatDay("spend-local-"+mode, time.Now().UTC()), "s"); err != nil || spent != fmt.Sprint(int(spentHere*1e6+0.5)) {
+			t.Errorf("Redis holds %q micro-units spent (%v), want the $%.2f spent without it", spent, err, spentHere)
+		}
+		if v := replicaMetric(t, r, "llm_bulkhead_spend_local_pending"); v != 0 {
+			t.Errorf("$%v still pending once Redis is back", v)
+		}
+	})
+}
+
+// spendClusterModes are the cluster admission modes spend budgets are tested in, each with the
+// lines it adds to a policy's cluster section (exact, the default, adds none).
+var spendClusterModes = []struct{ name, yaml string }{{"exact", ""}}
+
+// eachSpendClusterMode runs f once per cluster admission mode, as a subtest named after it, with
+// the mode's lines for the cluster section.
+func eachSpendClusterMode(t *testing.T, f func(t *testing.T, mode, modeYAML string)) {
+	for _, m := range spendClusterModes {
+		t.Run(m.name, func(t *testing.T) { f(t, m.name, m.yaml) })
+	}
+}
+
+// dollarPolicy gives chat $10 an hour at $1 an output token (prompts are free), for requests
+// asking for one token: each reserves and costs exactly $1.
+const dollarPolicy = `
+envoy: {max_message_timeout: 30s}
+classification:
+  feature: {rules: [{header: x-llm-feature}]}
+  provider: {default: p}
+  model: {rules: [{body: model}]}
+models:
+  - {match: "*", provider: p}
+prices:
+  - {match: default, input_per_mtok: 0, output_per_mtok: 1000000}
+features:
+  chat: {max_concurrent: 200, spend_per_hour: 10}
+  default: {max_concurrent: 10}
+providers:
+  p: {}
+compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+`
+
+// dollarChat asks for one output token: $1 at worst, and the mock LLM writes and reports one.
+func dollarChat() *envoysim.Request {
+	return &envoysim.Request{
+		Method: "POST", Path: "/v1/chat/completions",
+		Headers: envoysim.Headers{{Key: "content-type", Value: "application/json"}, {Key: "x-llm-feature", Value: "chat"},
+			{Key: mock.HeaderCompletionTokens, Value: "1"}},
+		Body: []byte(`{"model":"m-1","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`),
+	}
+}
+
+// spendView is one budget of a replica's GET /admin/spend.
+type spendView struct {
+	Budget, Period         string
+	Limit, Spent, Reserved float64
+	Local                  *struct{ Limit, Spent, Reserved, Pending float64 }
+}
+
+func replicaSpend(t *testing.T, r *harness.Replica, budget, period string) spendView {
+	t.Helper()
+	var out struct {
+		Budgets []struct {
+			Budget   string      `json:"budget"`
+			Period   string      `json:"period"`
+			Limit    json.Number `json:"limit"`
+			Spent    json.Number `json:"spent"`
+			Reserved json.Number `json:"reserved"`
+			Local    *struct {
+				Limit    json.Number `json:"limit"`
+				Spent    json.Number `json:"spent"`
+				Reserved json.Number `json:"reserved"`
+				Pending  json.Number `json:"pending"`
+			} `json:"local"`
+		} `json:"budgets"`
+	}
+	if err := r.Get("/admin/spend", &out); err != nil {
 		t.Fatal(err)
 	}
-	if res.Status != 503 || header(res, "x-bulkhead-reason") != "cluster_unavailable" {
-		t.Errorf("closed replica without Redis answered %d %s, want 503 cluster_unavailable", res.Status, header(res, "x-bulkhead-reason"))
+	f := func(n json.Number) float64 { v, _ := n.Float64(); return v }
+	for _, b := range out.Budgets {
+		if b.Budget == budget && b.Period == period {
+			v := spendView{Budget: b.Budget, Period: b.Period, Limit: f(b.Limit), Spent: f(b.Spent), Reserved: f(b.Reserved)}
+			if b.Local != nil {
+				v.Local = &struct{ Limit, Spent, Reserved, Pending float64 }{f(b.Local.Limit), f(b.Local.Spent), f(b.Local.Reserved), f(b.Local.Pending)}
+			}
+			return v
+		}
 	}
+	t.Fatalf("%s has no %s budget of %s", r.Name, period, budget)
+	return spendView{}
+}
+
+// TestClusterSpendTimeoutsAreNotFreeMoney: three replicas share chat's $10 an hour while Redis
+// answers, but too slowly for cluster.timeout (a CLIENT PAUSE as 60 requests arrive at once, 20
+// on each replica). A reservation that times out is decided on its replica only within its
+// share of what Redis last showed left ($10 ÷ 3: three $1 requests each), and everything spent
+// so reaches Redis once it answers: the fleet never admits more than the $10, every replica's
+// /admin/spend and Redis count every dollar, and the budget then refuses exactly as if every
+// reservation had been answered.
+func TestClusterSpendTimeoutsAreNotFreeMoney(t *testing.T) {
+	if now := time.Now(); now.Add(2*time.Minute).Hour() != now.Hour() {
+		t.Skip("too close to the end of the hour: chat's hourly spend budget would reset during the test")
+	}
+	eachSpendClusterMode(t, func(t *testing.T, mode, modeYAML string) {
+		fleet := newSpendFleet(t)
+		rd, up, prefix := fleet.rd, fleet.up, "timeouts-"+mode
+		cfg := clusterConfig{prefix: prefix, leaseTTL: 5 * time.Second, heartbeat: 250 * time.Millisecond}
+		// Reservations wait 50 ms for Redis: the pause below is far longer.
+		reps := fleet.start(t, dollarPolicy, cfg, 50*time.Millisecond, modeYAML, "money-a", "money-b", "money-c")
+
+		if _, err := rd.Do("CLIENT", "PAUSE", "1500", "ALL"); err != nil {
+			t.Fatal(err)
+		}
+		f := newFlight(60)
+		for i := range reps {
+			for range 20 {
+				f.send(reps, i, "burst", dollarChat(), up)
+			}
+		}
+		burst := 0
+		for _, o := range f.collect(t) {
+			if o.what() == "200" {
+				burst++
+			} else if o.what() != "429 spend_budget" {
+				t.Errorf("%s answered %s", reps[o.replica].Name, o.what())
+			}
+		}
+		fellBack := 0.0
+		for _, r := range reps {
+			fellBack += replicaMetric(t, r, "llm_bulkhead_spend_store_fallbacks_total")
+		}
+		if fellBack == 0 {
+			t.Fatal("no reservation timed out: the test did not exercise the fallback")
+		}
+		t.Logf("%d of 60 admitted while Redis was paused, %v reservations decided locally", burst, fellBack)
+		if burst > 9 {
+			t.Errorf("%d admitted while Redis did not answer: each replica's share is three $1 requests of $10", burst)
+		}
+		for _, r := range reps {
+			clusterWait(t, r.Name+" to add what it spent to Redis", func() bool {
+				return replicaMetric(t, r, "llm_bulkhead_spend_local_pending") == 0 && replicaMetric(t, r, "llm_bulkhead_cluster_available") == 1
+			})
+		}
+		hour := time.Now().UTC().Truncate(time.Hour).Unix()
+		key := fmt.Sprintf("{%s}:sp:feature/chat|hour|%d", prefix, hour)
+		clusterWait(t, "Redis to count every dollar spent", func() bool {
+			s, _ := rd.Do("HGET", key, "s")
+			r, _ := rd.Do("HGET", key, "r")
+			return s == fmt.Sprint(burst*1_000_000) && (r == "0" || r == "")
+		})
+		local := 0.0
+		for _, r := range reps {
+			v := replicaSpend(t, r, "feature/chat", "hour")
+			if !near(v.Spent, float64(burst)) || v.Reserved != 0 || v.Local == nil || v.Local.Pending != 0 || v.Local.Spent > 10.0/3 {
+				t.Errorf("%s /admin/spend: %+v (local %+v), want $%d spent, at most $3.33 of it counted locally, nothing pending", r.Name, v, v.Local, burst)
+			}
+			if v.Local != nil {
+				local += v.Local.Spent
+			}
+		}
+		if !near(local, float64(burst)) {
+			t.Errorf("replicas counted $%v locally, want the $%d admitted while Redis was paused", local, burst)
+		}
+		// Redis answers again: the budget admits what is left of the $10, then refuses.
+		var after []string
+		for i := range 12 {
+			res, err := reps[i%3].Do(context.Background(), dollarChat(), up)
+			if err != nil {
+				t.Fatal(err)
+			}
+			after = append(after, fmt.Sprintf("%d %s", res.Status, header(res, "x-bulkhead-reason")))
+		}
+		if n := strings.Count(strings.Join(after, ","), "200"); burst+n != 10 {
+			t.Errorf("after the pause %d more admitted (%q): the fleet admitted $%d of $10", n, strings.Join(after, ","), burst+n)
+		}
+	})
+}
+
+// TestClusterSpendRequestLargerThanBudget: in cluster mode too, a request whose worst case is
+// more than the whole budget ($2.10 against chat's $1.00 a day) is refused by a window nothing
+// was spent in, whichever replica it reaches, and charges nothing.
+func TestClusterSpendRequestLargerThanBudget(t *testing.T) {
+	skipNearMidnight(t)
+	eachSpendClusterMode(t, func(t *testing.T, mode, modeYAML string) {
+		prefix := "spend-large-" + mode
+		rd, up, reps := startSpendFleet(t, clusterConfig{prefix: prefix}, modeYAML, "large-a", "large-b")
+		for _, r := range reps {
+			req := pricedChat()
+			req.Body = []byte(strings.Replace(string(req.Body), `"max_tokens":100`, `"max_tokens":2000`, 1))
+			res, err := r.Do(context.Background(), req, up)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Status != 429 || header(res, "x-bulkhead-reason") != "spend_budget" || !strings.Contains(string(res.Body), "more than the whole spend budget") {
+				t.Errorf("%s: %d %s %s, want 429 spend_budget saying the request is larger than the budget", r.Name, res.Status, header(res, "x-bulkhead-reason"), res.Body)
+			}
+		}
+		if n, err := rd.Do("EXISTS", chatDay(prefix, time.Now().UTC())); err != nil || n != "0" {
+			t.Errorf("the refused requests created chat's window in Redis (EXISTS %q, %v)", n, err)
+		}
+	})
 }

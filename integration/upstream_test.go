@@ -45,9 +45,24 @@ func streamRequest(api, provider string) *envoysim.Request {
 			{Key: "x-llm-provider", Value: provider}},
 		Body: []byte(`{"model":"m","max_tokens":8,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hello there"}]}`),
 	}
-	if api == "anthropic" {
+	switch api {
+	case "anthropic":
 		req.Path = "/v1/messages"
 		req.Body = []byte(`{"model":"claude","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hello there"}]}`)
+	case "azure":
+		req.Path = "/openai/deployments/prod/chat/completions?api-version=2024-10-21"
+		req.Body = []byte(`{"max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hello there"}]}`)
+	case "gemini", "gemini-array", "gemini-json":
+		req.Path = map[string]string{"gemini": "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
+			"gemini-array": "/v1beta/models/gemini-2.5-flash:streamGenerateContent",
+			"gemini-json":  "/v1beta/models/gemini-2.5-flash:generateContent"}[api]
+		req.Body = []byte(geminiChat)
+	case "bedrock":
+		req.Path = bedrockClaude + "/converse-stream"
+		req.Body = []byte(converseChat)
+	case "bedrock-invoke":
+		req.Path = bedrockClaude + "/invoke-with-response-stream"
+		req.Body = []byte(invokeChat)
 	}
 	return req
 }
@@ -149,8 +164,10 @@ func TestSlowFirstTokenOpensBreaker(t *testing.T) {
 }
 
 // TestStreamErrorsOpenBreaker: a provider that answers 200 and then streams an overloaded
-// error (OpenAI's error chunk, Anthropic's error event) fails its calls and its breaker opens;
-// rate-limit error events count like a 429, neutral by default, and leave it closed.
+// error (OpenAI's and Azure's error chunk, Anthropic's error event, Google's error object in
+// SSE, in a streamed JSON array or as a whole body, an AWS exception in Bedrock's event
+// stream) fails its calls and its breaker opens; rate-limit errors count like a 429, neutral
+// by default, and leave it closed.
 func TestStreamErrorsOpenBreaker(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -162,6 +179,17 @@ func TestStreamErrorsOpenBreaker(t *testing.T) {
 		{"anthropic overloaded", "anthropic", 529, true},
 		{"openai rate limited", "openai", 429, false},
 		{"anthropic rate limited", "anthropic", 429, false},
+		{"azure overloaded", "azure", 503, true},
+		{"azure rate limited", "azure", 429, false},
+		{"gemini sse overloaded", "gemini", 503, true},
+		{"gemini sse rate limited", "gemini", 429, false},
+		{"gemini array overloaded", "gemini-array", 500, true},
+		{"gemini array rate limited", "gemini-array", 429, false},
+		{"gemini json overloaded", "gemini-json", 503, true},
+		{"bedrock converse overloaded", "bedrock", 503, true},
+		{"bedrock converse throttled", "bedrock", 429, false},
+		{"bedrock invoke failed", "bedrock-invoke", 500, true},
+		{"bedrock invoke throttled", "bedrock-invoke", 429, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

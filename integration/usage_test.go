@@ -25,24 +25,63 @@ type apiCase struct {
 	path   string
 	body   func(stream bool) string
 	stream bool // the API supports streaming
+	// streamPath, when set, is the path of the streamed call: Gemini and Bedrock name a
+	// streaming method in the path, not in the body.
+	streamPath string
+	// onlyStream: the path streams whatever the body says (Gemini's streamGenerateContent
+	// without alt=sse, a streamed JSON array).
+	onlyStream bool
 }
 
+// pathFor is the path of a call, streamed or not.
+func (a apiCase) pathFor(stream bool) string {
+	if stream && a.streamPath != "" {
+		return a.streamPath
+	}
+	return a.path
+}
+
+const (
+	geminiChat    = `{"contents":[{"role":"user","parts":[{"text":"Why do ships have bulkheads? Keep it short."}]}],"systemInstruction":{"parts":[{"text":"Be brief."}]},"generationConfig":{"maxOutputTokens":14}}`
+	converseChat  = `{"messages":[{"role":"user","content":[{"text":"Why do ships have bulkheads?"}]}],"system":[{"text":"Be brief."}],"inferenceConfig":{"maxTokens":10}}`
+	invokeChat    = `{"anthropic_version":"bedrock-2023-05-31","max_tokens":8,"system":"Be brief.","messages":[{"role":"user","content":"Why do ships have bulkheads?"}]}`
+	bedrockClaude = "/model/anthropic.claude-3-5-haiku-20241022-v1%3A0"
+)
+
 var apis = []apiCase{
-	{"openai.chat", "/v1/chat/completions", func(s bool) string {
+	{name: "openai.chat", path: "/v1/chat/completions", body: func(s bool) string {
 		return fmt.Sprintf(`{"model":"gpt-4o-mini","stream":%v,"max_tokens":12,"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Summarise the incident of the batch export that filled the pool."}]}`, s)
-	}, true},
-	{"openai.completions", "/v1/completions", func(s bool) string {
+	}, stream: true},
+	{name: "openai.completions", path: "/v1/completions", body: func(s bool) string {
 		return fmt.Sprintf(`{"model":"gpt-3.5-turbo-instruct","stream":%v,"max_tokens":9,"prompt":"Once upon a time, a batch export"}`, s)
-	}, true},
-	{"openai.embeddings", "/v1/embeddings", func(bool) string {
+	}, stream: true},
+	{name: "openai.embeddings", path: "/v1/embeddings", body: func(bool) string {
 		return `{"model":"text-embedding-3-small","input":["bulkheads keep compartments apart","tokens are not requests"]}`
-	}, false},
-	{"openai.responses", "/v1/responses", func(s bool) string {
+	}},
+	{name: "openai.responses", path: "/v1/responses", body: func(s bool) string {
 		return fmt.Sprintf(`{"model":"gpt-4o-mini","stream":%v,"max_output_tokens":11,"instructions":"Answer in one line.","input":"What is a bulkhead?"}`, s)
-	}, true},
-	{"anthropic.messages", "/v1/messages", func(s bool) string {
+	}, stream: true},
+	{name: "anthropic.messages", path: "/v1/messages", body: func(s bool) string {
 		return fmt.Sprintf(`{"model":"claude-sonnet-4","stream":%v,"max_tokens":13,"system":"Be brief.","messages":[{"role":"user","content":[{"type":"text","text":"Why do ships have bulkheads?"}]}]}`, s)
-	}, true},
+	}, stream: true},
+	{name: "azure.deployment.chat", path: "/openai/deployments/prod-gpt-4o/chat/completions?api-version=2024-10-21", body: func(s bool) string {
+		return fmt.Sprintf(`{"stream":%v,"max_tokens":12,"messages":[{"role":"user","content":"Summarise the incident of the batch export."}]}`, s)
+	}, stream: true},
+	{name: "azure.v1.completions", path: "/openai/v1/completions", body: func(s bool) string {
+		return fmt.Sprintf(`{"model":"gpt-35-turbo-instruct","stream":%v,"max_tokens":9,"prompt":["Once upon a time","a batch export"],"n":2}`, s)
+	}, stream: true},
+	{name: "gemini.generate_content", path: "/v1beta/models/gemini-2.5-flash:generateContent",
+		streamPath: "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse",
+		body:       func(bool) string { return geminiChat }, stream: true},
+	{name: "gemini.stream_array", path: "/v1beta/models/gemini-2.5-pro:streamGenerateContent",
+		body: func(bool) string { return geminiChat }, stream: true, onlyStream: true},
+	{name: "gemini.embed_content", path: "/v1beta/models/text-embedding-004:embedContent", body: func(bool) string {
+		return `{"content":{"parts":[{"text":"bulkheads keep compartments apart"}]}}`
+	}},
+	{name: "bedrock.converse", path: bedrockClaude + "/converse", streamPath: bedrockClaude + "/converse-stream",
+		body: func(bool) string { return converseChat }, stream: true},
+	{name: "bedrock.invoke", path: bedrockClaude + "/invoke", streamPath: bedrockClaude + "/invoke-with-response-stream",
+		body: func(bool) string { return invokeChat }, stream: true},
 }
 
 func metadataNumber(t *testing.T, r *envoysim.Result, key string) float64 {
@@ -87,7 +126,7 @@ func TestUsageForEveryAPI(t *testing.T) {
 	ctx := context.Background()
 	for _, api := range apis {
 		for _, stream := range []bool{false, true} {
-			if stream && !api.stream {
+			if (stream && !api.stream) || (!stream && api.onlyStream) {
 				continue
 			}
 			mode := "json"
@@ -96,7 +135,7 @@ func TestUsageForEveryAPI(t *testing.T) {
 			}
 			req := func(extra ...envoysim.Header) *envoysim.Request {
 				h := append(envoysim.Headers{{Key: "content-type", Value: "application/json"}}, extra...)
-				return &envoysim.Request{Method: "POST", Path: api.path, Headers: h, Body: []byte(api.body(stream))}
+				return &envoysim.Request{Method: "POST", Path: api.pathFor(stream), Headers: h, Body: []byte(api.body(stream))}
 			}
 			t.Run(api.name+"/"+mode+"/normal", func(t *testing.T) {
 				before := budgetUsed(t, s)

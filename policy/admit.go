@@ -91,6 +91,9 @@ type Decision struct {
 	Limits RefusalLimits
 	// SpendReset is when the refusing spend budget's window ends (a spend_budget refusal).
 	SpendReset time.Time
+	// SpendOverLimit says the request's worst-case cost is more than the refusing spend
+	// budget's whole limit: it would be refused even by an untouched window.
+	SpendOverLimit bool
 }
 
 // Err returns nil for an admission, else an error wrapping the reason's sentinel.
@@ -149,6 +152,9 @@ func (d Decision) Message() string {
 	case ReasonClusterUnavailable:
 		return fmt.Sprintf("The service cannot check its shared limits right now. Retry after %d %s.", secs, unit)
 	case ReasonSpendBudget:
+		if d.SpendOverLimit {
+			return fmt.Sprintf("The worst-case cost of this request is more than the whole spend budget of %s: ask for fewer output tokens (max_tokens).", d.Compartment)
+		}
 		return fmt.Sprintf("Spend budget of %s is used up until %s. Retry after %d %s.", d.Compartment, d.SpendReset.UTC().Format(time.RFC3339), secs, unit)
 	}
 	return fmt.Sprintf("Compartment %s is at capacity. Retry after %d %s.", d.Compartment, secs, unit)
@@ -736,6 +742,9 @@ type Usage struct {
 	PromptKnown bool
 	// ContentBytes is the generated text seen, for a partial estimate when usage is unknown.
 	ContentBytes int64
+	// AudioMillis is the audio the response reported it was billed for by duration, in
+	// milliseconds (0: none reported), priced per second.
+	AudioMillis int64
 }
 
 // Settled is how a finished request was charged.
@@ -891,9 +900,7 @@ func (t *Ticket) Done(o Outcome) (settled Settled) {
 // logClamp logs a clamped settlement, at most once a minute: one response claiming absurd usage
 // is worth a line, a provider doing it on every response is what the metric is for.
 func (e *Engine) logClamp(feature, model string, u Usage, est Estimate) {
-	now := e.clock.Now().UnixNano()
-	last := e.clampLoggedAt.Load()
-	if last != 0 && now-last < int64(time.Minute) || !e.clampLoggedAt.CompareAndSwap(last, now) {
+	if !e.logDue(&e.clampLoggedAt) {
 		return
 	}
 	e.log.Warn("reported usage is more than the request could cost; settled at the bound (further cases this minute are only counted in llm_bulkhead_usage_clamped_total)",

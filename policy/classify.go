@@ -36,6 +36,9 @@ type Dims struct {
 	modelGroup int
 }
 
+// dimNames are the dimensions' names in the policy, by dim.
+var dimNames = [numDims]string{config.DimFeature, config.DimTenant, config.DimTier, config.DimProvider, config.DimModel}
+
 type ruleKind uint8
 
 const (
@@ -112,19 +115,21 @@ func compileDimension(d config.Dimension, fold bool) dimension {
 	return out
 }
 
-// normalise trims and (for folded dimensions) lower-cases v. Neither allocates when v is
-// already in normal form.
-func (d *dimension) normalise(v string) string {
-	v = strings.TrimSpace(v)
-	if d.fold {
-		v = strings.ToLower(v)
-	}
-	return v
+// invalidValue is a value a rule read that cannot be a dimension's value (config.CheckIdentity):
+// the rule is skipped as if it had read nothing.
+type invalidValue struct {
+	// rule is the index of the rule that read it; -1 when every value was valid.
+	rule int
+	// err says what is wrong with it.
+	err error
 }
 
 // eval returns the first rule value that passes accept, or the default; unknown counts values
-// rejected by accept.
-func (d *dimension) eval(in Input, c *classifier, dims *Dims, accept func(string) bool) (v string, unknown int) {
+// rejected by accept. A value is trimmed, checked (config.CheckIdentity: one that could not be
+// written into a header is skipped and reported in bad), lower-cased for folded dimensions,
+// then mapped. Nothing allocates for values already in normal form.
+func (d *dimension) eval(in Input, c *classifier, dims *Dims, accept func(string) bool) (v string, unknown int, bad invalidValue) {
+	bad.rule = -1
 	for i := range d.rules {
 		r := &d.rules[i]
 		var got string
@@ -149,29 +154,70 @@ func (d *dimension) eval(in Input, c *classifier, dims *Dims, accept func(string
 			got, found = in.Attribute(r.name)
 		case ruleTenantDirectory:
 			if t, ok := c.tenantTier[dims.Tenant]; ok {
-				return c.tiers[t], unknown
+				return c.tiers[t], unknown, bad
 			}
 		case ruleModelMap:
 			if p := c.providerForModel(dims.Model); p >= 0 {
-				return c.providers[p], unknown
+				return c.providers[p], unknown, bad
 			}
 		}
 		if !found {
 			continue
 		}
-		got = d.normalise(got)
+		got = strings.TrimSpace(got)
 		if got == "" {
+			continue
+		}
+		err := config.CheckIdentity(got)
+		if err == nil && d.fold {
+			got = strings.ToLower(got)
+			// Lower-casing keeps UTF-8 valid and adds no control character, but some runes
+			// lengthen.
+			if len(got) > config.MaxIdentityBytes {
+				err = config.CheckIdentity(got)
+			}
+		}
+		if err != nil {
+			if bad.rule < 0 {
+				bad = invalidValue{rule: i, err: err}
+			}
 			continue
 		}
 		if mapped, ok := r.mapping[got]; ok {
 			got = mapped
 		}
 		if accept == nil || accept(got) {
-			return got, unknown
+			return got, unknown, bad
 		}
 		unknown++
 	}
-	return d.def, unknown
+	return d.def, unknown, bad
+}
+
+// dimension returns the compiled rules of dimension dim (dimFeature…).
+func (c *classifier) dimension(d dim) *dimension {
+	return [numDims]*dimension{&c.feature, &c.tenant, &c.tier, &c.provider, &c.model}[d]
+}
+
+// source describes where r reads its value, for log lines.
+func (r *rule) source() string {
+	switch r.kind {
+	case ruleHeader:
+		return "header " + r.name
+	case rulePathPrefix:
+		return "path_prefix " + r.prefix
+	case rulePathRegex:
+		return "path_regex " + r.re.String()
+	case ruleBody:
+		return "body " + r.name
+	case ruleMetadata:
+		return "metadata " + r.ns + " " + strings.Join(r.key, ".")
+	case ruleAttribute:
+		return "attribute " + r.name
+	case ruleTenantDirectory:
+		return "tenant_directory"
+	}
+	return "model_map"
 }
 
 func (c *classifier) providerForModel(model string) int {

@@ -86,6 +86,8 @@ type Engine struct {
 	afterBuildStep func(step string) error
 	// clampLoggedAt is when a clamped settlement was last logged (Unix nanoseconds).
 	clampLoggedAt atomic.Int64
+	// invalidLoggedAt is when a classification value that cannot be used was last logged.
+	invalidLoggedAt atomic.Int64
 	// breakerLogs rate-limits each breaker's log lines.
 	breakerLogs breakerLogs
 	// cluster is the shared state of cluster mode (nil without one).
@@ -125,6 +127,14 @@ func NewEngine(p *config.Policy, o Options) (*Engine, error) {
 	return e, nil
 }
 
+// logDue reports whether a line of a kind logged at most once a minute may be written now: at
+// holds when one was last written (Unix nanoseconds, 0 for never) and is set to now when so.
+func (e *Engine) logDue(at *atomic.Int64) bool {
+	now := e.clock.Now().UnixNano()
+	last := at.Load()
+	return (last == 0 || now-last >= int64(time.Minute)) && at.CompareAndSwap(last, now)
+}
+
 // Close disconnects from the shared state (giving this replica's slots back at once); ctx
 // bounds it. Without a cluster it does nothing.
 func (e *Engine) Close(ctx context.Context) error { return e.closeCluster(ctx) }
@@ -145,9 +155,13 @@ func (e *Engine) SystemClock() bool {
 	return ok
 }
 
-// Diff summarises what a reload changed, by compartment instance name.
+// Diff summarises what a reload changed, by compartment instance name, and the policy-wide
+// settings of spend budgets that changed (time_zone, currency, spend.allow_single_overrun).
 type Diff struct {
 	Added, Removed, Changed []string
+	// Settings describes each policy-wide setting that changed, e.g. "time_zone UTC →
+	// Asia/Kathmandu (spend carried into 2 windows of the new zone)".
+	Settings []string
 }
 
 // String formats the diff as one log-friendly line.
@@ -158,7 +172,11 @@ func (d Diff) String() string {
 		}
 		return label + ": " + strings.Join(names, ", ")
 	}
-	return part("added", d.Added) + "; " + part("removed", d.Removed) + "; " + part("changed", d.Changed)
+	out := part("added", d.Added) + "; " + part("removed", d.Removed) + "; " + part("changed", d.Changed)
+	if len(d.Settings) > 0 {
+		out += "; " + part("settings", d.Settings)
+	}
+	return out
 }
 
 // Apply builds a snapshot for p aside and swaps it in atomically. State (in-flight counts,
@@ -254,7 +272,33 @@ func diffSnapshots(prev, next *Snapshot) Diff {
 		d.Removed = append(d.Removed, name)
 	}
 	sort.Strings(d.Removed)
+	d.Settings = settingsDiff(prev, next)
 	return d
+}
+
+// settingsDiff describes the policy-wide spend settings next changed from prev.
+func settingsDiff(prev, next *Snapshot) []string {
+	a, b := prev.policy, next.policy
+	var out []string
+	if a.TimeZone != b.TimeZone {
+		what := fmt.Sprintf("time_zone %s → %s", a.TimeZone, b.TimeZone)
+		switch {
+		case !b.AnySpendLimits():
+		case next.spendCarryErr != nil:
+			what += " (the spend of the current windows is carried into the new zone's once the spend store answers)"
+		default:
+			// Another replica may have carried the shared windows already: none changed then.
+			what += fmt.Sprintf(" (spend of the current windows carried into the new zone's: %d windows changed)", next.spendCarried)
+		}
+		out = append(out, what)
+	}
+	if a.Currency != b.Currency {
+		out = append(out, fmt.Sprintf("currency %s → %s (amounts already counted are kept as they are)", a.Currency, b.Currency))
+	}
+	if a.Spend.AllowSingleOverrun != b.Spend.AllowSingleOverrun {
+		out = append(out, fmt.Sprintf("spend.allow_single_overrun %t → %t", a.Spend.AllowSingleOverrun, b.Spend.AllowSingleOverrun))
+	}
+	return out
 }
 
 // Snapshot is one immutable, compiled policy plus references to the live state it uses.
@@ -267,6 +311,10 @@ type Snapshot struct {
 	built  time.Time
 	// share divides every limit (live replicas, while the cluster's shared state is unavailable).
 	share int64
+	// spendCarried and spendCarryErr are what configuring the spend ledger with this snapshot's
+	// time zone carried (see spend.Ledger.Configure), for the reload's diff.
+	spendCarried  int
+	spendCarryErr error
 
 	features    []*featureEntry
 	tiers       []string
@@ -550,18 +598,42 @@ func (s *Snapshot) buildPools() error {
 func (s *Snapshot) Classify(in Input) Dims {
 	c := &s.classifier
 	var d Dims
-	fv, unknown := c.feature.eval(in, c, &d, func(v string) bool { _, ok := c.featureIdx[v]; return ok })
+	fv, unknown, bad := c.feature.eval(in, c, &d, func(v string) bool { _, ok := c.featureIdx[v]; return ok })
 	if unknown > 0 {
 		s.engine.metrics.unknownFeature.Add(float64(unknown))
 	}
+	s.invalidValue(dimFeature, bad)
 	d.Feature = c.featureIdx[fv]
-	d.Tenant, _ = c.tenant.eval(in, c, &d, nil)
-	d.Model, _ = c.model.eval(in, c, &d, nil)
-	tv, _ := c.tier.eval(in, c, &d, func(v string) bool { _, ok := c.tierIdx[v]; return ok })
+	d.Tenant, _, bad = c.tenant.eval(in, c, &d, nil)
+	s.invalidValue(dimTenant, bad)
+	d.Model, _, bad = c.model.eval(in, c, &d, nil)
+	s.invalidValue(dimModel, bad)
+	tv, _, bad := c.tier.eval(in, c, &d, func(v string) bool { _, ok := c.tierIdx[v]; return ok })
+	s.invalidValue(dimTier, bad)
 	d.Tier = c.tierIdx[tv]
-	pv, _ := c.provider.eval(in, c, &d, func(v string) bool { _, ok := c.providerIdx[v]; return ok })
+	pv, _, bad := c.provider.eval(in, c, &d, func(v string) bool { _, ok := c.providerIdx[v]; return ok })
+	s.invalidValue(dimProvider, bad)
 	d.Provider = c.providerIdx[pv]
 	return d
+}
+
+// invalidValue counts a request one of whose rules for dimension d read a value that cannot be
+// a dimension's value (bad.rule ≥ 0), and logs it at most once a minute. The value itself is
+// not logged: a rule may read a header that holds a secret (an API key mapped to a tenant).
+func (s *Snapshot) invalidValue(d dim, bad invalidValue) {
+	if bad.rule < 0 {
+		return
+	}
+	e := s.engine
+	e.metrics.invalidValue[d].Inc()
+	if !e.logDue(&e.invalidLoggedAt) {
+		return
+	}
+	r := &s.classifier.dimension(d).rules[bad.rule]
+	e.log.Warn("classification skipped a value with control characters, bytes that are not UTF-8 or too many bytes, as if its rule had read nothing "+
+		"(further cases this minute are only counted in llm_bulkhead_classify_errors_total)",
+		"rule", fmt.Sprintf("classification.%s.rules[%d]", dimNames[d], bad.rule), "source", r.source(),
+		"problem", bad.err.Error(), "reason", "invalid_"+dimNames[d])
 }
 
 // Names is a request's dimensions as names, for headers, logs and metadata.

@@ -198,8 +198,9 @@ features:
   default: {max_concurrent: 1}
 `)
 	s := e.Snapshot()
-	// MaxPrompt is body bytes + 4 × media estimates + 1024 unless files are referenced;
-	// MaxCompletion is max_tokens × n; both at most the context (here max_tokens, 100000).
+	// MaxPrompt is body bytes + 4 × media estimates + 1024 unless files are referenced, at most
+	// the context (here max_tokens, 100000) per prompt; MaxCompletion is max_tokens, at most the
+	// context, per choice.
 	tests := []struct {
 		name  string
 		model string
@@ -220,6 +221,14 @@ features:
 			policy.Estimate{Prompt: 2010, Media: 2000, Output: 500, Total: 2510, BytesPerToken: 4, MaxPrompt: 100000, MaxCompletion: 100000, Bounded: true}},
 		{"embeddings generate nothing", "x", policy.RequestSize{Scanned: true, BodyBytes: 500, PromptBytes: 400, N: 1, NoOutput: true},
 			policy.Estimate{Prompt: 100, Output: 0, Total: 100, BytesPerToken: 4, MaxPrompt: 1524, MaxCompletion: 0, Bounded: true}},
+		{"a batch: every choice may use max_tokens", "x", policy.RequestSize{Scanned: true, BodyBytes: 120, PromptBytes: 42, MaxTokens: 25, HasMaxTokens: true, N: 4, Prompts: 2},
+			policy.Estimate{Prompt: 11, Output: 100, Total: 111, BytesPerToken: 4, MaxPrompt: 1144, MaxCompletion: 100, Bounded: true}},
+		{"without max_tokens each choice is bounded by the context", "long-ctx", policy.RequestSize{Scanned: true, BodyBytes: 300, PromptBytes: 40, N: 3},
+			policy.Estimate{Prompt: 20, Output: 12000, Total: 12020, BytesPerToken: 2, MaxPrompt: 1324, MaxCompletion: 24000, Bounded: true}},
+		{"each prompt of a batch has its own context", "long-ctx", policy.RequestSize{Scanned: true, BodyBytes: 300, PromptBytes: 40, Files: 1, MaxTokens: 9000, HasMaxTokens: true, N: 3, Prompts: 3},
+			policy.Estimate{Prompt: 2020, Media: 2000, Output: 27000, Total: 29020, BytesPerToken: 2, MaxPrompt: 24000, MaxCompletion: 24000, Bounded: true}},
+		{"absurd choices are capped at 2^20", "x", policy.RequestSize{Scanned: true, PromptBytes: 4, MaxTokens: 1 << 30, HasMaxTokens: true, N: 1 << 62},
+			policy.Estimate{Prompt: 1, Output: 100000 << 20, Total: 100000, BytesPerToken: 4, MaxPrompt: 100000, MaxCompletion: 100000 << 20, Bounded: true}},
 		{"absurd max_tokens is capped", "x", policy.RequestSize{Scanned: true, PromptBytes: 4, MaxTokens: 1 << 50, HasMaxTokens: true, N: 1},
 			policy.Estimate{Prompt: 1, Output: 100000, Total: 100000, BytesPerToken: 4, MaxPrompt: 100000, MaxCompletion: 100000, Bounded: true}},
 	}

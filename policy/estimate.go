@@ -23,11 +23,20 @@ type RequestSize struct {
 	Files        int
 	MaxTokens    int64
 	HasMaxTokens bool
-	// N is the number of choices requested (1 when absent).
+	// N is the number of choices the API generates and bills for the request (1 when absent):
+	// for a batched completions request, prompts × max(n, best_of). Each may use the whole
+	// output limit.
 	N int64
+	// Prompts is the number of prompts of a batched request (0 or 1: one), each read in a
+	// context window of its own.
+	Prompts int64
 	// NoOutput: the API generates no tokens (embeddings): nothing is reserved for output, and a
 	// response claiming completion tokens is not believed.
 	NoOutput bool
+	// AudioMillis is the most audio an upload to be transcribed can hold, in milliseconds, and
+	// OutputImages the images an image generation asks for: reserved at a per_second and a
+	// per_image price (see Estimate).
+	AudioMillis, OutputImages int64
 }
 
 // Estimate is a request's token estimate before the response reports its real use.
@@ -36,7 +45,7 @@ type Estimate struct {
 	Prompt int64
 	// Media is the part of Prompt that images, audio and files account for.
 	Media int64
-	// Output is the requested or default output tokens times N.
+	// Output is the requested or default output tokens times N (the choices).
 	Output int64
 	// Total is Prompt + Output, capped by estimation.max_tokens.
 	Total int64
@@ -47,11 +56,32 @@ type Estimate struct {
 	// an Estimate made by hand is unbounded unless it says so.
 	MaxPrompt, MaxCompletion int64
 	Bounded                  bool
+	// AudioMillis and OutputImages are RequestSize's: the audio and the images a request is
+	// reserved for at the prices per second and per image; a response that reports no seconds
+	// settles at AudioMillis.
+	AudioMillis, OutputImages int64
 }
 
 // promptOverhead is what a chat template, tool definitions' framing and special tokens may add
 // to a prompt beyond one token per body byte.
 const promptOverhead = 1024
+
+// maxChoices bounds the choices (and prompts) a request is estimated and bounded for; no API
+// accepts as many.
+const maxChoices = 1 << 20
+
+// perChoice returns tokens × n for n choices (or prompts) of at most tokens each, saturating at
+// maxReported so that no sum of estimates or bounds can overflow.
+func perChoice(tokens, n int64) int64 {
+	n = min(max(n, 1), maxChoices)
+	if tokens <= 0 {
+		return 0
+	}
+	if tokens > maxReported/n {
+		return maxReported
+	}
+	return tokens * n
+}
 
 // mediaCeiling is how many times its estimated cost one image or audio part may really cost
 // (high-resolution images, long clips): the bound on reported usage, not the estimate.
@@ -160,38 +190,41 @@ func (s *Snapshot) Estimate(model string, rs RequestSize) Estimate {
 			out = mr.maxOut
 		}
 	}
-	n := max(rs.N, 1)
 	if rs.NoOutput {
 		out = 0
 	}
-	est.Output = min(out, st.maxTok) * min(n, 128)
+	est.Output = perChoice(min(out, st.maxTok), rs.N)
 	est.Total = min(est.Prompt+est.Output, st.maxTok)
 	est.Prompt = min(est.Prompt, est.Total)
 	est.MaxPrompt, est.MaxCompletion = s.usageCeiling(mr, rs)
 	est.Bounded = true
+	est.AudioMillis, est.OutputImages = max(rs.AudioMillis, 0), max(rs.OutputImages, 0)
 	return est
 }
 
 // usageCeiling bounds what a response may claim a request cost: the prompt by the body's size
 // (plus generous room for media and template tokens) unless it refers to files the body does
-// not contain, the completion by max_tokens × n, and both by the model's context window (or
-// estimation.max_tokens when the policy does not give one). mr is the model's rule (nil: none).
+// not contain, and by the model's context window (or estimation.max_tokens when the policy does
+// not give one) once per prompt of a batch; the completion by max_tokens, or else the context
+// window, once per choice. mr is the model's rule (nil: none).
 func (s *Snapshot) usageCeiling(mr *modelRule, rs RequestSize) (prompt, completion int64) {
 	st := &s.estimation
 	ctx := st.maxTok
 	if mr != nil && mr.context > 0 {
 		ctx = mr.context
 	}
-	prompt, completion = ctx, ctx
+	prompt = perChoice(ctx, rs.Prompts)
 	if rs.Scanned && rs.BodyBytes > 0 && rs.Files == 0 {
 		media := mediaCeiling * (int64(rs.Images)*st.image + int64(rs.Audio)*st.audio)
-		prompt = min(rs.BodyBytes+media+promptOverhead, ctx)
+		prompt = min(rs.BodyBytes+media+promptOverhead, prompt)
 	}
 	switch {
 	case rs.NoOutput:
 		completion = 0
 	case rs.HasMaxTokens && rs.MaxTokens > 0:
-		completion = min(rs.MaxTokens*min(max(rs.N, 1), 128), ctx)
+		completion = perChoice(min(rs.MaxTokens, ctx), rs.N)
+	default:
+		completion = perChoice(ctx, rs.N)
 	}
 	return max(prompt, 1), completion
 }

@@ -28,6 +28,8 @@ compartments:
 	f.Add("chat", "/v1/embeddings", "summarise", "acme", "globex", "deepseek", "deepseek-chat")
 	f.Add(" CHAT ", "/v1/chat/completions?x=1", "", "", "", "QWEN", "qwen-2-x")
 	f.Add("\x00", "", "\xff", "\t", "", "", "*")
+	f.Add("chat", "/", "", "acme\r\nx-injected: 1", "glo\x00bex", "", "gpt-4o\n")
+	f.Add("", "", "", "\xff", "\u009b", "", strings.Repeat("\u023a", 100))
 	f.Fuzz(func(t *testing.T, feature, path, bodyFeature, jwtTenant, headerTenant, provider, model string) {
 		in := input{
 			headers: map[string]string{"x-llm-feature": feature, "x-tenant-id": headerTenant, "x-llm-provider": provider},
@@ -54,6 +56,10 @@ compartments:
 		}
 		if n.Tier == "enterprise" && n.Tenant != "acme" {
 			t.Fatalf("tenant %q got enterprise", n.Tenant)
+		}
+		// Open dimensions take what requests send, but only what can be written into a header.
+		if config.CheckIdentity(n.Tenant) != nil || config.CheckIdentity(n.Model) != nil {
+			t.Fatalf("tenant %q, model %q cannot be header values", n.Tenant, n.Model)
 		}
 	})
 }

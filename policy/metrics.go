@@ -47,6 +47,9 @@ type metrics struct {
 	classifyErrors *prometheus.CounterVec
 	transitions    *prometheus.CounterVec
 	unknownFeature prometheus.Counter
+	// invalidValue counts, per dimension (dimFeature…), requests a rule of which read a value
+	// classification could not use (config.CheckIdentity).
+	invalidValue [numDims]prometheus.Counter
 
 	mu       sync.Mutex
 	features map[string]*featureMetrics
@@ -104,11 +107,14 @@ func newMetrics(e *Engine, reg prometheus.Registerer) *metrics {
 			Help:    "Time requests spent queued for a slot, by compartment family and result (admitted, refused).",
 			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30}}, []string{"family", "result"}),
 		classifyErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "classify_errors_total",
-			Help: "Requests classified from headers and defaults because something was wrong, by reason."}, []string{"reason"}),
+			Help: "Requests classified from headers and defaults because something was wrong, by reason (invalid_json, field_type, field_value, unknown_feature; invalid_<dimension>: a rule read a value with control characters, bytes that are not UTF-8 or more than 256 bytes, and was skipped)."}, []string{"reason"}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "breaker_transitions_total",
 			Help: "Breaker state transitions, by breaker, from and to state."}, []string{"breaker", "from", "to"}),
 	}
 	m.unknownFeature = m.classifyErrors.WithLabelValues("unknown_feature")
+	for i, dim := range dimNames {
+		m.invalidValue[i] = m.classifyErrors.WithLabelValues("invalid_" + dim)
+	}
 	if reg != nil {
 		reg.MustRegister(m.admitted, m.rejected, m.rerouted, m.rerouteNoModel, m.tokensReserved, m.tokensSettled, m.usageUnknown,
 			m.usageClamped, m.estimateError, m.queueWait, m.classifyErrors, m.transitions, &stateCollector{m: m})

@@ -116,9 +116,11 @@ func (e *Engine) openCluster(p *config.Policy, reg prometheus.Registerer) error 
 	if _, ok := e.ledger.Store().(*spend.MemoryStore); ok {
 		// Spend budgets are shared too, unless the caller gave a store of its own. No request
 		// has been served yet: nothing is in the memory store.
-		l := spend.NewLedger(spend.NewRedisStore(st))
-		l.Configure(e.ledger.Currency(), e.ledger.Calendar())
-		e.ledger = l
+		e.ledger.UseStore(spend.NewRedisStore(st), cs.closed)
+		if st.Available() {
+			// Reached before the ledger used Redis: carry what sharedState could not.
+			e.carryForeignSpend()
+		}
 	}
 	go e.shareWorker()
 	return nil
@@ -263,6 +265,9 @@ func (e *Engine) sharedWatched() []string {
 // local, every limit becomes this replica's share (limit ÷ live replicas last seen).
 func (e *Engine) sharedState(available bool, live int) {
 	share := 1
+	if available {
+		e.carryForeignSpend()
+	}
 	if !available {
 		// What other replicas held no longer counts here: either this replica enforces its
 		// share of every limit alone, or it refuses everything. Counts start afresh once the
@@ -520,13 +525,14 @@ func (e *Engine) trackLocal(s *Snapshot, t *Ticket, tokens int64) {
 }
 
 // shareLimits divides r's limits by the share (live replicas while the shared state is
-// unavailable); queue depths stay, as queues are this replica's own.
+// unavailable); queue depths stay, as queues are this replica's own, and so do spend budgets:
+// the ledger enforces this replica's share of them itself (of what Redis last showed left).
 func shareLimits(r config.Resolved, share int64) config.Resolved {
 	if share <= 1 {
 		return r
 	}
-	q := r.QueueDepth
+	q, sp := r.QueueDepth, r.Spend
 	r = r.Scale(1 / float64(share))
-	r.QueueDepth = q
+	r.QueueDepth, r.Spend = q, sp
 	return r
 }

@@ -396,3 +396,94 @@ func BenchmarkAdmitDoneSpend(b *testing.B) {
 		tk.Done(o)
 	}
 }
+
+// TestSpendRequestLargerThanBudgetRefused: a request whose worst case is more than the whole
+// budget is refused even when nothing was spent in the window yet (the hour and the day alike),
+// with a message that says why waiting will not help; spend.allow_single_overrun lets one such
+// request run in an untouched window, and nothing after it.
+func TestSpendRequestLargerThanBudgetRefused(t *testing.T) {
+	for _, period := range []string{"hour", "day"} {
+		t.Run(period, func(t *testing.T) {
+			yaml := strings.Replace(spendEnginePolicy, "spend_per_day: 1.00", "spend_per_"+period+": 1.00", 1)
+			e, _ := spendEngine(t, yaml, nil)
+			// 1 000 prompt and 60 000 completion tokens of gpt-x cost at worst 0.01 + 1.80.
+			d, _ := admitTokens(e, spendRequest("acme", "default", "gpt-x"), 1_000, 60_000)
+			if d.Verdict != policy.Reject || d.Reason != policy.ReasonSpendBudget || d.Compartment != "tenant/acme" || !d.SpendOverLimit {
+				t.Fatalf("a $1.81 request against an untouched $1.00 %s: %+v, want spend_budget by tenant/acme", period, d)
+			}
+			if !strings.Contains(d.Message(), "more than the whole spend budget of tenant/acme") {
+				t.Fatalf("message %q", d.Message())
+			}
+			if s, r, _ := spent(t, e, "tenant/acme", period); s != 0 || r != 0 {
+				t.Fatalf("the refused request left spent %s reserved %s", s, r)
+			}
+			// A request that fits the whole budget exactly is admitted.
+			if d, _ := admitTokens(e, spendRequest("acme", "default", "gpt-x"), 10_000, 30_000); d.Verdict != policy.Admit {
+				t.Fatalf("a request of exactly $1.00: %+v", d)
+			}
+
+			e, _ = spendEngine(t, yaml+"spend: {allow_single_overrun: true}\n", nil)
+			d, tk := admitTokens(e, spendRequest("acme", "default", "gpt-x"), 1_000, 60_000)
+			if d.Verdict != policy.Admit {
+				t.Fatalf("with allow_single_overrun, into an untouched window: %+v", d)
+			}
+			tk.Done(usage(1_000, 50_000))
+			if s, _, _ := spent(t, e, "tenant/acme", period); s != 1_510_000 {
+				t.Fatalf("spent %s, want 1.51", s)
+			}
+			if d, _ := admitTokens(e, spendRequest("acme", "default", "gpt-x"), 1, 1); d.Verdict != policy.Reject || d.SpendOverLimit {
+				t.Fatalf("after the overrun: %+v, want refused (used up, not too large)", d)
+			}
+		})
+	}
+}
+
+// TestSpendReloadChangingTimeZoneCarriesSpend: $0.80 spent of acme's $1.00 UTC day, a reload
+// changes time_zone to Asia/Kathmandu (whose day started at 18:15 UTC the day before). The new
+// day starts with the $0.80: a $0.40 request is refused, a $0.10 one admitted, and the reload's
+// diff says what changed. Changing back counts the $0.90 once.
+func TestSpendReloadChangingTimeZoneCarriesSpend(t *testing.T) {
+	e, _ := spendEngine(t, spendEnginePolicy, nil)
+	acme := spendRequest("acme", "default", "gpt-x")
+	for range 2 {
+		_, tk := admitTokens(e, acme, 10_000, 10_000)
+		tk.Done(usage(10_000, 10_000)) // 0.40
+	}
+	reload := func(zone string) policy.Diff {
+		t.Helper()
+		p, err := config.Load("test.yaml", []byte(strings.Replace(spendEnginePolicy, "prices:", "time_zone: "+zone+"\nprices:", 1)), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := e.Apply(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	d := reload("Asia/Kathmandu")
+	if want := "settings: time_zone UTC → Asia/Kathmandu (spend of the current windows carried into the new zone's: 3 windows changed)"; !strings.Contains(d.String(), want) {
+		t.Fatalf("diff %q, want it to contain %q", d.String(), want)
+	}
+	s, _, view := spent(t, e, "tenant/acme", "day")
+	if s != 800_000 || !view.Start.Equal(time.Date(2026, 4, 30, 18, 15, 0, 0, time.UTC)) {
+		t.Fatalf("Kathmandu day from %s: spent %s, want 0.80 from 2026-04-30 18:15 UTC", view.Start.UTC(), s)
+	}
+	if d, _ := admitTokens(e, acme, 10_000, 10_000); d.Verdict != policy.Reject || d.Reason != policy.ReasonSpendBudget {
+		t.Fatalf("$0.40 more after the zone change: %+v, want spend_budget", d)
+	}
+	d2, tk := admitTokens(e, acme, 10_000, 0)
+	if d2.Verdict != policy.Admit {
+		t.Fatalf("$0.10 more after the zone change: %+v", d2)
+	}
+	tk.Done(usage(10_000, 0))
+	if d := reload("UTC"); !strings.Contains(d.String(), "time_zone Asia/Kathmandu → UTC") {
+		t.Fatalf("diff %q", d.String())
+	}
+	if s, _, _ := spent(t, e, "tenant/acme", "day"); s != 900_000 {
+		t.Fatalf("UTC day after changing back: spent %s, want 0.90", s)
+	}
+	if d := reload("UTC"); d.Settings != nil {
+		t.Fatalf("a reload that changes nothing lists settings %q", d.Settings)
+	}
+}

@@ -31,10 +31,34 @@ func (s *Snapshot) buildSpend() {
 	if !s.SpendLimits {
 		return
 	}
-	currency, cal := p.Currency, spend.NewCalendar(p.Location())
-	s.onCommit(func() { e.ledger.Configure(currency, cal) })
+	settings := spend.Settings{Currency: p.Currency, Calendar: spend.NewCalendar(p.Location()), AllowSingleOverrun: p.Spend.AllowSingleOverrun}
+	s.onCommit(func() {
+		n, err := e.ledger.Configure(settings, e.clock.Now())
+		s.spendCarried, s.spendCarryErr = n, err
+		if err != nil {
+			e.log.Error("the spend of the current windows could not be carried into the new time zone's windows yet; it is carried once the spend store answers",
+				"time_zone", p.TimeZone, "error", err)
+		}
+	})
 	for _, f := range s.features {
 		s.onCommit(func() { f.spend = e.spendMetrics.feature(f.name) })
+	}
+}
+
+// carryForeignSpend carries into the current windows the spend of windows another time zone
+// made current (see spend.Ledger.CarryForeign): windows replicas that still use another zone
+// keep in the shared store, or that a reload could not carry while the store did not answer.
+// The cluster calls it whenever the shared store is available again (and at start).
+func (e *Engine) carryForeignSpend() {
+	if s := e.Snapshot(); s == nil || !s.SpendLimits {
+		return
+	}
+	n, err := e.ledger.CarryForeign(e.clock.Now())
+	switch {
+	case err != nil:
+		e.log.Warn("could not carry spend of another time zone's windows into the current ones; trying again when the spend store is available again", "error", err)
+	case n > 0:
+		e.log.Info("spend of windows of another time zone carried into the current windows", "windows", n)
 	}
 }
 
@@ -88,12 +112,20 @@ func (e *Engine) reserveSpend(ctx context.Context, s *Snapshot, r *Request, dims
 		}
 	}
 	price, _ := s.prices.Lookup(dims.Model)
-	amount := price.Cost(spend.Tokens{Prompt: r.Estimate.Prompt, Completion: r.Estimate.Output})
+	amount := price.Cost(spend.Tokens{Prompt: r.Estimate.Prompt, Completion: r.Estimate.Output,
+		AudioMillis: r.Estimate.AudioMillis, Requests: 1, Images: r.Estimate.OutputImages})
 	rf, ok := e.ledger.Reserve(ctx, res, amount, now)
+	if !ok && rf.Unavailable {
+		// Redis did not answer and on_unavailable is closed.
+		t.undo(now)
+		e.cluster.unavailable.WithLabelValues("refused").Inc()
+		refuseInto(d, ReasonClusterUnavailable, "cluster", e.cluster.retryAfter(), &dims)
+		return true
+	}
 	if !ok {
 		t.undo(now)
 		refuseInto(d, ReasonSpendBudget, rf.Budget.Name, max(rf.Window.End.Sub(now), 0), &dims)
-		d.SpendReset = rf.Window.End
+		d.SpendReset, d.SpendOverLimit = rf.Window.End, amount > rf.Window.Limit
 		return true
 	}
 	if over := res.Over(); over != 0 {
@@ -125,9 +157,11 @@ func (t *Ticket) SpendReserved() (spend.Micros, bool) {
 // settleSpend settles the ticket's spend reservation at the cost of settled, priced by the
 // model that answered (o.Model) when the prices list names it, else by the model the request
 // was sent as. Cached and reasoning tokens count only when usage was reported, and never beyond
-// the settled prompt and completion. A request that cost nothing because it never reached the
-// provider gets its reservation back. It returns the cost charged, and false when no spend
-// budget applied.
+// the settled prompt and completion. A request the provider served (a 2xx) also pays its
+// per_request price, per_image for the images it asked for, and per_second for the audio the
+// response reported, or, when it reported no usage, the audio it was reserved for. A request
+// that cost nothing because it never reached the provider gets its reservation back. It
+// returns the cost charged, and false when no spend budget applied.
 func (t *Ticket) settleSpend(o Outcome, settled Settled, now time.Time) (spend.Micros, bool) {
 	res := t.spend
 	if res == nil || !res.Active() {
@@ -135,7 +169,8 @@ func (t *Ticket) settleSpend(o Outcome, settled Settled, now time.Time) (spend.M
 	}
 	s := t.snap
 	c := s.features[t.dims.Feature].spend
-	if settled.Total == 0 && !o.Usage.Known {
+	served := o.Status >= 200 && o.Status < 300
+	if settled.Total == 0 && !o.Usage.Known && !served {
 		res.Release(now)
 		if c != nil {
 			c.refunded.Add(res.Amount().Float())
@@ -150,6 +185,19 @@ func (t *Ticket) settleSpend(o Outcome, settled Settled, now time.Time) (spend.M
 	if o.Usage.Known {
 		tok.Cached = min(max(o.Usage.Cached, 0), settled.Prompt)
 		tok.Reasoning = min(max(o.Usage.Reasoning, 0), settled.Completion)
+	}
+	if served {
+		tok.Requests, tok.Images = 1, t.est.OutputImages
+		switch {
+		case o.Usage.AudioMillis > 0:
+			// Never more than the upload can hold: a provider's claim beyond it is not believed.
+			tok.AudioMillis = o.Usage.AudioMillis
+			if t.est.AudioMillis > 0 {
+				tok.AudioMillis = min(tok.AudioMillis, t.est.AudioMillis)
+			}
+		case !o.Usage.Known:
+			tok.AudioMillis = t.est.AudioMillis
+		}
 	}
 	cost := price.Cost(tok)
 	res.Settle(cost, now)
@@ -169,6 +217,7 @@ type spendCounters struct {
 type spendMetrics struct {
 	reserved, settled, refunded *prometheus.CounterVec
 	fellBack                    prometheus.CounterFunc
+	pending                     prometheus.GaugeFunc
 
 	mu        sync.Mutex
 	byFeature map[string]*spendCounters
@@ -185,10 +234,13 @@ func newSpendMetrics(e *Engine, reg prometheus.Registerer) *spendMetrics {
 			Help: "Reservations given back whole because the request never reached the provider, in units of the policy's currency, by feature."}, []string{"feature"}),
 	}
 	m.fellBack = prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: Namespace, Name: "spend_store_fallbacks_total",
-		Help: "Spend reservations made in this process's memory because the shared spend store could not be reached."},
+		Help: "Spend reservations decided in this replica's memory because the shared spend store (Redis) did not answer in time or was unavailable: each against this replica's share of what Redis last showed left, and added to Redis once it answers."},
 		func() float64 { return float64(e.ledger.FellBack()) })
+	m.pending = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: Namespace, Name: "spend_local_pending",
+		Help: "Spend this replica counted in its own memory while Redis did not answer that Redis has not applied yet (settled spend and reservations in flight, net of reservations that ended), in units of the policy's currency, each request once whatever its budgets; 0 without a cluster."},
+		func() float64 { return e.ledger.PendingTotal().Float() })
 	if reg != nil {
-		reg.MustRegister(m.reserved, m.settled, m.refunded, m.fellBack, &spendCollector{e: e})
+		reg.MustRegister(m.reserved, m.settled, m.refunded, m.fellBack, m.pending, &spendCollector{e: e})
 	}
 	return m
 }
@@ -263,6 +315,14 @@ type SpendBudgetView struct {
 	// metrics without tenant labels (<family>/*): its numbers are those of the tenant closest
 	// to its limit.
 	Aggregate bool
+	// Shared marks a budget kept in the cluster's shared store (Redis). Spent and Reserved then
+	// include what this replica counted in its own memory that Redis has not applied yet.
+	Shared bool
+	// LocalLimit is, for a shared budget, what this replica may count on its own while Redis
+	// does not answer: its share (the limit divided by the live replicas) of what Redis last
+	// showed left. Local is what it counted so (Local.Pending: not applied by Redis yet).
+	LocalLimit spend.Micros
+	Local      spend.Local
 }
 
 func (b SpendBudgetView) ratio() float64 {
@@ -316,8 +376,9 @@ func (s *Snapshot) spendBudgets(now time.Time) []SpendBudgetView {
 		v := SpendBudgetView{Budget: b.Name, Label: label, Period: b.Period.String(), Start: time.Unix(w.ID.Start, 0).In(l.Calendar().Location()),
 			End: w.End, Limit: b.Limit}
 		if u, ok := byID[w.ID]; ok {
-			v.Spent, v.Reserved = u.Spent, u.Reserved
+			v.Spent, v.Reserved, v.Local = u.Spent, u.Reserved, u.Local
 		}
+		v.LocalLimit, v.Shared = l.LocalLimit(b, now)
 		return v
 	}
 	for _, in := range s.staticInstances() {
@@ -357,16 +418,22 @@ func (s *Snapshot) spendBudgets(now time.Time) []SpendBudgetView {
 	}
 	// Tenants evicted from memory (or restored from a saved state) still have spend in the
 	// ledger: they are listed with the limit their window was last reserved with.
+	cal := l.Calendar()
 	for _, u := range usage {
 		fam, _, _ := strings.Cut(u.ID.Budget, "/")
 		f := dyn[fam]
 		k := key{u.ID.Budget, u.ID.Period.String()}
-		if f == nil || seen[k] {
+		if f == nil || seen[k] || u.ID.Start != cal.Start(u.ID.Period, now).Unix() {
+			// Not a tenant's budget, listed already, or a window of another time zone (whose
+			// spend the current window carries).
 			continue
 		}
 		seen[k] = true
-		out = append(out, SpendBudgetView{Budget: u.ID.Budget, Label: u.ID.Budget, Period: u.ID.Period.String(), Tenant: true,
-			Start: time.Unix(u.ID.Start, 0).In(l.Calendar().Location()), End: u.End, Limit: u.Limit, Spent: u.Spent, Reserved: u.Reserved})
+		v := SpendBudgetView{Budget: u.ID.Budget, Label: u.ID.Budget, Period: u.ID.Period.String(), Tenant: true,
+			Start: time.Unix(u.ID.Start, 0).In(cal.Location()), End: u.End, Limit: u.Limit, Spent: u.Spent, Reserved: u.Reserved,
+			Local: u.Local}
+		v.LocalLimit, v.Shared = l.LocalLimit(spend.Budget{Name: u.ID.Budget, Period: u.ID.Period, Limit: u.Limit}, now)
+		out = append(out, v)
 	}
 	if !s.tenantLabel {
 		agg := map[key]int{}

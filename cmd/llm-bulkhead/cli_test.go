@@ -67,7 +67,7 @@ func TestHelp(t *testing.T) {
 		}
 	}
 	withFlags := map[string][]string{
-		"serve":        {"-config", "-grpc-addr", "-tls-cert", "-tls-key", "-tls-client-ca", "-admin-addr", "-admin-insecure", "-log-level", "-watch", "-spend-state", "-gc-heap-floor"},
+		"serve":        {"-config", "-grpc-addr", "-tls-cert", "-tls-key", "-tls-client-ca", "-admin-addr", "-admin-insecure", "-admin-allowed-hosts", "-log-level", "-watch", "-spend-state", "-gc-heap-floor"},
 		"validate":     {"-config", "-explain"},
 		"envoy-config": {"-config", "-cluster", "-address", "-tls-ca", "-tls-client-cert", "-tls-client-key", "-tls-server-name"},
 		"health":       {"-addr", "-service", "-timeout", "-tls-ca", "-tls-client-cert", "-tls-client-key", "-tls-server-name"},
@@ -94,7 +94,11 @@ func TestHelp(t *testing.T) {
 			}
 		}
 	}
-	code, out, errOut := runCLI(t, "health", "--nope")
+	code, out, errOut := runCLI(t, "serve", "--admin-allowed-hosts", "admin.example.com,https://admin.example.com/")
+	if code != 2 || out != "" || !strings.Contains(errOut, `"https://admin.example.com/" is not a host name`) {
+		t.Errorf("serve --admin-allowed-hosts with a URL: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	code, out, errOut = runCLI(t, "health", "--nope")
 	if code != 2 || out != "" || !strings.HasPrefix(errOut, "llm-bulkhead health: flag provided but not defined: -nope\n\nUsage: llm-bulkhead health") {
 		t.Errorf("health --nope: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}

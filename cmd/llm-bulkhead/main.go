@@ -3,7 +3,7 @@
 //
 // Usage:
 //
-//	llm-bulkhead [serve] [--config FILE] [--grpc-addr ADDR] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--admin-addr ADDR] [--admin-insecure] [--log-level LEVEL] [--watch=true] [--spend-state FILE] [--gc-heap-floor SIZE]
+//	llm-bulkhead [serve] [--config FILE] [--grpc-addr ADDR] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--admin-addr ADDR] [--admin-insecure] [--admin-allowed-hosts NAMES] [--log-level LEVEL] [--watch=true] [--spend-state FILE] [--gc-heap-floor SIZE]
 //	llm-bulkhead validate [--config FILE] [--explain] [FILE]
 //	llm-bulkhead envoy-config [--config FILE] [--cluster NAME] [--address ADDR] [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE] [--tls-server-name NAME]
 //	llm-bulkhead health [--addr ADDR] [--service NAME] [--timeout DURATION] [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE] [--tls-server-name NAME]
@@ -15,7 +15,8 @@
 // An admin address that is not loopback needs the admin token (LLM_BULKHEAD_ADMIN_TOKEN), which
 // then guards /admin/* and the dashboard too, or --admin-insecure to serve it without one.
 // Exit status: 0 on success and after a graceful shutdown, 2 for an invalid policy or bad
-// usage (an unguarded admin address included), 1 when the server cannot run (e.g. an address
+// usage (an unguarded admin address included, and a spend state file that cannot be used with
+// spend.on_state_error: refuse), 1 when the server cannot run (e.g. an address
 // in use). health exits 0 only when the server answers SERVING, 1 otherwise, 2 for bad usage.
 package main
 
@@ -59,7 +60,7 @@ var commands []*command
 
 func init() {
 	commands = []*command{
-		{"serve", "[--config FILE] [--grpc-addr ADDR] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--admin-addr ADDR] [--admin-insecure] [--log-level LEVEL] [--watch=BOOL] [--spend-state FILE] [--gc-heap-floor SIZE]",
+		{"serve", "[--config FILE] [--grpc-addr ADDR] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--admin-addr ADDR] [--admin-insecure] [--admin-allowed-hosts NAMES] [--log-level LEVEL] [--watch=BOOL] [--spend-state FILE] [--gc-heap-floor SIZE]",
 			"run the ext_proc server and the admin listener (the default command)", serve},
 		{"validate", "[--config FILE] [--explain] [FILE]",
 			"check a policy file and print every problem, or a summary of the effective policy", validate},
@@ -216,6 +217,11 @@ func serve(c *command, ctx context.Context, args, env []string, stdout, stderr i
 	fs.StringVar(&o.TLS.ClientCA, "tls-client-ca", "", "CAs (PEM) that sign Envoy's client certificates: require mutual TLS (default: the policy's server.tls_client_ca)")
 	fs.StringVar(&o.AdminAddr, "admin-addr", "", "admin HTTP listen address (default: the policy's server.admin_addr, 127.0.0.1:9090)")
 	fs.BoolVar(&o.AdminInsecure, "admin-insecure", false, "serve a non-loopback admin address without an admin token, to anyone who can connect (logs a warning)")
+	fs.Func("admin-allowed-hosts", "comma-separated host names besides localhost and IP addresses for which /admin/* and the dashboard answer requests without the admin token, any port (others get 403: a web page cannot read them through DNS rebinding)", func(s string) error {
+		hosts, err := app.ParseAdminHosts(s)
+		o.AdminAllowedHosts = append(o.AdminAllowedHosts, hosts...)
+		return err
+	})
 	fs.StringVar(&o.LogLevel, "log-level", "", "debug, info, warn or error (default: the policy's server.log_level, info)")
 	fs.BoolVar(&o.Watch, "watch", true, "reload the policy file when it changes (SIGHUP always reloads)")
 	fs.StringVar(&o.SpendState, "spend-state", "", "file keeping spend budgets' spend across restarts (default: the policy's spend.state_file; none: memory only)")
@@ -243,7 +249,8 @@ func serve(c *command, ctx context.Context, args, env []string, stdout, stderr i
 		}
 		var exposed *app.ExposedAdminError
 		var listener *app.ListenerError
-		if errors.As(err, &exposed) || errors.As(err, &listener) {
+		var state *app.SpendStateError
+		if errors.As(err, &exposed) || errors.As(err, &listener) || errors.As(err, &state) {
 			fmt.Fprintln(stderr, "llm-bulkhead: not starting:", err)
 			return 2
 		}

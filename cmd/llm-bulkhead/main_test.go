@@ -209,6 +209,29 @@ func TestServeInvalidPolicyExits2(t *testing.T) {
 	}
 }
 
+// TestServeUnusableSpendStateExits2: with spend.on_state_error: refuse, a state file that
+// exists but cannot be used stops the start with status 2 and a message naming the file.
+func TestServeUnusableSpendStateExits2(t *testing.T) {
+	state := write(t, `{"format":"llm-bulkhead-spend-state","version":1,"sha2`)
+	pol := write(t, `classification: {feature: {default: chat}, provider: {default: p}}
+models: [{match: "*", provider: p}]
+prices: [{match: default, input_per_mtok: 1, output_per_mtok: 2}]
+features: {chat: {max_concurrent: 4, spend_per_day: 5}}
+providers: {p: {}}
+compartments: [{name: feature, key: [feature], limits_from: feature}]
+spend: {on_state_error: refuse}
+`)
+	var errOut bytes.Buffer
+	code := run(context.Background(), []string{"serve", "--config", pol, "--spend-state", state, "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"},
+		nil, &bytes.Buffer{}, &errOut, nil)
+	if code != 2 {
+		t.Fatalf("exit %d, want 2; stderr:\n%s", code, errOut.String())
+	}
+	if !strings.Contains(errOut.String(), "not starting: spend state file "+state) {
+		t.Errorf("stderr does not name the state file:\n%s", errOut.String())
+	}
+}
+
 func TestServeAddressInUseExits1(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

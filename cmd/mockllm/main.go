@@ -1,6 +1,7 @@
-// Command mockllm runs a fake OpenAI- and Anthropic-compatible LLM provider
-// with a latency model, a queueing capacity and injectable faults, for demos,
-// experiments and end-to-end tests of llm-bulkhead. See package mock for the
+// Command mockllm runs a fake LLM provider speaking the OpenAI, Anthropic,
+// Azure OpenAI, Gemini and Bedrock APIs, with a latency model, a queueing
+// capacity and injectable faults, for demos, experiments and end-to-end tests
+// of llm-bulkhead. See package mock for the
 // endpoints and the token accounting.
 package main
 
@@ -38,9 +39,16 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.Usage = func() {
 		fmt.Fprintf(out, `Usage: mockllm [flags]
 
-A fake OpenAI- and Anthropic-compatible LLM provider. Endpoints: POST
-/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses,
-/v1/messages (JSON and SSE), GET /v1/models; admin: GET /mockllm/requests,
+A fake LLM provider. Endpoints: POST /v1/chat/completions, /v1/completions,
+/v1/embeddings, /v1/responses, /v1/messages (JSON and SSE), GET /v1/models;
+Azure OpenAI: POST /openai/v1/{chat/completions,completions,embeddings,
+responses}, /openai/deployments/{deployment}/{chat/completions,completions,
+embeddings}?api-version=...; Gemini: POST /v1beta/models/{model}:
+generateContent, :streamGenerateContent (alt=sse: SSE, else a JSON array),
+:countTokens, :embedContent; Bedrock: POST /model/{modelId}/converse,
+/converse-stream (AWS event stream), /invoke and /invoke-with-response-stream
+(Anthropic models). Errors come in each API's own shape. Admin: GET
+/mockllm/requests,
 GET /mockllm/stats, GET|POST /mockllm/faults, POST /mockllm/capacity
 ({"capacity": N}: the capacity from now on), POST /mockllm/reset,
 GET /mockllm/healthz.

@@ -86,6 +86,16 @@ func (ds *docScan) value(n uint8, i, depth int) (int, int64, bool) {
 			ds.d.has |= 1 << node.slot
 		}
 		return num.end, 0, true
+	case node.kind == nodeMillis && (c == '-' || (c >= '0' && c <= '9')):
+		num, ok := scanNumber(b, i)
+		if !ok {
+			return i, 0, false
+		}
+		if ms, ok := millisOf(b[i:num.end]); ok {
+			ds.d.vals[node.slot] = ms
+			ds.d.has |= 1 << node.slot
+		}
+		return num.end, 0, true
 	}
 	end, ok := ds.skip.skip(b, i, depth)
 	return end, 0, ok
@@ -326,4 +336,53 @@ func quoteWord(b []byte, i int) (uint64, uint64) {
 	}
 	x := binary.LittleEndian.Uint64(b[i:])
 	return x, specialMask(x)
+}
+
+// millisOf reads a valid JSON number of seconds as milliseconds, rounded up: "9.2" is 9200,
+// "0.0005" is 1. A negative number, one with an exponent, or one above maxCount milliseconds
+// is not read (false). The streaming parser reads numbers the same way (jsonStream.fracDigit).
+func millisOf(b []byte) (int64, bool) {
+	var v uint64
+	i := 0
+	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		if v <= maxCount {
+			v = v*10 + uint64(b[i]-'0')
+		}
+	}
+	frac, round := 0, false
+	if i < len(b) && b[i] == '.' {
+		for i++; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+			switch {
+			case frac < 3:
+				if v <= maxCount {
+					v = v*10 + uint64(b[i]-'0')
+				}
+				frac++
+			case b[i] != '0':
+				round = true
+			}
+		}
+	}
+	if i != len(b) || len(b) == 0 {
+		return 0, false // a sign or an exponent
+	}
+	return scaleMillis(v, frac, round)
+}
+
+// scaleMillis turns the digits of a number of seconds read with frac (at most 3) of its
+// decimals into milliseconds, rounded up when round says a later decimal was not zero.
+func scaleMillis(v uint64, frac int, round bool) (int64, bool) {
+	if v > maxCount {
+		return 0, false
+	}
+	for ; frac < 3; frac++ {
+		v *= 10
+	}
+	if round {
+		v++
+	}
+	if v > maxCount {
+		return 0, false
+	}
+	return int64(v), true
 }

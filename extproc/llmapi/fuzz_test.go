@@ -157,8 +157,13 @@ data: {"id":"b","error":{"type":"rate_limit_error","type":"overloaded_error","me
 data: {"id":"c","error":{"type":"overloaded_error","message":"n"},"error":{"code":"\u0072ate_limit_exceeded"}}
 
 `), uint8(APIOpenAIChat), uint8(0), uint64(7))
+	for _, b := range []string{audioTokensJSON, audioDurationJSON, audioSSE} {
+		f.Add([]byte(b), uint8(6), uint8(0), uint64(len(b)))
+	}
+	// The APIs up to Anthropic's, and audio transcriptions (byte 6).
+	fuzzed := [...]API{APIUnknown, APIOpenAIChat, APIOpenAICompletions, APIOpenAIEmbeddings, APIOpenAIResponses, APIAnthropicMessages, APIOpenAITranscriptions}
 	f.Fuzz(func(t *testing.T, data []byte, apiByte, ctByte uint8, seed uint64) {
-		api := API(apiByte % 6)
+		api := fuzzed[int(apiByte)%len(fuzzed)]
 		ct := contentTypes[int(ctByte)%len(contentTypes)]
 		whole, err := scanChunks(api, ct, "", data)
 		if err != nil {
@@ -299,8 +304,12 @@ func FuzzScanRequest(f *testing.F) {
 	f.Add([]byte(`{"input":[{"role":"user","content":[{"type":"input_text","text":"t"},{"type":"input_file"}]},{"type":"function_call_output","output":"o"}],"instructions":"i","max_output_tokens":-1}`), uint8(APIOpenAIResponses))
 	f.Add([]byte(`{"prompt":["a","b",[1,2]],"n":0,"model":null,"model":"m"}`), uint8(APIOpenAICompletions))
 	f.Add(chatBody(2048, 3), uint8(APIOpenAIChat))
+	f.Add([]byte(`{"contents":[{"role":"user","parts":[{"text":"hi"},{"inline_data":{"mime_type":"image/png","data":"AA"}},{"fileData":{"fileUri":"u"}}]}],"system_instruction":{"parts":[{"text":"s"}]},"generationConfig":{"maxOutputTokens":9,"candidate_count":2}}`), uint8(APIGeminiStream))
+	f.Add([]byte(`{"content":{"parts":[{"text":"embed me"}]},"generation_config":{"max_output_tokens":-1}}`), uint8(APIGeminiEmbed))
+	f.Add([]byte(`{"messages":[{"role":"user","content":[{"text":"hi"},{"image":{"format":"png","source":{"bytes":"AA"}}},{"document":{}}]}],"system":[{"text":"s"}],"inferenceConfig":{"maxTokens":5}}`), uint8(APIBedrockConverseStream))
+	f.Add([]byte(`{"anthropic_version":"bedrock-2023-05-31","max_tokens":7,"messages":[{"role":"user","content":"hi"}],"metadata":{"user_id":"u"}}`), uint8(APIBedrockInvoke))
 	f.Fuzz(func(t *testing.T, body []byte, apiByte uint8) {
-		api := API(apiByte % 6)
+		api := API(apiByte % uint8(numAPIs))
 		var got RequestFields
 		err := ScanRequest(api, body, &got)
 		want, werr := refScanRequest(api, body)
@@ -427,8 +436,12 @@ func FuzzInjectIncludeUsageAt(f *testing.F) {
 	f.Add([]byte(`{"str\u0065am":true,"stream_options":[1]}`), uint8(APIOpenAIChat))
 	f.Add([]byte(` { "messages" : [ {"role":"user","content":"hi"} ] , "stream" : true } `), uint8(APIOpenAIChat))
 	f.Add(chatBody(2048, 3), uint8(APIOpenAIChat))
+	f.Add([]byte(`{"contents":[{"role":"user","parts":[{"text":"hi"},{"inline_data":{"mime_type":"image/png","data":"AA"}},{"fileData":{"fileUri":"u"}}]}],"system_instruction":{"parts":[{"text":"s"}]},"generationConfig":{"maxOutputTokens":9,"candidate_count":2}}`), uint8(APIGeminiStream))
+	f.Add([]byte(`{"content":{"parts":[{"text":"embed me"}]},"generation_config":{"max_output_tokens":-1}}`), uint8(APIGeminiEmbed))
+	f.Add([]byte(`{"messages":[{"role":"user","content":[{"text":"hi"},{"image":{"format":"png","source":{"bytes":"AA"}}},{"document":{}}]}],"system":[{"text":"s"}],"inferenceConfig":{"maxTokens":5}}`), uint8(APIBedrockConverseStream))
+	f.Add([]byte(`{"anthropic_version":"bedrock-2023-05-31","max_tokens":7,"messages":[{"role":"user","content":"hi"}],"metadata":{"user_id":"u"}}`), uint8(APIBedrockInvoke))
 	f.Fuzz(func(t *testing.T, body []byte, apiByte uint8) {
-		api := API(apiByte % 6)
+		api := API(apiByte % uint8(numAPIs))
 		var fields RequestFields
 		_ = ScanRequest(api, body, &fields)
 		want, wantChanged := InjectIncludeUsage(api, body)

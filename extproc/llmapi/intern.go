@@ -3,6 +3,7 @@ package llmapi
 import (
 	"hash/maphash"
 	"sync/atomic"
+	"unsafe"
 )
 
 // The intern table turns the short strings this package hands out (model
@@ -47,3 +48,6 @@ func internRaw(raw []byte, esc bool) string {
 	var buf [internMaxLen]byte
 	return intern(unescape(buf[:0], raw))
 }
+
+// stringBytes returns s's bytes without copying them; they must not be written.
+func stringBytes(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }

@@ -21,12 +21,14 @@ const (
 	nodeText            // a string whose unescaped length is generated content
 	nodeType            // the document's "type" string
 	nodeErr             // an error's type or code string, classified into error bits
+	nodeMillis          // a number of seconds, stored in a slot as milliseconds rounded up
 )
 
 // Usage slots. Group 0 is the top-level "usage" object; group 1 is the one
 // nested in an envelope: Anthropic's message_start "message.usage" or the
 // Responses API's "response.usage". Anthropic's cache_read_input_tokens shares
-// the cached slot; cache_creation_input_tokens has its own.
+// the cached slot; cache_creation_input_tokens has its own. slotMillis holds
+// the seconds of audio an audio transcription's usage reports, in milliseconds.
 const (
 	slotPrompt = iota
 	slotCompletion
@@ -34,6 +36,7 @@ const (
 	slotCached
 	slotReasoning
 	slotCacheCreation
+	slotMillis
 	groupSize
 	numUsageSlots = 2 * groupSize
 )
@@ -96,7 +99,8 @@ func (n *pathNode) lookup(key []byte) int {
 
 // compileTree builds a tree from paths written as dotted member names, "[]"
 // marking an array whose elements continue the path, and a suffix naming the
-// leaf: "=#N" a usage slot, "=$" generated text, "=@" the document type,
+// leaf: "=#N" a usage slot, "=~N" a usage slot holding seconds (a decimal
+// number, kept as milliseconds), "=$" generated text, "=@" the document type,
 // "=!" an error code string, "=%" an object whose presence marks an error.
 func compileTree(paths ...string) (pathTree, error) {
 	t := pathTree{{}, {kind: nodeObject}}
@@ -125,6 +129,8 @@ func compileTree(paths ...string) (pathTree, error) {
 				kind = nodeErr
 			case leaf == "%":
 				kind = nodeObject
+			case strings.HasPrefix(leaf, "~"):
+				kind = nodeMillis
 			default:
 				kind = nodeNumber
 			}
@@ -160,9 +166,9 @@ func compileTree(paths ...string) (pathTree, error) {
 				t[cur].mark, t[cur].slot = true, uint8(marks)
 				marks++
 			}
-			if kind == nodeNumber {
+			if kind == nodeNumber || kind == nodeMillis {
 				var slot int
-				if _, err := fmt.Sscanf(leaf, "#%d", &slot); err != nil || slot < 0 || slot >= numUsageSlots {
+				if _, err := fmt.Sscanf(leaf[1:], "%d", &slot); err != nil || slot < 0 || slot >= numUsageSlots {
 					return nil, fmt.Errorf("llmapi: path %q: bad slot", p)
 				}
 				t[cur].slot = uint8(slot)
@@ -194,7 +200,7 @@ func (t pathTree) fillClear(n uint8, depth int) (uint32, error) {
 	node := &t[n]
 	var m uint32
 	switch node.kind {
-	case nodeNumber:
+	case nodeNumber, nodeMillis:
 		m = 1 << node.slot
 	case nodeErr:
 		m = errClassBit(errRate, node.slot) | errClassBit(errServer, node.slot) | errClassBit(errClient, node.slot)
@@ -273,6 +279,10 @@ const (
 	treeResponsesSSE
 	treeAnthropicJSON
 	treeAnthropicSSE
+	treeGemini
+	treeBedrock
+	treeAudioJSON
+	treeAudioSSE
 	numTrees
 )
 
@@ -311,6 +321,36 @@ var treeSpecs = [numTrees][]string{
 		anthropicUsagePaths("usage", 0),
 		errorPaths[:2],
 	),
+	// Gemini's GenerateContentResponse, whole or as each chunk of a stream (SSE or a JSON
+	// array): usageMetadata is in every chunk, the last one final. thoughtsTokenCount is
+	// output that candidatesTokenCount leaves out (Usage adds it); an error object's status
+	// (RESOURCE_EXHAUSTED, UNAVAILABLE, ...) classifies it.
+	treeGemini: {
+		"usageMetadata.promptTokenCount=#0", "usageMetadata.candidatesTokenCount=#1", "usageMetadata.totalTokenCount=#2",
+		"usageMetadata.cachedContentTokenCount=#3", "usageMetadata.thoughtsTokenCount=#4",
+		"candidates[].content.parts[].text=$",
+		"error=%", "error.status=!",
+	},
+	// Bedrock Converse's response, and the events of ConverseStream (usage in its metadata
+	// event, text in contentBlockDelta): input, cache reads and cache writes are all input.
+	treeBedrock: {
+		"usage.inputTokens=#0", "usage.outputTokens=#1", "usage.totalTokens=#2",
+		"usage.cacheReadInputTokens=#3", "usage.cacheWriteInputTokens=#5",
+		"output.message.content[].text=$", "output.message.content[].reasoningContent.reasoningText.text=$",
+		"delta.text=$", "delta.reasoningContent.text=$", "delta.toolUse.input=$",
+	},
+	// An audio transcription or translation (json and verbose_json formats): its text and the
+	// usage newer models report, in tokens ({"type":"tokens","input_tokens",...}) or in
+	// seconds of audio ({"type":"duration","seconds":9.2}).
+	treeAudioJSON: joinPaths(audioUsagePaths, []string{"text=$"}, errorPaths),
+	// A streamed transcription: transcript.text.delta events carry the text,
+	// transcript.text.done the whole text again (not counted) and the usage.
+	treeAudioSSE: joinPaths([]string{"type=@", "delta=$"}, audioUsagePaths, errorPaths),
+}
+
+var audioUsagePaths = []string{
+	fmt.Sprintf("usage.input_tokens=#%d", slotPrompt), fmt.Sprintf("usage.output_tokens=#%d", slotCompletion),
+	fmt.Sprintf("usage.total_tokens=#%d", slotTotal), fmt.Sprintf("usage.seconds=~%d", slotMillis),
 }
 
 // trees are compiled once. The specs are fixed, so treesErr can only be set
@@ -354,10 +394,19 @@ func treeFor(api API, sse bool) pathTree {
 		if sse {
 			i = treeResponsesSSE
 		}
-	case APIAnthropicMessages:
+	case APIAnthropicMessages, APIBedrockInvoke, APIBedrockInvokeStream:
 		i = treeAnthropicJSON
 		if sse {
 			i = treeAnthropicSSE
+		}
+	case APIGeminiGenerate, APIGeminiStream, APIGeminiCountTokens, APIGeminiEmbed:
+		i = treeGemini
+	case APIBedrockConverse, APIBedrockConverseStream:
+		i = treeBedrock
+	case APIOpenAITranscriptions, APIOpenAITranslations:
+		i = treeAudioJSON
+		if sse {
+			i = treeAudioSSE
 		}
 	}
 	if trees[i] == nil {

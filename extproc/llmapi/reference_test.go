@@ -3,6 +3,8 @@ package llmapi
 import (
 	"bytes"
 	"encoding/json"
+	"io"
+	"math/big"
 	"strconv"
 	"strings"
 )
@@ -27,7 +29,8 @@ func decodeAny(b []byte) (any, bool) {
 
 // refScanRequest is ScanRequest over a decoded document.
 func refScanRequest(api API, body []byte) (RequestFields, error) {
-	f := RequestFields{N: 1}
+	f := RequestFields{N: 1, BestOf: 1, Prompts: 1, Choices: 1}
+	body = canonicalNames(body)
 	v, ok := decodeAny(body)
 	m, isObj := v.(map[string]any)
 	if !ok || !isObj {
@@ -95,6 +98,16 @@ func refScanRequest(api API, body []byte) (RequestFields, error) {
 			f.N = n
 		}
 	}
+	if v, ok := m["best_of"]; ok {
+		if n, ok := integer(fBestOf, v, 1); ok {
+			f.BestOf = n
+		}
+	}
+	if a, ok := m["prompt"].([]any); ok && len(a) > 1 {
+		if _, num := a[0].(json.Number); !num {
+			f.Prompts = int64(len(a))
+		}
+	}
 	if v, ok := m["stream"]; ok {
 		f.Stream = boolean(fStream, v)
 	}
@@ -122,14 +135,86 @@ func refScanRequest(api API, body []byte) (RequestFields, error) {
 		}
 	}
 	switch {
-	case api == APIAnthropicMessages:
+	case api.Anthropic():
 		f.User = metaUser
 	case api != APIUnknown || hasUser:
 		f.User = user
 	default:
 		f.User = metaUser
 	}
+	gemini, converse := api.gemini(), api == APIBedrockConverse || api == APIBedrockConverseStream
+	intMembers := func(id fieldID, v any, members ...struct {
+		name    string
+		id      fieldID
+		minimum int64
+	}) (vals []int64, has []bool) {
+		vals, has = make([]int64, len(members)), make([]bool, len(members))
+		switch o := v.(type) {
+		case map[string]any:
+			for k, mem := range members {
+				if x, ok := o[mem.name]; ok {
+					vals[k], has[k] = integer(mem.id, x, mem.minimum)
+				}
+			}
+		case nil:
+		default:
+			problems[id] = problemType
+		}
+		return vals, has
+	}
+	type member = struct {
+		name    string
+		id      fieldID
+		minimum int64
+	}
+	switch {
+	case gemini:
+		f.MaxTokens, f.HasMaxTokens, f.N = 0, false, 1
+		if v, ok := m["generationConfig"]; ok {
+			vals, has := intMembers(fGenerationConfig, v, member{"maxOutputTokens", fGeminiMaxOutput, 0},
+				member{"candidateCount", fCandidateCount, 1})
+			f.MaxTokens, f.HasMaxTokens = vals[0], has[0]
+			if has[1] {
+				f.N = vals[1]
+			}
+		}
+	case converse:
+		f.MaxTokens, f.HasMaxTokens = 0, false
+		if v, ok := m["inferenceConfig"]; ok {
+			vals, has := intMembers(fInferenceConfig, v, member{"maxTokens", fInferenceMaxTokens, 0})
+			f.MaxTokens, f.HasMaxTokens = vals[0], has[0]
+		}
+	}
+	if api.Streams() {
+		f.Stream = true
+	}
+	f.Choices = choices(api, f.N, f.BestOf, f.Prompts)
 	var c content
+	if gemini {
+		if v, ok := m["contents"]; ok {
+			switch v.(type) {
+			case []any:
+				c.add(refTexts(v, 1))
+			case nil:
+			default:
+				problems[fContents] = problemType
+			}
+		}
+		for _, src := range []struct {
+			id   fieldID
+			name string
+		}{{fSystemInstruction, "systemInstruction"}, {fContent, "content"}} {
+			if v, ok := m[src.name]; ok {
+				switch v.(type) {
+				case map[string]any:
+					c.add(refTexts(v, 1))
+				case nil:
+				default:
+					problems[src.id] = problemType
+				}
+			}
+		}
+	}
 	for _, src := range []struct {
 		id      fieldID
 		name    string
@@ -158,6 +243,96 @@ func refScanRequest(api API, body []byte) (RequestFields, error) {
 	return f, s.err()
 }
 
+// aliases are the snake_case spellings of Gemini's member names, which its API reads as the
+// camelCase ones; the scan takes whichever comes last, as for a repeated name.
+// Each applies at the top of the body ("^"), inside a generationConfig, or anywhere ("").
+var aliases = map[string]struct{ name, parent string }{
+	"system_instruction": {"systemInstruction", "^"}, "generation_config": {"generationConfig", "^"},
+	"max_output_tokens": {"maxOutputTokens", "generationConfig"}, "candidate_count": {"candidateCount", "generationConfig"},
+	"inline_data": {"inlineData", ""}, "mime_type": {"mimeType", ""}, "file_data": {"fileData", ""}}
+
+// canonicalNames rewrites a valid JSON document with every member name in aliases renamed, so
+// that a decoded map has one entry for both spellings: the later one. Invalid JSON comes back
+// as it is.
+func canonicalNames(b []byte) []byte {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var out bytes.Buffer
+	// key: a member name is due; name: the last member name; parent: the name whose value the
+	// container is ("^" for the top).
+	type frame struct {
+		obj, key     bool
+		name, parent string
+	}
+	var stack []frame
+	first := true
+	for {
+		tok, err := d.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return b
+		}
+		top := len(stack) - 1
+		if delim, ok := tok.(json.Delim); ok && (delim == '}' || delim == ']') {
+			out.WriteByte(byte(delim))
+			stack = stack[:top]
+			if top > 0 && stack[top-1].obj {
+				stack[top-1].key = true
+			}
+			first = false
+			continue
+		}
+		if !first && top >= 0 {
+			if stack[top].obj && stack[top].key {
+				if out.Bytes()[out.Len()-1] != '{' {
+					out.WriteByte(',')
+				}
+			} else if stack[top].obj {
+				out.WriteByte(':')
+			} else if out.Bytes()[out.Len()-1] != '[' {
+				out.WriteByte(',')
+			}
+		}
+		first = false
+		isKey := top >= 0 && stack[top].obj && stack[top].key
+		switch t := tok.(type) {
+		case json.Delim:
+			out.WriteByte(byte(t))
+			parent := "^"
+			if top >= 0 {
+				parent = ""
+				if stack[top].obj {
+					stack[top].key = false
+					parent = stack[top].name
+				}
+			}
+			stack = append(stack, frame{obj: t == '{', key: t == '{', parent: parent})
+			continue
+		case string:
+			if isKey {
+				if a, ok := aliases[t]; ok && (a.parent == "" || a.parent == stack[top].parent) {
+					t = a.name
+				}
+				stack[top].name = t
+			}
+			q, _ := json.Marshal(t)
+			out.Write(q)
+		case json.Number:
+			out.WriteString(string(t))
+		case bool:
+			out.WriteString(strconv.FormatBool(t))
+		case nil:
+			out.WriteString("null")
+		}
+		if top >= 0 && stack[top].obj {
+			stack[top].key = !isKey
+		}
+	}
+	return out.Bytes()
+}
+
 func refTexts(v any, level int) content {
 	var c content
 	switch v := v.(type) {
@@ -184,13 +359,42 @@ func refPart(m map[string]any, level int) content {
 			c.bytes += int64(len(s))
 		}
 	}
-	for _, k := range []string{"content", "output", "tool_calls", "function"} {
+	for _, k := range []string{"content", "output", "tool_calls", "function", "parts", "toolResult"} {
 		if v, ok := m[k]; ok {
 			c.add(refTexts(v, level+1))
 		}
 	}
+	media := mediaNone
 	if t, ok := m["type"].(string); ok {
-		switch mediaOf([]byte(t)) {
+		media = mediaOf([]byte(t))
+	}
+	if media == mediaNone {
+		for _, k := range mediaKeys {
+			if strings.Contains(k, "_") {
+				continue // renamed by canonicalNames
+			}
+			v, ok := m[k]
+			if !ok {
+				continue
+			}
+			mk := mediaFile
+			switch k {
+			case "image":
+				mk = mediaImage
+			case "audio":
+				mk = mediaAudio
+			case "inlineData":
+				if o, ok := v.(map[string]any); ok {
+					if ms, ok := o["mimeType"].(string); ok {
+						mk = mimeMedia([]byte(ms), false)
+					}
+				}
+			}
+			media = max(media, mk)
+		}
+	}
+	{
+		switch media {
 		case mediaImage:
 			c.images++
 		case mediaAudio:
@@ -383,6 +587,26 @@ func (r *refDoc) walk(tree pathTree, n uint8, v any) {
 			return
 		}
 		r.vals[node.slot] = int64(x)
+		r.has |= 1 << node.slot
+	case nodeMillis:
+		num, ok := v.(json.Number)
+		if !ok || strings.ContainsAny(string(num), "-eE") {
+			return
+		}
+		// Seconds to milliseconds, rounded up, in exact arithmetic.
+		sec, ok := new(big.Rat).SetString(string(num))
+		if !ok {
+			return
+		}
+		ms := new(big.Rat).Mul(sec, big.NewRat(1000, 1))
+		q, rem := new(big.Int).QuoRem(ms.Num(), ms.Denom(), new(big.Int))
+		if rem.Sign() > 0 {
+			q.Add(q, big.NewInt(1))
+		}
+		if !q.IsInt64() || q.Int64() > maxCount {
+			return
+		}
+		r.vals[node.slot] = q.Int64()
 		r.has |= 1 << node.slot
 	case nodeText:
 		if s, ok := v.(string); ok {

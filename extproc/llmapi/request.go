@@ -35,8 +35,19 @@ type RequestFields struct {
 	MaxTokens    int64
 	HasMaxTokens bool
 	// N is the number of choices requested; 1 when absent.
-	N      int64
-	Stream bool
+	N int64
+	// BestOf is the completions API's best_of, the candidates generated per prompt of which n
+	// are returned (all of them are billed); 1 when absent.
+	BestOf int64
+	// Prompts is the number of prompts in a batched completions request: the elements of a
+	// prompt array of strings or of token-id arrays; 1 for a single prompt (a string or one
+	// array of token ids) or none.
+	Prompts int64
+	// Choices is the number of answers the API generates and bills for this request: prompts ×
+	// max(n, best_of) for completions (and for a body of an unknown API), n for chat, 1 for the
+	// APIs that have no such field. Each is bounded by the output limit on its own.
+	Choices int64
+	Stream  bool
 	// HasStreamOptions reports a stream_options object.
 	HasStreamOptions bool
 	// IncludeUsage is stream_options.include_usage == true.
@@ -48,14 +59,19 @@ type RequestFields struct {
 	// text nested in tool results), tool call arguments, refusal and thinking
 	// text of earlier turns, system (string or blocks), prompt (string or array
 	// of strings), input (string, array of strings, or items with text content)
-	// and instructions. Base64 media, URLs and token-id arrays are not text and
-	// are not counted.
+	// and instructions; for Gemini, the parts of contents, systemInstruction
+	// and content; for Bedrock Converse, the text blocks of messages (tool
+	// results included) and system. Base64 media, URLs and token-id arrays are
+	// not text and are not counted.
 	PromptBytes int64
-	// Images counts image parts (image_url, input_image, Anthropic image).
+	// Images counts image parts (image_url, input_image, Anthropic image,
+	// Gemini inlineData of an image/* type, Bedrock image blocks).
 	Images int
-	// Audio counts audio parts (input_audio, audio).
+	// Audio counts audio parts (input_audio, audio, Gemini inlineData of an
+	// audio/* type, Bedrock audio blocks).
 	Audio int
-	// Files counts file and document parts (file, input_file, document).
+	// Files counts file and document parts (file, input_file, document,
+	// Gemini fileData and other inlineData, Bedrock document and video blocks).
 	Files int
 
 	// at is where the scan found what InjectIncludeUsageAt changes.
@@ -117,6 +133,7 @@ const (
 	fMaxCompletionTokens
 	fMaxOutputTokens
 	fN
+	fBestOf
 	fStream
 	fStreamOptions
 	fIncludeUsage
@@ -127,6 +144,14 @@ const (
 	fPrompt
 	fInput
 	fInstructions
+	fContents
+	fSystemInstruction
+	fContent
+	fGenerationConfig
+	fGeminiMaxOutput
+	fCandidateCount
+	fInferenceConfig
+	fInferenceMaxTokens
 	numFields
 )
 
@@ -136,6 +161,7 @@ var fieldInfo = [numFields]struct{ name, want string }{
 	fMaxCompletionTokens: {"max_completion_tokens", "a non-negative integer"},
 	fMaxOutputTokens:     {"max_output_tokens", "a non-negative integer"},
 	fN:                   {"n", "a positive integer"},
+	fBestOf:              {"best_of", "a positive integer"},
 	fStream:              {"stream", "a boolean"},
 	fStreamOptions:       {"stream_options", "an object"},
 	fIncludeUsage:        {"stream_options.include_usage", "a boolean"},
@@ -146,6 +172,14 @@ var fieldInfo = [numFields]struct{ name, want string }{
 	fPrompt:              {"prompt", "a string or an array"},
 	fInput:               {"input", "a string or an array"},
 	fInstructions:        {"instructions", "a string or an array"},
+	fContents:            {"contents", "an array"},
+	fSystemInstruction:   {"systemInstruction", "an object"},
+	fContent:             {"content", "an object"},
+	fGenerationConfig:    {"generationConfig", "an object"},
+	fGeminiMaxOutput:     {"generationConfig.maxOutputTokens", "a non-negative integer"},
+	fCandidateCount:      {"generationConfig.candidateCount", "a positive integer"},
+	fInferenceConfig:     {"inferenceConfig", "an object"},
+	fInferenceMaxTokens:  {"inferenceConfig.maxTokens", "a non-negative integer"},
 }
 
 // Problems a field can have.
@@ -159,6 +193,10 @@ const (
 type requestScan struct {
 	b    []byte
 	skip skipper
+	// items counts the elements of the prompt array being measured, when counting; numbers
+	// says its first element is a number (one prompt of token ids).
+	counting, numbers bool
+	items             int64
 	// problems holds, per field, what is wrong with its last occurrence: a
 	// repeated key replaces the earlier value, and so its problem.
 	problems [numFields]uint8
@@ -193,7 +231,7 @@ func (s *requestScan) err() error {
 // when they are not in the intern table yet. ScanRequest is safe for
 // concurrent use; f must not be shared with another writer.
 func ScanRequest(api API, body []byte, f *RequestFields) error {
-	*f = RequestFields{N: 1}
+	*f = RequestFields{N: 1, BestOf: 1, Prompts: 1, Choices: 1}
 	s := requestScan{b: body}
 	i := skipWS(body, 0)
 	if i >= len(body) || body[i] != '{' {
@@ -204,7 +242,14 @@ func ScanRequest(api API, body []byte, f *RequestFields) error {
 		maxTokens, maxCompletion, maxOutput  int64
 		hasMax, hasMaxCompletion, hasMaxOut  bool
 		messages, system, prompt, input, ins content
+		contents, sysIns, embed              content
 		keyBuf                               keyBuf
+		gemini                               = api.gemini()
+		converse                             = api == APIBedrockConverse || api == APIBedrockConverseStream
+		// generationConfig's maxOutputTokens and candidateCount (Gemini), inferenceConfig's
+		// maxTokens (Bedrock Converse).
+		gMax, gCount, iMax     int64
+		hasGMax, hasG, hasIMax bool
 	)
 	it := openObject(body, i)
 	ok := true
@@ -229,6 +274,12 @@ func ScanRequest(api API, body []byte, f *RequestFields) error {
 			if !has {
 				f.N = 1
 			}
+		case "best_of":
+			var has bool
+			v, ok = s.intField(v, &f.BestOf, &has, fBestOf, 1)
+			if !has {
+				f.BestOf = 1
+			}
 		case "stream":
 			f.at.stream = v + 1
 			v, ok = s.boolField(v, &f.Stream, fStream)
@@ -245,11 +296,48 @@ func ScanRequest(api API, body []byte, f *RequestFields) error {
 		case "system":
 			v, ok = s.textSource(v, &system, fSystem, true)
 		case "prompt":
+			s.counting, s.numbers, s.items = true, false, 0
 			v, ok = s.textSource(v, &prompt, fPrompt, true)
+			s.counting = false
+			f.Prompts = 1
+			if s.items > 1 && !s.numbers {
+				f.Prompts = s.items
+			}
 		case "input":
 			v, ok = s.textSource(v, &input, fInput, true)
 		case "instructions":
 			v, ok = s.textSource(v, &ins, fInstructions, true)
+		case "contents":
+			if !gemini {
+				v, ok = s.skip.skip(body, v, 1)
+				break
+			}
+			v, ok = s.textSource(v, &contents, fContents, false)
+		case "systemInstruction", "system_instruction":
+			if !gemini {
+				v, ok = s.skip.skip(body, v, 1)
+				break
+			}
+			v, ok = s.objectText(v, &sysIns, fSystemInstruction)
+		case "content":
+			if !gemini {
+				v, ok = s.skip.skip(body, v, 1)
+				break
+			}
+			v, ok = s.objectText(v, &embed, fContent)
+		case "generationConfig", "generation_config":
+			if !gemini {
+				v, ok = s.skip.skip(body, v, 1)
+				break
+			}
+			v, ok = s.intMembers(v, fGenerationConfig, generationConfigNames[:], []intMember{
+				{fGeminiMaxOutput, 0, &gMax, &hasGMax}, {fCandidateCount, 1, &gCount, &hasG}})
+		case "inferenceConfig":
+			if !converse {
+				v, ok = s.skip.skip(body, v, 1)
+				break
+			}
+			v, ok = s.intMembers(v, fInferenceConfig, inferenceConfigNames[:], []intMember{{fInferenceMaxTokens, 0, &iMax, &hasIMax}})
 		default:
 			v, ok = s.skip.skip(body, v, 1)
 		}
@@ -260,7 +348,7 @@ func ScanRequest(api API, body []byte, f *RequestFields) error {
 	}
 	f.Model = model.String()
 	switch {
-	case api == APIAnthropicMessages:
+	case api.Anthropic():
 		f.User = metaUser.String()
 	case api != APIUnknown:
 		f.User = user.String()
@@ -271,18 +359,136 @@ func ScanRequest(api API, body []byte, f *RequestFields) error {
 	}
 	f.HasMaxTokens = hasMax || hasMaxCompletion || hasMaxOut
 	f.MaxTokens = max(maxTokens, maxCompletion, maxOutput)
+	switch {
+	case gemini:
+		// Gemini's output limit and choices are in generationConfig only.
+		f.MaxTokens, f.HasMaxTokens, f.N = gMax, hasGMax, 1
+		if hasG {
+			f.N = gCount
+		}
+	case converse:
+		f.MaxTokens, f.HasMaxTokens = iMax, hasIMax
+	}
+	if api.Streams() {
+		f.Stream = true
+	}
+	f.Choices = choices(api, f.N, f.BestOf, f.Prompts)
 	var c content
 	c.add(messages)
 	c.add(system)
 	c.add(prompt)
 	c.add(input)
 	c.add(ins)
+	c.add(contents)
+	c.add(sysIns)
+	c.add(embed)
 	f.PromptBytes, f.Images, f.Audio, f.Files = c.bytes, c.images, c.audio, c.files
 	if !ok || it.bad || skipWS(body, it.i) != len(body) {
 		return ErrInvalidJSON
 	}
 	f.at.whole, f.at.size, f.at.close = true, len(body), it.i-1
 	return s.err()
+}
+
+// maxChoices bounds each factor of a request's choice count, so that their product cannot
+// overflow; no API accepts anywhere near as many.
+const maxChoices = 1 << 20
+
+// choices is the number of answers a request of api with n, best_of and prompts generates.
+func choices(api API, n, bestOf, prompts int64) int64 {
+	n, bestOf, prompts = min(max(n, 1), maxChoices), min(max(bestOf, 1), maxChoices), min(max(prompts, 1), maxChoices)
+	switch api {
+	case APIOpenAICompletions, APIUnknown:
+		return prompts * max(n, bestOf)
+	case APIOpenAIChat, APIOpenAIImages, APIGeminiGenerate, APIGeminiStream:
+		return n
+	}
+	return 1
+}
+
+// gemini reports whether a's bodies are Gemini's GenerateContentRequest (or its embedding and
+// token-count relatives).
+func (a API) gemini() bool { return a >= APIGeminiGenerate && a <= APIGeminiEmbed }
+
+// objectText measures an object that holds text (Gemini's systemInstruction or content: a
+// Content with parts) into dst, replacing an earlier duplicate's.
+func (s *requestScan) objectText(i int, dst *content, id fieldID) (int, bool) {
+	*dst = content{}
+	s.problem(id, problemNone)
+	switch s.b[i] {
+	case '{':
+		return s.texts(i, 1, 1, dst)
+	case 'n':
+		return scanLiteral(s.b, i)
+	}
+	s.problem(id, problemType)
+	return s.skip.skip(s.b, i, 1)
+}
+
+// intMember is an integer member of a nested object that ScanRequest reads: its field,
+// smallest valid value and where it goes.
+type intMember struct {
+	id      fieldID
+	minimum int64
+	dst     *int64
+	has     *bool
+}
+
+// intMembers reads the integer members of the object at i (null: none), members[k] from the
+// member named names[2k] or names[2k+1] (its alias; "" for none), whichever comes last. Other
+// members are skipped; a value of another type than an object is a problem of field id.
+func (s *requestScan) intMembers(i int, id fieldID, names []string, members []intMember) (int, bool) {
+	b := s.b
+	s.problem(id, problemNone)
+	for _, m := range members {
+		s.problem(m.id, problemNone)
+		*m.dst, *m.has = 0, false
+	}
+	switch b[i] {
+	case '{':
+	case 'n':
+		return scanLiteral(b, i)
+	default:
+		s.problem(id, problemType)
+		return s.skip.skip(b, i, 1)
+	}
+	var at [4]int
+	end, ok := s.lastMembers(i, names, at[:len(names)])
+	for k, m := range members {
+		if v := max(at[2*k], at[min(2*k+1, len(names)-1)]); ok && v >= 0 {
+			_, ok = s.intField(v, m.dst, m.has, m.id, m.minimum)
+		}
+	}
+	return end, ok
+}
+
+// lastMembers walks the object at i (a member of the body's top-level object) and sets at[k]
+// to the index of the value of its last member named names[k], -1 when there is none. It
+// returns where the object ends and whether it is valid JSON.
+func (s *requestScan) lastMembers(i int, names []string, at []int) (int, bool) {
+	b := s.b
+	for k := range at {
+		at[k] = -1
+	}
+	var kb keyBuf
+	it := openObject(b, i)
+	for {
+		key, esc, v, more := it.next()
+		if !more {
+			return it.i, !it.bad
+		}
+		k, _ := decodeKey(&kb, key, esc)
+		for n, name := range names {
+			if string(k) == name {
+				at[n] = v
+			}
+		}
+		end, ok := s.skip.skip(b, v, 2)
+		if !ok {
+			return end, false
+		}
+		it.i = end
+	}
 }
 
 // stringField reads a string value into dst (null clears it).
@@ -365,25 +571,20 @@ func (s *requestScan) streamOptions(i int, f *RequestFields) (int, bool) {
 		return s.skip.skip(b, i, 1)
 	}
 	f.HasStreamOptions = true
-	var kb keyBuf
-	it := openObject(b, i)
-	for {
-		key, esc, v, more := it.next()
-		if !more {
-			return it.i, !it.bad
-		}
-		var ok bool
-		if k, _ := decodeKey(&kb, key, esc); string(k) == "include_usage" {
-			v, ok = s.boolField(v, &f.IncludeUsage, fIncludeUsage)
-		} else {
-			v, ok = s.skip.skip(b, v, 2)
-		}
-		if !ok {
-			return v, false
-		}
-		it.i = v
+	var at [1]int
+	end, ok := s.lastMembers(i, streamOptionsNames[:], at[:])
+	if ok && at[0] >= 0 {
+		_, ok = s.boolField(at[0], &f.IncludeUsage, fIncludeUsage)
 	}
+	return end, ok
 }
+
+var (
+	streamOptionsNames    = [...]string{"include_usage"}
+	metadataNames         = [...]string{"user_id"}
+	generationConfigNames = [...]string{"maxOutputTokens", "max_output_tokens", "candidateCount", "candidate_count"}
+	inferenceConfigNames  = [...]string{"maxTokens"}
+)
 
 // metadata reads Anthropic's metadata.user_id. Other shapes of metadata
 // (OpenAI uses it for arbitrary tags) are not an error.
@@ -394,24 +595,12 @@ func (s *requestScan) metadata(i int, user *rawString) (int, bool) {
 	if b[i] != '{' {
 		return s.skip.skip(b, i, 1)
 	}
-	var kb keyBuf
-	it := openObject(b, i)
-	for {
-		key, esc, v, more := it.next()
-		if !more {
-			return it.i, !it.bad
-		}
-		var ok bool
-		if k, _ := decodeKey(&kb, key, esc); string(k) == "user_id" {
-			v, ok = s.stringField(v, user, fMetadataUserID)
-		} else {
-			v, ok = s.skip.skip(b, v, 2)
-		}
-		if !ok {
-			return v, false
-		}
-		it.i = v
+	var at [1]int
+	end, ok := s.lastMembers(i, metadataNames[:], at[:])
+	if ok && at[0] >= 0 {
+		_, ok = s.stringField(at[0], user, fMetadataUserID)
 	}
+	return end, ok
 }
 
 // textSource measures a top-level source of prompt text into dst, replacing
@@ -462,6 +651,12 @@ func (s *requestScan) texts(i, depth, level int, dst *content) (int, bool) {
 			if i >= len(b) {
 				return i, false
 			}
+			if s.counting && depth == 1 {
+				if s.items == 0 {
+					s.numbers = b[i] == '-' || (b[i] >= '0' && b[i] <= '9')
+				}
+				s.items++
+			}
 			if i, ok = s.texts(i, depth+1, level, dst); !ok {
 				return i, false
 			}
@@ -493,6 +688,8 @@ const (
 	slotOutput
 	slotToolCalls
 	slotFunction
+	slotParts
+	slotToolResult
 	numSlots
 )
 
@@ -518,6 +715,80 @@ func mediaOf(t []byte) mediaKind {
 	return mediaNone
 }
 
+// mediaKey classifies a part by a member whose name says it holds media, for the APIs whose
+// parts have no "type": Gemini's inlineData (an image or audio by its MIME type, anything else
+// a file) and fileData, and Bedrock Converse's image, document, video and audio blocks. It
+// reads the member's value at v (returning where it ends) only for inlineData.
+func (s *requestScan) mediaKey(k []byte, v, depth int) (mediaKind, int, bool) {
+	switch string(k) {
+	case "image":
+		return mediaImage, v, false
+	case "audio":
+		return mediaAudio, v, false
+	case "document", "video", "fileData", "file_data":
+		return mediaFile, v, false
+	case "inlineData", "inline_data":
+	default:
+		return mediaNone, v, false
+	}
+	b := s.b
+	kind := mediaFile
+	if b[v] != '{' {
+		return kind, v, false
+	}
+	var kb keyBuf
+	it := openObject(b, v)
+	for {
+		key, esc, val, more := it.next()
+		if !more {
+			return kind, it.i, !it.bad
+		}
+		mk, _ := decodeKey(&kb, key, esc)
+		if (string(mk) == "mimeType" || string(mk) == "mime_type") && b[val] == '"' {
+			end, _, esc, ok := scanString(b, val+1)
+			if !ok {
+				return kind, end, false
+			}
+			kind = mimeMedia(b[val+1:end-1], esc)
+			it.i = end
+			continue
+		}
+		end, ok := s.skip.skip(b, val, depth+2)
+		if !ok {
+			return kind, end, false
+		}
+		it.i = end
+	}
+}
+
+// mediaKeys are the member names mediaKey knows, each with its place in a part's record.
+var mediaKeys = [...]string{"image", "audio", "document", "video", "fileData", "file_data", "inlineData", "inline_data"}
+
+const numMediaKeys = len(mediaKeys)
+
+// mediaKeyIndex returns k's index in mediaKeys (k is one of them).
+func mediaKeyIndex(k []byte) int {
+	for i, name := range mediaKeys {
+		if name == string(k) {
+			return i
+		}
+	}
+	return 0
+}
+
+// mimeMedia classifies a MIME type: image/*, audio/*, anything else a file. An escaped type
+// is read as a file.
+func mimeMedia(t []byte, esc bool) mediaKind {
+	switch {
+	case esc:
+	case len(t) >= 6 && string(t[:6]) == "image/":
+		return mediaImage
+	case len(t) >= 6 && string(t[:6]) == "audio/":
+		return mediaAudio
+	}
+	return mediaFile
+}
+
 // part measures one object of a content tree. Text keys are counted whatever
 // the object's type says, since the type may come after them and a part
 // without a known type still costs its text; media are counted by type.
@@ -529,6 +800,9 @@ func (s *requestScan) part(i, depth, level int, dst *content) (int, bool) {
 	var (
 		slots [numSlots]content
 		media mediaKind
+		// keyed is the media a member's name says the part holds (mediaKey), for parts without
+		// a type that says it.
+		keyed [numMediaKeys]mediaKind
 		kb    keyBuf
 	)
 	it := openObject(b, i)
@@ -556,6 +830,10 @@ func (s *requestScan) part(i, depth, level int, dst *content) (int, bool) {
 			slot = slotToolCalls
 		case "function":
 			slot = slotFunction
+		case "parts":
+			slot = slotParts
+		case "toolResult":
+			slot = slotToolResult
 		case "type":
 			media = mediaNone
 			if b[v] == '"' {
@@ -571,7 +849,16 @@ func (s *requestScan) part(i, depth, level int, dst *content) (int, bool) {
 		}
 		var ok bool
 		if slot < 0 {
-			v, ok = s.skip.skip(b, v, depth+1)
+			var mk mediaKind
+			end := v
+			if mk, end, ok = s.mediaKey(k, v, depth); mk != mediaNone {
+				keyed[mediaKeyIndex(k)] = mk
+			}
+			if end == v {
+				v, ok = s.skip.skip(b, v, depth+1)
+			} else {
+				v = end
+			}
 		} else {
 			slots[slot] = content{}
 			if slot <= slotArguments {
@@ -597,6 +884,11 @@ func (s *requestScan) part(i, depth, level int, dst *content) (int, bool) {
 	}
 	for _, c := range slots {
 		dst.add(c)
+	}
+	if media == mediaNone {
+		for _, mk := range keyed {
+			media = max(media, mk)
+		}
 	}
 	switch media {
 	case mediaImage:

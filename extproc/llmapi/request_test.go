@@ -51,6 +51,101 @@ func TestAPIFromPath(t *testing.T) {
 	}
 }
 
+// TestParsePath: each provider's endpoints, with the model its path names and the dialect of
+// its errors; lookalikes of each are unknown.
+func TestParsePath(t *testing.T) {
+	tests := []struct {
+		path string
+		want Route
+	}{
+		{"/v1/chat/completions", Route{API: APIOpenAIChat}},
+		{"/v1/messages", Route{API: APIAnthropicMessages, Dialect: DialectAnthropic}},
+		{"/v1/audio/transcriptions", Route{API: APIOpenAITranscriptions}},
+		{"/v1/audio/translations/", Route{API: APIOpenAITranslations}},
+		{"/v1/audio/speech", Route{API: APIOpenAISpeech}},
+		{"/v1/images/generations", Route{API: APIOpenAIImages}},
+		{"/v1/images/edits", Route{}},
+		{"/v1/audio/transcriptions/x", Route{}},
+		// Azure OpenAI.
+		{"/openai/deployments/prod-gpt4o/chat/completions?api-version=2024-10-21", Route{API: APIOpenAIChat, Dialect: DialectAzure, Model: "prod-gpt4o"}},
+		{"/openai/deployments/instruct/completions?api-version=2024-10-21", Route{API: APIOpenAICompletions, Dialect: DialectAzure, Model: "instruct"}},
+		{"/openai/deployments/emb/embeddings?api-version=2024-10-21", Route{API: APIOpenAIEmbeddings, Dialect: DialectAzure, Model: "emb"}},
+		{"/openai/deployments/whisper/audio/transcriptions?api-version=2024-06-01", Route{API: APIOpenAITranscriptions, Dialect: DialectAzure, Model: "whisper"}},
+		{"/openai/deployments/dall-e-3/images/generations?api-version=2024-02-01", Route{API: APIOpenAIImages, Dialect: DialectAzure, Model: "dall-e-3"}},
+		{"/azure/openai/deployments/my%20dep/chat/completions", Route{API: APIOpenAIChat, Dialect: DialectAzure, Model: "my dep"}},
+		{"/openai/v1/chat/completions?api-version=preview", Route{API: APIOpenAIChat, Dialect: DialectAzure}},
+		{"/openai/v1/responses", Route{API: APIOpenAIResponses, Dialect: DialectAzure}},
+		{"/openai/responses?api-version=2025-03-01-preview", Route{API: APIOpenAIResponses, Dialect: DialectAzure}},
+		{"/openai/deployments/d/responses", Route{}},
+		{"/openai/deployments//chat/completions", Route{}},
+		{"/openai/deployments/d/chat/completions/x", Route{}},
+		{"/openai/deployments/d", Route{}},
+		// Gemini.
+		{"/v1beta/models/gemini-2.5-flash:generateContent", Route{API: APIGeminiGenerate, Dialect: DialectGemini, Model: "gemini-2.5-flash"}},
+		{"/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", Route{API: APIGeminiStream, Dialect: DialectGemini, Model: "gemini-2.5-flash", SSE: true}},
+		{"/v1beta/models/gemini-2.5-flash:streamGenerateContent?key=k&alt=sse#f", Route{API: APIGeminiStream, Dialect: DialectGemini, Model: "gemini-2.5-flash", SSE: true}},
+		{"/v1beta/models/gemini-2.5-flash:streamGenerateContent", Route{API: APIGeminiStream, Dialect: DialectGemini, Model: "gemini-2.5-flash"}},
+		{"/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=json", Route{API: APIGeminiStream, Dialect: DialectGemini, Model: "gemini-2.5-flash"}},
+		{"/v1beta/models/gemini-2.5-flash:countTokens", Route{API: APIGeminiCountTokens, Dialect: DialectGemini, Model: "gemini-2.5-flash"}},
+		{"/v1beta/models/text-embedding-004:embedContent", Route{API: APIGeminiEmbed, Dialect: DialectGemini, Model: "text-embedding-004"}},
+		{"/v1/models/gemini-2.0-flash:generateContent", Route{API: APIGeminiGenerate, Dialect: DialectGemini, Model: "gemini-2.0-flash"}},
+		{"/v1beta/tunedModels/my-tuned:generateContent", Route{API: APIGeminiGenerate, Dialect: DialectGemini, Model: "my-tuned"}},
+		{"/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.0-flash:streamGenerateContent?alt=sse", Route{API: APIGeminiStream, Dialect: DialectGemini, Model: "gemini-2.0-flash", SSE: true}},
+		{"/gemini/v1beta/models/gemini-2.5-pro:generateContent", Route{API: APIGeminiGenerate, Dialect: DialectGemini, Model: "gemini-2.5-pro"}},
+		{"/v1beta/models/gemini-2.5-flash:batchGenerateContent", Route{}},
+		{"/v1beta/models/gemini-2.5-flash", Route{}},
+		{"/v1beta/files/x:generateContent", Route{}},
+		{"/v1beta/models/:generateContent", Route{}},
+		// Bedrock.
+		{"/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse", Route{API: APIBedrockConverse, Dialect: DialectBedrock, Model: "anthropic.claude-3-haiku-20240307-v1:0"}},
+		{"/model/amazon.nova-lite-v1:0/converse-stream", Route{API: APIBedrockConverseStream, Dialect: DialectBedrock, Model: "amazon.nova-lite-v1:0"}},
+		{"/model/us.anthropic.claude-sonnet-4-20250514-v1%3a0/invoke", Route{API: APIBedrockInvoke, Dialect: DialectBedrock, Model: "us.anthropic.claude-sonnet-4-20250514-v1:0"}},
+		{"/model/anthropic.claude-3-haiku-20240307-v1:0/invoke-with-response-stream", Route{API: APIBedrockInvokeStream, Dialect: DialectBedrock, Model: "anthropic.claude-3-haiku-20240307-v1:0"}},
+		{"/model/meta.llama3-8b-instruct-v1%3A0/invoke", Route{Dialect: DialectBedrock, Model: "meta.llama3-8b-instruct-v1:0"}},
+		{"/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123%3Ainference-profile%2Fus.anthropic.claude-3-haiku-20240307-v1%3A0/converse", Route{API: APIBedrockConverse, Dialect: DialectBedrock, Model: "arn:aws:bedrock:us-east-1:123:inference-profile/us.anthropic.claude-3-haiku-20240307-v1:0"}},
+		{"/bedrock/model/m%zz/converse", Route{API: APIBedrockConverse, Dialect: DialectBedrock, Model: "m%zz"}},
+		{"/model/m/converse/x", Route{}},
+		{"/model//converse", Route{}},
+		{"/model/m/apply-guardrail", Route{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.path, func(t *testing.T) {
+			if got := ParsePath(tc.path); got != tc.want {
+				t.Fatalf("ParsePath(%q) = %+v, want %+v", tc.path, got, tc.want)
+			}
+		})
+	}
+	paths := []string{"/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", "/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse-stream",
+		"/openai/deployments/prod-gpt4o/chat/completions?api-version=2024-10-21"}
+	for _, p := range paths {
+		ParsePath(p)
+		if n := testing.AllocsPerRun(100, func() { ParsePath(p) }); n != 0 {
+			t.Errorf("%s: %v allocations", p, n)
+		}
+	}
+}
+
+func FuzzParsePath(f *testing.F) {
+	f.Add("/model/arn%3Aaws%3Ab%2Fx/converse")
+	f.Add("/v1beta/models/g:streamGenerateContent?alt=sse")
+	f.Add("/openai/deployments/d/chat/completions?api-version=1")
+	f.Fuzz(func(t *testing.T, path string) {
+		r := ParsePath(path)
+		if r.API >= numAPIs || int(r.Dialect) >= len(dialectNames) || len(r.Model) > maxPathModel {
+			t.Fatalf("%q: %+v", path, r)
+		}
+		if r.API != APIFromPath(path) {
+			t.Fatal("APIFromPath disagrees")
+		}
+		if r.Model != "" && r.Dialect != DialectAzure && r.Dialect != DialectGemini && r.Dialect != DialectBedrock {
+			t.Fatalf("%q: a model from the path of dialect %v", path, r.Dialect)
+		}
+		if r.SSE && r.API != APIGeminiStream {
+			t.Fatalf("%q: SSE for %v", path, r.API)
+		}
+	})
+}
+
 func TestAPIString(t *testing.T) {
 	tests := []struct {
 		api       API
@@ -63,6 +158,11 @@ func TestAPIString(t *testing.T) {
 		{APIOpenAIEmbeddings, "openai.embeddings", false},
 		{APIOpenAIResponses, "openai.responses", false},
 		{APIAnthropicMessages, "anthropic.messages", true},
+		{APIBedrockInvoke, "bedrock.invoke", true},
+		{APIBedrockInvokeStream, "bedrock.invoke_stream", true},
+		{APIBedrockConverse, "bedrock.converse", false},
+		{APIGeminiStream, "gemini.stream_generate_content", false},
+		{APIOpenAITranscriptions, "openai.audio.transcriptions", false},
 		{API(200), "unknown", false},
 	}
 	for _, tc := range tests {
@@ -86,7 +186,7 @@ func TestScanRequest(t *testing.T) {
 			name: "openai chat",
 			api:  APIOpenAIChat,
 			body: `{"model":"gpt-4o","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi\n\"there\""}],"max_completion_tokens":256,"n":2,"stream":true,"stream_options":{"include_usage":true},"user":"u-1"}`,
-			want: RequestFields{Model: "gpt-4o", MaxTokens: 256, HasMaxTokens: true, N: 2, Stream: true, HasStreamOptions: true, IncludeUsage: true, User: "u-1", PromptBytes: 9 + 10},
+			want: RequestFields{Model: "gpt-4o", MaxTokens: 256, HasMaxTokens: true, N: 2, Stream: true, HasStreamOptions: true, IncludeUsage: true, User: "u-1", PromptBytes: 9 + 10, Choices: 2},
 		},
 		{
 			name: "openai chat multimodal parts and tool calls",
@@ -98,7 +198,7 @@ func TestScanRequest(t *testing.T) {
 			name: "openai completions with prompt array",
 			api:  APIOpenAICompletions,
 			body: `{"model":"gpt-3.5-turbo-instruct","prompt":["Say this","is a test",[1,2,3]],"max_tokens":7,"stream":false}`,
-			want: RequestFields{Model: "gpt-3.5-turbo-instruct", MaxTokens: 7, HasMaxTokens: true, N: 1, PromptBytes: 8 + 9},
+			want: RequestFields{Model: "gpt-3.5-turbo-instruct", MaxTokens: 7, HasMaxTokens: true, N: 1, PromptBytes: 8 + 9, Prompts: 3, Choices: 3},
 		},
 		{
 			name: "openai embeddings",
@@ -278,8 +378,15 @@ func TestScanRequest(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var got RequestFields
 			err := ScanRequest(tc.api, []byte(tc.body), &got)
-			if public(got) != tc.want {
-				t.Errorf("got  %+v\nwant %+v", got, tc.want)
+			want := tc.want
+			// One prompt, one choice and no best_of unless the case says otherwise.
+			for _, f := range []*int64{&want.BestOf, &want.Prompts, &want.Choices} {
+				if *f == 0 {
+					*f = 1
+				}
+			}
+			if public(got) != want {
+				t.Errorf("got  %+v\nwant %+v", got, want)
 			}
 			if !errors.Is(err, tc.err) || (err == nil) != (tc.err == nil) {
 				t.Errorf("err = %v, want %v", err, tc.err)
@@ -289,6 +396,49 @@ func TestScanRequest(t *testing.T) {
 				t.Errorf("reference: %+v (%v)", ref, rerr)
 			}
 		})
+	}
+}
+
+// TestScanRequestChoices pins, per API, how many answers a request is billed for: every one
+// of them may use the whole output limit, so the estimate, the spend worst case and the bound
+// on reported usage all multiply by it.
+func TestScanRequestChoices(t *testing.T) {
+	tests := []struct {
+		name                        string
+		api                         API
+		body                        string
+		n, bestOf, prompts, choices int64
+	}{
+		{"completions one prompt", APIOpenAICompletions, `{"prompt":"a","max_tokens":25}`, 1, 1, 1, 1},
+		{"completions batch of strings with n", APIOpenAICompletions, `{"prompt":["Say this is a test","Say this is another"],"max_tokens":25,"n":2}`, 2, 1, 2, 4},
+		{"completions batch of token arrays", APIOpenAICompletions, `{"prompt":[[1,2],[3],[4,5,6]],"n":2}`, 2, 1, 3, 6},
+		{"completions one token array", APIOpenAICompletions, `{"prompt":[1,2,3],"n":3}`, 3, 1, 1, 3},
+		{"completions best_of above n", APIOpenAICompletions, `{"prompt":["a","b"],"n":2,"best_of":5}`, 2, 5, 2, 10},
+		{"completions best_of below n", APIOpenAICompletions, `{"prompt":"a","n":4,"best_of":1}`, 4, 1, 1, 4},
+		{"completions last prompt wins", APIOpenAICompletions, `{"prompt":["a","b","c"],"prompt":"d"}`, 1, 1, 1, 1},
+		{"completions empty batch", APIOpenAICompletions, `{"prompt":[],"n":2}`, 2, 1, 1, 2},
+		{"chat n", APIOpenAIChat, `{"messages":[],"n":3,"best_of":7}`, 3, 7, 1, 3},
+		{"chat prompt is not a batch", APIOpenAIChat, `{"prompt":["a","b"],"n":2}`, 2, 1, 2, 2},
+		{"responses", APIOpenAIResponses, `{"input":"a","n":4}`, 4, 1, 1, 1},
+		{"anthropic", APIAnthropicMessages, `{"messages":[],"n":4}`, 4, 1, 1, 1},
+		{"embeddings", APIOpenAIEmbeddings, `{"input":["a","b"],"n":4}`, 4, 1, 1, 1},
+		{"unknown API reads like completions", APIUnknown, `{"prompt":["a","b"],"n":2,"best_of":3}`, 2, 3, 2, 6},
+		{"huge factors saturate", APIOpenAICompletions, `{"prompt":["a","b"],"n":9223372036854775807,"best_of":9223372036854775807}`, 9223372036854775807, 9223372036854775807, 2, 2 * maxChoices},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var f RequestFields
+			if err := ScanRequest(tc.api, []byte(tc.body), &f); err != nil {
+				t.Fatal(err)
+			}
+			if f.N != tc.n || f.BestOf != tc.bestOf || f.Prompts != tc.prompts || f.Choices != tc.choices {
+				t.Fatalf("n %d best_of %d prompts %d choices %d, want %d %d %d %d", f.N, f.BestOf, f.Prompts, f.Choices, tc.n, tc.bestOf, tc.prompts, tc.choices)
+			}
+		})
+	}
+	var f RequestFields
+	if err := ScanRequest(APIOpenAICompletions, []byte(`{"prompt":["a"],"best_of":0}`), &f); !errors.Is(err, ErrFieldValue) || !strings.Contains(err.Error(), "best_of") {
+		t.Fatalf("best_of 0: %v", err)
 	}
 }
 

@@ -33,6 +33,11 @@ type jsonStream struct {
 	numSlot  int8 // -1 when the number is not a usage count
 	numVal   uint64
 	numBad   bool // negative, fractional, exponent or too large
+	// A number of seconds (nodeMillis): its decimals read so far into numVal (at most 3) and
+	// whether a later one was not zero, which rounds the milliseconds up.
+	numMillis bool
+	numFrac   uint8
+	numRound  bool
 
 	// Current literal.
 	lit    string
@@ -408,8 +413,12 @@ func (s *jsonStream) beginValue(c byte) bool {
 		s.numState = numStart
 		s.numVal, s.numBad = 0, false
 		s.numSlot = -1
-		if node.kind == nodeNumber {
+		s.numMillis, s.numFrac, s.numRound = false, 0, false
+		switch node.kind {
+		case nodeNumber:
 			s.numSlot = int8(node.slot)
+		case nodeMillis:
+			s.numSlot, s.numMillis = int8(node.slot), true
 		}
 	}
 	return true
@@ -611,7 +620,7 @@ func (s *jsonStream) numberBytes(p []byte, i int) int {
 		case numZero:
 			switch c {
 			case '.':
-				s.numBad = true
+				s.numBad = s.numBad || !s.numMillis
 				s.numState = numFracStart
 				continue
 			case 'e', 'E':
@@ -627,10 +636,13 @@ func (s *jsonStream) numberBytes(p []byte, i int) int {
 				return len(p)
 			}
 			s.numState = numFrac
+			s.fracDigit(c)
 		case numFrac:
 			switch {
 			case digit:
+				s.fracDigit(c)
 			case c == 'e' || c == 'E':
+				s.numBad = true
 				s.numState = numExpStart
 			default:
 				s.endNumber()
@@ -663,11 +675,33 @@ func (s *jsonStream) numberBytes(p []byte, i int) int {
 }
 
 func (s *jsonStream) endNumber() {
-	if s.numSlot >= 0 && !s.numBad && s.numVal <= maxCount {
+	switch {
+	case s.numSlot < 0 || s.numBad:
+	case s.numMillis:
+		if ms, ok := scaleMillis(s.numVal, int(s.numFrac), s.numRound); ok {
+			s.vals[s.numSlot] = ms
+			s.has |= 1 << s.numSlot
+		}
+	case s.numVal <= maxCount:
 		s.vals[s.numSlot] = int64(s.numVal)
 		s.has |= 1 << s.numSlot
 	}
 	s.endValue(0)
+}
+
+// fracDigit reads a decimal of a number of seconds, as millisOf does: the first three into
+// the milliseconds, any later one that is not zero rounding them up.
+func (s *jsonStream) fracDigit(c byte) {
+	switch {
+	case !s.numMillis:
+	case s.numFrac < 3:
+		if s.numVal <= maxCount {
+			s.numVal = s.numVal*10 + uint64(c-'0')
+		}
+		s.numFrac++
+	case c != '0':
+		s.numRound = true
+	}
 }
 
 // textRun reads string bytes from p[i:] for a string whose text is only

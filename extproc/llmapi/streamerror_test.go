@@ -35,6 +35,19 @@ var streamErrorCases = []struct {
 		want: ErrorServer,
 	},
 	{
+		name: "azure rate limit chunk: its code is the status, \"429\"",
+		api:  APIOpenAIChat, ct: "text/event-stream",
+		body: "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n" +
+			"data: {\"error\":{\"code\":\"429\",\"message\":\"Requests to the ChatCompletions_Create Operation have exceeded the token rate limit.\"}}\n\n",
+		want: ErrorRateLimited,
+	},
+	{
+		name: "azure service unavailable chunk",
+		api:  APIOpenAIChat, ct: "text/event-stream",
+		body: "data: {\"error\":{\"code\":\"ServiceUnavailable\",\"message\":\"The service is temporarily unable to process your request.\"}}\n\n",
+		want: ErrorServer,
+	},
+	{
 		name: "openai invalid request inside a stream is the client's",
 		api:  APIOpenAICompletions, ct: "text/event-stream",
 		body: "data: {\"error\":{\"message\":\"bad\",\"type\":\"invalid_request_error\",\"code\":\"context_length_exceeded\"}}\n\n",

@@ -11,9 +11,11 @@ import (
 type Usage struct {
 	// PromptTokens is the input the upstream billed. For Anthropic it is
 	// input_tokens + cache_read_input_tokens + cache_creation_input_tokens,
-	// because all three are input the model read.
+	// because all three are input the model read; for Bedrock Converse likewise
+	// inputTokens + cacheReadInputTokens + cacheWriteInputTokens.
 	PromptTokens int64
-	// CompletionTokens is the output, reasoning included.
+	// CompletionTokens is the output, reasoning included: for Gemini
+	// candidatesTokenCount + thoughtsTokenCount.
 	CompletionTokens int64
 	// TotalTokens is the reported total, or PromptTokens+CompletionTokens when
 	// the response did not report one.
@@ -22,6 +24,10 @@ type Usage struct {
 	CachedTokens int64
 	// ReasoningTokens is the part of CompletionTokens spent reasoning.
 	ReasoningTokens int64
+	// AudioMillis is the audio an audio transcription or translation reports it was billed
+	// for by duration ({"usage":{"type":"duration","seconds":9.2}}), in milliseconds rounded
+	// up; 0 when it reported none. Such a usage is complete (Known) with no tokens.
+	AudioMillis int64
 	// Known reports that a complete usage (input and output counts) came in a
 	// well-formed document. When it is false the counts above are whatever
 	// partial numbers were seen, which may be none.
@@ -55,7 +61,8 @@ const (
 	// package knows.
 	ErrorServer
 	// ErrorRateLimited: a rate limit (a type or code containing
-	// "rate_limit": rate_limit_exceeded, rate_limit_error).
+	// "rate_limit": rate_limit_exceeded, rate_limit_error; Azure OpenAI's
+	// code "429"; Google's RESOURCE_EXHAUSTED; AWS's ThrottlingException).
 	ErrorRateLimited
 	// ErrorClient: the request was at fault (invalid_request_error,
 	// authentication_error, permission_error, not_found_error,
@@ -93,17 +100,31 @@ func classifyErrorCode(b []byte) int {
 	if len(b) > maxErrCode {
 		return errUnknown
 	}
-	if bytes.Contains(b, []byte("rate_limit")) {
+	if bytes.Contains(b, []byte("rate_limit")) || bytes.Contains(b, []byte("hrottling")) {
 		return errRate
 	}
 	switch string(b) {
 	case "overloaded_error", "overloaded", "server_error", "api_error", "internal_error", "internal_server_error",
-		"service_unavailable", "server_overloaded", "timeout_error":
+		"service_unavailable", "server_overloaded", "timeout_error",
+		// Google's status names.
+		"INTERNAL", "UNAVAILABLE", "DEADLINE_EXCEEDED", "UNKNOWN", "ABORTED",
+		// AWS's exceptions, as ConverseStream names them (the event stream spells them
+		// with a lower-case first letter).
+		"internalServerException", "InternalServerException", "serviceUnavailableException", "ServiceUnavailableException",
+		"modelStreamErrorException", "ModelStreamErrorException", "modelTimeoutException", "ModelTimeoutException",
+		"modelNotReadyException", "ModelNotReadyException":
 		return errServer
 	case "invalid_request_error", "invalid_request", "authentication_error", "permission_error", "not_found_error",
 		"request_too_large", "context_length_exceeded", "invalid_prompt", "invalid_api_key", "billing_error",
-		"insufficient_quota", "content_filter":
+		"insufficient_quota", "content_filter",
+		"INVALID_ARGUMENT", "FAILED_PRECONDITION", "PERMISSION_DENIED", "NOT_FOUND", "UNAUTHENTICATED", "OUT_OF_RANGE",
+		"validationException", "ValidationException", "accessDeniedException", "AccessDeniedException",
+		"resourceNotFoundException", "ResourceNotFoundException", "modelErrorException", "ModelErrorException":
 		return errClient
+	case "RESOURCE_EXHAUSTED",
+		// Azure OpenAI's code for every rate or quota limit is the status itself.
+		"429":
+		return errRate
 	}
 	return errUnknown
 }
@@ -161,6 +182,8 @@ const (
 	modeJSON                // one JSON document
 	modeSSE                 // a text/event-stream of JSON documents
 	modeIgnore              // not readable (unsupported encoding)
+	modeArray               // a JSON array streamed one document per element (Gemini)
+	modeAWS                 // AWS's binary event stream of JSON documents (Bedrock)
 )
 
 // UsageScanner extracts usage from a response body delivered in chunks split
@@ -193,6 +216,9 @@ type UsageScanner struct {
 	result Usage
 
 	events sseParser
+	array  arrayParser
+	aws    awsEvents
+	chunk  []byte // an InvokeModelWithResponseStream chunk's decoded event; kept across Reset
 	whole  docResult
 	shape  eventShape
 	doc    jsonStream
@@ -223,15 +249,25 @@ type tally struct {
 func (s *UsageScanner) Reset(api API, contentType, contentEncoding string) {
 	s.Close()
 	buf := s.shape.doc[:0] // a template from the last response is no use, its buffer is
-	modelBuf := s.model.buf[:0]
+	modelBuf, chunk, aws := s.model.buf[:0], s.chunk[:0], s.aws
 	*s = UsageScanner{api: api, err: treesErr}
 	s.shape.doc = buf
-	s.model.buf = modelBuf
+	s.model.buf, s.chunk, s.aws = modelBuf, chunk, aws
+	s.aws.reset()
 	mt, _, _ := strings.Cut(contentType, ";")
 	mt = strings.TrimSpace(mt)
 	switch {
 	case strings.EqualFold(mt, "text/event-stream"):
 		s.setMode(modeSSE)
+	case api == APIBedrockConverseStream || api == APIBedrockInvokeStream:
+		if !strings.EqualFold(mt, "application/json") {
+			// The event stream (application/vnd.amazon.eventstream); an error is JSON.
+			s.setMode(modeAWS)
+		} else {
+			s.setMode(modeJSON)
+		}
+	case api == APIGeminiStream && (strings.EqualFold(mt, "application/json") || hasSuffixFold(mt, "+json")):
+		s.setMode(modeArray)
 	case strings.EqualFold(mt, "application/json") || hasSuffixFold(mt, "+json"):
 		s.setMode(modeJSON)
 	}
@@ -253,7 +289,8 @@ func hasSuffixFold(s, suffix string) bool {
 
 func (s *UsageScanner) setMode(m uint8) {
 	s.mode = m
-	s.sse = m == modeSSE
+	// The documents of a stream are merged as events, whatever their framing.
+	s.sse = m == modeSSE || m == modeArray || m == modeAWS
 	s.tree = treeFor(s.api, s.sse)
 }
 
@@ -297,7 +334,9 @@ func (s *UsageScanner) plain(p []byte) {
 		if len(p) == 0 {
 			return
 		}
-		if p[0] == '{' || p[0] == '[' {
+		if p[0] == '[' && s.api == APIGeminiStream {
+			s.setMode(modeArray)
+		} else if p[0] == '{' || p[0] == '[' {
 			s.setMode(modeJSON)
 		} else {
 			s.setMode(modeSSE)
@@ -317,6 +356,46 @@ func (s *UsageScanner) plain(p []byte) {
 		s.doc.feed(p)
 	case modeSSE:
 		s.events.feed(p, s)
+	case modeArray:
+		s.array.feed(p, s)
+	case modeAWS:
+		s.aws.feed(p, s)
+		if s.aws.err != nil && s.err == nil {
+			s.err = s.aws.err
+		}
+	}
+}
+
+// awsEvent takes a decoded event of a Bedrock stream: ConverseStream's JSON documents, typed
+// by the event's name, or InvokeModelWithResponseStream's chunks, each an Anthropic event.
+func (s *UsageScanner) awsEvent(typ, payload []byte) {
+	if s.api == APIBedrockInvokeStream {
+		if string(typ) != "chunk" {
+			return
+		}
+		var ok bool
+		if s.chunk, ok = invokeChunk(s.chunk[:0], payload); !ok {
+			return
+		}
+		s.document(s.chunk, nil)
+		return
+	}
+	s.document(payload, typ)
+}
+
+// awsException takes an exception a Bedrock stream reported inside its 200.
+func (s *UsageScanner) awsException(typ []byte) {
+	if s.tally.err == ErrorNone {
+		s.tally.err = errorKind(errClassBit(classifyErrorCode(typ), 0))
+	}
+}
+
+// document reads one whole document of a stream, of the given event type.
+func (s *UsageScanner) document(data, event []byte) {
+	if !s.wholeEvent(data, event) {
+		s.dataStart()
+		s.data(data)
+		s.dispatch(event)
 	}
 }
 
@@ -379,6 +458,8 @@ func (s *UsageScanner) Finish() Usage {
 	switch s.mode {
 	case modeSSE:
 		s.events.end(s)
+	case modeArray:
+		s.array.end(s)
 	case modeJSON:
 		if s.inDoc {
 			s.inDoc = false
@@ -456,6 +537,7 @@ func (s *UsageScanner) merge(valid bool, event []byte, d *docResult) {
 var (
 	_ eventSink = (*UsageScanner)(nil)
 	_ plainSink = (*UsageScanner)(nil)
+	_ awsSink   = (*UsageScanner)(nil)
 )
 
 // add folds one document's findings into the tally. It is shared with the
@@ -476,7 +558,7 @@ func (t *tally) add(api API, sse bool, valid bool, typ []byte, has uint32, vals 
 			group = 1
 		}
 		text = responsesTextEvent(typ)
-	case api == APIAnthropicMessages:
+	case api.Anthropic():
 		switch string(typ) {
 		case "message_start":
 			group, anthropicStart = 1, true
@@ -498,7 +580,7 @@ func (t *tally) add(api API, sse bool, valid bool, typ []byte, has uint32, vals 
 	hasPrompt := g&(1<<slotPrompt) != 0
 	hasCompletion := g&(1<<slotCompletion) != 0
 
-	if api == APIAnthropicMessages && sse {
+	if api.Anthropic() && sse {
 		if !valid && t.known {
 			return
 		}
@@ -513,7 +595,12 @@ func (t *tally) add(api API, sse bool, valid bool, typ []byte, has uint32, vals 
 		return
 	}
 
-	complete := hasPrompt && (hasCompletion || api == APIOpenAIEmbeddings)
+	// Gemini leaves out a count that is zero, as proto3's JSON does: a prompt and a total
+	// make a complete usage in a whole response. A stream's chunks all carry a prompt and a
+	// total, its output count only once there is output.
+	hasTotal := g&(1<<slotTotal) != 0
+	complete := hasPrompt && (hasCompletion || api == APIOpenAIEmbeddings || (api.gemini() && hasTotal && !sse)) ||
+		g&(1<<slotMillis) != 0
 	switch {
 	case valid && complete:
 		t.vals = [groupSize]int64{}
@@ -544,15 +631,23 @@ func (t *tally) usage(api API) Usage {
 		CompletionTokens: t.vals[slotCompletion],
 		CachedTokens:     t.vals[slotCached],
 		ReasoningTokens:  t.vals[slotReasoning],
+		AudioMillis:      t.vals[slotMillis],
 		Known:            t.known,
 		PromptKnown:      t.promptKnown || t.known,
 		ContentBytes:     t.content,
 		Error:            t.err,
 	}
-	if api == APIAnthropicMessages {
+	switch {
+	case api.Anthropic():
 		u.PromptTokens += t.vals[slotCached] + t.vals[slotCacheCreation]
 		u.TotalTokens = u.PromptTokens + u.CompletionTokens
 		return u
+	case api == APIBedrockConverse || api == APIBedrockConverseStream:
+		// inputTokens leaves out the cache's reads and writes, which are input too.
+		u.PromptTokens += t.vals[slotCached] + t.vals[slotCacheCreation]
+	case api.gemini():
+		// candidatesTokenCount leaves out the thinking, which is output too.
+		u.CompletionTokens += u.ReasoningTokens
 	}
 	if t.has&(1<<slotTotal) != 0 {
 		u.TotalTokens = t.vals[slotTotal]

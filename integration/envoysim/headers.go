@@ -258,9 +258,14 @@ func validHeaderName(k string) bool {
 	return true
 }
 
+// validHeaderValue accepts what Envoy's HeaderUtility::headerValueIsValid accepts (quiche's
+// HeaderValidator::IsValidHeaderValue with obs-text allowed; nghttp2's
+// nghttp2_check_header_value in older builds, the same set): horizontal tab, the visible ASCII
+// characters and space, and every byte from 0x80 (obs-text). Any other control character —
+// NUL, CR and LF among them — and DEL make Envoy refuse the mutation and fail the request.
 func validHeaderValue(v string) bool {
 	for i := 0; i < len(v); i++ {
-		if c := v[i]; c == 0 || c == '\r' || c == '\n' {
+		if c := v[i]; c < 0x20 && c != '\t' || c == 0x7f {
 			return false
 		}
 	}

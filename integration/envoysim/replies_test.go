@@ -82,6 +82,27 @@ func TestHeaderMutations(t *testing.T) {
 	}
 }
 
+// TestHeaderValueCharacters: a set_headers value is refused, failing the request, exactly when
+// Envoy's HeaderUtility::headerValueIsValid refuses it: any control character but tab, and DEL;
+// obs-text (bytes from 0x80, UTF-8 or not) passes.
+func TestHeaderValueCharacters(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		ok    bool
+	}{
+		{"acme", true}, {"a b", true}, {"a\tb", true}, {"café", true}, {"\x80\xff", true}, {"~!\"#", true}, {"", true},
+		{"a\x00b", false}, {"a\rb", false}, {"a\nb", false}, {"a\r\nx-injected: 1", false},
+		{"\x01", false}, {"\x08", false}, {"\x0b", false}, {"\x1f", false}, {"a\x7f", false},
+	} {
+		h := H(":method", "GET", ":path", "/")
+		m := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{hvo("x-bulkhead-compartment", tc.value, false)}}
+		_, err := applyHeaderMutation(m, &h, false, MutationRules{}, false)
+		if ok := err == nil; ok != tc.ok {
+			t.Errorf("value %q: accepted %v, Envoy accepts %v (err %v)", tc.value, ok, tc.ok, err)
+		}
+	}
+}
+
 func TestRouteCacheNeedsHeaderMutation(t *testing.T) {
 	ts := startServer(t, scripted(func(_ int, req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
 		return withCommon(req, &extprocv3.CommonResponse{ClearRouteCache: true})

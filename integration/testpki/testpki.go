@@ -63,17 +63,24 @@ type Leaf struct {
 	KeyPEM []byte
 }
 
-// Server issues a server certificate for the DNS names and IP addresses in names.
+// Server issues a server certificate for the DNS names and IP addresses in names, valid from an
+// hour ago for a day.
 func (ca *CA) Server(t testing.TB, names ...string) *Leaf {
-	return ca.issue(t, x509.ExtKeyUsageServerAuth, names)
+	return ca.issue(t, x509.ExtKeyUsageServerAuth, time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour), names)
 }
 
-// Client issues a client certificate named name.
+// ServerValid issues a server certificate like Server, valid from notBefore to notAfter: one
+// that has expired, or is not valid yet.
+func (ca *CA) ServerValid(t testing.TB, notBefore, notAfter time.Time, names ...string) *Leaf {
+	return ca.issue(t, x509.ExtKeyUsageServerAuth, notBefore, notAfter, names)
+}
+
+// Client issues a client certificate named name, valid from an hour ago for a day.
 func (ca *CA) Client(t testing.TB, name string) *Leaf {
-	return ca.issue(t, x509.ExtKeyUsageClientAuth, []string{name})
+	return ca.issue(t, x509.ExtKeyUsageClientAuth, time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour), []string{name})
 }
 
-func (ca *CA) issue(t testing.TB, usage x509.ExtKeyUsage, names []string) *Leaf {
+func (ca *CA) issue(t testing.TB, usage x509.ExtKeyUsage, notBefore, notAfter time.Time, names []string) *Leaf {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -82,8 +89,8 @@ func (ca *CA) issue(t testing.TB, usage x509.ExtKeyUsage, names []string) *Leaf 
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(serial.Add(1)),
 		Subject:      pkix.Name{CommonName: names[0]},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
+		NotBefore:    notBefore,
+		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
 	}

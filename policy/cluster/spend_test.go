@@ -25,7 +25,7 @@ func reserveSpend(t *testing.T, s *Store, ws []SpendWindow, amount int64) (uint6
 
 func reserveToken(t *testing.T, s *Store, ws []SpendWindow, amount int64) (uint64, uint64, bool) {
 	t.Helper()
-	token, over, refused, err := s.ReserveSpend(context.Background(), ws, amount)
+	token, over, refused, err := s.ReserveSpend(context.Background(), ws, amount, nil)
 	if err != nil {
 		t.Fatalf("reservation on %s: %v", s.ReplicaID(), err)
 	}
@@ -110,10 +110,15 @@ func TestSpendAllOrNothing(t *testing.T) {
 	if u := spendGet(t, s, month.Key); u.Reserved != dollars(1.1) || !u.Shadow {
 		t.Fatalf("shadow window: %+v", u)
 	}
-	// A request larger than a whole budget runs in an untouched window only.
+	// A request larger than a whole budget is refused, even by an untouched window; a window
+	// that allows a single overrun lets it run while it holds nothing.
 	big := spendWindow("tenant/big|day|1", dollars(1), end)
+	if _, refused := reserveSpend(t, s, []SpendWindow{big}, dollars(5)); !refused {
+		t.Fatal("a request larger than the whole budget was admitted")
+	}
+	big.AllowSingleOverrun = true
 	if _, refused := reserveSpend(t, s, []SpendWindow{big}, dollars(5)); refused {
-		t.Fatal("refused in an untouched window")
+		t.Fatal("allowed a single overrun, refused in an untouched window")
 	}
 	if _, refused := reserveSpend(t, s, []SpendWindow{big}, 1); !refused {
 		t.Fatal("admitted past a spent budget")
@@ -157,33 +162,84 @@ func TestSpendKeysExpireAfterTheirWindow(t *testing.T) {
 	}
 }
 
+// unflushedStore opens a store on a Redis of its own that sends nothing unless the test
+// flushes.
+func unflushedStore(t *testing.T) (*redistest.Server, *Store) {
+	t.Helper()
+	rd := redistest.Standalone(t)
+	o := options(rd.Addr(), "sp", "a")
+	o.SettleInterval = time.Hour
+	return rd, open(t, o)
+}
+
 // TestSpendSettlementAppliedOnce: a batch sent again (its answer lost) changes nothing the
 // second time.
 func TestSpendSettlementAppliedOnce(t *testing.T) {
-	rd := redistest.Standalone(t)
-	o := options(rd.Addr(), "sp", "a")
-	o.SettleInterval = time.Hour // nothing is sent unless the test flushes
-	s := open(t, o)
+	_, s := unflushedStore(t)
 	w := spendWindow("tenant/acme|day|1", dollars(1), time.Now().Add(time.Hour))
 	t1, _, _ := reserveToken(t, s, []SpendWindow{w}, dollars(0.5))
 	t2, _, _ := reserveToken(t, s, []SpendWindow{w}, dollars(0.3))
 	s.SettleSpend(t1, []string{w.Key}, dollars(0.5), dollars(0.2))
 	s.SettleSpend(t2, []string{w.Key}, dollars(0.3), dollars(0.3))
-	s.pendMu.Lock()
-	sent := append([]spendOp(nil), s.spendPending...)
-	s.pendMu.Unlock()
-	if err := s.flushSpend(); err != nil {
-		t.Fatal(err)
-	}
-	// The same batch again, as after a timeout whose script did run.
-	s.pendMu.Lock()
-	s.spendPending = append(sent, s.spendPending...)
-	s.pendMu.Unlock()
-	if err := s.flushSpend(); err != nil {
-		t.Fatal(err)
-	}
+	flushTwice(t, s, func() {})
 	if u := spendGet(t, s, w.Key); u.Spent != dollars(0.5) || u.Reserved != 0 {
 		t.Fatalf("after a batch sent twice: %+v, want spent 0.5, reserved 0", u)
+	}
+}
+
+// flushTwice sends s's queued spend settlements and additions, runs between, then sends the same
+// batches again (as after a timeout whose script did run) with what was queued since.
+func flushTwice(t *testing.T, s *Store, between func()) {
+	t.Helper()
+	s.pendMu.Lock()
+	ops, adds := append([]spendOp(nil), s.spendPending...), append([]spendAdd(nil), s.spend.adds...)
+	s.pendMu.Unlock()
+	if err := s.flushSpend(); err != nil {
+		t.Fatal(err)
+	}
+	between()
+	s.pendMu.Lock()
+	s.spendPending = append(ops, s.spendPending...)
+	s.spend.adds = append(adds, s.spend.adds...)
+	s.pendMu.Unlock()
+	if err := s.flushSpend(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSpendAddAppliedOnce: spend counted in a process's memory is added to Redis without any
+// reservation token, creating the window it lands in; a batch sent again (its answer lost)
+// changes nothing the second time, and an addition to a window that has ended is dropped.
+func TestSpendAddAppliedOnce(t *testing.T) {
+	rd, s := unflushedStore(t)
+	w := spendWindow("tenant/acme|day|1", dollars(1), time.Now().Add(time.Hour))
+	past := spendWindow("tenant/acme|hour|1", dollars(1), time.Now().Add(-time.Second))
+	s.AddSpend([]SpendWindow{w, past}, dollars(0.5), 0)
+	s.AddSpend([]SpendWindow{w, past}, -dollars(0.5), dollars(0.2))
+	s.AddSpend([]SpendWindow{w}, dollars(0.3), 0)
+	if p := s.SpendPending()[w.Key]; p != (SpendAdded{Reserved: dollars(0.3), Settled: dollars(0.2)}) {
+		t.Fatalf("pending %+v", p)
+	}
+	if got := s.SpendPendingTotal(); got != dollars(0.5) {
+		t.Fatalf("pending total %d, want 0.5 (each addition once)", got)
+	}
+	flushTwice(t, s, func() {
+		if p := s.SpendPending(); len(p) != 0 {
+			t.Fatalf("still pending after a flush: %+v", p)
+		}
+		s.AddSpend([]SpendWindow{w}, 0, dollars(0.1))
+	})
+	u := spendGet(t, s, w.Key)
+	if u.Spent != dollars(0.3) || u.Reserved != dollars(0.3) || u.Limit != dollars(1) || !u.End.Equal(w.End.Truncate(time.Millisecond)) {
+		t.Fatalf("after a batch sent twice: %+v, want spent 0.3, reserved 0.3", u)
+	}
+	us, err := s.SpendUsage(context.Background())
+	if err != nil || len(us) != 1 || us[0].Key != w.Key {
+		t.Fatalf("listing %+v (%v), want the added window alone", us, err)
+	}
+	rc := inspect(t, rd.Addr())
+	if n, _ := rc.Exists(context.Background(), "{sp}:sp:"+past.Key).Result(); n != 0 {
+		t.Fatal("an addition to an ended window created it")
 	}
 }
 
@@ -198,12 +254,12 @@ func TestSpendUnavailable(t *testing.T) {
 	w := spendWindow("tenant/acme|day|1", dollars(1), time.Now().Add(time.Hour))
 	token, _, _ := reserveToken(t, s, []SpendWindow{w}, dollars(0.5))
 	rd.Pause(time.Hour)
-	_, _, _, err := s.ReserveSpend(context.Background(), []SpendWindow{w}, dollars(0.1))
+	_, _, _, err := s.ReserveSpend(context.Background(), []SpendWindow{w}, dollars(0.1), nil)
 	if !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("reservation with Redis paused: %v", err)
 	}
 	waitFor(t, "the store to be unavailable", func() bool { return !s.Available() })
-	if _, _, _, err := s.ReserveSpend(context.Background(), []SpendWindow{w}, dollars(0.1)); !errors.Is(err, ErrUnavailable) {
+	if _, _, _, err := s.ReserveSpend(context.Background(), []SpendWindow{w}, dollars(0.1), nil); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("reservation while unavailable: %v", err)
 	}
 	s.SettleSpend(token, []string{w.Key}, dollars(0.5), dollars(0.25))

@@ -197,8 +197,10 @@ type Store struct {
 	// drops counts settlements dropped from the front of pending, so that a flush removes only
 	// what it sent.
 	drops int64
-	// spendPending are spend settlements not sent yet (see spend.go).
+	// spendPending are spend settlements not sent yet; spend holds the spend additions not sent
+	// yet (see spend.go).
 	spendPending []spendOp
+	spend        spendShared
 	// skewLogged is set while this replica's clock is known to differ from Redis's.
 	skewLogged atomic.Bool
 	kick       chan struct{}

@@ -16,11 +16,29 @@ type Policy struct {
 	// Envoy (Envoy's own config is); they let validation check that waits fit Envoy's timeouts and
 	// let `llm-bulkhead envoy-config` print a matching filter.
 	Envoy Envoy `koanf:"envoy" json:"envoy,omitempty"`
-	// Classification holds the ordered rules that give every request its dimensions.
+	// Classification holds the ordered rules that give every request its dimensions. A value a
+	// rule reads is trimmed of white space (CR and LF at its ends included). A value that still
+	// holds a control character (NUL, CR, LF, tab, DEL, U+0080–U+009F), bytes that are not UTF-8,
+	// or more than 256 bytes is skipped as if the rule had read nothing — the next rule or the
+	// default decides — and counted in llm_bulkhead_classify_errors_total{reason="invalid_tenant"}
+	// (invalid_feature, invalid_tier, invalid_provider, invalid_model), with a warning logged at
+	// most once a minute that names the rule and the problem, never the value. So whatever a
+	// trusted source holds, the headers, Envoy metadata, log lines and metric labels made from a
+	// request's dimensions are valid. Defaults, path rule values, map entries and tenant ids in
+	// the policy are checked the same way when it loads.
 	Classification Classification `koanf:"classification" json:"classification,omitempty"`
 	// Tenants is the tenant directory: tenant → tier, with optional per-tenant limit overrides.
 	Tenants Tenants `koanf:"tenants" json:"tenants,omitempty"`
 	// Models maps model names (globs, first match wins) to providers and estimation settings.
+	// A request's model is the one its API names: the body's model for OpenAI's
+	// /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/audio/speech and
+	// /v1/images/generations and for Anthropic's /v1/messages; the path's for Google Gemini
+	// (models/{model}:generateContent, :streamGenerateContent, :countTokens, :embedContent, as
+	// gemini-2.5-flash), AWS Bedrock (model/{modelId}/converse, /converse-stream, /invoke,
+	// /invoke-with-response-stream, the id as written, as
+	// anthropic.claude-3-5-haiku-20241022-v1:0) and Azure OpenAI's deployments
+	// (/openai/deployments/{deployment}/...; the deployment's name); an audio upload's model is
+	// a form field that is never read (name it with a classification.model rule).
 	Models []ModelRule `koanf:"models" json:"models,omitempty"`
 	// Estimation sets how token use is estimated before a response reports it.
 	Estimation Estimation `koanf:"estimation" json:"estimation,omitempty"`
@@ -33,7 +51,8 @@ type Policy struct {
 	// per million tokens; costs are counted in millionths of the currency unit and a request's
 	// cost is rounded up once, to the next millionth. Nothing is fetched from the network: the
 	// prices are what you write. A request reserves its worst case before it runs, its
-	// estimated prompt tokens × input_per_mtok + max_tokens (or the default max tokens) × n ×
+	// estimated prompt tokens × input_per_mtok + max_tokens (or the default max tokens) × the
+	// choices the API returns (n; prompts × max(n, best_of) for batched completions) ×
 	// output_per_mtok, in every spend budget of its compartments (all or nothing), and settles
 	// after at the usage the response reports, priced by the model that answered (the model
 	// field of the response): prompt tokens served from a cache at cached_input_per_mtok,
@@ -44,15 +63,25 @@ type Policy struct {
 	// reserves 2000 × 0.27 + 1000 × 1.10 = 1640 millionths, $0.00164;
 	// its response reports 2000 prompt tokens of which 1500 cached and 400 completion tokens, so
 	// it settles at 500 × 0.27 + 1500 × 0.07 + 400 × 1.10 = 135 + 105 + 440 = 680 millionths,
-	// $0.00068, and a tenant with spend_per_day 1.00 has $0.99932 left that day. When a spend
-	// budget applies, every model the models list and the providers' models maps name must be
-	// priced (by an entry or the default); a model nobody named that no entry prices is charged
-	// at the highest price of each kind in the list. Default empty.
+	// $0.00068, and a tenant with spend_per_day 1.00 has $0.99932 left that day. Models billed
+	// otherwise than by the token add per_second (audio transcription and translation billed by
+	// duration: the seconds the response's usage reports, else, as for a response in the text,
+	// srt or vtt format, which reports none, the upload's worst-case length, its bytes at 2000 a
+	// second, the lowest bitrate speech codecs use), per_request (every request the provider
+	// served: speech, or a fee on top of tokens) and per_image (each image an
+	// /v1/images/generations request asks for with n), reserved and settled with the tokens.
+	// When a spend budget applies, every model the models list and the providers' models maps
+	// name must be priced (by an entry or the default); a model nobody named that no entry
+	// prices is charged at the highest price of each kind in the list. Default empty.
 	Prices []PriceRule `koanf:"prices" json:"prices,omitempty"`
 	// TimeZone is the IANA time zone (e.g. Europe/Berlin, America/New_York) whose calendar the
 	// windows of spend budgets follow: an hour is a clock hour, a day runs from midnight to
 	// midnight (23 or 25 hours when the clocks change) and a month from the 1st to the 1st.
-	// The zone database is built in. Default UTC.
+	// The zone database is built in. Changing it (by a reload, or a restart with a state file
+	// or Redis) carries what each budget's current window had counted into the window the new
+	// zone makes current, which may have started earlier or later: a new zone never gives back
+	// what was spent, changing back counts nothing twice, and the reload's log line lists the
+	// change. Default UTC.
 	TimeZone string `koanf:"time_zone" json:"time_zone,omitempty"`
 	// Spend sets how spend budgets' spend outlives the process. A single process keeps it in a
 	// state file (state_file): read once at start before any request is served, written
@@ -65,7 +94,9 @@ type Policy struct {
 	// comes after a crash; their reservation is the most they can have cost). A policy reload
 	// keeps every budget's spend (a budget is known by its compartment and period). With a
 	// cluster backend Redis keeps spend instead, shared by every replica (docs/cluster.md). Default
-	// memory only: spend starts empty at every start.
+	// memory only: spend starts empty at every start. It also says what a start does with a state
+	// file it cannot use (on_state_error) and whether a single request may overrun a budget
+	// (allow_single_overrun).
 	Spend SpendState `koanf:"spend" json:"spend,omitempty"`
 	// Body sets how request bodies are read and rewritten.
 	Body Body `koanf:"body" json:"body,omitempty"`
@@ -199,9 +230,10 @@ type Classification struct {
 	Tier Dimension `koanf:"tier" json:"tier,omitempty"`
 	// Provider rules. Values must name an entry of providers.
 	Provider Dimension `koanf:"provider" json:"provider,omitempty"`
-	// Model rules. Any value is kept (models are open-ended); it is used for estimation, the
-	// model map and provider model maps. A compartment family keyed by model is keyed by the
-	// `models` glob the value matches (or other), never by the value itself.
+	// Model rules. Any value a classification value may be is kept (models are open-ended); it
+	// is used for estimation, the model map and provider model maps. A compartment family keyed
+	// by model is keyed by the `models` glob the value matches (or other), never by the value
+	// itself.
 	Model Dimension `koanf:"model" json:"model,omitempty"`
 }
 
@@ -226,7 +258,10 @@ type Rule struct {
 	PathPrefix string `koanf:"path_prefix" json:"path_prefix,omitempty"`
 	// PathRegex matches the :path by a regular expression; Value is assigned ($1… expand groups).
 	PathRegex string `koanf:"path_regex" json:"path_regex,omitempty"`
-	// Body reads a JSON body field by dotted path, e.g. "metadata.feature" or "user".
+	// Body reads a JSON body field by dotted path, e.g. "metadata.feature" or "user". "model"
+	// is the model the path names when it names one, with or without a body: Gemini's
+	// models/{model}, Bedrock's model/{modelId} and Azure OpenAI's deployment (map deployment
+	// names to models with Map).
 	Body string `koanf:"body" json:"body,omitempty"`
 	// Metadata reads Envoy dynamic metadata forwarded in metadata_context.
 	Metadata *MetadataRef `koanf:"metadata" json:"metadata,omitempty"`
@@ -365,8 +400,10 @@ type Limits struct {
 	MaxDebt *float64 `koanf:"max_debt" json:"max_debt,omitempty"`
 	// SpendPerHour is a spend budget in money (the policy's currency, e.g. 1.00) for each clock
 	// hour of time_zone. A request is refused with 429, reason spend_budget, when its
-	// worst-case cost does not fit what is left (see prices), until the hour ends. Tiers' spend
-	// budgets scale by ratio in tier × feature compartments like every limit. Default 0 = none.
+	// worst-case cost does not fit what is left (see prices), until the hour ends; a request
+	// whose worst case is more than the whole budget is refused even in an untouched window,
+	// unless spend.allow_single_overrun. Tiers' spend budgets scale by ratio in tier × feature
+	// compartments like every limit. Default 0 = none.
 	SpendPerHour *Amount `koanf:"spend_per_hour" json:"spend_per_hour,omitempty"`
 	// SpendPerDay is a spend budget in money for each calendar day of time_zone, like
 	// spend_per_hour. Default 0 = none.
@@ -382,9 +419,11 @@ type PriceRule struct {
 	// the models list (ignoring case unless classification.model.case_sensitive), or default:
 	// the price of models no other entry matches (at most one such entry).
 	Match string `koanf:"match" json:"match,omitempty"`
-	// InputPerMtok is the price of a million prompt tokens. Required.
+	// InputPerMtok is the price of a million prompt tokens. Required unless the entry sets
+	// per_second, per_request or per_image (then default 0).
 	InputPerMtok *Amount `koanf:"input_per_mtok" json:"input_per_mtok,omitempty"`
-	// OutputPerMtok is the price of a million completion tokens. Required.
+	// OutputPerMtok is the price of a million completion tokens. Required unless the entry sets
+	// per_second, per_request or per_image (then default 0).
 	OutputPerMtok *Amount `koanf:"output_per_mtok" json:"output_per_mtok,omitempty"`
 	// CachedInputPerMtok is the price of a million prompt tokens served from a prompt cache.
 	// Default input_per_mtok.
@@ -392,6 +431,17 @@ type PriceRule struct {
 	// ReasoningPerMtok is the price of a million reasoning tokens (part of the completion).
 	// Default output_per_mtok.
 	ReasoningPerMtok *Amount `koanf:"reasoning_per_mtok" json:"reasoning_per_mtok,omitempty"`
+	// PerSecond is the price of one second of audio, for models billed by duration (whisper-1:
+	// 0.0001 is $0.006 a minute), charged for the seconds of /v1/audio/transcriptions and
+	// /v1/audio/translations. An upload's model is a form field, which is never read: name it
+	// with a classification.model rule (a header, or a path_prefix with a value). Default 0.
+	PerSecond *Amount `koanf:"per_second" json:"per_second,omitempty"`
+	// PerRequest is the price of each request the provider served (a 2xx response), on top of
+	// any tokens: speech, or a per-call fee. Default 0.
+	PerRequest *Amount `koanf:"per_request" json:"per_request,omitempty"`
+	// PerImage is the price of each image an /v1/images/generations request asks for (its n,
+	// default 1), charged when the provider served it. Default 0.
+	PerImage *Amount `koanf:"per_image" json:"per_image,omitempty"`
 }
 
 // DefaultPrice is the match of the price entry that prices models no other entry matches.

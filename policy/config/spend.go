@@ -53,6 +53,9 @@ func (p *Policy) PriceTable() *spend.Prices {
 		highest.Output = max(highest.Output, price.Output)
 		highest.CachedInput = max(highest.CachedInput, price.CachedInput)
 		highest.Reasoning = max(highest.Reasoning, price.Reasoning)
+		highest.PerSecond = max(highest.PerSecond, price.PerSecond)
+		highest.PerRequest = max(highest.PerRequest, price.PerRequest)
+		highest.PerImage = max(highest.PerImage, price.PerImage)
 		if pr.Match == DefaultPrice {
 			def = &price
 			continue
@@ -78,7 +81,13 @@ func (r PriceRule) price() spend.Price {
 	if r.ReasoningPerMtok != nil {
 		pr.Reasoning, pr.HasReasoning = *r.ReasoningPerMtok, true
 	}
+	pr.PerSecond, pr.PerRequest, pr.PerImage = deref(r.PerSecond), deref(r.PerRequest), deref(r.PerImage)
 	return pr
+}
+
+// perUnit reports whether r prices something other than tokens.
+func (r PriceRule) perUnit() bool {
+	return r.PerSecond != nil || r.PerRequest != nil || r.PerImage != nil
 }
 
 // spend checks currency, time zone and prices, and that every model the policy names has a
@@ -102,11 +111,11 @@ func (v *validator) spend() {
 				v.add(path+".match", "a second default entry: only one may price the models no other entry matches")
 			}
 		}
-		if pr.InputPerMtok == nil {
-			v.add(path+".input_per_mtok", "is required (the price of a million prompt tokens; write 0 if they are free)")
+		if pr.InputPerMtok == nil && !pr.perUnit() {
+			v.add(path+".input_per_mtok", "is required (the price of a million prompt tokens; write 0 if they are free), unless the entry sets per_second, per_request or per_image")
 		}
-		if pr.OutputPerMtok == nil {
-			v.add(path+".output_per_mtok", "is required (the price of a million completion tokens; write 0 if they are free)")
+		if pr.OutputPerMtok == nil && !pr.perUnit() {
+			v.add(path+".output_per_mtok", "is required (the price of a million completion tokens; write 0 if they are free), unless the entry sets per_second, per_request or per_image")
 		}
 	}
 	if !p.AnySpendLimits() || defaults > 0 {

@@ -200,3 +200,43 @@ func FuzzAmountScalar(f *testing.F) {
 		}
 	})
 }
+
+// TestPricesPerUnit: an entry may price audio seconds, requests and images instead of (or on
+// top of) tokens; its token prices then default to 0, and each amount is checked like the
+// others.
+func TestPricesPerUnit(t *testing.T) {
+	p, err := config.Load("p.yaml", []byte(`allow_empty: true
+prices:
+  - {match: whisper-1, per_second: 0.0001}
+  - {match: dall-e-3, per_image: 0.04, per_request: 0.001}
+  - {match: gpt-4o-transcribe, input_per_mtok: 2.50, output_per_mtok: 10, per_request: 0.0005}
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prices := p.PriceTable()
+	for model, want := range map[string]spend.Price{
+		"whisper-1":         {PerSecond: 100},
+		"dall-e-3":          {PerImage: 40_000, PerRequest: 1_000},
+		"gpt-4o-transcribe": {Input: 2_500_000, CachedInput: 2_500_000, Output: 10_000_000, Reasoning: 10_000_000, PerRequest: 500},
+	} {
+		if got, ok := prices.Lookup(model); !ok || got != want {
+			t.Errorf("%s: %+v, want %+v", model, got, want)
+		}
+	}
+	// A model no entry prices is charged the highest of each kind.
+	if got, _ := prices.Lookup("tts-1"); got.PerSecond != 100 || got.PerImage != 40_000 || got.PerRequest != 1_000 {
+		t.Errorf("unpriced model: %+v", got)
+	}
+	got := loadProblems(t, `allow_empty: true
+prices:
+  - {match: a, per_second: -0.1}
+  - {match: b, per_image: 0.0000001}
+  - {match: c, per_request: x}
+`, nil)
+	wantProblems(t, got, []string{
+		`p.yaml:3: prices[0].per_second: "-0.1" is negative`,
+		`p.yaml:4: prices[1].per_image: "0.0000001" is more precise than a millionth`,
+		`p.yaml:5: prices[2].per_request: "x" is not an amount`,
+	})
+}

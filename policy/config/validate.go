@@ -207,6 +207,13 @@ func (v *validator) classification() {
 		for i, r := range d.d.Rules {
 			v.rule(fmt.Sprintf("classification.%s.rules[%d]", d.name, i), d.name, r)
 		}
+		// The defaults of feature, tier and provider name entries (sets checks them); those of
+		// the open dimensions are used as they are.
+		if v.valueSet(d.name) == nil {
+			if err := CheckIdentity(d.d.Default); err != nil {
+				v.add("classification."+d.name+".default", "%q cannot be a %s: %v", d.d.Default, d.name, err)
+			}
+		}
 	}
 }
 
@@ -294,8 +301,22 @@ func (v *validator) rule(path, dim string, r Rule) {
 	if r.Value != "" && src != "path_prefix" && src != "path_regex" {
 		v.add(path+".value", "value is only for path_prefix and path_regex rules (use map to translate values)")
 	}
+	for _, from := range sortedKeys(r.Map) {
+		if err := CheckIdentity(from); err != nil {
+			v.add(path+".map."+from, "%q can never match: classification skips values with %v", from, err)
+		}
+	}
 	set := v.valueSet(dim)
 	if set == nil {
+		// An open dimension (tenant, model) takes these values as they are.
+		if err := CheckIdentity(r.Value); err != nil && !strings.Contains(r.Value, "$") {
+			v.add(path+".value", "%q cannot be a %s: %v", r.Value, dim, err)
+		}
+		for _, from := range sortedKeys(r.Map) {
+			if err := CheckIdentity(r.Map[from]); err != nil {
+				v.add(path+".map."+from, "%q cannot be a %s: %v", r.Map[from], dim, err)
+			}
+		}
 		return
 	}
 	if r.Value != "" && !strings.Contains(r.Value, "$") && !slices.Contains(set, r.Value) {
@@ -314,6 +335,8 @@ func (v *validator) tenants() {
 		path := fmt.Sprintf("tenants.directory[%d]", i)
 		if strings.TrimSpace(t.ID) == "" {
 			v.add(path+".id", "a tenant needs an id")
+		} else if err := CheckIdentity(t.ID); err != nil {
+			v.add(path+".id", "%q can never be a request's tenant: classification skips values with %v", t.ID, err)
 		} else if j, dup := seen[t.ID]; dup {
 			v.add(path+".id", "tenant %q is already listed at tenants.directory[%d]", t.ID, j)
 		} else {

@@ -84,10 +84,15 @@ func TestLedgerReservesAllOrNothing(t *testing.T) {
 func TestLedgerReleaseAndOversizedRequests(t *testing.T) {
 	l := spend.NewLedger(nil)
 	b := spend.Budget{Name: "tenant/acme", Period: spend.Day, Limit: dollars("1")}
-	// A request costing more than the whole budget runs only in an untouched window.
+	// A request costing more than the whole budget is refused, even by an untouched window.
+	if _, rf, ok := reserve(l, dollars("3"), t0, b); ok || rf.Budget != b {
+		t.Fatalf("an oversized request: %+v, %v; want refused by %s", rf, ok, b.Name)
+	}
+	// Unless the policy allows a single overrun: then it runs in an untouched window only.
+	_, _ = l.Configure(spend.Settings{Currency: "USD", AllowSingleOverrun: true}, t0)
 	big, _, ok := reserve(l, dollars("3"), t0, b)
 	if !ok {
-		t.Fatal("an oversized request was refused by an untouched window")
+		t.Fatal("allowed a single overrun, an oversized request was refused by an untouched window")
 	}
 	if _, _, ok := reserve(l, 1, t0, b); ok {
 		t.Fatal("admitted with the window over its limit")
@@ -115,7 +120,7 @@ func TestLedgerWindowsReset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.Configure("EUR", spend.NewCalendar(berlin))
+	_, _ = l.Configure(spend.Settings{Currency: "EUR", Calendar: spend.NewCalendar(berlin)}, t0)
 	month := spend.Budget{Name: "tenant/acme", Period: spend.Month, Limit: dollars("10")}
 	day := spend.Budget{Name: "tenant/acme", Period: spend.Day, Limit: dollars("5")}
 	// 31 March 23:30 in Berlin is 21:30 UTC.
@@ -199,7 +204,7 @@ func TestLedgerFallsBackWhileTheStoreIsUnreachable(t *testing.T) {
 
 func TestSaveAndRestoreNeverDoubleCount(t *testing.T) {
 	l := spend.NewLedger(nil)
-	l.Configure("USD", spend.Calendar{})
+	_, _ = l.Configure(spend.Settings{Currency: "USD"}, t0)
 	day := spend.Budget{Name: "tenant/acme", Period: spend.Day, Limit: dollars("1")}
 	hour := spend.Budget{Name: "tenant/acme", Period: spend.Hour, Limit: dollars("1")}
 	r, _, _ := reserve(l, dollars("0.30"), t0, day, hour)
@@ -213,7 +218,7 @@ func TestSaveAndRestoreNeverDoubleCount(t *testing.T) {
 
 	// A new process restores it: settled and in-flight spend count as spent.
 	l2 := spend.NewLedger(nil)
-	l2.Configure("USD", spend.Calendar{})
+	_, _ = l2.Configure(spend.Settings{Currency: "USD"}, t0)
 	n, err := l2.RestoreState(st, t0)
 	if err != nil || n != 2 {
 		t.Fatalf("RestoreState = %d, %v", n, err)
@@ -244,7 +249,7 @@ func TestSaveAndRestoreNeverDoubleCount(t *testing.T) {
 	}
 	// Another currency is refused whole.
 	l4 := spend.NewLedger(nil)
-	l4.Configure("EUR", spend.Calendar{})
+	_, _ = l4.Configure(spend.Settings{Currency: "EUR"}, t0)
 	var se *spend.StateError
 	if _, err := l4.RestoreState(st, t0); !errors.As(err, &se) || se.Reason != spend.ReasonCurrency {
 		t.Fatalf("restoring USD into EUR: %v", err)
@@ -308,3 +313,85 @@ func TestLedgerConcurrentReservations(t *testing.T) {
 		}
 	}
 }
+
+// TestLedgerCarriesSpendAcrossZoneChange: $8 spent of a $10 UTC day (and of a $100 month), the
+// zone changes to Asia/Kathmandu (+05:45: other day and month windows). The new zone's current
+// windows start with the $8, so only $2 more fit; changing back gives the UTC windows the $10
+// spent in all, not $18; a state file written under UTC and restored by a process that uses
+// Kathmandu carries its spend too.
+func TestLedgerCarriesSpendAcrossZoneChange(t *testing.T) {
+	ktm, err := time.LoadLocation("Asia/Kathmandu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	utc := spend.Settings{Currency: "USD", Calendar: spend.NewCalendar(time.UTC)}
+	kathmandu := spend.Settings{Currency: "USD", Calendar: spend.NewCalendar(ktm)}
+	day := spend.Budget{Name: "tenant/acme", Period: spend.Day, Limit: dollars("10")}
+	month := spend.Budget{Name: "tenant/acme", Period: spend.Month, Limit: dollars("100")}
+	spendAll := func(l *spend.Ledger, n int) int {
+		admitted := 0
+		for range n {
+			r, _, ok := reserve(l, dollars("1"), t0, day, month)
+			if ok {
+				r.Settle(dollars("1"), t0)
+				admitted++
+			}
+		}
+		return admitted
+	}
+	l := spend.NewLedger(nil)
+	_, _ = l.Configure(utc, t0)
+	if n := spendAll(l, 8); n != 8 {
+		t.Fatalf("%d of 8 admitted", n)
+	}
+	utcState := l.SaveState(t0)
+
+	carried, err := l.Configure(kathmandu, t0)
+	if err != nil || carried != 2 {
+		t.Fatalf("Configure to Kathmandu carried %d windows (%v), want the day's and the month's", carried, err)
+	}
+	for _, b := range []spend.Budget{day, month} {
+		if u := usage(t, l, b.Name, b.Period, t0); u.Spent != dollars("8") || u.ID.Start == utcStart(b.Period) {
+			t.Fatalf("%s after the zone change: %+v, want the $8 in the Kathmandu window", b.Period, u)
+		}
+	}
+	if n := spendAll(l, 10); n != 2 {
+		t.Fatalf("%d of 10 admitted after the zone change, want the $2 left of $10", n)
+	}
+	// Changing back: the UTC window counts the $10, once.
+	if _, err := l.Configure(utc, t0); err != nil {
+		t.Fatal(err)
+	}
+	if u := usage(t, l, day.Name, spend.Day, t0); u.Spent != dollars("10") {
+		t.Fatalf("UTC day after changing back: spent %s, want 10", u.Spent)
+	}
+	if n := spendAll(l, 3); n != 0 {
+		t.Fatalf("%d admitted after changing back", n)
+	}
+	// Configuring the same zone again carries nothing more.
+	if n, err := l.Configure(utc, t0); n != 0 || err != nil {
+		t.Fatalf("a second Configure carried %d (%v)", n, err)
+	}
+
+	// A restart under the new zone with the file written under the old one.
+	l2 := spend.NewLedger(nil)
+	_, _ = l2.Configure(kathmandu, t0)
+	if _, err := l2.RestoreState(utcState, t0); err != nil {
+		t.Fatal(err)
+	}
+	if u := usage(t, l2, day.Name, spend.Day, t0); u.Spent != dollars("8") {
+		t.Fatalf("restored under Kathmandu: day spent %s, want the $8 of the UTC file", u.Spent)
+	}
+	// Saved again and restored again, still $8.
+	l3 := spend.NewLedger(nil)
+	_, _ = l3.Configure(kathmandu, t0)
+	if _, err := l3.RestoreState(l2.SaveState(t0), t0); err != nil {
+		t.Fatal(err)
+	}
+	if u := usage(t, l3, day.Name, spend.Day, t0); u.Spent != dollars("8") {
+		t.Fatalf("restored twice: day spent %s, want 8", u.Spent)
+	}
+}
+
+// utcStart is the start of t0's UTC window of period p.
+func utcStart(p spend.Period) int64 { return spend.NewCalendar(time.UTC).Start(p, t0).Unix() }

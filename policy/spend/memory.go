@@ -19,15 +19,22 @@ type MemoryStore struct {
 
 type memWindow struct {
 	w Window
-	// spent is settled here; carried was restored from a saved state (replaced, never added
-	// to, by a later restore).
-	spent, carried, reserved Micros
+	// spent is settled here; restored was restored from a saved state (replaced, never added
+	// to, by a later restore); carried was carried from a window of another time zone (see
+	// Carry); before is restored plus carried, kept so that the admission path adds no more.
+	spent, restored, carried, before, reserved Micros
 }
 
-func (m *memWindow) used() Micros { return satAdd(satAdd(m.spent, m.carried), m.reserved) }
+// setBefore updates before after restored or carried changed.
+func (m *memWindow) setBefore() { m.before = satAdd(m.restored, m.carried) }
+
+// settled is everything counted as spent in the window.
+func (m *memWindow) settled() Micros { return satAdd(m.spent, m.before) }
+
+func (m *memWindow) used() Micros { return satAdd(m.settled(), m.reserved) }
 
 func (m *memWindow) usage() Usage {
-	return Usage{Window: m.w, Spent: satAdd(m.spent, m.carried), Reserved: m.reserved}
+	return Usage{Window: m.w, Spent: m.settled(), Reserved: m.reserved}
 }
 
 // sweepEvery is how often ended windows are dropped.
@@ -69,9 +76,15 @@ func (s *MemoryStore) Reserve(_ context.Context, ws []Window, amount Micros, now
 	defer s.mu.Unlock()
 	var over uint64
 	refused := false
-	for i, w := range ws {
-		m := s.window(w, now)
-		if used := m.used(); used > 0 && used > w.Limit-amount {
+	// The windows found, so that each is looked up once (a reservation has at most MaxWindows).
+	var found [MaxWindows]*memWindow
+	for i := range ws {
+		w := &ws[i]
+		m := s.window(*w, now)
+		if i < MaxWindows {
+			found[i] = m
+		}
+		if used := m.used(); used > w.Limit-amount && !(w.AllowSingleOverrun && used == 0) {
 			over |= 1 << uint(i)
 			refused = refused || !w.Shadow
 		}
@@ -79,8 +92,11 @@ func (s *MemoryStore) Reserve(_ context.Context, ws []Window, amount Micros, now
 	if refused {
 		return over, nil
 	}
-	for _, w := range ws {
-		m := s.windows[w.ID]
+	for i := range ws {
+		m := s.windows[ws[i].ID]
+		if i < MaxWindows {
+			m = found[i]
+		}
 		m.reserved = satAdd(m.reserved, amount)
 	}
 	return over, nil
@@ -132,8 +148,13 @@ func (s *MemoryStore) Usage(now time.Time) []Usage {
 		}
 	}
 	s.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return windowLess(out[i].ID, out[j].ID) })
+	sortUsage(out)
 	return out
+}
+
+// sortUsage orders us as Store.Usage lists windows.
+func sortUsage(us []Usage) {
+	sort.Slice(us, func(i, j int) bool { return windowLess(us[i].ID, us[j].ID) })
 }
 
 func windowLess(a, b WindowID) bool {
@@ -159,7 +180,7 @@ func (s *MemoryStore) Save(now time.Time) []SavedWindow {
 		out = append(out, SavedWindow{
 			Budget: m.w.ID.Budget, Period: m.w.ID.Period.String(),
 			Start: time.Unix(m.w.ID.Start, 0).UTC(), End: m.w.End.UTC(),
-			Settled: int64(satAdd(m.spent, m.carried)), InFlight: int64(m.reserved),
+			Settled: int64(m.settled()), InFlight: int64(m.reserved),
 		})
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -219,9 +240,32 @@ func (s *MemoryStore) Load(saved []SavedWindow, now time.Time) (int, error) {
 			m = &memWindow{w: Window{ID: it.id, End: it.end}}
 			s.windows[it.id] = m
 		}
-		m.carried = it.spent
+		m.restored = it.spent
+		m.setBefore()
 	}
 	return len(items), nil
+}
+
+// Carry implements Carrier. A window of this process holds everything spent in it, so carrying
+// is a floor: after it, To counts at least what From holds (settled and reserved) besides what
+// To has in flight; carrying again, or back and forth, never counts anything twice.
+func (s *MemoryStore) Carry(moves []Move, now time.Time) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, mv := range moves {
+		src := s.windows[mv.From]
+		if src == nil || !src.w.End.After(now) || mv.From == mv.To.ID || !mv.To.End.After(now) {
+			continue
+		}
+		dst := s.window(mv.To, now)
+		if need := src.used() - satAdd(dst.spent, dst.restored); need > dst.carried {
+			dst.carried = need
+			dst.setBefore()
+			n++
+		}
+	}
+	return n, nil
 }
 
 func satAdd(a, b Micros) Micros {

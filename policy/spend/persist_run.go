@@ -29,6 +29,10 @@ type PersistOptions struct {
 	// settlements is lost when the process is killed.
 	Interval time.Duration
 	Source   Source
+	// Refuse makes Restore leave a file it cannot use where it is, for a caller that will not
+	// start without it (spend.on_state_error: refuse); otherwise the file is kept aside and
+	// spend starts empty.
+	Refuse bool
 	// Now defaults to time.Now.
 	Now        func() time.Time
 	Logger     *slog.Logger
@@ -92,10 +96,11 @@ func NewPersister(o PersistOptions) *Persister {
 }
 
 // Restore reads the state file into the Source. When the file is missing, unreadable, corrupt,
-// of another version or currency, spend starts empty: Restore logs it at error level with the
-// file and the reason, counts it, renames a file it could not use aside (to
-// <path>.bad-<time>, so that nothing is lost and the next write does not replace it) and
-// returns the *StateError. It never panics on any content.
+// of another version or currency, Restore logs it at error level with the file and the reason,
+// counts it and returns the *StateError; the Source is left as it was (empty at start). Unless
+// the options say Refuse, it renames a file it could not use aside (to <path>.bad-<time>, so
+// that nothing is lost and the next write does not replace it); with Refuse it leaves the file
+// for the caller, which will not start, to report. It never panics on any content.
 func (p *Persister) Restore() error {
 	now := p.o.Now()
 	st, err := ReadState(p.o.Path)
@@ -115,6 +120,10 @@ func (p *Persister) Restore() error {
 	p.met.failures.WithLabelValues(se.Reason).Inc()
 	p.met.restored.Set(0)
 	attrs := []any{"file", p.o.Path, "reason", se.Reason, "error", se.Err.Error()}
+	if p.o.Refuse && se.Reason != ReasonMissing {
+		p.o.Logger.Error("spend state file cannot be used: not starting (spend.on_state_error: refuse); mend, move or delete it", attrs...)
+		return se
+	}
 	if se.Reason != ReasonMissing {
 		if aside, aerr := keepAside(p.o.Path, now); aerr != nil {
 			attrs = append(attrs, "kept_aside_error", aerr.Error())

@@ -230,6 +230,44 @@ func TestPersisterRestoresWhatItSaved(t *testing.T) {
 	}
 }
 
+// TestPersisterRefusingLeavesTheFile: with Refuse, a file that cannot be used is reported (an
+// error naming it, counted) and left where it is, untouched, for the caller that will not
+// start; a missing file is the first start either way.
+func TestPersisterRefusingLeavesTheFile(t *testing.T) {
+	good, err := EncodeState(sampleState())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, time.Minute)
+	f.p.o.Refuse = true
+	var se *StateError
+	if err := f.p.Restore(); !errors.As(err, &se) || se.Reason != ReasonMissing {
+		t.Fatalf("missing file: %v, want reason missing", err)
+	}
+	cut := good[:len(good)/2]
+	if err := os.WriteFile(f.path, cut, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.p.Restore(); !errors.As(err, &se) || se.Reason != ReasonCorrupt {
+		t.Fatalf("truncated file: %v, want reason corrupt", err)
+	}
+	if kept, err := os.ReadFile(f.path); err != nil || !bytes.Equal(kept, cut) {
+		t.Fatalf("the file was moved or changed (%v)", err)
+	}
+	if aside, _ := filepath.Glob(f.path + ".bad-*"); len(aside) != 0 {
+		t.Fatalf("kept aside %v although the start is refused", aside)
+	}
+	if got := f.failures(t, ReasonCorrupt); got != 1 {
+		t.Fatalf("restore failures{reason=corrupt} = %v", got)
+	}
+	if logs := f.logs.String(); !strings.Contains(logs, "not starting") || !strings.Contains(logs, f.path) {
+		t.Fatalf("no error line naming the file: %s", logs)
+	}
+	if len(f.src.windows) != 0 {
+		t.Fatalf("restored %v from a bad file", f.src.windows)
+	}
+}
+
 func TestPersisterStartsEmptyOnBadFiles(t *testing.T) {
 	good, err := EncodeState(sampleState())
 	if err != nil {

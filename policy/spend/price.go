@@ -20,19 +20,27 @@ type Price struct {
 	// HasReasoning they cost Output.
 	Reasoning                    Micros
 	HasCachedInput, HasReasoning bool
+	// PerSecond is the price of one second of audio (transcription and translation billed by
+	// duration), PerRequest the price of each request, PerImage the price of each image
+	// generated; zero when the model is not priced so.
+	PerSecond, PerRequest, PerImage Micros
 }
 
-// Tokens is a request's token use by kind. Cached is the part of Prompt served from a prompt
-// cache, Reasoning the part of Completion spent reasoning (as OpenAI reports them; Anthropic's
-// separate cache counts are added to the prompt by the response parser).
+// Tokens is a request's use by kind. Cached is the part of Prompt served from a prompt cache,
+// Reasoning the part of Completion spent reasoning (as OpenAI reports them; Anthropic's
+// separate cache counts are added to the prompt by the response parser). AudioMillis is the
+// audio billed by duration, in milliseconds; Requests the requests served; Images the images
+// generated.
 type Tokens struct {
 	Prompt, Cached, Completion, Reasoning int64
+	AudioMillis, Requests, Images         int64
 }
 
-// Cost is what tokens t cost at price p: every part at its price per million, summed exactly,
-// then rounded up once to the next millionth of the currency unit, so that a request is never
-// charged less than it cost. Negative counts count as zero; a cached (reasoning) count above
-// the prompt (completion) is taken as all of it. The result saturates at the largest Micros.
+// Cost is what use t costs at price p: every token part at its price per million, the audio at
+// its price per second, the requests and images at theirs, summed exactly, then rounded up once
+// to the next millionth of the currency unit, so that a request is never charged less than it
+// cost. Negative counts count as zero; a cached (reasoning) count above the prompt (completion)
+// is taken as all of it. The result saturates at the largest Micros.
 func (p Price) Cost(t Tokens) Micros {
 	prompt, completion := max(t.Prompt, 0), max(t.Completion, 0)
 	cached, reasoning := min(max(t.Cached, 0), prompt), min(max(t.Reasoning, 0), completion)
@@ -48,7 +56,35 @@ func (p Price) Cost(t Tokens) Micros {
 	sum.add(cached, cachedPrice)
 	sum.add(completion-reasoning, p.Output)
 	sum.add(reasoning, reasoningPrice)
+	// A millisecond at a price per second is a thousand tokens at that price per million; a
+	// request or an image a million.
+	sum.addScaled(t.AudioMillis, p.PerSecond, 1_000)
+	sum.addScaled(t.Requests, p.PerRequest, 1_000_000)
+	sum.addScaled(t.Images, p.PerImage, 1_000_000)
 	return sum.micros()
+}
+
+// addScaled adds n × scale units at price per million; a sum past 2^128 cannot be written
+// anyway and saturates with the rest (micros).
+func (a *acc) addScaled(n int64, price Micros, scale uint64) {
+	if n <= 0 || price <= 0 || a.hi == math.MaxUint64 {
+		return
+	}
+	hi, lo := bits.Mul64(uint64(n), uint64(price))
+	hi2, lo2 := bits.Mul64(lo, scale)
+	hiHi, hiLo := bits.Mul64(hi, scale)
+	top, carry := bits.Add64(hi2, hiLo, 0)
+	if hiHi != 0 || carry != 0 {
+		a.hi, a.lo = math.MaxUint64, math.MaxUint64
+		return
+	}
+	var c uint64
+	a.lo, c = bits.Add64(a.lo, lo2, 0)
+	var over uint64
+	a.hi, over = bits.Add64(a.hi, top, c)
+	if over != 0 {
+		a.hi, a.lo = math.MaxUint64, math.MaxUint64
+	}
 }
 
 // acc is a 128-bit sum of tokens × price-per-million products (in units of 10⁻¹² currency).

@@ -11,6 +11,8 @@ func TestCost(t *testing.T) {
 	deepseek := spend.Price{Input: 270_000, Output: 1_100_000, CachedInput: 70_000, HasCachedInput: true}
 	gpt := spend.Price{Input: 2_500_000, Output: 10_000_000}
 	reasoner := spend.Price{Input: 550_000, Output: 2_190_000, Reasoning: 5_000_000, HasReasoning: true}
+	whisper := spend.Price{PerSecond: 100}
+	images := spend.Price{Input: 5_000_000, PerImage: 40_000, PerRequest: 1_000}
 	tests := []struct {
 		name  string
 		price spend.Price
@@ -34,6 +36,15 @@ func TestCost(t *testing.T) {
 		{"cached above prompt is all of it", deepseek, spend.Tokens{Prompt: 100, Cached: 1000}, 7},
 		{"saturates instead of overflowing", spend.Price{Input: spend.MaxAmount}, spend.Tokens{Prompt: math.MaxInt64}, math.MaxInt64},
 		{"large but exact", spend.Price{Input: spend.MaxAmount}, spend.Tokens{Prompt: 1_000_000}, spend.MaxAmount},
+		// $0.006 a minute is 100 micro-units a second: 9.215 s cost 921.5 → 922.
+		{"audio by the second, rounded up once", whisper, spend.Tokens{AudioMillis: 9_215}, 922},
+		{"audio seconds without a price per second cost nothing", gpt, spend.Tokens{AudioMillis: 60_000}, 0},
+		// 2 images at $0.04 and the request's own $0.001, plus 10 prompt tokens at $5 per million.
+		{"per image and per request", images, spend.Tokens{Prompt: 10, Requests: 1, Images: 2}, 80_000 + 1_000 + 50},
+		{"tokens and seconds add up", spend.Price{Input: 2_500_000, PerSecond: 100}, spend.Tokens{Prompt: 1000, AudioMillis: 1_500}, 2_500 + 150},
+		{"negative seconds, requests and images are zero", images, spend.Tokens{AudioMillis: -5, Requests: -1, Images: -3}, 0},
+		{"images saturate instead of overflowing", spend.Price{PerImage: spend.MaxAmount}, spend.Tokens{Images: math.MaxInt64}, math.MaxInt64},
+		{"seconds saturate instead of overflowing", spend.Price{PerSecond: spend.MaxAmount, Input: 1}, spend.Tokens{AudioMillis: math.MaxInt64, Prompt: math.MaxInt64}, math.MaxInt64},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -12,10 +12,11 @@ import (
 
 // RedisStore keeps window sums in Redis, through a cluster Store, so that every replica
 // enforces the same budgets: each reservation is one atomic script (all or nothing across the
-// request's windows), settlements and releases are queued and sent in batches. While Redis is
-// unavailable Reserve returns an error and the Ledger reserves in its own memory instead (the
-// caller divides the limits by the live replicas then, as it does every other limit). Spend
-// is not saved to a file in this mode: Redis keeps it.
+// request's windows), settlements and releases are queued and sent in batches. It implements
+// Shared: when Redis does not answer a reservation (slow, or gone) the Ledger decides it in its
+// own memory against this replica's share of what Redis last showed left, and what it counted
+// there is added to Redis with AddLocal. Spend is not saved to a file in this mode: Redis keeps
+// it.
 type RedisStore struct {
 	st *cluster.Store
 
@@ -24,11 +25,21 @@ type RedisStore struct {
 	// (the windows and the amount): reservations alike are interchangeable, so a settlement
 	// takes any token of its kind.
 	tokens map[string][]uint64
+	// seen holds each window's sums as Redis last reported them (by a reservation's answer or
+	// a listing); sweepAt is when ended windows are next dropped from it.
+	seen    map[WindowID]Usage
+	sweepAt time.Time
 }
+
+var (
+	_ Shared  = (*RedisStore)(nil)
+	_ Carrier = (*RedisStore)(nil)
+	_ Carrier = (*MemoryStore)(nil)
+)
 
 // NewRedisStore returns a store keeping its sums through st.
 func NewRedisStore(st *cluster.Store) *RedisStore {
-	return &RedisStore{st: st, tokens: map[string][]uint64{}}
+	return &RedisStore{st: st, tokens: map[string][]uint64{}, seen: map[WindowID]Usage{}}
 }
 
 // kind names what a reservation holds: its windows and amount.
@@ -58,10 +69,27 @@ func (r *RedisStore) pop(k string) (uint64, bool) {
 	return t, true
 }
 
+// see records what Redis reported for windows, and drops ended windows once a minute.
+func (r *RedisStore) see(us []Usage, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !now.Before(r.sweepAt) {
+		for id, u := range r.seen {
+			if !u.End.After(now) {
+				delete(r.seen, id)
+			}
+		}
+		r.sweepAt = now.Add(sweepEvery)
+	}
+	for _, u := range us {
+		r.seen[u.ID] = u
+	}
+}
+
 func sharedWindows(ws []Window) []cluster.SpendWindow {
 	out := make([]cluster.SpendWindow, len(ws))
 	for i, w := range ws {
-		out[i] = cluster.SpendWindow{Key: w.ID.Key(), Limit: int64(w.Limit), End: w.End, Shadow: w.Shadow}
+		out[i] = cluster.SpendWindow{Key: w.ID.Key(), Limit: int64(w.Limit), End: w.End, Shadow: w.Shadow, AllowSingleOverrun: w.AllowSingleOverrun}
 	}
 	return out
 }
@@ -75,12 +103,21 @@ func windowKeys(ws []Window) []string {
 }
 
 // Reserve implements Store.
-func (r *RedisStore) Reserve(ctx context.Context, ws []Window, amount Micros, _ time.Time) (uint64, error) {
-	token, over, refused, err := r.st.ReserveSpend(ctx, sharedWindows(ws), int64(amount))
-	if err == nil && !refused {
+func (r *RedisStore) Reserve(ctx context.Context, ws []Window, amount Micros, now time.Time) (uint64, error) {
+	sums := make([]int64, 2*len(ws))
+	token, over, refused, err := r.st.ReserveSpend(ctx, sharedWindows(ws), int64(amount), sums)
+	if err != nil {
+		return over, err
+	}
+	if !refused {
 		r.push(kind(windowKeys(ws), amount), token)
 	}
-	return over, err
+	us := make([]Usage, len(ws))
+	for i, w := range ws {
+		us[i] = Usage{Window: w, Spent: Micros(sums[2*i]), Reserved: Micros(sums[2*i+1])}
+	}
+	r.see(us, now)
+	return over, nil
 }
 
 // Settle implements Store; it never blocks.
@@ -96,12 +133,21 @@ func (r *RedisStore) Release(ws []Window, reserved Micros, now time.Time) {
 	r.Settle(ws, reserved, 0, now)
 }
 
-// Usage implements Store: the shared windows of every replica. It is empty while Redis cannot
-// be reached.
-func (r *RedisStore) Usage(time.Time) []Usage {
+// Usage implements Store: the shared windows of every replica. While Redis cannot be asked it
+// lists the windows as Redis last reported them to this replica.
+func (r *RedisStore) Usage(now time.Time) []Usage {
 	us, err := r.st.SpendUsage(context.Background())
 	if err != nil {
-		return nil
+		r.mu.Lock()
+		out := make([]Usage, 0, len(r.seen))
+		for _, u := range r.seen {
+			if u.End.After(now) {
+				out = append(out, u)
+			}
+		}
+		r.mu.Unlock()
+		sortUsage(out)
+		return out
 	}
 	out := make([]Usage, 0, len(us))
 	for _, u := range us {
@@ -109,32 +155,93 @@ func (r *RedisStore) Usage(time.Time) []Usage {
 			out = append(out, x)
 		}
 	}
+	r.see(out, now)
+	sortUsage(out)
 	return out
 }
 
-// Get implements Store.
-func (r *RedisStore) Get(id WindowID, _ time.Time) (Usage, bool) {
+// Get implements Store; while Redis cannot be asked it answers what Redis last reported.
+func (r *RedisStore) Get(id WindowID, now time.Time) (Usage, bool) {
 	u, ok, err := r.st.SpendGet(context.Background(), id.Key())
-	if err != nil || !ok {
+	if err != nil {
+		return r.Seen(id, now)
+	}
+	if !ok {
 		return Usage{}, false
 	}
 	return fromShared(u)
 }
 
-// fromShared reads a shared window back; its key is WindowID.Key's "<budget>|<period>|<start>"
-// (the budget may itself hold "|").
+// Replicas implements Shared: the live replicas last seen.
+func (r *RedisStore) Replicas() int { return r.st.Live() }
+
+// Seen implements Shared.
+func (r *RedisStore) Seen(id WindowID, now time.Time) (Usage, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	u, ok := r.seen[id]
+	if !ok || !u.End.After(now) {
+		return Usage{}, false
+	}
+	return u, true
+}
+
+// AddLocal implements Shared.
+func (r *RedisStore) AddLocal(ws []Window, reserved, settled Micros) {
+	r.st.AddSpend(sharedWindows(ws), int64(reserved), int64(settled))
+}
+
+// Pending implements Shared.
+func (r *RedisStore) Pending() map[WindowID]Pending {
+	p := r.st.SpendPending()
+	if len(p) == 0 {
+		return nil
+	}
+	out := make(map[WindowID]Pending, len(p))
+	for k, a := range p {
+		if id, ok := parseWindowKey(k); ok {
+			out[id] = Pending{Reserved: Micros(a.Reserved), Settled: Micros(a.Settled)}
+		}
+	}
+	return out
+}
+
+// Carry implements Carrier: in Redis, where each window keeps what it carried from each other
+// window, so that replicas changing zone at different moments together carry everything once.
+func (r *RedisStore) Carry(moves []Move, _ time.Time) (int, error) {
+	sm := make([]cluster.SpendMove, len(moves))
+	for i, m := range moves {
+		sm[i] = cluster.SpendMove{From: m.From.Key(), To: sharedWindows([]Window{m.To})[0]}
+	}
+	return r.st.CarrySpend(context.Background(), sm)
+}
+
+// PendingTotal implements Shared.
+func (r *RedisStore) PendingTotal() Micros { return Micros(r.st.SpendPendingTotal()) }
+
+// fromShared reads a shared window back.
 func fromShared(u cluster.SpendUsage) (Usage, bool) {
-	rest, start, ok1 := cutLast(u.Key)
+	id, ok := parseWindowKey(u.Key)
+	if !ok {
+		return Usage{}, false
+	}
+	return Usage{
+		Window: Window{ID: id, Limit: Micros(u.Limit), End: u.End, Shadow: u.Shadow},
+		Spent:  Micros(u.Spent), Reserved: Micros(u.Reserved),
+	}, true
+}
+
+// parseWindowKey reads WindowID.Key's "<budget>|<period>|<start>" (the budget may itself hold
+// "|").
+func parseWindowKey(key string) (WindowID, bool) {
+	rest, start, ok1 := cutLast(key)
 	budget, period, ok2 := cutLast(rest)
 	p, ok3 := ParsePeriod(period)
 	at, err := strconv.ParseInt(start, 10, 64)
 	if !ok1 || !ok2 || !ok3 || err != nil || budget == "" {
-		return Usage{}, false
+		return WindowID{}, false
 	}
-	return Usage{
-		Window: Window{ID: WindowID{Budget: budget, Period: p, Start: at}, Limit: Micros(u.Limit), End: u.End, Shadow: u.Shadow},
-		Spent:  Micros(u.Spent), Reserved: Micros(u.Reserved),
-	}, true
+	return WindowID{Budget: budget, Period: p, Start: at}, true
 }
 
 func cutLast(s string) (before, after string, ok bool) {

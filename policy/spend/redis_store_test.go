@@ -2,6 +2,7 @@ package spend
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -34,7 +35,7 @@ func replica(t *testing.T, addr, id string) (*Ledger, *cluster.Store) {
 		t.Fatalf("replica %s never reached Redis", id)
 	}
 	l := NewLedger(NewRedisStore(st))
-	l.Configure("USD", NewCalendar(time.UTC))
+	_, _ = l.Configure(Settings{Currency: "USD", Calendar: NewCalendar(time.UTC)}, time.Now())
 	return l, st
 }
 
@@ -96,11 +97,15 @@ func TestRedisStoreSharesBudgetsAcrossReplicas(t *testing.T) {
 	}
 }
 
-// TestRedisStoreFallsBackWhileRedisIsGone: with Redis not answering, the ledger enforces the budget
-// in this process; what it reserved there is settled there, and Redis's window is untouched.
-func TestRedisStoreFallsBackWhileRedisIsGone(t *testing.T) {
+// TestRedisStoreAddsLocalSpendBack: with Redis not answering, the ledger decides reservations in
+// this process against its share of what Redis last showed left (two replicas, $0.30 of $1.00
+// reserved: $0.35 each), lists what it counted, and once Redis is back adds it there, settled
+// at real cost, so that the budget counts every dollar spent during the outage.
+func TestRedisStoreAddsLocalSpendBack(t *testing.T) {
 	rd := redistest.Standalone(t)
 	l, st := replica(t, rd.Addr(), "a")
+	_, other := replica(t, rd.Addr(), "b")
+	eventually(t, "both replicas to see each other", func() bool { return st.Live() == 2 && other.Live() == 2 })
 	budget := Budget{Name: "tenant/acme", Period: Day, Limit: 1_000_000}
 	shared, _, ok := reserveIn(t, l, budget, 300_000)
 	if !ok {
@@ -112,20 +117,141 @@ func TestRedisStoreFallsBackWhileRedisIsGone(t *testing.T) {
 		return !st.Available()
 	})
 	before := l.FellBack()
-	local, _, ok := reserveIn(t, l, budget, 600_000)
+	if _, _, ok := reserveIn(t, l, budget, 400_000); ok {
+		t.Fatal("$0.40 admitted locally: this replica's share is half of the $0.70 left, $0.35")
+	}
+	local, _, ok := reserveIn(t, l, budget, 300_000)
 	if !ok || l.FellBack() == before {
 		t.Fatalf("reservation while Redis is gone: ok %v, fell back %d times", ok, l.FellBack()-before)
 	}
-	if _, _, ok := reserveIn(t, l, budget, 600_000); ok {
-		t.Fatal("the local fallback let $1.20 into a $1.00 budget")
+	if _, _, ok := reserveIn(t, l, budget, 100_000); ok {
+		t.Fatal("$0.40 counted locally against a share of $0.35")
 	}
-	local.Settle(500_000, time.Now())
-	shared.Settle(100_000, time.Now())
+	small, _, ok := reserveIn(t, l, budget, 50_000)
+	if !ok {
+		t.Fatal("$0.05 refused with $0.05 of the share left")
+	}
+	now := time.Now()
+	if got, ok := l.LocalLimit(budget, now); !ok || got != 350_000 {
+		t.Fatalf("local limit %s, %v; want 0.35", got, ok)
+	}
+	u := ledgerUsage(t, l, budget, now)
+	if u.Spent != 0 || u.Reserved != 650_000 || u.Local.Reserved != 350_000 || u.Local.Pending.Reserved != 350_000 {
+		t.Fatalf("during the outage: %+v, want $0.30 seen in Redis and $0.35 reserved here, all pending", u)
+	}
+	local.Settle(250_000, now)
+	small.Release(now)
+	shared.Settle(100_000, now)
+	if got := l.PendingTotal(); got != 250_000 {
+		t.Fatalf("pending %s, want the 0.25 settled here", got)
+	}
 	rd.Resume()
 	eventually(t, "Redis to be back", st.Available)
 	id := l.Window(budget, time.Now()).ID
-	eventually(t, "the queued settlement", func() bool {
+	eventually(t, "the spend counted here to reach Redis", func() bool {
 		u, ok := l.Store().Get(id, time.Now())
-		return ok && u.Spent == 100_000 && u.Reserved == 0
+		return ok && u.Spent == 350_000 && u.Reserved == 0 && l.PendingTotal() == 0
 	})
+	if u := ledgerUsage(t, l, budget, time.Now()); u.Spent != 350_000 || u.Reserved != 0 || u.Local.Spent != 250_000 || u.Local.Pending != (Pending{}) {
+		t.Fatalf("after Redis is back: %+v", u)
+	}
+}
+
+func ledgerUsage(t *testing.T, l *Ledger, b Budget, now time.Time) Usage {
+	t.Helper()
+	id := l.Window(b, now).ID
+	for _, u := range l.Usage(now) {
+		if u.ID == id {
+			return u
+		}
+	}
+	t.Fatalf("no window %v in %+v", id, l.Usage(now))
+	return Usage{}
+}
+
+// TestRedisStoreCarriesAcrossZoneChange: two replicas share a $10 day; $8 is spent under UTC.
+// They change to Asia/Kathmandu one after the other, each spending $1 meanwhile in the zone it
+// uses: once both changed, the Kathmandu window counts all $10 and refuses. Changing back to UTC
+// counts $10 there too, not the $19 adding both windows would give, and a replica started under
+// Kathmandu later finds the spend carried when it first reaches Redis.
+func TestRedisStoreCarriesAcrossZoneChange(t *testing.T) {
+	now := time.Now()
+	ktm, err := time.LoadLocation("Asia/Kathmandu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	utcCal, ktmCal := NewCalendar(time.UTC), NewCalendar(ktm)
+	for _, c := range []Calendar{utcCal, ktmCal} {
+		if c.End(Day, c.Start(Day, now)).Sub(now) < 2*time.Minute {
+			t.Skip("too close to the end of a day: the budget would reset during the test")
+		}
+	}
+	if utcCal.Start(Day, now).Equal(ktmCal.Start(Day, now)) {
+		t.Fatal("the two zones' days start together")
+	}
+	rd := redistest.Standalone(t)
+	a, _ := replica(t, rd.Addr(), "a")
+	b, _ := replica(t, rd.Addr(), "b")
+	day := Budget{Name: "tenant/acme", Period: Day, Limit: 10_000_000}
+	spendOn := func(l *Ledger, n int) int {
+		t.Helper()
+		admitted := 0
+		for range n {
+			r, _, ok := reserveIn(t, l, day, 1_000_000)
+			if ok {
+				r.Settle(1_000_000, time.Now())
+				admitted++
+			}
+		}
+		return admitted
+	}
+	// spentIn waits until l's current window counts want (settlements are sent in the
+	// background) and fails when it does not.
+	spentIn := func(l *Ledger, want Micros) {
+		t.Helper()
+		eventually(t, fmt.Sprintf("$%s spent in the current window", want), func() bool {
+			u, ok := l.Store().Get(l.Window(day, time.Now()).ID, time.Now())
+			return ok && u.Spent+u.Reserved == want
+		})
+	}
+	if spendOn(a, 4)+spendOn(b, 4) != 8 {
+		t.Fatal("refused below the budget")
+	}
+	spentIn(a, 8_000_000)
+	kathmandu := Settings{Currency: "USD", Calendar: ktmCal}
+	if n, err := a.Configure(kathmandu, time.Now()); err != nil || n != 1 {
+		t.Fatalf("a: carried %d windows (%v), want 1", n, err)
+	}
+	spentIn(a, 8_000_000)
+	if spendOn(a, 1) != 1 || spendOn(b, 1) != 1 {
+		t.Fatal("refused with $2 left")
+	}
+	spentIn(a, 9_000_000)
+	spentIn(b, 9_000_000)
+	if _, err := b.Configure(kathmandu, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	spentIn(b, 10_000_000)
+	spentIn(a, 10_000_000)
+	if n := spendOn(a, 2) + spendOn(b, 2); n != 0 {
+		t.Fatalf("%d admitted past the $10 spent across both zones", n)
+	}
+	// A replica started under Kathmandu now: carrying again changes nothing.
+	c, _ := replica(t, rd.Addr(), "c")
+	_, _ = c.Configure(kathmandu, time.Now())
+	if _, err := c.CarryForeign(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	spentIn(c, 10_000_000)
+	// Back to UTC: $10, once.
+	utc := Settings{Currency: "USD", Calendar: utcCal}
+	for _, l := range []*Ledger{a, b, c} {
+		if _, err := l.Configure(utc, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spentIn(a, 10_000_000)
+	if n := spendOn(b, 1); n != 0 {
+		t.Fatal("admitted after changing back")
+	}
 }

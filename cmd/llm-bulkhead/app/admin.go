@@ -69,9 +69,10 @@ func isLoopback(addr string) bool {
 }
 
 // adminHandler serves the admin endpoints. POST endpoints always need the admin token. GET
-// endpoints are open on a loopback listener; on one reachable beyond this machine with a token
-// set, /admin/* and the dashboard need it too, while /metrics, /healthz and /readyz stay open
-// for Prometheus and the kubelet's probes, which do not carry it.
+// endpoints are open on a loopback listener, for requests whose Host is one of the listener's
+// names; on one reachable beyond this machine with a token set, /admin/* and the dashboard need
+// it too, while /metrics, /healthz and /readyz stay open, whatever the Host, for Prometheus and
+// the kubelet's probes, which do not carry it.
 func (a *App) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry}))
@@ -123,13 +124,20 @@ func (a *App) adminHandler() http.Handler {
 	return mux
 }
 
-// guardRead requires the admin token for a GET endpoint when the listener is reachable beyond
-// this machine (see adminHandler).
+// guardRead guards a GET endpoint: a request with the admin token is served; without it, the
+// request is refused when the listener is reachable beyond this machine (see adminHandler), or
+// when its Host is not one of the listener's names (adminhost.go).
 func (a *App) guardRead(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if a.guardReads && !a.authorised(r) {
-			a.unauthorised(w)
-			return
+		if !a.authorised(r) {
+			if a.guardReads {
+				a.unauthorised(w)
+				return
+			}
+			if !a.hostAllowed(r.Host) {
+				a.refuseHost(w, r)
+				return
+			}
 		}
 		h(w, r)
 	}
@@ -188,12 +196,25 @@ func (a *App) unauthorised(w http.ResponseWriter) {
 	writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin token required: set " + a.current.Load().Admin.TokenEnv + " on the server and send Authorization: Bearer <token>"})
 }
 
+// authorised reports whether r carries the admin token, compared in constant time.
 func (a *App) authorised(r *http.Request) bool {
 	if a.adminToken == "" {
 		return false
 	}
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	got, ok := bearerToken(r.Header.Get("Authorization"))
 	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(a.adminToken)) == 1
+}
+
+// bearerToken returns the credentials of an Authorization header value of the Bearer scheme.
+// Scheme names are case-insensitive and one or more spaces follow them (RFC 7235 §2.1), so
+// "bearer t" and "BEARER  t" carry the token t as "Bearer t" does.
+func bearerToken(h string) (string, bool) {
+	scheme, token, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimLeft(token, " ")
+	return token, token != ""
 }
 
 func writeText(w http.ResponseWriter, status int, s string) {

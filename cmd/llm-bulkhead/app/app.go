@@ -47,6 +47,11 @@ type Options struct {
 	// AdminInsecure serves an admin address that is not loopback without an admin token. Without
 	// it, New refuses such an address with an *ExposedAdminError unless the token is set.
 	AdminInsecure bool
+	// AdminAllowedHosts are host names, besides localhost and IP addresses, for which the admin
+	// listener serves /admin/* and the dashboard to requests without the admin token (any port;
+	// ParseAdminHosts reads the flag). Requests for any other Host are refused with 403, so that
+	// a web page cannot read them through DNS rebinding.
+	AdminAllowedHosts []string
 	// LogLevel overrides the policy's server.log_level.
 	LogLevel string
 	// Env is the environment for LLM_BULKHEAD_ overrides and the admin token; nil uses
@@ -54,7 +59,8 @@ type Options struct {
 	Env []string
 	// LogOutput receives JSON logs; nil means os.Stderr.
 	LogOutput io.Writer
-	// Clock defaults to the system clock.
+	// Clock defaults to the system clock. The engine, the spend state and the check of the
+	// ext_proc listener's certificates (one not valid now is not rotated in) read it.
 	Clock policy.Clock
 	// Watch reloads the policy file when it changes on disk (and on SIGHUP, see Run).
 	Watch bool
@@ -92,6 +98,10 @@ type App struct {
 	guardReads bool
 	// adminUnguarded is a listener beyond loopback with nothing guarding it (--admin-insecure).
 	adminUnguarded bool
+	// adminHosts are Options.AdminAllowedHosts, normalised; hostRefusedAt is when a request for
+	// another Host was last logged (Unix nanoseconds).
+	adminHosts    map[string]bool
+	hostRefusedAt atomic.Int64
 
 	serveErr chan error
 	stopOnce sync.Once
@@ -137,7 +147,14 @@ func New(o Options) (*App, error) {
 	if o.LogOutput == nil {
 		o.LogOutput = os.Stderr
 	}
-	a := &App{opts: o, level: new(slog.LevelVar), registry: prometheus.NewRegistry(), serveErr: make(chan error, 2)}
+	if o.Clock == nil {
+		o.Clock = policy.SystemClock{}
+	}
+	a := &App{opts: o, level: new(slog.LevelVar), registry: prometheus.NewRegistry(), serveErr: make(chan error, 2),
+		adminHosts: map[string]bool{}}
+	for _, h := range o.AdminAllowedHosts {
+		a.adminHosts[normalHost(h)] = true
+	}
 	a.log = slog.New(slog.NewJSONHandler(o.LogOutput, &slog.HandlerOptions{Level: a.level}))
 
 	p, name, err := LoadPolicy(o.ConfigPath, o.Env)
@@ -196,7 +213,7 @@ func New(o Options) (*App, error) {
 	}
 	gopts := grpcOptions(p)
 	if files.Cert != "" {
-		if a.tls, err = newListenerTLS(files, a.log, a.registry); err != nil {
+		if a.tls, err = newListenerTLS(files, a.log, a.registry, o.Clock.Now); err != nil {
 			return fail(err)
 		}
 		gopts = append(gopts, grpc.Creds(a.tls.credentials()))

@@ -280,12 +280,31 @@ func TestReloadRefusesRestartOnlySettings(t *testing.T) {
 // WWW-Authenticate header and body.
 func get(t *testing.T, url, token string) (int, string, []byte) {
 	t.Helper()
-	req, err := http.NewRequest("GET", url, nil)
+	if token != "" {
+		token = "Bearer " + token
+	}
+	return do(t, "GET", url, http.Header{"Authorization": {token}})
+}
+
+// do sends a request without a body with the given headers (an empty value is left out; a Host
+// header sets the request's host) and returns the response's status, WWW-Authenticate header
+// and body.
+func do(t *testing.T, method, url string, h http.Header) (int, string, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+	for k, vs := range h {
+		for _, v := range vs {
+			switch {
+			case v == "":
+			case http.CanonicalHeaderKey(k) == "Host":
+				req.Host = v
+			default:
+				req.Header.Add(k, v)
+			}
+		}
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -401,6 +420,28 @@ func TestExposedAdminReadsNeedToken(t *testing.T) {
 	}
 }
 
+// TestAdminTokenSchemeIsCaseInsensitive: the Bearer scheme's name is case-insensitive and may
+// be followed by several spaces (RFC 7235), for reads on an exposed listener and for POSTs;
+// other schemes and malformed values are refused.
+func TestAdminTokenSchemeIsCaseInsensitive(t *testing.T) {
+	_, base := startExposed(t, app.Options{Env: []string{"LLM_BULKHEAD_ADMIN_TOKEN=s3cret"}, LogOutput: io.Discard})
+	for auth, want := range map[string]int{
+		"Bearer s3cret": http.StatusOK, "bearer s3cret": http.StatusOK, "BEARER s3cret": http.StatusOK,
+		"bEaReR s3cret": http.StatusOK, "Bearer   s3cret": http.StatusOK,
+		"Basic s3cret": http.StatusUnauthorized, "Bearers3cret": http.StatusUnauthorized, "Bearer": http.StatusUnauthorized,
+		"Bearer ": http.StatusUnauthorized, "bearer S3CRET": http.StatusUnauthorized, "Bearer s3cret2": http.StatusUnauthorized,
+		"s3cret": http.StatusUnauthorized,
+	} {
+		if code, _, _ := do(t, "GET", base+"/admin/config", http.Header{"Authorization": {auth}}); code != want {
+			t.Errorf("GET with Authorization %q: %d, want %d", auth, code, want)
+		}
+	}
+	// A POST with the lower-case scheme reaches the handler, which wants a body.
+	if code, _, body := do(t, "POST", base+"/admin/breakers/nope", http.Header{"Authorization": {"bearer s3cret"}}); code != http.StatusBadRequest {
+		t.Errorf("POST with a lower-case scheme: %d %s", code, body)
+	}
+}
+
 // TestLoopbackAdminReadsOpen: on the default loopback listener reads need no token, even with
 // one set (it guards the POSTs).
 func TestLoopbackAdminReadsOpen(t *testing.T) {
@@ -415,6 +456,85 @@ func TestLoopbackAdminReadsOpen(t *testing.T) {
 	for _, path := range []string{"/", "/admin/config", "/admin/compartments"} {
 		if code, _, _ := get(t, "http://"+a.AdminAddr()+path, ""); code != http.StatusOK {
 			t.Errorf("GET %s: %d", path, code)
+		}
+	}
+}
+
+// TestAdminHostIsChecked: without the admin token, /admin/* and the dashboard answer only
+// requests whose Host is localhost, an IP address or a name in AdminAllowedHosts — a web page
+// re-resolving its own name to 127.0.0.1 (DNS rebinding) gets 403 and no data — on a loopback
+// listener and on an exposed one served with AdminInsecure. The token passes whatever the Host.
+// /metrics, /healthz and /readyz answer every Host: the kubelet's probes and Prometheus send the
+// pod's IP, a Docker or Consul check the service's name.
+func TestAdminHostIsChecked(t *testing.T) {
+	var logs bytes.Buffer
+	loopback, err := app.New(app.Options{GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{"LLM_BULKHEAD_ADMIN_TOKEN=s3cret"},
+		LogOutput: &logs, AdminAllowedHosts: []string{"Bulkhead.Internal."}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := loopback.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer loopback.Shutdown(context.Background())
+	_, insecure := startExposed(t, app.Options{Env: []string{}, LogOutput: io.Discard, AdminInsecure: true, AdminAllowedHosts: []string{"bulkhead.internal"}})
+
+	allowed := []string{"localhost", "localhost:9090", "LOCALHOST:9090", "localhost.:9090", "127.0.0.1:9090", "127.0.0.1",
+		"[::1]:9090", "[::1]", "10.244.1.7:9090", "[fe80::1%25eth0]:9090", "bulkhead.internal:8080", "BULKHEAD.INTERNAL."}
+	refused := []string{"evil.example", "evil.example:9090", "127.0.0.1.nip.io:9090", "localhost.evil.example", "bulkhead.internal.evil.example",
+		"2130706433:9090", "llm-bulkhead.llm.svc:9090", "127.0.0.1:9090.evil.example", "[::1].evil.example"}
+	for _, base := range []string{"http://" + loopback.AdminAddr(), insecure} {
+		for _, path := range []string{"/", "/admin/compartments", "/admin/config", "/admin/spend", "/admin/breakers", "/admin/decisions", "/admin/cluster"} {
+			for _, host := range refused {
+				code, _, body := do(t, "GET", base+path, http.Header{"Host": {host}})
+				if code != http.StatusForbidden || strings.Contains(string(body), "compartments\"") || !strings.Contains(string(body), "--admin-allowed-hosts") {
+					t.Errorf("%s GET %s, Host %s: %d %.100s", base, path, host, code, body)
+				}
+			}
+			for _, host := range allowed {
+				if code, _, body := do(t, "GET", base+path, http.Header{"Host": {host}}); code != http.StatusOK {
+					t.Errorf("%s GET %s, Host %s: %d %.100s", base, path, host, code, body)
+				}
+			}
+		}
+		for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
+			for _, host := range append(refused, allowed...) {
+				if code, _, _ := do(t, "GET", base+path, http.Header{"Host": {host}}); code != http.StatusOK {
+					t.Errorf("%s GET %s, Host %s: %d, want it open for probes and Prometheus", base, path, host, code)
+				}
+			}
+		}
+	}
+	// The token passes whatever the Host.
+	if code, _, _ := do(t, "GET", "http://"+loopback.AdminAddr()+"/admin/config", http.Header{"Host": {"evil.example"}, "Authorization": {"Bearer s3cret"}}); code != http.StatusOK {
+		t.Errorf("GET with the token and another Host: %d", code)
+	}
+	if code, _, _ := do(t, "GET", "http://"+loopback.AdminAddr()+"/admin/config", http.Header{"Host": {"evil.example"}, "Authorization": {"Bearer wrong"}}); code != http.StatusForbidden {
+		t.Errorf("GET with a wrong token and another Host: %d", code)
+	}
+	// The refusals are logged, once a minute.
+	if n := strings.Count(logs.String(), "admin request refused"); n != 1 || !strings.Contains(logs.String(), `"host":"evil.example"`) {
+		t.Errorf("%d log lines:\n%s", n, logs.String())
+	}
+}
+
+// TestExposedAdminWithTokenIgnoresHostForProbes: the Helm chart's admin listener (every
+// interface, with a token): the kubelet's probes and Prometheus, which send the pod's IP or
+// a service name as Host and no token, get /healthz, /readyz and /metrics; /admin/* needs the
+// token whatever the Host, and with it any Host is served.
+func TestExposedAdminWithTokenIgnoresHostForProbes(t *testing.T) {
+	_, base := startExposed(t, app.Options{Env: []string{"LLM_BULKHEAD_ADMIN_TOKEN=s3cret"}, LogOutput: io.Discard})
+	for _, host := range []string{"10.244.1.7:9090", "llm-bulkhead.llm.svc.cluster.local:9090", "evil.example"} {
+		for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
+			if code, _, _ := do(t, "GET", base+path, http.Header{"Host": {host}}); code != http.StatusOK {
+				t.Errorf("GET %s, Host %s: %d", path, host, code)
+			}
+		}
+		if code, _, _ := do(t, "GET", base+"/admin/compartments", http.Header{"Host": {host}}); code != http.StatusUnauthorized {
+			t.Errorf("GET /admin/compartments without the token, Host %s: %d", host, code)
+		}
+		if code, _, _ := do(t, "GET", base+"/admin/compartments", http.Header{"Host": {host}, "Authorization": {"Bearer s3cret"}}); code != http.StatusOK {
+			t.Errorf("GET /admin/compartments with the token, Host %s: %d", host, code)
 		}
 	}
 }

@@ -21,23 +21,43 @@ type spendBudgetJSON struct {
 	Spent       json.Number `json:"spent"`
 	Reserved    json.Number `json:"reserved"`
 	Remaining   json.Number `json:"remaining"`
+	// Local is set in cluster mode: what this replica counted on its own while Redis did not
+	// answer.
+	Local *spendLocalJSON `json:"local,omitempty"`
+}
+
+// spendLocalJSON is what one replica counted in a shared budget's window in its own memory
+// because Redis did not answer in time: limit is what it may count so now (its share of what
+// Redis last showed left), spent and reserved what it counted, pending what of it Redis has not
+// applied yet (included in the budget's spent and reserved).
+type spendLocalJSON struct {
+	Limit    json.Number `json:"limit"`
+	Spent    json.Number `json:"spent"`
+	Reserved json.Number `json:"reserved"`
+	Pending  json.Number `json:"pending"`
 }
 
 // spendInfo serves GET /admin/spend: every spend budget's current window (limit, settled
-// spend, reservations in flight, what is left and when it resets).
+// spend, reservations in flight, what is left and when it resets) and, in cluster mode, what
+// this replica counted in it on its own.
 func (a *App) spendInfo(w http.ResponseWriter, _ *http.Request) {
 	now := a.engine.Now()
 	v := a.engine.Snapshot().Spend(now)
 	budgets := make([]spendBudgetJSON, 0, len(v.Budgets))
 	for _, b := range v.Budgets {
-		budgets = append(budgets, spendBudgetJSON{
+		j := spendBudgetJSON{
 			Budget: b.Budget, Period: b.Period,
 			WindowStart: b.Start.Format(time.RFC3339), WindowEnd: b.End.Format(time.RFC3339),
 			ResetIn:  int64(math.Ceil(max(b.End.Sub(now), 0).Seconds())),
 			Limit:    amount(b.Limit),
 			Spent:    amount(b.Spent),
 			Reserved: amount(b.Reserved), Remaining: amount(b.Limit - b.Spent - b.Reserved),
-		})
+		}
+		if b.Shared {
+			j.Local = &spendLocalJSON{Limit: amount(b.LocalLimit), Spent: amount(b.Local.Spent), Reserved: amount(b.Local.Reserved),
+				Pending: amount(b.Local.Pending.Reserved + b.Local.Pending.Settled)}
+		}
+		budgets = append(budgets, j)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
 		"currency":  v.Currency,

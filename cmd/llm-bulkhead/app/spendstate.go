@@ -2,6 +2,7 @@ package app
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
@@ -17,9 +18,24 @@ func (a *App) spendStatePath(p *config.Policy) string {
 	return p.Spend.StateFile
 }
 
+// SpendStateError is a spend state file that exists but cannot be used while the policy says
+// spend.on_state_error: refuse; the process exits with status 2 for it.
+type SpendStateError struct {
+	// Path is the state file.
+	Path string
+	Err  *spend.StateError
+}
+
+func (e *SpendStateError) Error() string {
+	return fmt.Sprintf("spend state file %s cannot be used (%v) and spend.on_state_error is refuse: mend, move or delete it, or set on_state_error: empty to start with every spend budget empty", e.Path, e.Err)
+}
+
+func (e *SpendStateError) Unwrap() error { return e.Err }
+
 // openSpendState restores spend from the state file, before any request is served, and
-// prepares its interval writes. A file that cannot be used is logged, counted and kept aside;
-// spend then starts empty and the process serves.
+// prepares its interval writes. A file that cannot be used is logged and counted; then, as
+// spend.on_state_error says, it is kept aside and spend starts empty, or New fails with a
+// *SpendStateError (a missing file starts empty either way: it is the first start).
 func (a *App) openSpendState(p *config.Policy) error {
 	path := a.spendStatePath(p)
 	if path == "" {
@@ -32,11 +48,15 @@ func (a *App) openSpendState(p *config.Policy) error {
 	if a.opts.Clock != nil {
 		now = a.opts.Clock.Now
 	}
+	refuse := p.Spend.OnStateError == config.OnStateErrorRefuse
 	a.spendState = spend.NewPersister(spend.PersistOptions{
 		Path: path, Interval: p.Spend.StateInterval.D(), Source: a.engine.Ledger(), Now: now,
-		Logger: a.log, Registerer: a.registry,
+		Logger: a.log, Registerer: a.registry, Refuse: refuse,
 	})
-	_ = a.spendState.Restore()
+	var se *spend.StateError
+	if err := a.spendState.Restore(); refuse && errors.As(err, &se) && se.Reason != spend.ReasonMissing {
+		return &SpendStateError{Path: path, Err: se}
+	}
 	return nil
 }
 
@@ -62,6 +82,9 @@ func (a *App) spendStateFixed(p, cur *config.Policy) []string {
 	}
 	if p.Spend.StateInterval != cur.Spend.StateInterval {
 		out = append(out, "spend.state_interval")
+	}
+	if p.Spend.OnStateError != cur.Spend.OnStateError {
+		out = append(out, "spend.on_state_error")
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package app_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -122,4 +123,111 @@ func TestSpendStateRefusedWithCluster(t *testing.T) {
 	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "--spend-state") {
 		t.Fatalf("New: %v, want a ConfigError naming --spend-state", err)
 	}
+}
+
+// TestSpendStateOnError: a state file cut short starts every budget empty by default (the file
+// kept aside); with spend.on_state_error: refuse the start fails with an error naming the file,
+// which stays where it was. A missing file is a first start either way, and a running process
+// never reads the file again: a reload with the file damaged keeps the spend it has, and the
+// next write replaces the damaged file.
+func TestSpendStateOnError(t *testing.T) {
+	now := time.Now().UTC()
+	start := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
+	good := spend.SavedState{Currency: "USD", Windows: []spend.SavedWindow{
+		{Budget: "feature/chat", Period: "day", Start: start, End: start.AddDate(0, 0, 1), Settled: 1_500_000}}}
+	setup := func(t *testing.T, onError string, cut bool) (policyPath, state string) {
+		dir := t.TempDir()
+		policyPath, state = filepath.Join(dir, "policy.yaml"), filepath.Join(dir, "spend.json")
+		pol := spendPolicy(4, "10s")
+		if onError != "" {
+			pol += "spend: {state_interval: 10s, on_state_error: " + onError + "}\n"
+			pol = strings.Replace(pol, "spend: {state_interval: 10s}\n", "", 1)
+		}
+		if err := os.WriteFile(policyPath, []byte(pol), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := spend.WriteState(state, good); err != nil {
+			t.Fatal(err)
+		}
+		if cut {
+			b, err := os.ReadFile(state)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(state, b[:len(b)/2], 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return policyPath, state
+	}
+	open := func(t *testing.T, policyPath, state string) (*app.App, error) {
+		a, err := app.New(app.Options{ConfigPath: policyPath, GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{},
+			LogOutput: io.Discard, SpendState: state})
+		if err == nil {
+			t.Cleanup(func() { a.Shutdown(context.Background()) })
+		}
+		return a, err
+	}
+
+	t.Run("empty", func(t *testing.T) {
+		policyPath, state := setup(t, "", true)
+		a, err := open(t, policyPath, state)
+		if err != nil {
+			t.Fatalf("New with a truncated state file and the default on_state_error: %v", err)
+		}
+		if got := chatSpent(t, a); got != 0 {
+			t.Fatalf("chat spent %v, want 0: the file could not be used", got)
+		}
+		if aside, _ := filepath.Glob(state + ".bad-*"); len(aside) != 1 {
+			t.Fatalf("the truncated file was not kept aside: %v", aside)
+		}
+	})
+	t.Run("refuse", func(t *testing.T) {
+		policyPath, state := setup(t, "refuse", true)
+		before, _ := os.ReadFile(state)
+		_, err := open(t, policyPath, state)
+		var se *app.SpendStateError
+		if !errors.As(err, &se) || se.Path != state || !strings.Contains(err.Error(), state) || !strings.Contains(err.Error(), "corrupt") {
+			t.Fatalf("New: %v, want a SpendStateError naming %s and why", err, state)
+		}
+		if after, _ := os.ReadFile(state); !bytes.Equal(after, before) {
+			t.Fatal("the state file was moved or changed by a refused start")
+		}
+	})
+	t.Run("refuse, missing file", func(t *testing.T) {
+		policyPath, state := setup(t, "refuse", false)
+		if err := os.Remove(state); err != nil {
+			t.Fatal(err)
+		}
+		a, err := open(t, policyPath, state)
+		if err != nil {
+			t.Fatalf("a first start (no state file yet) was refused: %v", err)
+		}
+		if got := chatSpent(t, a); got != 0 {
+			t.Fatalf("chat spent %v", got)
+		}
+	})
+	t.Run("refuse, damaged while running", func(t *testing.T) {
+		policyPath, state := setup(t, "refuse", false)
+		a, err := open(t, policyPath, state)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(state, []byte("{"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(policyPath, []byte(strings.Replace(spendPolicy(8, "10s"), "spend: {state_interval: 10s}", "spend: {state_interval: 10s, on_state_error: refuse}", 1)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Reload("test"); err != nil {
+			t.Fatalf("reload with the state file damaged: %v", err)
+		}
+		if got := chatSpent(t, a); got != 1_500_000 {
+			t.Fatalf("chat spent %v after the reload, want 1.5: a reload must not read the file", got)
+		}
+		a.Shutdown(context.Background())
+		if st, err := spend.ReadState(state); err != nil || len(st.Windows) != 1 || st.Windows[0].Settled != 1_500_000 {
+			t.Fatalf("state written at shutdown: %+v, %v", st, err)
+		}
+	})
 }

@@ -152,8 +152,8 @@ type tlsMetrics struct {
 // listenerTLS serves the ext_proc listener's TLS material and swaps in a new reading when the
 // files change: new handshakes use the new certificate and client CAs, connections already open
 // keep theirs. A reading that fails (a half-written file, a certificate and key that do not
-// match, a bad PEM) is refused, logged and counted, and the material in use stays. Safe for
-// concurrent use.
+// match, a bad PEM, a certificate that has expired or is not valid yet) is refused, logged and
+// counted, and the material in use stays. Safe for concurrent use.
 type listenerTLS struct {
 	files   TLSFiles
 	log     *slog.Logger
@@ -162,8 +162,12 @@ type listenerTLS struct {
 
 	cur atomic.Pointer[tlsMaterial]
 
-	mu      sync.Mutex // serializes reloads
-	refused [sha256.Size]byte
+	mu sync.Mutex // serializes reloads
+	// refused is the sum of the last reading refused (or of its error), which is not read
+	// again until the files change; refusedUntil, when set, is when it may be taken after all
+	// (the NotBefore of a certificate that was not valid yet).
+	refused      [sha256.Size]byte
+	refusedUntil time.Time
 
 	watchers []*watcher
 	stop     chan struct{}
@@ -171,16 +175,17 @@ type listenerTLS struct {
 	stopOnce sync.Once
 }
 
-// newListenerTLS reads the files once; an error there stops the server from starting.
-func newListenerTLS(f TLSFiles, log *slog.Logger, reg prometheus.Registerer) (*listenerTLS, error) {
+// newListenerTLS reads the files once; an error there stops the server from starting. now tells
+// the time certificates are judged at.
+func newListenerTLS(f TLSFiles, log *slog.Logger, reg prometheus.Registerer, now func() time.Time) (*listenerTLS, error) {
 	m, err := loadTLSMaterial(f)
 	if err != nil {
 		return nil, err
 	}
 	ns := policy.Namespace
-	t := &listenerTLS{files: f, log: log, now: time.Now, stop: make(chan struct{}), metrics: tlsMetrics{
+	t := &listenerTLS{files: f, log: log, now: now, stop: make(chan struct{}), metrics: tlsMetrics{
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "tls_reloads_total",
-			Help: "Readings of the ext_proc listener's changed TLS files, by result (success, error); on error the material in use stayed."}, []string{"result"}),
+			Help: "Readings of the ext_proc listener's changed TLS files, by result (success, error: broken, or a certificate expired or not valid yet); on error the material in use stayed."}, []string{"result"}),
 		expiry: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "tls_certificate_expiry_timestamp_seconds",
 			Help: "Unix time at which the ext_proc listener's certificate in use expires."}),
 	}}
@@ -194,9 +199,23 @@ func newListenerTLS(f TLSFiles, log *slog.Logger, reg prometheus.Registerer) (*l
 func (t *listenerTLS) use(m *tlsMaterial) {
 	t.cur.Store(m)
 	t.metrics.expiry.Set(float64(m.leaf.NotAfter.Unix()))
-	if left := m.leaf.NotAfter.Sub(t.now()); left <= 0 {
-		t.log.Error("the ext_proc listener's certificate has expired: clients will refuse it", "cert", t.files.Cert, "not_after", m.leaf.NotAfter)
+	if err := checkValidity(t.files.Cert, m.leaf, t.now()); err != nil {
+		t.log.Error("the ext_proc listener's certificate is not valid now: clients will refuse it", "err", err,
+			"not_before", m.leaf.NotBefore, "not_after", m.leaf.NotAfter)
 	}
+}
+
+// checkValidity refuses a certificate that has expired or is not valid yet at now, as a client
+// verifying it would. Only the leaf is judged: a chain may carry an expired cross-signed
+// certificate that clients skip.
+func checkValidity(path string, leaf *x509.Certificate, now time.Time) error {
+	switch {
+	case now.Before(leaf.NotBefore):
+		return fmt.Errorf("%s: the certificate is not valid before %s (now %s)", path, leaf.NotBefore.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+	case now.After(leaf.NotAfter):
+		return fmt.Errorf("%s: the certificate expired at %s (now %s)", path, leaf.NotAfter.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+	}
+	return nil
 }
 
 // credentials are the gRPC server's transport credentials: every handshake takes the material
@@ -223,26 +242,37 @@ func (t *listenerTLS) reload(why string) bool {
 		return false
 	}
 	// The same broken contents (or the same missing file) are reported once, not on every
-	// event and poll until they are fixed.
+	// event and poll until they are fixed; a certificate that was not valid yet is read again
+	// once it is.
 	seen := sum
 	if err != nil {
 		seen = sha256.Sum256([]byte(err.Error()))
 	}
-	if seen == t.refused {
+	now := t.now()
+	if seen == t.refused && (t.refusedUntil.IsZero() || now.Before(t.refusedUntil)) {
 		return false
 	}
 	var m *tlsMaterial
 	if err == nil {
 		m, err = loadTLSMaterial(t.files)
 	}
+	var until time.Time
+	if err == nil {
+		// A rotation to a certificate clients would refuse keeps the one in use.
+		if err = checkValidity(t.files.Cert, m.leaf, now); err != nil && now.Before(m.leaf.NotBefore) {
+			until = m.leaf.NotBefore
+		}
+	}
 	if err != nil {
-		t.refused = seen
-		t.metrics.reloads.WithLabelValues("error").Inc()
-		t.log.Error("TLS files refused; the listener keeps the certificate in use", "why", why,
-			"err", err, "cert", t.files.Cert, "not_after", t.cur.Load().leaf.NotAfter)
+		if seen != t.refused {
+			t.metrics.reloads.WithLabelValues("error").Inc()
+			t.log.Error("TLS files refused; the listener keeps the certificate in use", "why", why,
+				"err", err, "cert", t.files.Cert, "not_after", t.cur.Load().leaf.NotAfter)
+		}
+		t.refused, t.refusedUntil = seen, until
 		return false
 	}
-	t.refused = [sha256.Size]byte{}
+	t.refused, t.refusedUntil = [sha256.Size]byte{}, time.Time{}
 	t.use(m)
 	t.metrics.reloads.WithLabelValues("success").Inc()
 	t.log.Info("TLS files reloaded; new connections use them", "why", why, "cert", t.files.Cert,

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -91,7 +92,7 @@ func TestTLSBrokenRotationKeepsTheCertificate(t *testing.T) {
 	key := writeFile(t, dir, "tls.key", first.KeyPEM)
 	var logs bytes.Buffer
 	reg := prometheus.NewRegistry()
-	lt, err := newListenerTLS(TLSFiles{Cert: cert, Key: key}, slog.New(slog.NewJSONHandler(&logs, nil)), reg)
+	lt, err := newListenerTLS(TLSFiles{Cert: cert, Key: key}, slog.New(slog.NewJSONHandler(&logs, nil)), reg, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,4 +153,74 @@ func gathered(t *testing.T, reg *prometheus.Registry, name, result string) float
 		}
 	}
 	return -1
+}
+
+// TestTLSRotationKeepsAValidCertificate: a rotation to a certificate that has expired, or is not
+// valid yet, keeps the certificate in use — clients would refuse the new one — and is counted
+// and logged once; a certificate not valid yet is taken once it is, without another change.
+func TestTLSRotationKeepsAValidCertificate(t *testing.T) {
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, "ca")
+	now := time.Now()
+	current := ca.ServerValid(t, now.Add(-time.Hour), now.Add(2*time.Hour), "current")
+	expired := ca.ServerValid(t, now.Add(-48*time.Hour), now.Add(-24*time.Hour), "expired")
+	early := ca.ServerValid(t, now.Add(30*time.Minute), now.Add(90*24*time.Hour), "early")
+	cert := writeFile(t, dir, "tls.crt", current.PEM)
+	key := writeFile(t, dir, "tls.key", current.KeyPEM)
+	var logs bytes.Buffer
+	reg := prometheus.NewRegistry()
+	clock := now
+	lt, err := newListenerTLS(TLSFiles{Cert: cert, Key: key}, slog.New(slog.NewJSONHandler(&logs, nil)), reg, func() time.Time { return clock })
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial := func() int64 { return lt.cur.Load().leaf.SerialNumber.Int64() }
+	count := func(result string) float64 { return gathered(t, reg, "llm_bulkhead_tls_reloads_total", result) }
+	rotate := func(l *testpki.Leaf) {
+		writeFile(t, dir, "tls.crt", l.PEM)
+		writeFile(t, dir, "tls.key", l.KeyPEM)
+	}
+
+	// Given a rotation to an expired certificate
+	rotate(expired)
+	for range 3 {
+		if lt.reload("test") {
+			t.Fatal("an expired certificate was swapped in")
+		}
+	}
+	// then the current one stays, and the refusal is counted and logged once, with the file.
+	if serial() != current.Cert.SerialNumber.Int64() || count("error") != 1 || count("success") != 0 {
+		t.Fatalf("serial %d, errors %v, successes %v", serial(), count("error"), count("success"))
+	}
+	if got := logs.String(); strings.Count(got, "TLS files refused") != 1 || !strings.Contains(got, cert+": the certificate expired at") {
+		t.Errorf("log:\n%s", got)
+	}
+	if got := gathered(t, reg, "llm_bulkhead_tls_certificate_expiry_timestamp_seconds", ""); got != float64(current.Cert.NotAfter.Unix()) {
+		t.Errorf("expiry gauge %v, want the certificate in use's %d", got, current.Cert.NotAfter.Unix())
+	}
+
+	// Given a rotation to a certificate valid only from half an hour on
+	rotate(early)
+	if lt.reload("test") || serial() != current.Cert.SerialNumber.Int64() || count("error") != 2 {
+		t.Fatalf("a certificate not valid yet: serial %d, errors %v", serial(), count("error"))
+	}
+	if !strings.Contains(logs.String(), "the certificate is not valid before") {
+		t.Errorf("log:\n%s", logs.String())
+	}
+	clock = now.Add(29 * time.Minute)
+	if lt.reload("periodic check") || count("error") != 2 {
+		t.Fatalf("still not valid: taken, or counted again (errors %v)", count("error"))
+	}
+	// then once it is valid, the periodic check takes it, though the files did not change.
+	clock = now.Add(31 * time.Minute)
+	if !lt.reload("periodic check") || serial() != early.Cert.SerialNumber.Int64() || count("success") != 1 {
+		t.Fatalf("the certificate now valid was not taken: serial %d, successes %v", serial(), count("success"))
+	}
+
+	// A valid certificate in use is not replaced by one that expired meanwhile.
+	clock = now.Add(3 * time.Hour)
+	rotate(current)
+	if lt.reload("test") || serial() != early.Cert.SerialNumber.Int64() {
+		t.Fatalf("serial %d after a rotation to a certificate expired by now", serial())
+	}
 }

@@ -59,7 +59,7 @@ func BenchmarkParseRequest1MiB(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := parseRequest(apiChat, body); err != nil {
+		if _, err := parseRequest(route{api: apiChat}, body); err != nil {
 			b.Fatal(err)
 		}
 	}

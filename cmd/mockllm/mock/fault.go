@@ -145,16 +145,20 @@ type Fault struct {
 	FirstTokenDelay Duration `json:"first_token_delay,omitempty"`
 	// StreamError, when set, answers 200 and reports an error of this status
 	// (400–599) inside the body, in the called API's format: a stream sends
-	// it as an error event after its first content event (OpenAI: a chunk
-	// with an "error" object; Anthropic and the Responses API: an "error"
-	// event) and ends without usage; a JSON response is the API's error body
-	// with status 200. 429 reports a rate limit, 503 and 529 an overloaded
+	// it as an error event after its first content event (OpenAI, Azure and
+	// Gemini: a chunk with an "error" object, the last element of Gemini's
+	// JSON array; Anthropic and the Responses API: an "error" event; Bedrock:
+	// an exception message such as throttlingException in the event stream)
+	// and ends without usage; a JSON response is the API's error body with
+	// status 200 (Bedrock's with x-amzn-errortype, though Bedrock itself never
+	// answers so). 429 reports a rate limit, 503 and 529 an overloaded
 	// provider, other 5xx a server error.
 	StreamError int `json:"stream_error,omitempty"`
 	// DisconnectAfter, when positive, closes the connection abruptly after at
-	// most this many SSE events and never sends the final one ([DONE],
-	// message_stop or response.completed). A JSON response is cut after half
-	// its body.
+	// most this many stream events (SSE events, JSON array elements or
+	// event-stream messages) and never sends the final one ([DONE],
+	// message_stop, response.completed, Gemini's last chunk and the array's
+	// end, Bedrock's metadata). A JSON response is cut after half its body.
 	DisconnectAfter int `json:"disconnect_after,omitempty"`
 	// NoUsage leaves usage out of the response (and the usage chunk out of a
 	// stream), as some OpenAI-compatible providers do.

@@ -7,5 +7,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m,
+		// Google's SDK imports OpenCensus, whose package init starts a worker that lives as
+		// long as the process.
+		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"))
 }

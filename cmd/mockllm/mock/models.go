@@ -81,11 +81,22 @@ func wrongProvider(table []ModelProvider, provider, model string) bool {
 }
 
 // modelNotFoundBody renders the 404 a provider answers for a model it does
-// not serve, in the called API's format: OpenAI's code model_not_found, or
-// Anthropic's not_found_error.
+// not serve, in the called API's format: OpenAI's code model_not_found,
+// Anthropic's not_found_error, Azure's DeploymentNotFound, Google's NOT_FOUND
+// or AWS's ResourceNotFoundException.
 func (e *exchange) modelNotFoundBody(model string) ([]byte, error) {
-	if e.api.anthropic() {
+	switch e.rt.dialect {
+	case dialectAnthropic:
 		return anthropicErrorBody(http.StatusNotFound, "model: "+model, "req_"+e.id)
+	case dialectAzure:
+		return json.Marshal(struct {
+			Error azureErrorDetail `json:"error"`
+		}{azureErrorDetail{Code: "DeploymentNotFound", Message: fmt.Sprintf("The API deployment %s for this resource does not exist.", model)}})
+	case dialectGemini:
+		return googleErrorBody(http.StatusNotFound, fmt.Sprintf("models/%s is not found for API version v1beta, or is not supported for this method.", model))
+	case dialectBedrock:
+		e.w.Header().Set("x-amzn-errortype", bedrockException(http.StatusNotFound))
+		return bedrockErrorBody("Model not found: " + model)
 	}
 	code, param := "model_not_found", "model"
 	return json.Marshal(openAIError{Error: openAIErrorDetail{

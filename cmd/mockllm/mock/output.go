@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws/protocol/eventstream"
 )
 
 // errDisconnected reports that a response was cut on purpose by a
@@ -17,8 +19,24 @@ var errDisconnected = errors.New("connection closed by an injected disconnect")
 
 // Content types the real APIs answer with.
 const (
-	contentTypeJSON = "application/json"
-	contentTypeSSE  = "text/event-stream; charset=utf-8"
+	contentTypeJSON        = "application/json"
+	contentTypeSSE         = "text/event-stream; charset=utf-8"
+	contentTypeEventStream = "application/vnd.amazon.eventstream"
+)
+
+// framing is how the events of a stream are written.
+type framing uint8
+
+const (
+	// framingSSE writes server-sent events ("event: name\ndata: {...}\n\n").
+	framingSSE framing = iota
+	// framingArray writes a JSON array, one element per event, as Gemini's
+	// streamGenerateContent answers without alt=sse: "[{...},\r\n{...}]".
+	framingArray
+	// framingAWS writes AWS's binary event stream, as Bedrock's ConverseStream and
+	// InvokeModelWithResponseStream answer: one message per event, named by its
+	// :event-type (or :exception-type for an exception), its payload the event's JSON.
+	framingAWS
 )
 
 // output writes one response: optionally gzipped, flushed event by event,
@@ -29,9 +47,11 @@ type output struct {
 	rc *http.ResponseController
 	gz *gzip.Writer
 	// limit is the injected disconnect-after count; zero means never.
-	limit  int
-	events int
-	status int
+	limit   int
+	events  int
+	status  int
+	framing framing
+	enc     *eventstream.Encoder // framingAWS only
 }
 
 // newOutput prepares a response on w.
@@ -87,6 +107,21 @@ func (o *output) flush() error {
 	return nil
 }
 
+// endStream closes a stream that was sent in full: a JSON array's ']' and
+// the gzip trailer, if any.
+func (o *output) endStream() error {
+	if o.framing == framingArray {
+		end := "]"
+		if o.events == 0 {
+			end = "[]"
+		}
+		if err := o.write([]byte(end)); err != nil {
+			return err
+		}
+	}
+	return o.finish()
+}
+
 // finish completes the body (the gzip trailer, if any).
 func (o *output) finish() error {
 	if o.gz != nil {
@@ -132,24 +167,66 @@ func (o *output) body(body []byte) error {
 	return o.finish()
 }
 
-// event sends one SSE event (name may be empty for OpenAI's data-only
-// events) and flushes it. Under a disconnect fault, once limit events were
-// sent, or at the final event whatever the count, it closes the connection
-// instead and returns errDisconnected.
-func (o *output) event(name string, data []byte, final bool) error {
+// setFraming chooses how the events of a stream are written.
+func (o *output) setFraming(f framing) {
+	o.framing = f
+	if f == framingAWS && o.enc == nil {
+		o.enc = eventstream.NewEncoder()
+	}
+}
+
+// streamContentType is the content type of a stream in o's framing.
+func (o *output) streamContentType() string {
+	switch o.framing {
+	case framingArray:
+		return contentTypeJSON
+	case framingAWS:
+		return contentTypeEventStream
+	}
+	return contentTypeSSE
+}
+
+// event sends one event of a stream in o's framing (an SSE event's name may
+// be empty for OpenAI's data-only events) and flushes it. Under a disconnect
+// fault, once limit events were sent, or at the final event whatever the
+// count, it closes the connection instead and returns errDisconnected.
+func (o *output) event(ev sseEvent, final bool) error {
 	if o.limit > 0 && (final || o.events >= o.limit) {
 		return o.abort()
 	}
 	var buf bytes.Buffer
-	buf.Grow(len(name) + len(data) + 16)
-	if name != "" {
-		buf.WriteString("event: ")
-		buf.WriteString(name)
-		buf.WriteByte('\n')
+	buf.Grow(len(ev.name) + len(ev.data) + 16)
+	switch o.framing {
+	case framingArray:
+		if o.events == 0 {
+			buf.WriteByte('[')
+		} else {
+			buf.WriteString(",\r\n")
+		}
+		buf.Write(ev.data)
+	case framingAWS:
+		var h eventstream.Headers
+		if ev.exception {
+			h.Set(":message-type", eventstream.StringValue("exception"))
+			h.Set(":exception-type", eventstream.StringValue(ev.name))
+		} else {
+			h.Set(":message-type", eventstream.StringValue("event"))
+			h.Set(":event-type", eventstream.StringValue(ev.name))
+		}
+		h.Set(":content-type", eventstream.StringValue(contentTypeJSON))
+		if err := o.enc.Encode(&buf, eventstream.Message{Headers: h, Payload: ev.data}); err != nil {
+			return fmt.Errorf("encoding an event-stream message: %w", err)
+		}
+	default:
+		if ev.name != "" {
+			buf.WriteString("event: ")
+			buf.WriteString(ev.name)
+			buf.WriteByte('\n')
+		}
+		buf.WriteString("data: ")
+		buf.Write(ev.data)
+		buf.WriteString("\n\n")
 	}
-	buf.WriteString("data: ")
-	buf.Write(data)
-	buf.WriteString("\n\n")
 	if err := o.write(buf.Bytes()); err != nil {
 		return err
 	}

@@ -3,13 +3,16 @@ package mock
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 )
 
-// sseEvent is one server-sent event; name is empty for OpenAI's data-only
-// chat and completions events.
+// sseEvent is one event of a stream; name is empty for OpenAI's and
+// Gemini's data-only events. In AWS's event stream, name is the event's
+// type, or the exception's when exception is set.
 type sseEvent struct {
-	name string
-	data []byte
+	name      string
+	data      []byte
+	exception bool
 }
 
 // bodyRenderer produces the whole JSON body of one successful response. A
@@ -47,6 +50,8 @@ type response struct {
 	includeUsage bool
 	parsed       parsedRequest
 	dims         int
+	// latencyMs is the response's latency, for the APIs that report it (Bedrock's metrics).
+	latencyMs int64
 }
 
 // fullText is the whole visible completion.
@@ -389,6 +394,35 @@ func openAIErrorBody(status int, message string) ([]byte, error) {
 		d.Type = "server_error"
 	}
 	return json.Marshal(openAIError{Error: d})
+}
+
+// azureCode is the code Azure OpenAI's error bodies give an error of status: "429" for every
+// rate or quota limit, a name for its own failures.
+func azureCode(status int) string {
+	switch {
+	case status == http.StatusTooManyRequests, status == http.StatusUnauthorized, status == http.StatusNotFound:
+		return strconv.Itoa(status)
+	case status == http.StatusServiceUnavailable || status == 529:
+		return "ServiceUnavailable"
+	case status == http.StatusGatewayTimeout || status == http.StatusRequestTimeout:
+		return "Timeout"
+	case status >= 500:
+		return "InternalServerError"
+	default:
+		return "BadRequest"
+	}
+}
+
+type azureErrorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// azureErrorBody renders an error the way Azure OpenAI does: {"error":{"code","message"}}.
+func azureErrorBody(status int, message string) ([]byte, error) {
+	return json.Marshal(struct {
+		Error azureErrorDetail `json:"error"`
+	}{azureErrorDetail{Code: azureCode(status), Message: message}})
 }
 
 // defaultErrorMessage is the message of an injected error, in the words the

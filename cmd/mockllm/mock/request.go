@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 )
 
 // Request headers that override token accounting for one request.
@@ -45,6 +46,14 @@ const (
 	apiEmbeddings
 	apiResponses
 	apiMessages
+	apiGeminiGenerate    // models/{model}:generateContent
+	apiGeminiStream      // models/{model}:streamGenerateContent
+	apiGeminiCountTokens // models/{model}:countTokens
+	apiGeminiEmbed       // models/{model}:embedContent
+	apiConverse          // Bedrock /model/{modelId}/converse
+	apiConverseStream    // Bedrock /model/{modelId}/converse-stream
+	apiInvoke            // Bedrock /model/{modelId}/invoke, Anthropic models
+	apiInvokeStream      // Bedrock /model/{modelId}/invoke-with-response-stream, Anthropic models
 )
 
 // apiByPath maps a request path to the endpoint serving it.
@@ -56,8 +65,23 @@ var apiByPath = map[string]api{
 	"/v1/messages":         apiMessages,
 }
 
-// anthropic reports whether a speaks Anthropic's wire format (errors included).
-func (a api) anthropic() bool { return a == apiMessages }
+// anthropic reports whether a's bodies are Anthropic messages: /v1/messages and Bedrock's
+// InvokeModel of an Anthropic model.
+func (a api) anthropic() bool { return a == apiMessages || a == apiInvoke || a == apiInvokeStream }
+
+// gemini reports whether a is one of Gemini's model methods.
+func (a api) gemini() bool { return a >= apiGeminiGenerate && a <= apiGeminiEmbed }
+
+// noOutput reports whether a generates nothing: embeddings and token counts.
+func (a api) noOutput() bool {
+	return a == apiEmbeddings || a == apiGeminiEmbed || a == apiGeminiCountTokens
+}
+
+// pathStreams reports whether a streams whatever the body says: the streaming methods of
+// Gemini and Bedrock, which the path names.
+func (a api) pathStreams() bool {
+	return a == apiGeminiStream || a == apiConverseStream || a == apiInvokeStream
+}
 
 // parsedRequest is what the fake provider needs from a request body.
 type parsedRequest struct {
@@ -106,8 +130,8 @@ func (c textCount) tokens() int64 {
 	return (c.bytes+3)/4 + c.tokenIDs
 }
 
-// parseRequest reads the body of a call to endpoint a and computes its
-// prompt tokens deterministically:
+// parseRequest reads the body of a call routed to rt and computes its prompt tokens
+// deterministically:
 //
 //	prompt_tokens = ceil(B / 4) + T
 //
@@ -115,20 +139,41 @@ func (c textCount) tokens() int64 {
 // whole request before rounding: chat and Anthropic messages' content (a
 // string, or the "text" field of each content part), Anthropic's system
 // (string or text blocks), the completions prompt and embeddings input
-// (string or array of strings), and the Responses API's instructions and
-// input (a string, or each item's content as above). T is the number of token
-// ids when a prompt or input is given as token arrays ([]int or [][]int).
-// Roles, names, tool definitions and images count nothing. An error means the
-// body is not what the real API accepts and becomes a 400.
-func parseRequest(a api, body []byte) (parsedRequest, error) {
+// (string or array of strings), the Responses API's instructions and
+// input (a string, or each item's content as above), Gemini's contents,
+// systemInstruction and embedContent content (each part's "text") and
+// Bedrock Converse's messages and system (each block's "text"). T is the
+// number of token ids when a prompt or input is given as token arrays ([]int
+// or [][]int). Roles, names, tool definitions and images count nothing. The
+// model is the body's, or the one the path names (Gemini, Bedrock, and an
+// Azure deployment when the body names none). An error means the body is not
+// what the real API accepts and becomes a 400.
+func parseRequest(rt route, body []byte) (parsedRequest, error) {
 	var p parsedRequest
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return p, errors.New("request body must be a JSON object")
 	}
+	a := rt.api
+	switch {
+	case a.gemini():
+		return parseGemini(rt, trimmed)
+	case a == apiConverse || a == apiConverseStream:
+		return parseConverse(rt, trimmed)
+	}
 	var w wireRequest
 	if err := json.Unmarshal(trimmed, &w); err != nil {
 		return p, fmt.Errorf("request body is not valid JSON for this endpoint: %w", err)
+	}
+	switch {
+	case a == apiInvoke || a == apiInvokeStream:
+		// InvokeModel's body names no model and does not say whether it streams: the path does.
+		if !strings.Contains(rt.model, "anthropic") {
+			return p, fmt.Errorf("mockllm serves InvokeModel only for Anthropic models, not %s", rt.model)
+		}
+		w.Model, w.Stream = rt.model, a.pathStreams()
+	case w.Model == "":
+		w.Model = rt.model
 	}
 	if w.Model == "" {
 		return p, errors.New("you must provide a model parameter")
@@ -145,7 +190,7 @@ func parseRequest(a api, body []byte) (parsedRequest, error) {
 		if w.MaxCompletionTokens != nil {
 			limit, limitName = w.MaxCompletionTokens, "max_completion_tokens"
 		}
-	case apiCompletions, apiMessages:
+	case apiCompletions, apiMessages, apiInvoke, apiInvokeStream:
 		limit, limitName = w.MaxTokens, "max_tokens"
 	case apiResponses:
 		limit, limitName = w.MaxOutputTokens, "max_output_tokens"
@@ -160,9 +205,9 @@ func parseRequest(a api, body []byte) (parsedRequest, error) {
 	var c textCount
 	var err error
 	switch a {
-	case apiChat, apiMessages:
+	case apiChat, apiMessages, apiInvoke, apiInvokeStream:
 		err = countMessages(&c, w.Messages)
-		if err == nil && a == apiMessages {
+		if err == nil && a.anthropic() {
 			err = countContent(&c, w.System, "system")
 		}
 	case apiCompletions:
@@ -434,11 +479,14 @@ func (u usage) visible() int64 { return u.Completion - u.Reasoning }
 
 // computeUsage settles the numbers a request will be reported with: the
 // header override wins, then the body's limit, then defaultCompletion.
-// Embeddings generate nothing.
+// Embeddings generate nothing, and a token count uses nothing at all.
 func computeUsage(a api, p parsedRequest, o tokenOverrides, defaultCompletion int64) (usage, error) {
 	u := usage{Prompt: p.PromptTokens}
 	switch {
-	case a == apiEmbeddings:
+	case a == apiGeminiCountTokens:
+		// Counting tokens is free: nothing is used, whatever the count says.
+		return usage{}, nil
+	case a.noOutput():
 	case o.Completion != nil:
 		u.Completion = *o.Completion
 	case p.MaxTokens > 0:

@@ -137,7 +137,7 @@ func TestParseRequest(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseRequest(tt.api, []byte(tt.body))
+			got, err := parseRequest(route{api: tt.api}, []byte(tt.body))
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("parseRequest error = %v, want one containing %q", err, tt.wantErr)
@@ -269,16 +269,25 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","instructions":"x","input":[{"content":"y"}],"max_output_tokens":2}`,
 		`{"model":"m","system":[{"text":"s"}],"messages":[{"content":"x"}]}`,
 		`{"model":"m","messages":[{"content":5}]}`,
+		`{"contents":[{"parts":[{"text":"x"},{"inlineData":{}}]}],"system_instruction":{"parts":[{"text":"s"}]},"generationConfig":{"maxOutputTokens":4,"candidateCount":2}}`,
+		`{"generateContentRequest":{"contents":[{"parts":[{"text":"x"}]}]}}`,
+		`{"content":{"parts":[{"text":"x"}]},"outputDimensionality":3}`,
+		`{"messages":[{"role":"user","content":[{"text":"x"},{"image":{}}]}],"system":[{"text":"s"}],"inferenceConfig":{"maxTokens":5}}`,
+		`{"anthropic_version":"bedrock-2023-05-31","max_tokens":3,"messages":[{"content":"x"}]}`,
 		`[]`, ``, `{"model":`,
 	}
 	for _, s := range seeds {
-		for a := apiChat; a <= apiMessages; a++ {
+		for a := apiChat; a <= apiInvokeStream; a++ {
 			f.Add(uint8(a), []byte(s))
 		}
 	}
 	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
-		a := api(which % uint8(apiMessages+1))
-		p, err := parseRequest(a, body)
+		a := api(which % uint8(apiInvokeStream+1))
+		rt := route{api: a}
+		if a > apiMessages {
+			rt.model = "anthropic.claude-m" // the path names the model
+		}
+		p, err := parseRequest(rt, body)
 		if err != nil {
 			return
 		}
@@ -291,15 +300,18 @@ func FuzzParseRequest(f *testing.F) {
 		if p.MaxTokens < 0 || p.MaxTokens > maxCompletionTokens {
 			t.Fatalf("max tokens %d out of range", p.MaxTokens)
 		}
-		if a == apiEmbeddings && len(p.Inputs) == 0 {
+		if (a == apiEmbeddings || a == apiGeminiEmbed) && len(p.Inputs) == 0 {
 			t.Fatal("accepted embeddings without inputs")
 		}
-		if a == apiEmbeddings && p.Stream {
-			t.Fatal("embeddings must never stream")
+		if p.Stream != (a.pathStreams() || (p.Stream && !a.noOutput() && !a.gemini() && a != apiConverse && a != apiInvoke)) {
+			t.Fatalf("%v streams %v", a, p.Stream)
 		}
 		u, err := computeUsage(a, p, tokenOverrides{}, DefaultCompletionTokens)
 		if err != nil {
 			t.Fatalf("computeUsage without overrides: %v", err)
+		}
+		if a.noOutput() && u.Completion != 0 {
+			t.Fatalf("%v generated %d tokens", a, u.Completion)
 		}
 		if u.visible() < 0 {
 			t.Fatalf("negative visible tokens: %+v", u)

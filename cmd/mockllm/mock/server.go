@@ -1,30 +1,50 @@
-// Package mock is a fake LLM provider speaking the OpenAI and Anthropic HTTP
-// APIs, for demos, experiments and end-to-end tests of llm-bulkhead.
+// Package mock is a fake LLM provider speaking the OpenAI, Anthropic, Azure
+// OpenAI, Google Gemini and AWS Bedrock HTTP APIs, for demos, experiments and
+// end-to-end tests of llm-bulkhead.
 //
 // It serves POST /v1/chat/completions, /v1/completions, /v1/embeddings,
-// /v1/responses and /v1/messages (JSON and SSE) and GET /v1/models, with a
-// latency model (LatencyModel), a capacity that queues requests FIFO when the
-// fake provider is full (fixed, Options.Capacity, or changing during the run,
-// Options.CapacitySchedule), faults injected by request header, by rule per
-// provider or model, or at run time (Fault, FaultRule), and optionally a
-// check that each provider is sent only the models it serves
+// /v1/responses and /v1/messages (JSON and SSE) and GET /v1/models; Azure
+// OpenAI's /openai/v1/{chat/completions,completions,embeddings,responses} and
+// /openai/deployments/{deployment}/{chat/completions,completions,embeddings}
+// (api-version required; the deployment is the model unless the body names
+// one); Gemini's /v1beta/models/{model}: (or /v1/models/{model}:)
+// generateContent, streamGenerateContent (server-sent events with alt=sse, a
+// streamed JSON array without), countTokens and embedContent; and Bedrock's
+// /model/{modelId}/converse, /converse-stream (AWS's binary event stream),
+// and /invoke and /invoke-with-response-stream for Anthropic models (their
+// bodies Anthropic messages; the stream's events base64 in event-stream
+// chunks). Errors take each API's own shape: OpenAI's, Anthropic's, Azure's
+// {"error":{"code","message"}} ("429" for rate limits), Google's
+// {"error":{"code","message","status"}}, and AWS's {"message"} with the
+// exception named in x-amzn-errortype (an exception message inside an event
+// stream).
+//
+// It has a latency model (LatencyModel), a capacity that queues requests FIFO
+// when the fake provider is full (fixed, Options.Capacity, or changing during
+// the run, Options.CapacitySchedule), faults injected by request header, by
+// rule per provider or model, or at run time (Fault, FaultRule), and
+// optionally a check that each provider is sent only the models it serves
 // (Options.ModelProviders; 404 model_not_found otherwise). Every API response
 // carries x-mockllm-prompt-tokens, x-mockllm-completion-tokens and
 // x-mockllm-request-id, so a test can compare what a client settled with what
 // was reported, and x-mockllm-queue-wait, the simulated seconds it waited for
-// a capacity slot. Responses always hold one choice, whatever n asks for.
+// a capacity slot. Responses always hold one choice (or candidate), whatever
+// n or candidateCount asks for.
 //
 // Token accounting is deterministic and reported exactly:
 //
 //	prompt_tokens     = ceil(B / 4) + T
 //	completion_tokens = x-mockllm-completion-tokens header, else
-//	                    max_completion_tokens / max_tokens / max_output_tokens, else
+//	                    max_completion_tokens / max_tokens / max_output_tokens /
+//	                    generationConfig.maxOutputTokens / inferenceConfig.maxTokens, else
 //	                    Options.DefaultCompletionTokens (embeddings: 0)
 //
 // B is the number of UTF-8 bytes of text in the request, summed before
 // rounding: message content (strings, or the "text" of content parts),
-// Anthropic's system, the completions prompt, the embeddings input, and the
-// Responses API's instructions and input. T is the number of token ids when a
+// Anthropic's system, the completions prompt, the embeddings input, the
+// Responses API's instructions and input, Gemini's contents and
+// systemInstruction, and Converse's messages and system. Gemini's
+// countTokens answers the prompt's count and uses (reports) nothing. T is the number of token ids when a
 // prompt or input is given as token arrays. The generated text is made of
 // BytesPerToken-byte words, one per visible completion token (completion
 // minus x-mockllm-reasoning-tokens).
@@ -202,8 +222,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case p == "/v1/models":
 		s.serveModels(w, r)
 	default:
-		if a, ok := apiByPath[p]; ok {
-			s.serveAPI(w, r, a, p)
+		if rt, ok := routeOf(r.URL); ok {
+			s.serveAPI(w, r, rt)
 			return
 		}
 		s.serveUnknown(w, r)
@@ -235,7 +255,7 @@ type exchange struct {
 	s     *Server
 	w     http.ResponseWriter
 	r     *http.Request
-	api   api
+	rt    route
 	id    string
 	entry *RecordedRequest
 	usage usage
@@ -246,9 +266,12 @@ type exchange struct {
 func (e *exchange) setIDHeaders() {
 	h := e.w.Header()
 	h.Set(HeaderRequestID, e.id)
-	if e.api.anthropic() {
+	switch e.rt.dialect {
+	case dialectAnthropic:
 		h.Set("request-id", "req_"+e.id)
-	} else {
+	case dialectBedrock:
+		h.Set("x-amzn-requestid", "req_"+e.id)
+	default:
 		h.Set("x-request-id", "req_"+e.id)
 	}
 	e.setUsageHeaders()
@@ -261,10 +284,19 @@ func (e *exchange) setUsageHeaders() {
 	h.Set(HeaderCompletionTokens, strconv.FormatInt(e.usage.Completion, 10))
 }
 
-// errorBody renders an error in the called API's format.
+// errorBody renders an error in the called API's format. A Bedrock error names its
+// exception in the x-amzn-errortype header, which it sets.
 func (e *exchange) errorBody(status int, message string) ([]byte, error) {
-	if e.api.anthropic() {
+	switch e.rt.dialect {
+	case dialectAnthropic:
 		return anthropicErrorBody(status, message, "req_"+e.id)
+	case dialectAzure:
+		return azureErrorBody(status, message)
+	case dialectGemini:
+		return googleErrorBody(status, message)
+	case dialectBedrock:
+		e.w.Header().Set("x-amzn-errortype", bedrockException(status))
+		return bedrockErrorBody(message)
 	}
 	return openAIErrorBody(status, message)
 }
@@ -303,10 +335,11 @@ func (e *exchange) finish(status int, outcome string) {
 }
 
 // serveAPI answers one call to an API endpoint.
-func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, a api, pathLabel string) {
+func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, rt route) {
 	id, seq := s.newID()
+	a := rt.api
 	body, readErr := io.ReadAll(http.MaxBytesReader(w, r.Body, s.opts.MaxRequestBodyBytes))
-	e := &exchange{s: s, w: w, r: r, api: a, id: id, entry: s.rec.received(id, r, pathLabel, body)}
+	e := &exchange{s: s, w: w, r: r, rt: rt, id: id, entry: s.rec.received(id, r, rt.label, body)}
 	e.setIDHeaders()
 
 	if r.Method != http.MethodPost {
@@ -322,7 +355,11 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, a api, pathLab
 		e.finish(0, OutcomeClientGone)
 		return
 	}
-	p, err := parseRequest(a, body)
+	if missingAPIVersion(rt, r) {
+		e.reject(http.StatusNotFound, "Resource not found: an Azure OpenAI deployment path needs the api-version query parameter.")
+		return
+	}
+	p, err := parseRequest(rt, body)
 	s.rec.parsed(e.entry, p.Model, p.Stream)
 	if err != nil {
 		e.reject(http.StatusBadRequest, err.Error())
@@ -383,6 +420,7 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, a api, pathLab
 	}
 	start := time.Now().Add(delay)
 	latency := s.scale(s.opts.Latency.Latency(e.usage.total(), jitter))
+	resp.latencyMs = latency.Milliseconds()
 	t := timing{start: start, latency: latency, firstToken: s.scale(time.Duration(f.FirstTokenDelay)), decode: 1}
 	if d := s.opts.Latency.DecodeSlowdown; d > 0 {
 		t.decode = 1 + d*float64(max(s.pools.global.stats(1).InFlight-1, 0))
@@ -390,7 +428,7 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, a api, pathLab
 	var errEv *sseEvent
 	if f.StreamError != 0 {
 		msg := defaultErrorMessage(f.StreamError)
-		ev, err := streamErrorEvent(a, f.StreamError, msg)
+		ev, err := streamErrorEvent(rt, f.StreamError, msg)
 		if err == nil && !p.Stream {
 			ev.data, err = e.errorBody(f.StreamError, msg)
 		}
@@ -402,6 +440,12 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, a api, pathLab
 		errEv = &ev
 	}
 	if p.Stream {
+		switch {
+		case a == apiConverseStream || a == apiInvokeStream:
+			out.setFraming(framingAWS)
+		case a == apiGeminiStream && !rt.sse:
+			out.setFraming(framingArray)
+		}
 		err = s.stream(ctx, out, streamRendererFor(a, resp), e.usage, t, errEv)
 	} else {
 		err = s.whole(ctx, out, bodyRendererFor(a, resp), t, errEv)
@@ -429,13 +473,22 @@ func bodyRendererFor(a api, r *response) bodyRenderer {
 		return embeddingsRenderer{r}
 	case apiResponses:
 		return &responsesRenderer{r: r}
+	case apiGeminiGenerate, apiGeminiStream:
+		return &geminiRenderer{r: r}
+	case apiGeminiCountTokens:
+		return geminiCountRenderer{r}
+	case apiGeminiEmbed:
+		return geminiEmbedRenderer{r}
+	case apiConverse, apiConverseStream:
+		return converseRenderer{r}
 	default:
 		return messagesRenderer{r}
 	}
 }
 
-// streamRendererFor returns the SSE renderer of endpoint a; embeddings
-// never stream (parseRequest clears their stream flag).
+// streamRendererFor returns the stream renderer of endpoint a; embeddings
+// and token counts never stream (parseRequest leaves their stream flag
+// clear).
 func streamRendererFor(a api, r *response) streamRenderer {
 	switch a {
 	case apiChat:
@@ -444,6 +497,12 @@ func streamRendererFor(a api, r *response) streamRenderer {
 		return completionsRenderer{r}
 	case apiResponses:
 		return &responsesRenderer{r: r}
+	case apiGeminiGenerate, apiGeminiStream:
+		return &geminiRenderer{r: r}
+	case apiConverse, apiConverseStream:
+		return converseRenderer{r}
+	case apiInvokeStream:
+		return invokeStreamRenderer{messagesRenderer{r}}
 	default:
 		return messagesRenderer{r}
 	}
@@ -507,9 +566,22 @@ func (s *Server) whole(ctx context.Context, out *output, rend bodyRenderer, t ti
 }
 
 // streamErrorEvent renders the event a provider sends inside a 200 stream
-// to report an error of status.
-func streamErrorEvent(a api, status int, message string) (sseEvent, error) {
+// to report an error of status: Anthropic's and the Responses API's error
+// events, an OpenAI (or Azure, or Google) error object as a data-only event
+// (a JSON array's element for Gemini), and an exception message in Bedrock's
+// event stream.
+func streamErrorEvent(rt route, status int, message string) (sseEvent, error) {
+	a := rt.api
 	switch {
+	case a == apiConverseStream || a == apiInvokeStream:
+		b, err := bedrockErrorBody(message)
+		return sseEvent{name: bedrockStreamException(status), data: b, exception: true}, err
+	case rt.dialect == dialectGemini:
+		b, err := googleErrorBody(status, message)
+		return sseEvent{data: b}, err
+	case rt.dialect == dialectAzure && a != apiResponses:
+		b, err := azureErrorBody(status, message)
+		return sseEvent{data: b}, err
 	case a.anthropic():
 		b, err := json.Marshal(anthropicError{Type: "error", Error: anthropicErrorDetail{Type: anthropicErrorType(status), Message: message}})
 		return sseEvent{name: "error", data: b}, err
@@ -549,12 +621,12 @@ func (s *Server) stream(ctx context.Context, out *output, rend streamRenderer, u
 	if err := sleepUntil(ctx, start.Add(ttfb)); err != nil {
 		return err
 	}
-	out.start(http.StatusOK, contentTypeSSE, -1)
+	out.start(http.StatusOK, out.streamContentType(), -1)
 	if err := out.flush(); err != nil {
 		return err
 	}
 	for _, ev := range pre {
-		if err := out.event(ev.name, ev.data, false); err != nil {
+		if err := out.event(ev, false); err != nil {
 			return err
 		}
 	}
@@ -570,7 +642,7 @@ func (s *Server) stream(ctx context.Context, out *output, rend streamRenderer, u
 		if err != nil {
 			return fmt.Errorf("encoding the stream: %w", err)
 		}
-		if err := out.event(ev.name, ev.data, false); err != nil {
+		if err := out.event(ev, false); err != nil {
 			return err
 		}
 		if errEv != nil {
@@ -581,10 +653,10 @@ func (s *Server) stream(ctx context.Context, out *output, rend streamRenderer, u
 		if err := sleepUntil(ctx, start.Add(ttfb+t.firstToken)); err != nil {
 			return err
 		}
-		if err := out.event(errEv.name, errEv.data, false); err != nil {
+		if err := out.event(*errEv, false); err != nil {
 			return err
 		}
-		return out.finish()
+		return out.endStream()
 	}
 	if err := sleepUntil(ctx, start.Add(t.end(ttfb))); err != nil {
 		return err
@@ -594,17 +666,17 @@ func (s *Server) stream(ctx context.Context, out *output, rend streamRenderer, u
 		return fmt.Errorf("encoding the stream: %w", err)
 	}
 	for i, ev := range tr {
-		if err := out.event(ev.name, ev.data, i == len(tr)-1); err != nil {
+		if err := out.event(ev, i == len(tr)-1); err != nil {
 			return err
 		}
 	}
-	return out.finish()
+	return out.endStream()
 }
 
 // serveModels answers GET /v1/models.
 func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
 	id, _ := s.newID()
-	e := &exchange{s: s, w: w, r: r, api: apiChat, id: id, entry: s.rec.received(id, r, r.URL.Path, nil)}
+	e := &exchange{s: s, w: w, r: r, rt: route{api: apiChat}, id: id, entry: s.rec.received(id, r, r.URL.Path, nil)}
 	e.setIDHeaders()
 	if r.Method != http.MethodGet {
 		w.Header().Set("Allow", http.MethodGet)
@@ -626,7 +698,7 @@ func (s *Server) serveModels(w http.ResponseWriter, r *http.Request) {
 // serveUnknown answers any other path the way the OpenAI API does.
 func (s *Server) serveUnknown(w http.ResponseWriter, r *http.Request) {
 	id, _ := s.newID()
-	e := &exchange{s: s, w: w, r: r, api: apiChat, id: id, entry: s.rec.received(id, r, overflowLabel, nil)}
+	e := &exchange{s: s, w: w, r: r, rt: route{api: apiChat}, id: id, entry: s.rec.received(id, r, overflowLabel, nil)}
 	e.setIDHeaders()
 	e.reject(http.StatusNotFound, fmt.Sprintf("Invalid URL (%s %s)", r.Method, r.URL.Path))
 }
