@@ -59,6 +59,8 @@ func TestClusterDefaults(t *testing.T) {
 				Heartbeat:             config.Duration(2500 * time.Millisecond),
 				SettleInterval:        config.Duration(2 * time.Millisecond),
 				MaxPendingSettlements: 100000,
+				Admission:             "leased",
+				LeaseInterval:         config.Duration(200 * time.Millisecond),
 				OnUnavailable:         "local",
 			}
 			if fmt.Sprintf("%+v", c) != fmt.Sprintf("%+v", want) {
@@ -196,6 +198,12 @@ func TestClusterProblems(t *testing.T) {
 			`p.yaml:6: cluster.max_pending_settlements: must be at least 1000, got 999`},
 		{"unknown on_unavailable", redis + "  on_unavailable: open\n",
 			`p.yaml:6: cluster.on_unavailable: "open" is not one of local, closed`},
+		{"unknown admission", redis + "  admission: approximate\n",
+			`p.yaml:6: cluster.admission: "approximate" is not one of leased, exact`},
+		{"lease_interval too short", redis + "  lease_interval: 5ms\n",
+			`p.yaml:6: cluster.lease_interval: must be at least 10ms, got 5ms`},
+		{"lease_interval beyond a quarter of lease_ttl", redis + "  lease_ttl: 2s\n  lease_interval: 600ms\n",
+			`p.yaml:7: cluster.lease_interval: 600ms is more than a quarter of cluster.lease_ttl (2s): leases would expire between two reports that renew them; use at most 500ms`},
 		{"wrong type", redis + "  timeout: 20\n",
 			`p.yaml:6: cluster.timeout: 20 is not a duration (write it with a unit, like 100ms or 5s)`},
 		{"unknown key", redis + "  adresses: [redis:6379]\n",
