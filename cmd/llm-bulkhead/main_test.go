@@ -66,11 +66,12 @@ cluster: backend redis, mode sentinel (master mymaster)
   connection:     password from $REDIS_PASSWORD, tls on, dial_timeout 1s, write_timeout 1s
   key prefix:     llm-bulkhead
   replica id:     pod-7
-  timeout:        20ms (the longest an admission waits for Redis)
+  admission:      leased: each replica admits against its lease of every compartment's limits, renewed every 200ms (lease_interval); no call to Redis on a request's path unless a lease runs short
+  timeout:        20ms (the longest a request waits for its lease to grow, and a report for Redis)
   on_unavailable: closed (requests refused with 503, reason cluster_unavailable)
   leases:         lease_ttl 8s, heartbeat 2s (a replica that stops heartbeating frees its slots after lease_ttl)
   settlements:    sent every 2ms, at most 100000 queued while Redis is unreachable
-  shared:         token budgets, request rates, concurrency (across every replica with this key prefix)
+  shared:         token budgets, request rates, spend, concurrency, learned (adaptive) limits (across every replica with this key prefix)
   per replica:    breakers, learned estimates, queues
 `
 

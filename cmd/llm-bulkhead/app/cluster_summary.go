@@ -44,7 +44,14 @@ func explainCluster(w io.Writer, c config.Cluster) {
 	line("connection", "%s, tls %s, dial_timeout %s, write_timeout %s", auth, tls, c.DialTimeout, c.WriteTimeout)
 	line("key prefix", "%s", c.KeyPrefix)
 	line("replica id", "%s", c.ReplicaID)
-	line("timeout", "%s (the longest an admission waits for Redis)", c.Timeout)
+	switch c.Admission {
+	case config.AdmissionLeased:
+		line("admission", "leased: each replica admits against its lease of every compartment's limits, renewed every %s (lease_interval); no call to Redis on a request's path unless a lease runs short", c.LeaseInterval)
+		line("timeout", "%s (the longest a request waits for its lease to grow, and a report for Redis)", c.Timeout)
+	default:
+		line("admission", "exact: every admission runs one script in Redis")
+		line("timeout", "%s (the longest an admission waits for Redis)", c.Timeout)
+	}
 	unavailable := c.OnUnavailable
 	switch c.OnUnavailable {
 	case config.OnUnavailableLocal:
@@ -55,6 +62,10 @@ func explainCluster(w io.Writer, c config.Cluster) {
 	line("on_unavailable", "%s", unavailable)
 	line("leases", "lease_ttl %s, heartbeat %s (a replica that stops heartbeating frees its slots after lease_ttl)", c.LeaseTTL, c.Heartbeat)
 	line("settlements", "sent every %s, at most %d queued while Redis is unreachable", c.SettleInterval, c.MaxPendingSettlements)
-	line("shared", "token budgets, request rates, concurrency (across every replica with this key prefix)")
+	if c.Admission == config.AdmissionLeased {
+		line("shared", "token budgets, request rates, spend, concurrency, learned (adaptive) limits (across every replica with this key prefix)")
+	} else {
+		line("shared", "token budgets, request rates, spend, concurrency (across every replica with this key prefix); learned (adaptive) limits stay per replica")
+	}
 	line("per replica", "breakers, learned estimates, queues")
 }
