@@ -93,55 +93,70 @@ func TestStreamsBeyondMaxStreamsAreRefused(t *testing.T) {
 // TestAdmittedStreamWithoutResponseIsReleasedAfterIdleTimeout: an admitted request whose
 // response never came used to hold its slot until Envoy gave up on the stream, however long.
 // After server.stream_idle_timeout without a message the admission is released as a cancel;
-// a message within the timeout keeps it; messages after the release pass through and release
-// nothing twice.
+// a message within the timeout keeps it. The stream then ends with DEADLINE_EXCEEDED; a stream
+// the server cannot end (a gRPC server without EndableStreams) lets later messages pass
+// through, releasing nothing twice.
 func TestAdmittedStreamWithoutResponseIsReleasedAfterIdleTimeout(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		m := newMemServer(t, policyYAML+"server: {stream_idle_timeout: 1m}\n", nil)
-		s := m.open()
-		s.send(requestHeaders(chatPath, false, extprocfilterv3.ProcessingMode_STREAMED))
-		if r := s.reply(t); r.GetRequestHeaders() == nil {
-			t.Fatalf("reply %v", r)
-		}
-		if m.eng.InFlight() != 1 {
-			t.Fatalf("in flight %d after admission", m.eng.InFlight())
-		}
+	for _, endable := range []bool{true, false} {
+		t.Run(map[bool]string{true: "endable", false: "not endable"}[endable], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				m := newMemServer(t, policyYAML+"server: {stream_idle_timeout: 1m}\n", nil)
+				s := m.openStream(endable)
+				s.send(requestHeaders(chatPath, false, extprocfilterv3.ProcessingMode_STREAMED))
+				if r := s.reply(t); r.GetRequestHeaders() == nil {
+					t.Fatalf("reply %v", r)
+				}
+				if m.eng.InFlight() != 1 {
+					t.Fatalf("in flight %d after admission", m.eng.InFlight())
+				}
 
-		// A request body chunk at 40s is activity: the timeout counts from it.
-		time.Sleep(40 * time.Second)
-		s.send(requestBody(`{"model":"m"}`, true))
-		s.reply(t)
-		time.Sleep(59 * time.Second)
-		synctest.Wait()
-		if m.eng.InFlight() != 1 {
-			t.Fatalf("released %s after the last message, before the idle timeout", 59*time.Second)
-		}
+				// A request body chunk at 40s is activity: the timeout counts from it.
+				time.Sleep(40 * time.Second)
+				s.send(requestBody(`{"model":"m"}`, true))
+				s.reply(t)
+				time.Sleep(59 * time.Second)
+				synctest.Wait()
+				if m.eng.InFlight() != 1 {
+					t.Fatalf("released %s after the last message, before the idle timeout", 59*time.Second)
+				}
 
-		time.Sleep(2 * time.Second)
-		synctest.Wait()
-		if m.eng.InFlight() != 0 {
-			t.Fatal("not released after the idle timeout")
-		}
-		nothingHeld(t, m.eng)
-		if got := metric(t, m.reg, "llm_bulkhead_extproc_streams_idle_released_total"); got != 1 {
-			t.Errorf("idle releases counted %v, want 1", got)
-		}
+				// Checked every second (a sixtieth of the timeout): released within two.
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+				if m.eng.InFlight() != 0 {
+					t.Fatal("not released after the idle timeout")
+				}
+				nothingHeld(t, m.eng)
+				if got := metric(t, m.reg, "llm_bulkhead_extproc_streams_idle_released_total"); got != 1 {
+					t.Errorf("idle releases counted %v, want 1", got)
+				}
 
-		// The response arrives after all: it passes through untouched.
-		s.send(responseHeaders("200", false))
-		r := s.reply(t)
-		if r.GetResponseHeaders() == nil || r.GetResponseHeaders().GetResponse() != nil {
-			t.Errorf("late response headers: reply %v, want a plain CONTINUE", r)
-		}
-		s.send(responseBody(`data: {"usage":{"prompt_tokens":5,"completion_tokens":5,"total_tokens":10}}`+"\n\n", true))
-		if r := s.reply(t); r.GetResponseBody() == nil {
-			t.Errorf("late response body: reply %v", r)
-		}
-		if err := s.close(); err != nil {
-			t.Errorf("stream ended with %v", err)
-		}
-		nothingHeld(t, m.eng)
-	})
+				if endable {
+					if err := s.wait(); status.Code(err) != codes.DeadlineExceeded {
+						t.Errorf("the released stream ended with %v, want DEADLINE_EXCEEDED", err)
+					}
+					if got := metric(t, m.reg, "llm_bulkhead_extproc_streams_timed_out_total", "timeout", "idle"); got != 1 {
+						t.Errorf("streams ended for silence counted %v, want 1", got)
+					}
+					return
+				}
+				// The response arrives after all: it passes through untouched.
+				s.send(responseHeaders("200", false))
+				r := s.reply(t)
+				if r.GetResponseHeaders() == nil || r.GetResponseHeaders().GetResponse() != nil {
+					t.Errorf("late response headers: reply %v, want a plain CONTINUE", r)
+				}
+				s.send(responseBody(`data: {"usage":{"prompt_tokens":5,"completion_tokens":5,"total_tokens":10}}`+"\n\n", true))
+				if r := s.reply(t); r.GetResponseBody() == nil {
+					t.Errorf("late response body: reply %v", r)
+				}
+				if err := s.close(); err != nil {
+					t.Errorf("stream ended with %v", err)
+				}
+				nothingHeld(t, m.eng)
+			})
+		})
+	}
 }
 
 // TestIdleWatchStopsWithTheStream: a stream that completes normally leaves no timer behind to

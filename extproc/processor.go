@@ -278,11 +278,10 @@ func (p *processor) handle(req *extprocv3.ProcessingRequest) *extprocv3.Processi
 		}
 		p.phase = phaseRequest
 	}
-	// The one clock reading of the message: its arrival, for the idle watch, admission,
-	// the response's timings and settlement alike.
+	// The one clock reading of the message: its arrival, for admission, the response's timings
+	// and settlement alike.
 	start := p.srv.engine.Now()
 	p.now = start
-	p.touch(start.Sub(p.srv.epoch))
 	p.out.begin()
 	var resp *extprocv3.ProcessingResponse
 	var kind int
@@ -514,7 +513,7 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 	}
 	p.phase = phaseAdmitted
 	p.dec.admittedAt = p.dec.ticket.GrantedAt()
-	p.armIdle(s.Settings().StreamIdleTimeout)
+	p.armIdle()
 	return p.admitReply(at)
 }
 
@@ -807,7 +806,10 @@ func (p *processor) settleOnce(cancelled bool) {
 // message loop (stream end), where a panic would take the whole server down; the ticket releases
 // its slots before any settlement work, so a failed settlement leaves nothing held.
 func (p *processor) settle(cancelled bool) {
-	p.stopIdle()
+	if !p.claimTicket() {
+		// The idle watch released the ticket while the stream was silent.
+		return
+	}
 	// headers is set with the response headers; 0 means there were none. A response whose body
 	// is not read is timed to its first token at its headers.
 	o := policy.Outcome{Status: p.res.status, Cancelled: cancelled, RetryAfter: p.res.retryAfter, Headers: p.res.headers, TTFB: p.res.headers,

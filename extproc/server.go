@@ -116,7 +116,8 @@ func (s *Server) ActiveStreams() int64 { return s.active.Load() }
 // request twice.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	s.metrics.streams.Inc()
-	limit := int64(s.engine.Snapshot().Settings().MaxStreams)
+	st := s.engine.Snapshot().Settings()
+	limit := int64(st.MaxStreams)
 	if n := s.active.Add(1); limit > 0 && n > limit {
 		s.active.Add(-1)
 		s.metrics.refusedMaxStreams.Inc()
@@ -130,28 +131,48 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		// Not reached when finish panics: a processor in an unknown state is not reused.
 		p.recycle()
 	}()
+	p.watch(st.FirstMessageTimeout, st.StreamIdleTimeout)
 	for {
 		req, err := stream.Recv()
 		if err != nil {
-			// Envoy is done with the stream (reset, half-close or error): nobody is listening, so
-			// the status returned does not matter.
+			// Envoy is done with the stream (reset, half-close or error), or the server ended
+			// it for silence (see endStatus).
 			p.ended(endReason(err))
-			return nil
+			return p.endStatus()
 		}
+		p.busy()
 		if err := p.checkOrder(req); err != nil {
 			return err
 		}
 		resp := p.safeHandle(req)
+		p.heard()
 		if resp == nil {
 			// The request was abandoned while queued (the stream is gone): nothing to send.
-			return nil
+			return p.endStatus()
 		}
 		if err := stream.Send(resp); err != nil {
 			p.ended(endSendFailed)
-			return nil
+			return p.endStatus()
 		}
 		p.afterSend(resp)
 	}
+}
+
+// endStatus is what Process returns when its stream ends without an error of its own: OK when
+// Envoy ended it (nobody reads the status then), DEADLINE_EXCEEDED when the server ended it for
+// silence — never OK, which Envoy would take as "continue without the processor" and let a
+// request still waiting for its decision pass unjudged. Over gRPC the status is written as
+// Recv or Send fails (see endable); this is the same for other transports.
+func (p *processor) endStatus() error {
+	why := p.idle.expired.Load()
+	if why == silenceNone {
+		return nil
+	}
+	st := p.srv.engine.Snapshot().Settings()
+	if why == silenceFirst {
+		return status.Errorf(codes.DeadlineExceeded, "no message within server.first_message_timeout (%s) of the stream opening", st.FirstMessageTimeout)
+	}
+	return status.Errorf(codes.DeadlineExceeded, "no message for server.stream_idle_timeout (%s)", st.StreamIdleTimeout)
 }
 
 // endReason classifies how Envoy ended the stream, for the outcome and metrics.

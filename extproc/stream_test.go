@@ -58,10 +58,20 @@ type memStream struct {
 	done   chan error // Process's result
 }
 
-// open starts Process on a new stream, reset when the test ends if it is still open.
+// open starts Process on a new stream, reset when the test ends if it is still open. Like a
+// stream of a gRPC server with EndableStreams, the server can end it.
 func (m *memServer) open() *memStream {
+	return m.openStream(true)
+}
+
+// openStream is open; endable false gives a stream the server cannot end (a gRPC server
+// without EndableStreams).
+func (m *memServer) openStream(endable bool) *memStream {
 	ctx, cancel := context.WithCancel(context.Background())
 	m.t.Cleanup(cancel)
+	if endable {
+		ctx = extproc.Endable(ctx)
+	}
 	s := &memStream{ctx: ctx, cancel: cancel, in: make(chan *extprocv3.ProcessingRequest),
 		out: make(chan *extprocv3.ProcessingResponse, 64), done: make(chan error, 1)}
 	go func() { s.done <- m.srv.Process(s) }()

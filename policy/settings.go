@@ -54,7 +54,10 @@ type Settings struct {
 	// x-should-retry: false (0: never). RefusalRateLimitHeaders is refusals.ratelimit_headers.
 	NoRetryAbove            time.Duration
 	RefusalRateLimitHeaders bool
-	// StreamIdleTimeout releases an admitted stream that hears nothing from Envoy this long.
+	// FirstMessageTimeout ends a stream that sends no message this long after it opened.
+	FirstMessageTimeout time.Duration
+	// StreamIdleTimeout ends a stream that hears nothing from Envoy this long after a message
+	// (releasing an admitted request's admission first).
 	StreamIdleTimeout time.Duration
 	// MaxBufferedBodyBytes bounds the request bodies held while deciding, over all streams.
 	MaxBufferedBodyBytes int64
@@ -75,6 +78,7 @@ func compileSettings(p *config.Policy) Settings {
 		RequireValidJSON:     p.Body.RequireValidJSON,
 		CompartmentHeader:    p.Responses.CompartmentHeader,
 		RateLimitHeaders:     p.Responses.RateLimitHeaders,
+		FirstMessageTimeout:  p.Server.FirstMessageTimeout.D(),
 		StreamIdleTimeout:    p.Server.StreamIdleTimeout.D(),
 		MaxBufferedBodyBytes: int64(p.Server.MaxBufferedBodyBytes),
 		MaxStreams:           p.Server.MaxStreams,

@@ -24,6 +24,7 @@ const (
 	DefaultModel             = "unknown"
 	DefaultTokenEnv          = "LLM_BULKHEAD_ADMIN_TOKEN"
 	DefaultMaxStreams        = 20000
+	DefaultMaxStreamsPerConn = 5000
 	DefaultMaxBufferedBody   = 256 << 20
 )
 
@@ -68,11 +69,17 @@ func (p *Policy) applyDefaults() {
 	}
 	s.LogLevel = orString(s.LogLevel, "info")
 	s.MaxStreams = int(orInt(int64(s.MaxStreams), DefaultMaxStreams))
+	if s.MaxStreamsPerConnection == 0 {
+		s.MaxStreamsPerConnection = min(DefaultMaxStreamsPerConn, max(s.MaxStreams, 1))
+	}
 	if s.KeepaliveTime == 0 {
 		s.KeepaliveTime = Duration(30 * time.Second)
 	}
 	if s.KeepaliveTimeout == 0 {
 		s.KeepaliveTimeout = Duration(10 * time.Second)
+	}
+	if s.FirstMessageTimeout == 0 {
+		s.FirstMessageTimeout = Duration(10 * time.Second)
 	}
 	if s.StreamIdleTimeout == 0 {
 		s.StreamIdleTimeout = Duration(10 * time.Minute)

@@ -224,9 +224,13 @@ func grpcOptions(p *config.Policy) []grpc.ServerOption {
 	s := p.Server
 	return []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxMsg), grpc.MaxSendMsgSize(maxMsg), extproc.ServerOption(),
+		// Streams that go silent are ended, not only released.
+		extproc.EndableStreams(),
 		// The ext_proc service refuses streams past server.max_streams over all connections;
-		// bounding each connection the same way stops one connection from opening more first.
-		grpc.MaxConcurrentStreams(uint32(s.MaxStreams)),
+		// each connection may hold server.max_streams_per_connection of them, so that one
+		// connection cannot take them all. gRPC announces the bound in the connection's HTTP/2
+		// settings and refuses a stream beyond it (REFUSED_STREAM).
+		grpc.MaxConcurrentStreams(uint32(s.MaxStreamsPerConnection)),
 		// Pings from Envoy (even between requests) are welcome, just not a flood of them.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
 		// Pings from the server find a dead Envoy connection, whose streams then end and release
@@ -460,6 +464,9 @@ func (a *App) checkFixed(p *config.Policy) error {
 	}
 	if p.Server.MaxStreams != cur.Server.MaxStreams {
 		problems = append(problems, "server.max_streams")
+	}
+	if p.Server.MaxStreamsPerConnection != cur.Server.MaxStreamsPerConnection {
+		problems = append(problems, "server.max_streams_per_connection")
 	}
 	if p.Server.KeepaliveTime != cur.Server.KeepaliveTime {
 		problems = append(problems, "server.keepalive_time")
