@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -14,11 +13,8 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
 )
@@ -27,19 +23,7 @@ import (
 // server.max_streams a new stream is refused at once with RESOURCE_EXHAUSTED (Envoy then
 // applies failure_mode_allow or status_on_error) and counted, and it holds nothing.
 func TestStreamsBeyondMaxStreamsAreRefused(t *testing.T) {
-	m := newMemServer(t, policyYAML+"server: {max_streams: 2}\n", nil)
-	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, m.srv)
-	ln := bufconn.Listen(1 << 20)
-	go func() { _ = gs.Serve(ln) }()
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient("passthrough:///bufconn", grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return ln.DialContext(ctx) }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	client := extprocv3.NewExternalProcessorClient(conn)
+	m, client := grpcServer(t, policyYAML+"server: {max_streams: 2}\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
@@ -66,7 +50,7 @@ func TestStreamsBeyondMaxStreamsAreRefused(t *testing.T) {
 	if n := m.srv.ActiveStreams(); n != 2 {
 		t.Fatalf("%d streams active, want 2", n)
 	}
-	_, err = open().Recv()
+	_, err := open().Recv()
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("the stream beyond max_streams: %v, want ResourceExhausted", err)
 	}

@@ -185,7 +185,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	m.bodiesRefused = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "extproc_bodies_refused_total",
 		Help: "Requests refused with server_busy because holding their body would pass server.max_buffered_body_bytes."})
 	buffered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "extproc_buffered_body_bytes",
-		Help: "Request-body bytes held now while their requests are decided."}, func() float64 { return float64(s.buffered.Load()) })
+		Help: "Request-body bytes held now: from a body's arrival until its request is decided and the reply that carries it is written."}, func() float64 { return float64(s.buffered.Load()) })
 	latency := []float64{0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300}
 	m.upHeaders = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "upstream_headers_seconds",
 		Help: "Time from admission to the provider's response headers, by provider.", Buckets: latency}, []string{"provider"})

@@ -6,10 +6,12 @@
 // A processor (processor.go) moves through one explicit phase — new, request, admitted,
 // responding, done, or passthrough — and keeps what the request said, what was decided and what
 // the response showed in three small parts. The server bounds what streams may hold (open
-// streams, buffered request bodies) and releases admitted requests whose streams go silent
+// streams, buffered request bodies) and ends streams that go silent, releasing what they hold
 // (idle.go); a message out of Envoy's order ends its stream. The server's gRPC codec
 // (codec.go, ServerOption) decodes the requests Envoy sends with decode.go and marshals the
-// replies with go-control-plane's generated code; anything else is protobuf's. gRPC marshals
+// replies with go-control-plane's generated code; anything else is protobuf's. A buffered body
+// is held once: decoded into memory of its own, rewritten there (llmapi.EditBody) and sent back
+// from there, counted until gRPC has written it. gRPC marshals
 // a reply inside Send, so an admitted request's replies are built in memory its processor keeps
 // (replyMem, reply.go), valid until the stream's next message, and a processor goes back to a
 // pool when its stream ends.
@@ -50,8 +52,9 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	active  atomic.Int64
-	// buffered counts the request-body bytes processors hold between receiving a buffered body
-	// and deciding on it (server.max_buffered_body_bytes bounds it).
+	// buffered counts the request-body bytes held from a buffered body's arrival until its
+	// request is decided and the reply that may carry it has been written (bodyHold); it is
+	// what server.max_buffered_body_bytes bounds.
 	buffered atomic.Int64
 	// epoch anchors the timestamps of stream activity (see idleWatch); like every time the
 	// server reads, it comes from the engine's clock.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -11,8 +12,10 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
@@ -44,6 +47,26 @@ func newMemServer(t testing.TB, yaml string, clock policy.Clock) *memServer {
 	srv := extproc.NewServer(eng, extproc.Options{Logger: log, Registerer: reg})
 	t.Cleanup(srv.Close)
 	return &memServer{t: t, srv: srv, eng: eng, reg: reg}
+}
+
+// grpcServer serves a Server for policy yaml over an in-memory gRPC connection as the server
+// runs (its codec, streams it can end), and returns a client of it. opts are the client's.
+func grpcServer(t *testing.T, yaml string, opts ...grpc.DialOption) (*memServer, extprocv3.ExternalProcessorClient) {
+	t.Helper()
+	m := newMemServer(t, yaml, nil)
+	gs := grpc.NewServer(grpc.MaxRecvMsgSize(4<<20), extproc.ServerOption(), extproc.EndableStreams())
+	extprocv3.RegisterExternalProcessorServer(gs, m.srv)
+	ln := bufconn.Listen(1 << 20)
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufconn", append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return ln.DialContext(ctx) }),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4<<20), grpc.MaxCallSendMsgSize(4<<20))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return m, extprocv3.NewExternalProcessorClient(conn)
 }
 
 // memStream is one ext_proc stream in memory. Envoy's side sends with send, reads replies from
