@@ -65,7 +65,9 @@ type Settings struct {
 	MaxStreams int
 }
 
-func compileSettings(p *config.Policy) Settings {
+// compileSettings compiles p's settings for a process whose memory is limited to memLimit bytes
+// (0: no limit).
+func compileSettings(p *config.Policy, memLimit int64) Settings {
 	return Settings{
 		RequestBodyMode:      parseBodyMode(p.Envoy.RequestBodyMode),
 		ResponseBodyMode:     parseBodyMode(p.Envoy.ResponseBodyMode),
@@ -80,7 +82,7 @@ func compileSettings(p *config.Policy) Settings {
 		RateLimitHeaders:     p.Responses.RateLimitHeaders,
 		FirstMessageTimeout:  p.Server.FirstMessageTimeout.D(),
 		StreamIdleTimeout:    p.Server.StreamIdleTimeout.D(),
-		MaxBufferedBodyBytes: int64(p.Server.MaxBufferedBodyBytes),
+		MaxBufferedBodyBytes: p.BufferedBodyBytes(memLimit),
 		MaxStreams:           p.Server.MaxStreams,
 
 		NoRetryAbove:            p.Refusals.NoRetryAboveOrDefault(),

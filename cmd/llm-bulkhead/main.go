@@ -239,6 +239,8 @@ func serve(c *command, ctx context.Context, args, env []string, stdout, stderr i
 	}
 	ballast := app.HeapFloor(floor)
 	defer runtime.KeepAlive(ballast)
+	// Without GOMEMLIMIT, the Go runtime learns the container's memory limit.
+	app.LimitGoMemory()
 	o.Env = env
 	o.LogOutput = stderr
 	o.Build = buildInfo()

@@ -84,9 +84,6 @@ func (p *Policy) applyDefaults() {
 	if s.StreamIdleTimeout == 0 {
 		s.StreamIdleTimeout = Duration(10 * time.Minute)
 	}
-	if s.MaxBufferedBodyBytes == 0 {
-		s.MaxBufferedBodyBytes = DefaultMaxBufferedBody
-	}
 
 	p.Admin.TokenEnv = orString(p.Admin.TokenEnv, DefaultTokenEnv)
 	p.Currency = orString(p.Currency, "USD")
@@ -522,4 +519,17 @@ func (p *Policy) AnyTokenLimits() bool {
 		}
 	})
 	return found
+}
+
+// BufferedBodyBytes returns server.max_buffered_body_bytes, or, when the policy does not set it,
+// its default for a process whose memory is limited to memLimit bytes (0: no limit): a quarter
+// of the limit, at most DefaultMaxBufferedBody and at least envoy.max_request_body.
+func (p *Policy) BufferedBodyBytes(memLimit int64) int64 {
+	if b := int64(p.Server.MaxBufferedBodyBytes); b > 0 {
+		return b
+	}
+	if memLimit <= 0 {
+		return DefaultMaxBufferedBody
+	}
+	return max(min(memLimit/4, DefaultMaxBufferedBody), int64(p.Envoy.MaxRequestBody))
 }

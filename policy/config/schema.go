@@ -160,10 +160,14 @@ type Server struct {
 	// longer than any route timeout and stream_idle_timeout in Envoy, or a slow
 	// response loses its slot while it is still running. Default 10m.
 	StreamIdleTimeout Duration `koanf:"stream_idle_timeout" json:"stream_idle_timeout,omitempty"`
-	// MaxBufferedBodyBytes bounds the request-body bytes all streams hold at once between
-	// receiving a buffered body and deciding on it (queueing for a slot included). A body that
-	// would pass the bound is refused with 503 (Anthropic: 529), reason server_busy. At least
-	// envoy.max_request_body. Default 256MiB.
+	// MaxBufferedBodyBytes bounds the request-body bytes all streams hold at once, from
+	// receiving a buffered body until the reply that may carry it (rewritten) is handed to gRPC
+	// (queueing for a slot included). A body that would pass the bound is refused with 503
+	// (Anthropic: 529), reason server_busy. At least envoy.max_request_body. Default: a quarter
+	// of the process's memory limit — GOMEMLIMIT, else the memory limit of its cgroup (a
+	// container's limit) — at most 256MiB and at least envoy.max_request_body; 256MiB when no
+	// limit is set. A body costs about twice its size while it arrives (gRPC's receive buffers,
+	// then the server's one copy), so a quarter leaves half the limit for the rest.
 	MaxBufferedBodyBytes Size `koanf:"max_buffered_body_bytes" json:"max_buffered_body_bytes,omitempty"`
 }
 

@@ -132,7 +132,7 @@ func (v *validator) streamLimits() {
 	if s.StreamIdleTimeout <= 0 {
 		v.own("server.stream_idle_timeout", "must be positive (and longer than any route timeout in Envoy), got %s", s.StreamIdleTimeout)
 	}
-	if s.MaxBufferedBodyBytes < v.p.Envoy.MaxRequestBody {
+	if s.MaxBufferedBodyBytes != 0 && s.MaxBufferedBodyBytes < v.p.Envoy.MaxRequestBody {
 		v.add("server.max_buffered_body_bytes", "%s is less than envoy.max_request_body (%s): the largest body Envoy sends could never be held",
 			s.MaxBufferedBodyBytes, v.p.Envoy.MaxRequestBody)
 	}

@@ -63,6 +63,10 @@ type Options struct {
 	// Build describes the binary for llm_bulkhead_build_info and the start log line; the zero
 	// value reads it from the Go build record (ReadBuildInfo("")).
 	Build BuildInfo
+	// MemoryLimit is the process's memory limit in bytes, which sizes the default of
+	// server.max_buffered_body_bytes. 0 finds it: GOMEMLIMIT, else the process's memory cgroup's
+	// limit. Negative: no limit.
+	MemoryLimit int64
 }
 
 // App is a running llm-bulkhead server. Safe for concurrent use.
@@ -102,6 +106,10 @@ type App struct {
 	spendState *spend.Persister
 	// tls is the ext_proc listener's TLS material; nil for plaintext.
 	tls *listenerTLS
+	// memLimit is the memory limit the server sized its defaults from (0: none), found in
+	// memLimitFrom (GOMEMLIMIT, cgroup, option or none).
+	memLimit     int64
+	memLimitFrom string
 }
 
 // ListenerError is an ext_proc listener that cannot be set up as configured: a malformed
@@ -154,7 +162,15 @@ func New(o Options) (*App, error) {
 		a.opts.Build = ReadBuildInfo("")
 	}
 	registerBuildInfo(a.registry, a.opts.Build)
-	eng, err := policy.NewEngine(p, policy.Options{Clock: o.Clock, Registerer: a.registry, Logger: a.log, Cluster: true})
+	switch {
+	case o.MemoryLimit == 0:
+		a.memLimit, a.memLimitFrom = memoryLimit()
+	case o.MemoryLimit > 0:
+		a.memLimit, a.memLimitFrom = o.MemoryLimit, "option"
+	default:
+		a.memLimitFrom = "none"
+	}
+	eng, err := policy.NewEngine(p, policy.Options{Clock: o.Clock, Registerer: a.registry, Logger: a.log, Cluster: true, MemoryLimit: a.memLimit})
 	if err != nil {
 		return nil, &ConfigError{Err: fmt.Errorf("%s: %w", name, err)}
 	}
@@ -387,7 +403,9 @@ func (a *App) Start() error {
 	a.log.Info("llm-bulkhead listening", "version", a.opts.Build.Version, "commit", a.opts.Build.CommitString(),
 		"grpc_addr", a.GRPCAddr(), "grpc_tls", a.tlsMode(), "admin_addr", a.AdminAddr(),
 		"policy", a.policyName, "generation", a.engine.Snapshot().Gen(),
-		"compartments", len(a.engine.Compartments()), "fast_marshal", extproc.FastMarshal())
+		"compartments", len(a.engine.Compartments()), "fast_marshal", extproc.FastMarshal(),
+		"max_buffered_body_bytes", a.engine.Snapshot().Settings().MaxBufferedBodyBytes, "memory_limit", a.memLimit, "memory_limit_from", a.memLimitFrom,
+		"go_memory_limit", goMemoryLimit())
 	return nil
 }
 

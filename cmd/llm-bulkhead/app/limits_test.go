@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead/app"
 )
 
 // TestDeadEnvoyConnectionIsDetected: the gRPC server used to run with gRPC's defaults — no ping
@@ -168,5 +170,27 @@ func TestSilentStreamsAreEndedOverGRPC(t *testing.T) {
 	}
 	if n := a.ExtProc().ActiveStreams(); n != 0 {
 		t.Errorf("%d streams still open", n)
+	}
+}
+
+// TestBufferedBodyBoundFromTheMemoryLimit: with the Helm chart's 512 MiB memory limit the server
+// kept the 256 MiB default bound on buffered bodies, and 40 concurrent 8 MiB bodies took it to
+// the limit. The default now follows the limit the server finds (a quarter of it), and the start
+// line says what it chose and why.
+func TestBufferedBodyBoundFromTheMemoryLimit(t *testing.T) {
+	logs := &strings.Builder{}
+	a, err := app.New(app.Options{GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{}, LogOutput: logs, MemoryLimit: 512 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	a.Shutdown(context.Background())
+	if got := a.Engine().Snapshot().Settings().MaxBufferedBodyBytes; got != 128<<20 {
+		t.Errorf("max_buffered_body_bytes %d with a 512 MiB limit, want 128 MiB", got)
+	}
+	if !strings.Contains(logs.String(), `"max_buffered_body_bytes":134217728,"memory_limit":536870912,"memory_limit_from":"option"`) {
+		t.Errorf("the start line does not say the bound and the limit:\n%s", logs.String())
 	}
 }
