@@ -195,6 +195,9 @@ type bodyHold struct {
 	// holds the body is alive (until the stream is done with its Send).
 	key uintptr
 	n   atomic.Int64
+	// listed: the stream has not yet looked whether the codec took the hold out of bodyHolds
+	// (the stream's goroutine only).
+	listed bool
 }
 
 var _ mem.BufferPool = (*bodyHold)(nil)

@@ -467,17 +467,18 @@ func (p *processor) holdReplyBody(body []byte) {
 	if p.req.heldBody == 0 || len(body) < shareBodyFrom {
 		return
 	}
-	h := &bodyHold{srv: p.srv, key: uintptr(unsafe.Pointer(unsafe.SliceData(body)))}
+	h := &bodyHold{srv: p.srv, key: uintptr(unsafe.Pointer(unsafe.SliceData(body))), listed: true}
 	h.n.Store(p.req.heldBody)
 	p.req.heldBody, p.req.hold = 0, h
 	bodyHolds.Store(h.key, h)
 }
 
-// replySent ends the body hold's wait for the codec: a reply not marshalled (Send failed before)
-// gives its bytes back now. The hold stays with the stream, which gives the bytes back at its
-// end at the latest.
+// replySent ends the body hold's wait for the codec, while the reply still holds the body (so
+// that the key still names it): a reply not marshalled (Send failed before) gives its bytes
+// back now. The hold stays with the stream, which gives the bytes back at its end at the latest.
 func (p *processor) replySent() {
-	if h := p.req.hold; h != nil {
+	if h := p.req.hold; h != nil && h.listed {
+		h.listed = false
 		if _, waiting := bodyHolds.LoadAndDelete(h.key); waiting {
 			h.release()
 		}
