@@ -114,16 +114,25 @@ func (v *validator) streamLimits() {
 	if s.MaxStreams < 1 || s.MaxStreams > maxStreamsLimit {
 		v.own("server.max_streams", "must be between 1 and %d, got %d", maxStreamsLimit, s.MaxStreams)
 	}
+	switch {
+	case s.MaxStreamsPerConnection < 1:
+		v.own("server.max_streams_per_connection", "must be at least 1, got %d", s.MaxStreamsPerConnection)
+	case s.MaxStreams >= 1 && s.MaxStreamsPerConnection > s.MaxStreams:
+		v.add("server.max_streams_per_connection", "must not exceed server.max_streams (%d), got %d", s.MaxStreams, s.MaxStreamsPerConnection)
+	}
 	if s.KeepaliveTime.D() < time.Second {
 		v.own("server.keepalive_time", "must be at least 1s (gRPC pings no more often), got %s", s.KeepaliveTime)
 	}
 	if s.KeepaliveTimeout <= 0 {
 		v.own("server.keepalive_timeout", "must be positive, got %s", s.KeepaliveTimeout)
 	}
+	if s.FirstMessageTimeout <= 0 {
+		v.own("server.first_message_timeout", "must be positive, got %s", s.FirstMessageTimeout)
+	}
 	if s.StreamIdleTimeout <= 0 {
 		v.own("server.stream_idle_timeout", "must be positive (and longer than any route timeout in Envoy), got %s", s.StreamIdleTimeout)
 	}
-	if s.MaxBufferedBodyBytes < v.p.Envoy.MaxRequestBody {
+	if s.MaxBufferedBodyBytes != 0 && s.MaxBufferedBodyBytes < v.p.Envoy.MaxRequestBody {
 		v.add("server.max_buffered_body_bytes", "%s is less than envoy.max_request_body (%s): the largest body Envoy sends could never be held",
 			s.MaxBufferedBodyBytes, v.p.Envoy.MaxRequestBody)
 	}
