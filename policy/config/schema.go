@@ -638,7 +638,8 @@ type Cluster struct {
 	// Default 1s.
 	WriteTimeout Duration `koanf:"write_timeout" json:"write_timeout,omitempty"`
 	// LeaseTTL is how long a replica's concurrency leases outlive its last heartbeat: the slots
-	// of a replica that died without saying so come back after this long. Default 10s.
+	// of a replica that died without saying so come back after this long. Between 1s and 1h.
+	// Default 10s.
 	LeaseTTL Duration `koanf:"lease_ttl" json:"lease_ttl,omitempty"`
 	// Heartbeat is how often a replica renews its leases (all of them in one call) and learns
 	// the live membership. At most lease_ttl / 2. Default lease_ttl / 4.
@@ -654,6 +655,11 @@ type Cluster struct {
 	// limit divided by the live replicas last seen (at least 1) in this process, "closed" refuses
 	// with 503, reason cluster_unavailable. Default local.
 	OnUnavailable string `koanf:"on_unavailable" json:"on_unavailable,omitempty"`
+	// ExpectedReplicas is how many replicas the deployment runs: while a replica enforces its
+	// part of the limits alone, it divides them by at least this many, from its first request
+	// (before it has reached Redis and seen the others). Between 1 and 1000; default 0 (not
+	// set: a replica that has never reached Redis enforces the whole limits).
+	ExpectedReplicas int `koanf:"expected_replicas" json:"expected_replicas,omitempty"`
 }
 
 // ClusterTLS configures TLS to Redis.
