@@ -877,7 +877,8 @@ func (l *outageLoad) outcomes(replica int, phase int32) map[string]int {
 }
 
 // TestClusterRedisOutage: Redis is killed under load and restarted. Replicas with
-// on_unavailable: local keep admitting, each within its share of chat's 20 slots (20 / 3 → 6);
+// on_unavailable: local keep admitting, each within its part of chat's 20 slots (at most
+// 20 / 3 → 6);
 // replicas with on_unavailable: closed refuse with 503 cluster_unavailable; no request is lost
 // or kept waiting on Redis. Both recover by themselves when Redis is back, and at the end nothing
 // is held anywhere, in the replicas or in Redis.
@@ -921,12 +922,13 @@ func TestClusterRedisOutage(t *testing.T) {
 	for _, r := range all {
 		clusterWait(t, r.Name+" to notice Redis is gone", func() bool { return replicaMetric(t, r, "llm_bulkhead_cluster_available") == 0 })
 	}
-	// The local replicas switch to their share; what they admitted before under the shared
-	// limit ends.
+	// The local replicas switch to their part: what each held, plus an equal part of the room
+	// then free, never more than 20 / 3 → 6; what they admitted before under the shared limit
+	// ends.
 	for _, r := range local {
-		clusterWait(t, r.Name+" to enforce its share, 6 of chat's 20 slots", func() bool {
+		clusterWait(t, r.Name+" to enforce its part, at most 6 of chat's 20 slots", func() bool {
 			c := mustCompartment(t, r, "feature/chat")
-			return c.MaxConcurrent == 6 && c.InFlight <= 6
+			return c.MaxConcurrent <= 6 && c.InFlight <= c.MaxConcurrent
 		})
 	}
 	ll.phase.Store(phaseDown)

@@ -432,7 +432,15 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 			refuseInto(d, ReasonClusterUnavailable, "cluster", cs.retryAfter(), &dims)
 			return
 		}
+		if !cs.store.LocalStarted(false) {
+			// Redis answers again: the request goes through it.
+			e.admitShared(ctx, s, r, dims, t, onQueue, now, d)
+			return
+		}
 		cs.unavailable.WithLabelValues("local").Inc()
+		e.admitLocal(ctx, s, r, dims, t, onQueue, now, time.Time{}, d)
+		cs.store.LocalEnded()
+		return
 	}
 	e.admitLocal(ctx, s, r, dims, t, onQueue, now, time.Time{}, d)
 }
@@ -511,7 +519,11 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 		return
 	}
 
-	// 4. Concurrency and in-flight tokens, possibly waiting.
+	// 4. Concurrency and in-flight tokens, possibly waiting (within this replica's part of them
+	// while it cannot count the others' slots: see sharedState).
+	if e.cluster != nil {
+		e.capTicket(t)
+	}
 	want := t.want(tokens, dims.Tenant, now)
 	if !deadline.IsZero() {
 		want.MaxWait = max(min(want.MaxWait, deadline.Sub(now)), 0)
