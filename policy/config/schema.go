@@ -651,9 +651,11 @@ type Cluster struct {
 	// oldest are dropped (counted), and the replica's leases are rewritten from its own state when
 	// Redis is back. Default 100000.
 	MaxPendingSettlements int `koanf:"max_pending_settlements" json:"max_pending_settlements,omitempty"`
-	// OnUnavailable is what admission does while Redis is slow or gone: "local" enforces each
-	// limit divided by the live replicas last seen (at least 1) in this process, "closed" refuses
-	// with 503, reason cluster_unavailable. Default local.
+	// OnUnavailable is what admission does while Redis is slow or gone: "local" enforces this
+	// replica's part of each limit in this process (budgets and rates divided by the live
+	// replicas last seen, at least 1; concurrency its own slots plus an equal part of the room
+	// free, at most the limit so divided), "closed" refuses with 503, reason
+	// cluster_unavailable. Default local.
 	OnUnavailable string `koanf:"on_unavailable" json:"on_unavailable,omitempty"`
 	// ExpectedReplicas is how many replicas the deployment runs: while a replica enforces its
 	// part of the limits alone, it divides them by at least this many, from its first request
