@@ -38,6 +38,9 @@ type clusterState struct {
 	capGen  atomic.Uint64
 	stateMu sync.Mutex
 	genSeq  uint64 // guarded by stateMu
+	// back is done once the store is available again: requests waiting for a slot here while it
+	// was unavailable then go through it. A new one is made each time it becomes unavailable.
+	back atomic.Pointer[backState]
 
 	mu sync.Mutex
 	// watch maps compartment names to what is known of them: the compartment (held weakly: an
@@ -53,6 +56,32 @@ type clusterState struct {
 	done    chan struct{}
 
 	unavailable *prometheus.CounterVec
+}
+
+// backState is a context done once the shared state answers again.
+type backState struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// backContext returns the context done once the shared state answers again.
+func (cs *clusterState) backContext() context.Context {
+	if b := cs.back.Load(); b != nil {
+		return b.ctx
+	}
+	return context.Background()
+}
+
+// followBack keeps back in step with the store's availability. Called with cs.stateMu held.
+func (cs *clusterState) followBack(available bool) {
+	b := cs.back.Load()
+	switch {
+	case available && b != nil:
+		b.cancel()
+	case !available && (b == nil || b.ctx.Err() != nil):
+		ctx, cancel := context.WithCancel(context.Background())
+		cs.back.Store(&backState{ctx: ctx, cancel: cancel})
+	}
 }
 
 type watched struct {
@@ -114,6 +143,7 @@ func (e *Engine) openCluster(p *config.Policy, reg prometheus.Registerer) error 
 	// Until it first registers, this replica knows nothing of the others: it keeps to its part
 	// of each limit (the limit divided by expected_replicas, when set) from the first request.
 	cs.capGen.Store(1)
+	cs.followBack(false)
 	if cs.expected > 1 && !cs.closed {
 		e.share.Store(int64(cs.expected))
 		if _, err := e.Apply(p); err != nil {
@@ -271,14 +301,15 @@ func (cs *clusterState) divisor(live int) int64 { return int64(max(live, cs.expe
 // sharedState follows the store's state. From the moment this replica is cut off from Redis (or
 // learns that Redis lost what it held) until Redis counts every replica's slots again, each
 // compartment keeps to this replica's part of its concurrency and in-flight-token limits
-// (bulkhead.Share): its own slots plus an equal part of the room free when the episode began,
-// never more than the limit divided by the replicas. The store reports the change before any
+// (bulkhead.Share): its own slots, as Redis counted them, plus an equal part of the room free
+// when the episode began. The store reports the change before any
 // admission sees it, so no request is admitted meanwhile against the whole limit. While the
 // store is unavailable and on_unavailable is local, budgets and rates are divided too.
 func (e *Engine) sharedState(st cluster.State) {
 	cs := e.cluster
 	cs.stateMu.Lock()
 	cs.available.Store(st.Available)
+	cs.followBack(st.Available)
 	if st.Synced {
 		e.uncapAll()
 	} else {
@@ -442,8 +473,11 @@ func (e *Engine) shareWorker() {
 // hold, as last reported, so that requests queue here with their priority and fairness) and
 // one atomic reservation in Redis of every rate, budget and slot. A slot another replica took
 // meanwhile sends the request back to wait; a window without room refuses it. When Redis does
-// not answer in time the request is decided as cluster.on_unavailable says.
-func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now time.Time, d *Decision) {
+// not answer in time the request asks again (or is refused, with on_unavailable closed or no
+// wait left) while the store is available, and is decided as cluster.on_unavailable says once it
+// is not. deadline, when not zero, bounds the wait (what is left of it after an earlier
+// attempt).
+func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now, deadline time.Time, d *Decision) {
 	cs := e.cluster
 	refuse := func(reason Reason, in string, retry time.Duration) {
 		t.undo(now)
@@ -474,7 +508,11 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 	e.capTicket(t)
 	want := t.want(tokens, dims.Tenant, now)
 	want.Pending = true
-	deadline := now.Add(want.MaxWait)
+	if deadline.IsZero() {
+		deadline = now.Add(want.MaxWait)
+	} else {
+		want.MaxWait = max(min(want.MaxWait, deadline.Sub(now)), 0)
+	}
 	for {
 		if err := e.sched.Acquire(ctx, t.set[:t.n], t.held[:t.n], want, onQueue); err != nil {
 			var rf *bulkhead.Refusal
@@ -503,13 +541,20 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 				refuse(ReasonClusterUnavailable, "cluster", cs.retryAfter())
 				return
 			}
-			// Decided here: Redis did not answer this admission in time (the store still
-			// available), or the store is unavailable now, unless it is available again already.
-			if !cs.store.LocalStarted(cs.store.Available()) {
-				// Ask Redis again, under a lease of its own: the one that failed is being undone.
+			// While the replica still counts on Redis (one slow answer), a request decided here
+			// would be counted by no other replica: it asks Redis again, under a lease of its
+			// own (the one that failed is being undone), for what is left of its max wait. Once
+			// the replica is cut off, it is decided here, within the replica's part.
+			if cs.store.Available() || !cs.store.LocalStarted() {
+				left := deadline.Sub(e.clock.Now())
+				if left <= 0 {
+					cs.unavailable.WithLabelValues("refused").Inc()
+					refuse(ReasonClusterUnavailable, "cluster", cs.retryAfter())
+					return
+				}
 				sh.lease = cs.store.NextLease()
 				sh.adm.Lease = sh.lease
-				want.MaxWait = max(deadline.Sub(e.clock.Now()), 0)
+				want.MaxWait = left
 				continue
 			}
 			cs.unavailable.WithLabelValues("local").Inc()
@@ -518,9 +563,13 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 				t.brk.Release(t.permit)
 				t.brk = nil
 			}
-			// The request goes on waiting, if it must, only for what is left of its max wait.
-			e.admitLocal(ctx, s, r, dims, t, nil, e.clock.Now(), deadline, d)
+			// The request goes on waiting, if it must, only for what is left of its max wait, and
+			// only until Redis answers again: it then goes through Redis.
+			again := e.admitLocal(ctx, s, r, dims, t, nil, e.clock.Now(), deadline, cs.backContext(), d)
 			cs.store.LocalEnded()
+			if again {
+				e.admitShared(ctx, s, r, dims, t, nil, e.clock.Now(), deadline, d)
+			}
 			return
 		}
 		for i := range res.Others {

@@ -54,7 +54,7 @@ cluster:
   replica_id: %s
   key_prefix: %s
   timeout: %s
-  write_timeout: %s
+  write_timeout: 500ms
   lease_ttl: %s
   heartbeat: %s
   on_unavailable: %s
@@ -64,7 +64,7 @@ cluster:
 type fleetOptions struct {
 	mode          string
 	onUnavailable string
-	// timeout is cluster.timeout and cluster.write_timeout.
+	// timeout is cluster.timeout.
 	timeout time.Duration
 	// leaseTTL and heartbeat are every replica's; slow names replicas whose heartbeat is 30 s
 	// (lease_ttl 60 s).
@@ -108,7 +108,7 @@ func startFleet(t *testing.T, rd *redistest.Server, prefix string, o fleetOption
 		if o.slow[id] {
 			lease, beat = time.Minute, 30*time.Second
 		}
-		e := clusterEngine(t, fmt.Sprintf(fleetPolicy, rd.Addr(), id, prefix, o.timeout, o.timeout, lease, beat, o.onUnavailable)+modeSection(t, o.mode))
+		e := clusterEngine(t, fmt.Sprintf(fleetPolicy, rd.Addr(), id, prefix, o.timeout, lease, beat, o.onUnavailable)+modeSection(t, o.mode))
 		f.engines[i] = e
 		waitFor(t, id+" to register", func() bool { return e.Cluster().Synced() })
 	}
@@ -216,7 +216,7 @@ var fleetEvents = []fleetEvent{
 		cut: func(rd *redistest.Server) { mustDo(rd, "FLUSHALL") }},
 	{name: "restarted empty", timeout: time.Second, leaseTTL: 2 * time.Second, hbt: 250 * time.Millisecond,
 		cut: func(rd *redistest.Server) { rd.Restart() }},
-	{name: "paused", timeout: 200 * time.Millisecond, leaseTTL: 4 * time.Second, hbt: 500 * time.Millisecond,
+	{name: "paused", timeout: 20 * time.Millisecond, leaseTTL: 4 * time.Second, hbt: 500 * time.Millisecond,
 		cut: func(rd *redistest.Server) { rd.Pause(0) }, restore: func(rd *redistest.Server) { rd.Resume() }},
 	{name: "killed", timeout: time.Second, leaseTTL: 2 * time.Second, hbt: 250 * time.Millisecond,
 		cut: func(rd *redistest.Server) { rd.Kill() }, restore: func(rd *redistest.Server) { rd.Restart() }},
@@ -364,7 +364,7 @@ func TestFleetShareFromTheStart(t *testing.T) {
 				expected string
 				want     int
 			}{{"  expected_replicas: 3\n", 3}, {"", 10}} {
-				e := clusterEngine(t, fmt.Sprintf(fleetPolicy, addr, "a", "start", "100ms", "100ms", "2s", "250ms", "local")+c.expected+modeSection(t, mode))
+				e := clusterEngine(t, fmt.Sprintf(fleetPolicy, addr, "a", "start", "100ms", "2s", "250ms", "local")+c.expected+modeSection(t, mode))
 				f := &fleet{t: t, engines: []*policy.Engine{e}, names: []string{"a"}}
 				var got []*policy.Ticket
 				for range 11 {

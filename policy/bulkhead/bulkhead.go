@@ -681,14 +681,13 @@ func (s *Scheduler) setRemote(c *Compartment, slots, tokens int64) {
 
 // Share says which part of a compartment's limits one replica may hold while the replicas
 // cannot count each other's slots (cluster mode: the shared state is unavailable, or Redis does
-// not yet hold every replica's slots again). Every replica computes its part from what it holds
-// and what the replicas were last known to hold in the shared state: its own slots plus an
-// equal part of the room free there, and never more than the limit divided by Replicas. A
+// not yet hold every replica's slots again). Every replica computes its part from what the
+// shared state was last known to count: what it counted for this replica (slots that ended
+// since, their releases not sent, included) plus an equal part of the room free there. A
 // replica admits nothing between the moment the shared state stops answering and the moment it
-// notices (its slots only end meanwhile), so none then holds more than the larger of what the
-// shared state last counted for it and its part: the replicas together never hold more than the
-// limit, whatever each does alone, as long as they had heard the shared state's last counts and
-// each divides by at least the number of replicas.
+// notices (its slots only end meanwhile), so none ever holds more than its part: the parts add
+// up to the limit at most, whatever each replica does alone, as long as the replicas had heard
+// the shared state's last counts and each divides by at least the number of replicas.
 type Share struct {
 	// Gen names the episode: Cap leaves a compartment already capped for Gen as it is.
 	Gen uint64
@@ -700,8 +699,10 @@ type Share struct {
 	// what the others held is taken as the larger of these less this replica's own and the
 	// compartment's remote counts.
 	Totals, TotalTokens int64
-	// Lag and LagTokens are how much more the others count for this replica than it holds (its
-	// releases they have not heard of yet): the room free is what they think is free.
+	// Lag and LagTokens are how much more the others count for this replica than it holds: its
+	// releases they have not heard of yet, less its slots admitted without Redis and not
+	// recorded there yet. It must not count what the others may not (an admission whose answer
+	// was lost, say): the part is what they count plus an equal part of what they think free.
 	Lag, LagTokens int64
 	// ForgetRemote resets the remote counts: while the replicas do not reach each other through
 	// the shared state, only the cap accounts for what the others hold.
@@ -722,13 +723,14 @@ func (s *Scheduler) Cap(c *Compartment, sh Share) (slots, tokens int64) {
 		if limit <= 0 {
 			return -1
 		}
-		// What the others know of this replica: they count it as holding seen. A slot being
-		// admitted that Redis may have taken is in the lag once its admission failed (its undo
-		// queued), and in the totals heard once Redis took it.
+		// What the others know of this replica: they count it as holding seen (its slots that
+		// ended since, their releases not sent, included; its slots admitted without Redis
+		// and not recorded there, excluded: the lag says both). Never more than they count:
+		// the part is built on it.
 		seen := max(held-pending+lag, 0)
 		others := max(remote, total-seen, 0)
 		free := max(limit-seen-others, 0)
-		return min(max(limit/n, 1), held-pending+free/n)
+		return seen + free/n
 	}
 	c.capSlots = -1
 	if sh.Slots {

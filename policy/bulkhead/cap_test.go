@@ -24,8 +24,8 @@ func takeN(t *testing.T, s *bulkhead.Scheduler, c *bulkhead.Compartment, n int64
 }
 
 // TestCapKeepsToThePart: a compartment capped to this replica's part admits only up to it (its
-// own slots plus an equal part of the room free), reports the part as its limit, and admits its
-// waiters as soon as the cap is lifted.
+// own slots, as the others count them, plus an equal part of the room free), reports the part
+// as its limit, and admits its waiters as soon as the cap is lifted.
 func TestCapKeepsToThePart(t *testing.T) {
 	s := &bulkhead.Scheduler{}
 	c := bulkhead.NewCompartment("feature/chat", bulkhead.Limits{MaxConcurrent: 10, MaxInflightTokens: 100, QueueDepth: 10})
@@ -34,6 +34,11 @@ func TestCapKeepsToThePart(t *testing.T) {
 	slots, tokens := s.Cap(c, bulkhead.Share{Gen: 7, Replicas: 3, Slots: true, Totals: 6, TotalTokens: 60, ForgetRemote: true})
 	if slots != 3 || tokens != 2+(100-60)/3 {
 		t.Fatalf("cap %d slots, %d tokens; want 3 and %d", slots, tokens, 2+(100-60)/3)
+	}
+	// Released slots the others still count (their releases not sent) stay this replica's.
+	other := bulkhead.NewCompartment("feature/other", bulkhead.Limits{MaxConcurrent: 10})
+	if slots, _ := s.Cap(other, bulkhead.Share{Gen: 7, Replicas: 3, Slots: true, Totals: 10, Lag: 6}); slots != 6 {
+		t.Errorf("a replica the others count as holding 6, holding none, may hold %d, want 6", slots)
 	}
 	st := s.Stats(c)
 	if !st.Capped || st.Limits.MaxConcurrent != 3 || st.Limits.MaxInflightTokens != 15 {
@@ -73,9 +78,8 @@ func TestCapKeepsToThePart(t *testing.T) {
 
 // TestCapPartsNeverAddUpToMoreThanTheLimit: whatever the replicas held when they stopped
 // counting each other's slots (their sum within the limit), and however many of their slots
-// ended before each noticed (the others still count them), every replica keeping to its part
-// holds at most the larger of what the others counted for it and its part, and those add up
-// to the limit at most.
+// ended before each noticed (the others still count them), the parts add up to the limit at
+// most, and each part is at least what the replica was counted as holding.
 func TestCapPartsNeverAddUpToMoreThanTheLimit(t *testing.T) {
 	rng := rand.New(rand.NewPCG(36, 5))
 	for range 2000 {
@@ -96,7 +100,10 @@ func TestCapPartsNeverAddUpToMoreThanTheLimit(t *testing.T) {
 			c := bulkhead.NewCompartment("c", bulkhead.Limits{MaxConcurrent: limit})
 			takeN(t, s, c, now)
 			part, _ := s.Cap(c, bulkhead.Share{Gen: 1, Replicas: int64(n), Slots: true, Totals: total, Lag: seen[i] - now, ForgetRemote: true})
-			bound += max(seen[i], part)
+			if part < seen[i] {
+				t.Fatalf("a replica counted as holding %d got a part of %d", seen[i], part)
+			}
+			bound += part
 		}
 		if bound > limit {
 			t.Fatalf("%d replicas, limit %d, counted %v: the parts let them hold %d", n, limit, seen, bound)

@@ -183,6 +183,9 @@ type settlement struct {
 	slots   []leaseSlot
 	windows []Window
 	record  bool
+	// undo marks the undoing of an admission whose answer was lost: Redis may never have
+	// counted it.
+	undo bool
 }
 
 // ErrorInfo is the last call to Redis that failed.
@@ -408,7 +411,7 @@ func (s *Store) Admit(ctx context.Context, a *Admission, r *Result) error {
 	if err != nil {
 		// The script may have run without its answer reaching us: undo it in the background,
 		// after anything queued (undoing a lease Redis never recorded does nothing).
-		s.enqueue(settlement{lease: a.Lease, slots: ls, windows: append([]Window(nil), a.Windows...)})
+		s.enqueue(settlement{lease: a.Lease, slots: ls, windows: append([]Window(nil), a.Windows...), undo: true})
 		s.admitted(tokens)
 		if ctx.Err() == nil {
 			s.fail("admit", err, s.typed(keys))
@@ -498,9 +501,8 @@ type typedKey struct{ key, typ string }
 // slotMillis is a window's slot length in milliseconds (a sixtieth, at least 1).
 func slotMillis(d time.Duration) int64 { return max(d.Milliseconds()/60, 1) }
 
-// Track records a lease admitted without Redis (while it was unavailable, or when Redis did not
-// answer its admission in time): it is recorded in Redis with the next settlements sent, and
-// counted by every rewrite of this replica's leases.
+// Track records a lease admitted without Redis (while it was unavailable): it is recorded in
+// Redis with the next settlements sent, and counted by every rewrite of this replica's leases.
 func (s *Store) Track(id uint64, slots []Slot) {
 	ls := make([]leaseSlot, len(slots))
 	for i := range slots {
@@ -518,13 +520,17 @@ func (s *Store) Track(id uint64, slots []Slot) {
 // Unsent returns, per compartment, how much more Redis counts for this replica than it holds:
 // the slots and tokens of releases queued and not sent yet, less those of leases admitted
 // without Redis and not recorded there yet. Other replicas' view of this one is what Redis
-// counts (as last published).
+// counts (as last published). The undoing of an admission whose answer was lost is left out:
+// Redis may never have counted it.
 func (s *Store) Unsent() map[string][2]int64 {
 	prefix := s.tag + ":c:"
 	out := map[string][2]int64{}
 	s.pendMu.Lock()
 	defer s.pendMu.Unlock()
 	for _, st := range s.pending {
+		if st.undo {
+			continue
+		}
 		sign := int64(1)
 		if st.record {
 			sign = -1
@@ -557,16 +563,15 @@ func (s *Store) recorded() bool {
 }
 
 // LocalStarted says an admission is about to be decided without Redis (it may end with Track),
-// and reports whether it may: not once the store is available again (unless force: Redis did
-// not answer this request's own admission in time), when it must go through Redis instead.
-// LocalEnded says it was decided. While any is being decided, this replica does not confirm to
-// the epoch that Redis counts everything it holds.
-func (s *Store) LocalStarted(force bool) bool {
+// and reports whether it may: not once the store is available again, when it must go through
+// Redis instead. LocalEnded says it was decided. While any is being decided, this replica does
+// not confirm to the epoch that Redis counts everything it holds.
+func (s *Store) LocalStarted() bool {
 	s.local.Add(1)
 	s.localStarts.Add(1)
 	// Checked after counting it: a heartbeat that read no admission being decided alone read
 	// it after the store was available again, and then this one sees it available.
-	if !force && s.available.Load() {
+	if s.available.Load() {
 		s.local.Add(-1)
 		return false
 	}
@@ -621,8 +626,8 @@ func (s *Store) enqueue(st settlement) {
 func (s *Store) noteFailure(err error) { s.fail("call", err, nil) }
 
 // fail records a failed call to Redis and decides what it means: a timeout on the request path
-// makes the store unavailable at the third in a row (one slow answer sends only its request to
-// on_unavailable), a heartbeat's at once; Redis refusing a call because a key holds what the
+// makes the store unavailable at the third in a row (one slow answer makes only its request ask
+// again), a heartbeat's at once; Redis refusing a call because a key holds what the
 // scripts never write is corrupt content, repaired (keys lists what the call touched, with
 // their types) as a loss of the state; anything else makes the store unavailable at once. The
 // reason logged says which.

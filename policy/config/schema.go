@@ -629,8 +629,10 @@ type Cluster struct {
 	// be unique among live replicas.
 	// Default "<hostname>-<pid>".
 	ReplicaID string `koanf:"replica_id" json:"replica_id,omitempty"`
-	// Timeout is the longest an admission waits for Redis. Beyond it the admission proceeds as
-	// on_unavailable says. Default 20ms.
+	// Timeout is the longest an admission waits for Redis. Beyond it the request asks again for
+	// what is left of its max_wait (refused with cluster_unavailable when none is left, or at once
+	// with on_unavailable closed); three in a row make the replica follow on_unavailable.
+	// Default 20ms.
 	Timeout Duration `koanf:"timeout" json:"timeout,omitempty"`
 	// DialTimeout bounds connecting to Redis. Default 1s.
 	DialTimeout Duration `koanf:"dial_timeout" json:"dial_timeout,omitempty"`
@@ -653,9 +655,9 @@ type Cluster struct {
 	MaxPendingSettlements int `koanf:"max_pending_settlements" json:"max_pending_settlements,omitempty"`
 	// OnUnavailable is what admission does while Redis is slow or gone: "local" enforces this
 	// replica's part of each limit in this process (budgets and rates divided by the live
-	// replicas last seen, at least 1; concurrency its own slots plus an equal part of the room
-	// free, at most the limit so divided), "closed" refuses with 503, reason
-	// cluster_unavailable. Default local.
+	// replicas last seen, at least 1; concurrency the slots Redis counted for it plus an equal
+	// part of the room free), "closed" refuses with 503, reason cluster_unavailable. Default
+	// local.
 	OnUnavailable string `koanf:"on_unavailable" json:"on_unavailable,omitempty"`
 	// ExpectedReplicas is how many replicas the deployment runs: while a replica enforces its
 	// part of the limits alone, it divides them by at least this many, from its first request

@@ -48,7 +48,7 @@ func explainCluster(w io.Writer, c config.Cluster) {
 	unavailable := c.OnUnavailable
 	switch c.OnUnavailable {
 	case config.OnUnavailableLocal:
-		unavailable += " (this replica's part of each limit, enforced in this process: budgets and rates divided by the live replicas last seen, concurrency its own slots plus an equal part of the room free, at most the limit divided by them)"
+		unavailable += " (this replica's part of each limit, enforced in this process: budgets and rates divided by the live replicas last seen, concurrency the slots Redis counted for it plus an equal part of the room free)"
 	case config.OnUnavailableClosed:
 		unavailable += " (requests refused with 503, reason cluster_unavailable)"
 	}
