@@ -333,19 +333,21 @@ end
 -- A part that is not a count (content no script writes) starts again from nothing: the
 -- replica's next heartbeat finds it short of what it holds and rewrites it.
 local function bump(ckey, me, dn, dt)
-  local h = redis.call('HMGET', ckey, 'n:' .. me, 't:' .. me)
-  local n, t = count(h[1] or 0), count(h[2] or 0)
-  if n == nil or t == nil then n, t = 0, 0 end
-  n, t = n + dn, math.max(t + dt, 0)
+  local nf, tf = 'n:' .. me, 't:' .. me
+  local n = redis.pcall('HINCRBY', ckey, nf, dn)
+  if type(n) ~= 'number' then
+    -- Not an integer: start again from nothing.
+    n = math.max(dn, 0)
+    redis.call('HSET', ckey, nf, n)
+    redis.call('HDEL', ckey, tf)
+  end
   if n <= 0 then
-    redis.call('HDEL', ckey, 'n:' .. me, 't:' .. me)
+    redis.call('HDEL', ckey, nf, tf)
     return 0
   end
-  if t > 0 then
-    redis.call('HSET', ckey, 'n:' .. me, n, 't:' .. me, t)
-  else
-    redis.call('HSET', ckey, 'n:' .. me, n)
-    if h[2] then redis.call('HDEL', ckey, 't:' .. me) end
+  if dt ~= 0 then
+    local t = redis.pcall('HINCRBY', ckey, tf, dt)
+    if type(t) ~= 'number' or t < 0 then redis.call('HSET', ckey, tf, math.max(dt, 0)) end
   end
   return n
 end
