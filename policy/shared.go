@@ -302,9 +302,9 @@ func (cs *clusterState) divisor(live int) int64 { return int64(max(live, cs.expe
 // learns that Redis lost what it held) until Redis counts every replica's slots again, each
 // compartment keeps to this replica's part of its concurrency and in-flight-token limits
 // (bulkhead.Share): its own slots, as Redis counted them, plus an equal part of the room free
-// when the episode began. The store reports the change before any
-// admission sees it, so no request is admitted meanwhile against the whole limit. While the
-// store is unavailable and on_unavailable is local, budgets and rates are divided too.
+// when the episode began. The store reports the change before any admission sees it, so no
+// request is admitted meanwhile against the whole limit. While the store is unavailable and
+// on_unavailable is local, budgets and rates are divided too.
 func (e *Engine) sharedState(st cluster.State) {
 	cs := e.cluster
 	cs.stateMu.Lock()
