@@ -68,6 +68,7 @@ cluster: backend redis, mode sentinel (master mymaster)
   replica id:     pod-7
   timeout:        20ms (the longest an admission waits for Redis)
   on_unavailable: closed (requests refused with 503, reason cluster_unavailable)
+  replicas:       expected_replicas not set (a replica that has not reached Redis yet enforces the whole limits)
   leases:         lease_ttl 8s, heartbeat 2s (a replica that stops heartbeating frees its slots after lease_ttl)
   settlements:    sent every 2ms, at most 100000 queued while Redis is unreachable
   shared:         token budgets, request rates, concurrency (across every replica with this key prefix)

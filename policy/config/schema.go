@@ -701,8 +701,10 @@ type Cluster struct {
 	// be unique among live replicas.
 	// Default "<hostname>-<pid>".
 	ReplicaID string `koanf:"replica_id" json:"replica_id,omitempty"`
-	// Timeout is the longest an admission waits for Redis. Beyond it the admission proceeds as
-	// on_unavailable says. Default 20ms.
+	// Timeout is the longest an admission waits for Redis. Beyond it the request asks again for
+	// what is left of its max_wait (refused with cluster_unavailable when none is left, or at once
+	// with on_unavailable closed); three in a row make the replica follow on_unavailable.
+	// Default 20ms.
 	Timeout Duration `koanf:"timeout" json:"timeout,omitempty"`
 	// DialTimeout bounds connecting to Redis. Default 1s.
 	DialTimeout Duration `koanf:"dial_timeout" json:"dial_timeout,omitempty"`
@@ -710,7 +712,8 @@ type Cluster struct {
 	// Default 1s.
 	WriteTimeout Duration `koanf:"write_timeout" json:"write_timeout,omitempty"`
 	// LeaseTTL is how long a replica's concurrency leases outlive its last heartbeat: the slots
-	// of a replica that died without saying so come back after this long. Default 10s.
+	// of a replica that died without saying so come back after this long. Between 1s and 1h.
+	// Default 10s.
 	LeaseTTL Duration `koanf:"lease_ttl" json:"lease_ttl,omitempty"`
 	// Heartbeat is how often a replica renews its leases (all of them in one call) and learns
 	// the live membership. At most lease_ttl / 2. Default lease_ttl / 4.
@@ -722,10 +725,17 @@ type Cluster struct {
 	// oldest are dropped (counted), and the replica's leases are rewritten from its own state when
 	// Redis is back. Default 100000.
 	MaxPendingSettlements int `koanf:"max_pending_settlements" json:"max_pending_settlements,omitempty"`
-	// OnUnavailable is what admission does while Redis is slow or gone: "local" enforces each
-	// limit divided by the live replicas last seen (at least 1) in this process, "closed" refuses
-	// with 503, reason cluster_unavailable. Default local.
+	// OnUnavailable is what admission does while Redis is slow or gone: "local" enforces this
+	// replica's part of each limit in this process (budgets and rates divided by the live
+	// replicas last seen, at least 1; concurrency the slots Redis counted for it plus an equal
+	// part of the room free), "closed" refuses with 503, reason cluster_unavailable. Default
+	// local.
 	OnUnavailable string `koanf:"on_unavailable" json:"on_unavailable,omitempty"`
+	// ExpectedReplicas is how many replicas the deployment runs: while a replica enforces its
+	// part of the limits alone, it divides them by at least this many, from its first request
+	// (before it has reached Redis and seen the others). Between 1 and 1000; default 0 (not
+	// set: a replica that has never reached Redis enforces the whole limits).
+	ExpectedReplicas int `koanf:"expected_replicas" json:"expected_replicas,omitempty"`
 }
 
 // ClusterTLS configures TLS to Redis.

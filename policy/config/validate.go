@@ -839,8 +839,12 @@ func (v *validator) pools() {
 
 // Bounds of the cluster section's values.
 const (
-	maxClusterTimeout        = time.Second
-	minClusterLeaseTTL       = time.Second
+	maxClusterTimeout  = time.Second
+	minClusterLeaseTTL = time.Second
+	// maxClusterLeaseTTL and maxExpectedReplicas are the bounds the shared state's scripts hold
+	// Redis's content to (policy/cluster: maxLeaseTTL, MaxReplicas).
+	maxClusterLeaseTTL       = time.Hour
+	maxExpectedReplicas      = 1000
 	maxClusterSettleInterval = 100 * time.Millisecond
 	minPendingSettlements    = 1000
 )
@@ -898,9 +902,12 @@ func (v *validator) cluster() {
 	if c.WriteTimeout <= 0 {
 		v.add("cluster.write_timeout", "must be positive, got %s", c.WriteTimeout)
 	}
-	leaseOK := c.LeaseTTL.D() >= minClusterLeaseTTL
-	if !leaseOK {
+	leaseOK := c.LeaseTTL.D() >= minClusterLeaseTTL && c.LeaseTTL.D() <= maxClusterLeaseTTL
+	switch {
+	case c.LeaseTTL.D() < minClusterLeaseTTL:
 		v.add("cluster.lease_ttl", "must be at least %s, got %s", minClusterLeaseTTL, c.LeaseTTL)
+	case !leaseOK:
+		v.add("cluster.lease_ttl", "must be at most %s (a replica that dies keeps its slots taken this long, and a registration further ahead is taken for corrupt content), got %s", maxClusterLeaseTTL, c.LeaseTTL)
 	}
 	if c.Heartbeat <= 0 {
 		v.add("cluster.heartbeat", "must be positive, got %s", c.Heartbeat)
@@ -915,6 +922,9 @@ func (v *validator) cluster() {
 	}
 	if !slices.Contains(onUnavailable, c.OnUnavailable) {
 		v.add("cluster.on_unavailable", "%q is not one of %s", c.OnUnavailable, strings.Join(onUnavailable, ", "))
+	}
+	if c.ExpectedReplicas < 0 || c.ExpectedReplicas > maxExpectedReplicas {
+		v.add("cluster.expected_replicas", "must be between 1 and %d (or left out), got %d", maxExpectedReplicas, c.ExpectedReplicas)
 	}
 	if len(v.p.Pools) > 0 {
 		v.add("pools", "pools are enforced per process and cannot be shared across replicas yet, so with cluster.backend %s each replica would lend and borrow its own capacity: remove pools or the cluster backend", c.Backend)

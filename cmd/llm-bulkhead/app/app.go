@@ -30,6 +30,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/examples"
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
 )
@@ -401,9 +402,9 @@ func (a *App) Start() error {
 		// limits; if Redis is not there yet, serve as cluster.on_unavailable says meanwhile.
 		c := a.current.Load().Cluster
 		ctx, cancel := context.WithTimeout(context.Background(), c.DialTimeout.D()+c.WriteTimeout.D())
-		if !st.WaitAvailable(ctx) {
-			a.log.Warn("Redis is not reachable yet: admissions follow cluster.on_unavailable until it is",
-				"on_unavailable", c.OnUnavailable, "addresses", c.Addresses)
+		if err := st.WaitRegistration(ctx); err != nil {
+			a.log.Warn("Redis is not reachable yet: admissions follow cluster.on_unavailable until it is; retrying with backoff",
+				"error", err, "hint", cluster.Hint(err), "on_unavailable", c.OnUnavailable, "addresses", c.Addresses, "limits", startLimits(c))
 		}
 		cancel()
 	}

@@ -228,9 +228,10 @@ func (c Commands) Sub(before Commands) Commands {
 // scriptCommands are the commands llm-bulkhead's Lua scripts run inside Redis: counted by
 // commandstats, but not round trips.
 var scriptCommands = map[string]bool{
-	"time": true, "hgetall": true, "hget": true, "hset": true, "hdel": true, "hincrby": true, "pexpire": true,
-	"zscore": true, "zadd": true, "zrem": true, "zrangebyscore": true, "zcount": true,
-	"sadd": true, "srem": true, "smembers": true, "del": true, "get": true, "incr": true, "publish": true,
+	"time": true, "hgetall": true, "hget": true, "hmget": true, "hset": true, "hsetnx": true, "hdel": true,
+	"hincrby": true, "hkeys": true, "pexpire": true, "pexpireat": true,
+	"zscore": true, "zadd": true, "zrem": true, "zrangebyscore": true, "zremrangebyscore": true, "zcount": true,
+	"sadd": true, "srem": true, "smembers": true, "del": true, "get": true, "incr": true, "publish": true, "type": true,
 }
 
 // Scripts returns the script calls (EVALSHA and EVAL: one round trip each).
