@@ -42,7 +42,7 @@ func decodeRequest(b []byte, m *extprocv3.ProcessingRequest) bool {
 			x := new(headersMember)
 			return decodeHeaders(field, x.attach(m, num == 2), &x.headers)
 		case 4, 5:
-			return decodeBody(field, new(bodyMember).attach(m, num == 4))
+			return decodeBody(field, new(bodyMember).attach(m, num == 4), num == 4)
 		case 6, 7:
 			x := new(trailersMember)
 			return decodeTrailers(field, x.attach(m, num == 6), &x.trailers)
@@ -234,11 +234,17 @@ func decodeHeaderValue(b []byte, h *corev3.HeaderValue) bool {
 	})
 }
 
-// decodeBody decodes an HttpBody message into body: the body and its four flags.
-func decodeBody(b []byte, body *extprocv3.HttpBody) bool {
+// decodeBody decodes an HttpBody message into body: the body and its four flags. A request
+// body keeps the capacity of the message's memory after it (room, see codec.Unmarshal): once
+// the message is decoded nothing else refers to those bytes (the metadata that may follow is
+// decoded by protobuf, which copies), so the server may rewrite the body in place.
+func decodeBody(b []byte, body *extprocv3.HttpBody, room bool) bool {
 	return eachField(b, func(num protowire.Number, typ protowire.Type, field []byte, v uint64) bool {
 		if num == 1 {
 			body.Body = alias(field)
+			if room && len(field) > 0 {
+				body.Body = field
+			}
 			return typ == protowire.BytesType
 		}
 		if typ != protowire.VarintType {

@@ -1,6 +1,10 @@
 package extproc
 
-import extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+import (
+	"context"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+)
 
 // SetBeforeHandle installs a function run before each message is handled (tests only).
 func (s *Server) SetBeforeHandle(f func(*extprocv3.ProcessingRequest)) { s.beforeHandle = f }
@@ -9,4 +13,10 @@ func (s *Server) SetBeforeHandle(f func(*extprocv3.ProcessingRequest)) { s.befor
 // with protobuf's decoder (tests only).
 func DecodesWithoutProtobuf(b []byte) bool {
 	return decodeRequest(b, &extprocv3.ProcessingRequest{})
+}
+
+// Endable returns ctx as a stream opened through EndableStreams carries it (tests only).
+func Endable(ctx context.Context) context.Context {
+	ctx, _ = endableStream(ctx, nil)
+	return ctx
 }

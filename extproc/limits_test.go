@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -14,11 +13,8 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
 )
@@ -27,19 +23,7 @@ import (
 // server.max_streams a new stream is refused at once with RESOURCE_EXHAUSTED (Envoy then
 // applies failure_mode_allow or status_on_error) and counted, and it holds nothing.
 func TestStreamsBeyondMaxStreamsAreRefused(t *testing.T) {
-	m := newMemServer(t, policyYAML+"server: {max_streams: 2}\n", nil)
-	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, m.srv)
-	ln := bufconn.Listen(1 << 20)
-	go func() { _ = gs.Serve(ln) }()
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient("passthrough:///bufconn", grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return ln.DialContext(ctx) }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	client := extprocv3.NewExternalProcessorClient(conn)
+	m, client := grpcServer(t, policyYAML+"server: {max_streams: 2}\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
@@ -66,7 +50,7 @@ func TestStreamsBeyondMaxStreamsAreRefused(t *testing.T) {
 	if n := m.srv.ActiveStreams(); n != 2 {
 		t.Fatalf("%d streams active, want 2", n)
 	}
-	_, err = open().Recv()
+	_, err := open().Recv()
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("the stream beyond max_streams: %v, want ResourceExhausted", err)
 	}
@@ -93,55 +77,70 @@ func TestStreamsBeyondMaxStreamsAreRefused(t *testing.T) {
 // TestAdmittedStreamWithoutResponseIsReleasedAfterIdleTimeout: an admitted request whose
 // response never came used to hold its slot until Envoy gave up on the stream, however long.
 // After server.stream_idle_timeout without a message the admission is released as a cancel;
-// a message within the timeout keeps it; messages after the release pass through and release
-// nothing twice.
+// a message within the timeout keeps it. The stream then ends with DEADLINE_EXCEEDED; a stream
+// the server cannot end (a gRPC server without EndableStreams) lets later messages pass
+// through, releasing nothing twice.
 func TestAdmittedStreamWithoutResponseIsReleasedAfterIdleTimeout(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		m := newMemServer(t, policyYAML+"server: {stream_idle_timeout: 1m}\n", nil)
-		s := m.open()
-		s.send(requestHeaders(chatPath, false, extprocfilterv3.ProcessingMode_STREAMED))
-		if r := s.reply(t); r.GetRequestHeaders() == nil {
-			t.Fatalf("reply %v", r)
-		}
-		if m.eng.InFlight() != 1 {
-			t.Fatalf("in flight %d after admission", m.eng.InFlight())
-		}
+	for _, endable := range []bool{true, false} {
+		t.Run(map[bool]string{true: "endable", false: "not endable"}[endable], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				m := newMemServer(t, policyYAML+"server: {stream_idle_timeout: 1m}\n", nil)
+				s := m.openStream(endable)
+				s.send(requestHeaders(chatPath, false, extprocfilterv3.ProcessingMode_STREAMED))
+				if r := s.reply(t); r.GetRequestHeaders() == nil {
+					t.Fatalf("reply %v", r)
+				}
+				if m.eng.InFlight() != 1 {
+					t.Fatalf("in flight %d after admission", m.eng.InFlight())
+				}
 
-		// A request body chunk at 40s is activity: the timeout counts from it.
-		time.Sleep(40 * time.Second)
-		s.send(requestBody(`{"model":"m"}`, true))
-		s.reply(t)
-		time.Sleep(59 * time.Second)
-		synctest.Wait()
-		if m.eng.InFlight() != 1 {
-			t.Fatalf("released %s after the last message, before the idle timeout", 59*time.Second)
-		}
+				// A request body chunk at 40s is activity: the timeout counts from it.
+				time.Sleep(40 * time.Second)
+				s.send(requestBody(`{"model":"m"}`, true))
+				s.reply(t)
+				time.Sleep(59 * time.Second)
+				synctest.Wait()
+				if m.eng.InFlight() != 1 {
+					t.Fatalf("released %s after the last message, before the idle timeout", 59*time.Second)
+				}
 
-		time.Sleep(2 * time.Second)
-		synctest.Wait()
-		if m.eng.InFlight() != 0 {
-			t.Fatal("not released after the idle timeout")
-		}
-		nothingHeld(t, m.eng)
-		if got := metric(t, m.reg, "llm_bulkhead_extproc_streams_idle_released_total"); got != 1 {
-			t.Errorf("idle releases counted %v, want 1", got)
-		}
+				// Checked every second (a sixtieth of the timeout): released within two.
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+				if m.eng.InFlight() != 0 {
+					t.Fatal("not released after the idle timeout")
+				}
+				nothingHeld(t, m.eng)
+				if got := metric(t, m.reg, "llm_bulkhead_extproc_streams_idle_released_total"); got != 1 {
+					t.Errorf("idle releases counted %v, want 1", got)
+				}
 
-		// The response arrives after all: it passes through untouched.
-		s.send(responseHeaders("200", false))
-		r := s.reply(t)
-		if r.GetResponseHeaders() == nil || r.GetResponseHeaders().GetResponse() != nil {
-			t.Errorf("late response headers: reply %v, want a plain CONTINUE", r)
-		}
-		s.send(responseBody(`data: {"usage":{"prompt_tokens":5,"completion_tokens":5,"total_tokens":10}}`+"\n\n", true))
-		if r := s.reply(t); r.GetResponseBody() == nil {
-			t.Errorf("late response body: reply %v", r)
-		}
-		if err := s.close(); err != nil {
-			t.Errorf("stream ended with %v", err)
-		}
-		nothingHeld(t, m.eng)
-	})
+				if endable {
+					if err := s.wait(); status.Code(err) != codes.DeadlineExceeded {
+						t.Errorf("the released stream ended with %v, want DEADLINE_EXCEEDED", err)
+					}
+					if got := metric(t, m.reg, "llm_bulkhead_extproc_streams_timed_out_total", "timeout", "idle"); got != 1 {
+						t.Errorf("streams ended for silence counted %v, want 1", got)
+					}
+					return
+				}
+				// The response arrives after all: it passes through untouched.
+				s.send(responseHeaders("200", false))
+				r := s.reply(t)
+				if r.GetResponseHeaders() == nil || r.GetResponseHeaders().GetResponse() != nil {
+					t.Errorf("late response headers: reply %v, want a plain CONTINUE", r)
+				}
+				s.send(responseBody(`data: {"usage":{"prompt_tokens":5,"completion_tokens":5,"total_tokens":10}}`+"\n\n", true))
+				if r := s.reply(t); r.GetResponseBody() == nil {
+					t.Errorf("late response body: reply %v", r)
+				}
+				if err := s.close(); err != nil {
+					t.Errorf("stream ended with %v", err)
+				}
+				nothingHeld(t, m.eng)
+			})
+		})
+	}
 }
 
 // TestIdleWatchStopsWithTheStream: a stream that completes normally leaves no timer behind to

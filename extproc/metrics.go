@@ -57,6 +57,9 @@ type metrics struct {
 	refusedMaxStreams prometheus.Counter
 	idleReleased      prometheus.Counter
 	bodiesRefused     prometheus.Counter
+	// timedOut counts streams ended for silence, by silence (silenceFirst, silenceIdle; the
+	// silenceNone entry is nil).
+	timedOut [silenceKinds]prometheus.Counter
 
 	// Upstream latency and status class per provider; series are made for a provider on its
 	// first response, and providers are configured names only.
@@ -174,10 +177,15 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	m.refusedMaxStreams = refused.WithLabelValues("max_streams")
 	m.idleReleased = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "extproc_streams_idle_released_total",
 		Help: "Admitted requests released as cancelled because their stream received no message for server.stream_idle_timeout."})
+	timedOut := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "extproc_streams_timed_out_total",
+		Help: "Streams the server ended because they went silent, by timeout: first_message (server.first_message_timeout), idle (server.stream_idle_timeout)."}, []string{"timeout"})
+	for i := silenceFirst; i < silenceKinds; i++ {
+		m.timedOut[i] = timedOut.WithLabelValues(silenceNames[i])
+	}
 	m.bodiesRefused = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "extproc_bodies_refused_total",
 		Help: "Requests refused with server_busy because holding their body would pass server.max_buffered_body_bytes."})
 	buffered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "extproc_buffered_body_bytes",
-		Help: "Request-body bytes held now while their requests are decided."}, func() float64 { return float64(s.buffered.Load()) })
+		Help: "Request-body bytes held now: from a body's arrival until its request is decided and the reply that carries it is written."}, func() float64 { return float64(s.buffered.Load()) })
 	latency := []float64{0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300}
 	m.upHeaders = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "upstream_headers_seconds",
 		Help: "Time from admission to the provider's response headers, by provider.", Buckets: latency}, []string{"provider"})
@@ -191,7 +199,7 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	if reg != nil {
 		reg.MustRegister(m.upHeaders, m.upFirstToken, m.upTotal, m.upResponses)
 		reg.MustRegister(m.streams, m.passthrough, m.panics, m.overrides, m.endedEarly, m.admissionsEnded, m.admissionsReleased, hist, active,
-			protocol, refused, m.idleReleased, m.bodiesRefused, buffered)
+			protocol, refused, m.idleReleased, m.bodiesRefused, buffered, timedOut)
 	}
 	return m
 }

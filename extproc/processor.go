@@ -74,8 +74,10 @@ type requestPart struct {
 	body   []byte
 	bodyOK bool
 	fields llmapi.RequestFields
-	// heldBody is how many bytes of Server.buffered this stream's body accounts for.
+	// heldBody is how many bytes of Server.buffered this stream's body accounts for, until the
+	// reply that may carry it is handed to gRPC; hold has them after, when that reply carries it.
 	heldBody int64
+	hold     *bodyHold
 }
 
 // decisionPart is what the policy decided and what the admitted request holds.
@@ -280,11 +282,10 @@ func (p *processor) handle(req *extprocv3.ProcessingRequest) *extprocv3.Processi
 		}
 		p.phase = phaseRequest
 	}
-	// The one clock reading of the message: its arrival, for the idle watch, admission,
-	// the response's timings and settlement alike.
+	// The one clock reading of the message: its arrival, for admission, the response's timings
+	// and settlement alike.
 	start := p.srv.engine.Now()
 	p.now = start
-	p.touch(start.Sub(p.srv.epoch))
 	p.out.begin()
 	var resp *extprocv3.ProcessingResponse
 	var kind int
@@ -439,7 +440,8 @@ func (p *processor) onRequestBody(b *extprocv3.HttpBody) *extprocv3.ProcessingRe
 	p.req.body = b.Body
 	resp := p.decide(msgRequestBody)
 	// Classification, the estimate and the body rewrite are done: nothing reads the body again.
-	p.dropBody()
+	// Its bytes stay counted until the reply, which may carry them, is handed to gRPC.
+	p.req.body = nil
 	return resp
 }
 
@@ -459,12 +461,47 @@ func (p *processor) holdBody(n int) bool {
 	return true
 }
 
-// dropBody lets go of the request body and gives back the bytes it accounted for.
+// dropBody lets go of the request body and gives back the bytes it accounted for, unless a
+// reply carries them (see holdReplyBody).
 func (p *processor) dropBody() {
 	p.req.body = nil
 	if p.req.heldBody != 0 {
 		p.srv.buffered.Add(-p.req.heldBody)
 		p.req.heldBody = 0
+	}
+}
+
+// holdReplyBody moves the body's bytes to a bodyHold when the reply carries body, the rewritten
+// request body, large enough for gRPC to send it from where it is: they then stay counted until
+// gRPC has written them.
+func (p *processor) holdReplyBody(body []byte) {
+	if p.req.heldBody == 0 || len(body) < shareBodyFrom {
+		return
+	}
+	h := &bodyHold{srv: p.srv, key: uintptr(unsafe.Pointer(unsafe.SliceData(body))), listed: true}
+	h.n.Store(p.req.heldBody)
+	p.req.heldBody, p.req.hold = 0, h
+	bodyHolds.Store(h.key, h)
+}
+
+// replySent ends the body hold's wait for the codec, while the reply still holds the body (so
+// that the key still names it): a reply not marshalled (Send failed before) gives its bytes
+// back now. The hold stays with the stream, which gives the bytes back at its end at the latest.
+func (p *processor) replySent() {
+	if h := p.req.hold; h != nil && h.listed {
+		h.listed = false
+		if _, waiting := bodyHolds.LoadAndDelete(h.key); waiting {
+			h.release()
+		}
+	}
+}
+
+// releaseHold gives back the bytes of the body hold, if gRPC has not yet (the stream is over).
+func (p *processor) releaseHold() {
+	if h := p.req.hold; h != nil {
+		p.replySent()
+		h.release()
+		p.req.hold = nil
 	}
 }
 
@@ -542,7 +579,7 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 	}
 	p.phase = phaseAdmitted
 	p.dec.admittedAt = p.dec.ticket.GrantedAt()
-	p.armIdle(s.Settings().StreamIdleTimeout)
+	p.armIdle()
 	return p.admitReply(at)
 }
 
@@ -582,26 +619,16 @@ func (p *processor) admitReply(at int) *extprocv3.ProcessingResponse {
 	}
 	if at == msgRequestBody && p.req.bodyOK {
 		// One body mutation carries every rewrite: the model a re-route sends, then
-		// include_usage.
-		body, changed := p.req.body, false
+		// include_usage. The body is the stream's own (decoded into memory of its own, see
+		// codec.Unmarshal), so they are made in place where it has room.
+		model := ""
 		if d.OriginalModel != "" {
-			body, changed = llmapi.RewriteModel(body, d.Dims.Model)
+			model = d.Dims.Model
 		}
-		if s.Settings().InjectIncludeUsage {
-			var nb []byte
-			var ok bool
-			if changed {
-				nb, ok = llmapi.InjectIncludeUsage(p.req.api, body)
-			} else {
-				// The body is the one ScanRequest read: go straight to the places it found.
-				nb, ok = llmapi.InjectIncludeUsageAt(p.req.api, body, &p.req.fields)
-			}
-			if ok {
-				body, changed = nb, true
-			}
-		}
+		body, changed := llmapi.EditBody(p.req.api, p.req.body, &p.req.fields, model, s.Settings().InjectIncludeUsage)
 		if changed {
 			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
+			p.holdReplyBody(body)
 			if _, ok := p.Header("content-length"); ok {
 				mut.SetHeaders = append(mut.SetHeaders, out.setInt("content-length", int64(len(body))))
 			}
@@ -715,6 +742,11 @@ func (p *processor) onResponseBody(b *extprocv3.HttpBody) *extprocv3.ProcessingR
 
 // afterSend does the work that must not delay a reply.
 func (p *processor) afterSend(resp *extprocv3.ProcessingResponse) {
+	// gRPC has the reply: the request body it may carry is no longer the stream's to hold (the
+	// hold's key names the body only while the reply holds it: replySent first).
+	p.replySent()
+	p.out.sent()
+	p.dropBody()
 	if p.res.pending != nil {
 		p.res.scanner.Write(p.res.pending)
 		p.res.pending = nil
@@ -805,6 +837,7 @@ func (p *processor) ended(how end) {
 func (p *processor) finish() {
 	p.stopIdle()
 	p.dropBody()
+	p.releaseHold()
 	if p.dec.ticket.Admitted() {
 		p.settleOnce(p.res.started)
 	}
@@ -835,7 +868,10 @@ func (p *processor) settleOnce(cancelled bool) {
 // message loop (stream end), where a panic would take the whole server down; the ticket releases
 // its slots before any settlement work, so a failed settlement leaves nothing held.
 func (p *processor) settle(cancelled bool) {
-	p.stopIdle()
+	if !p.claimTicket() {
+		// The idle watch released the ticket while the stream was silent.
+		return
+	}
 	// headers is set with the response headers; 0 means there were none. A response whose body
 	// is not read is timed to its first token at its headers.
 	o := policy.Outcome{Status: p.res.status, Cancelled: cancelled, RetryAfter: p.res.retryAfter, Headers: p.res.headers, TTFB: p.res.headers,

@@ -127,6 +127,11 @@ type replyMem struct {
 // begin makes all of m available to the current message's reply.
 func (m *replyMem) begin() { m.nset, m.nvals = 0, 0 }
 
+// sent forgets what the reply, once handed to gRPC, referenced beyond the stream's own memory:
+// a body mutation holds a whole request body, which must not stay reachable while the request
+// runs upstream.
+func (m *replyMem) sent() { m.mut.common.BodyMutation = nil }
+
 // headersReply is headersReply built in m.
 func (m *replyMem) headersReply(request bool, common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
 	m.headers = headersMem{}

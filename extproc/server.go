@@ -6,10 +6,12 @@
 // A processor (processor.go) moves through one explicit phase — new, request, admitted,
 // responding, done, or passthrough — and keeps what the request said, what was decided and what
 // the response showed in three small parts. The server bounds what streams may hold (open
-// streams, buffered request bodies) and releases admitted requests whose streams go silent
+// streams, buffered request bodies) and ends streams that go silent, releasing what they hold
 // (idle.go); a message out of Envoy's order ends its stream. The server's gRPC codec
 // (codec.go, ServerOption) decodes the requests Envoy sends with decode.go and marshals the
-// replies with go-control-plane's generated code; anything else is protobuf's. gRPC marshals
+// replies with go-control-plane's generated code; anything else is protobuf's. A buffered body
+// is held once: decoded into memory of its own, rewritten there (llmapi.EditBody) and sent back
+// from there, counted until gRPC has written it. gRPC marshals
 // a reply inside Send, so an admitted request's replies are built in memory its processor keeps
 // (replyMem, reply.go), valid until the stream's next message, and a processor goes back to a
 // pool when its stream ends.
@@ -50,8 +52,9 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	active  atomic.Int64
-	// buffered counts the request-body bytes processors hold between receiving a buffered body
-	// and deciding on it (server.max_buffered_body_bytes bounds it).
+	// buffered counts the request-body bytes held from a buffered body's arrival until its
+	// request is decided and the reply that may carry it has been written (bodyHold); it is
+	// what server.max_buffered_body_bytes bounds.
 	buffered atomic.Int64
 	// epoch anchors the timestamps of stream activity (see idleWatch); like every time the
 	// server reads, it comes from the engine's clock.
@@ -116,7 +119,8 @@ func (s *Server) ActiveStreams() int64 { return s.active.Load() }
 // request twice.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	s.metrics.streams.Inc()
-	limit := int64(s.engine.Snapshot().Settings().MaxStreams)
+	st := s.engine.Snapshot().Settings()
+	limit := int64(st.MaxStreams)
 	if n := s.active.Add(1); limit > 0 && n > limit {
 		s.active.Add(-1)
 		s.metrics.refusedMaxStreams.Inc()
@@ -130,28 +134,48 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		// Not reached when finish panics: a processor in an unknown state is not reused.
 		p.recycle()
 	}()
+	p.watch(st.FirstMessageTimeout, st.StreamIdleTimeout)
 	for {
 		req, err := stream.Recv()
 		if err != nil {
-			// Envoy is done with the stream (reset, half-close or error): nobody is listening, so
-			// the status returned does not matter.
+			// Envoy is done with the stream (reset, half-close or error), or the server ended
+			// it for silence (see endStatus).
 			p.ended(endReason(err))
-			return nil
+			return p.endStatus()
 		}
+		p.busy()
 		if err := p.checkOrder(req); err != nil {
 			return err
 		}
 		resp := p.safeHandle(req)
+		p.heard()
 		if resp == nil {
 			// The request was abandoned while queued (the stream is gone): nothing to send.
-			return nil
+			return p.endStatus()
 		}
 		if err := stream.Send(resp); err != nil {
 			p.ended(endSendFailed)
-			return nil
+			return p.endStatus()
 		}
 		p.afterSend(resp)
 	}
+}
+
+// endStatus is what Process returns when its stream ends without an error of its own: OK when
+// Envoy ended it (nobody reads the status then), DEADLINE_EXCEEDED when the server ended it for
+// silence — never OK, which Envoy would take as "continue without the processor" and let a
+// request still waiting for its decision pass unjudged. Over gRPC the status is written as
+// Recv or Send fails (see endable); this is the same for other transports.
+func (p *processor) endStatus() error {
+	why := p.idle.expired.Load()
+	if why == silenceNone {
+		return nil
+	}
+	st := p.srv.engine.Snapshot().Settings()
+	if why == silenceFirst {
+		return status.Errorf(codes.DeadlineExceeded, "no message within server.first_message_timeout (%s) of the stream opening", st.FirstMessageTimeout)
+	}
+	return status.Errorf(codes.DeadlineExceeded, "no message for server.stream_idle_timeout (%s)", st.StreamIdleTimeout)
 }
 
 // endReason classifies how Envoy ended the stream, for the outcome and metrics.

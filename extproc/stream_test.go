@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -11,8 +12,10 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
@@ -46,6 +49,26 @@ func newMemServer(t testing.TB, yaml string, clock policy.Clock) *memServer {
 	return &memServer{t: t, srv: srv, eng: eng, reg: reg}
 }
 
+// grpcServer serves a Server for policy yaml over an in-memory gRPC connection as the server
+// runs (its codec, streams it can end), and returns a client of it. opts are the client's.
+func grpcServer(t *testing.T, yaml string, opts ...grpc.DialOption) (*memServer, extprocv3.ExternalProcessorClient) {
+	t.Helper()
+	m := newMemServer(t, yaml, nil)
+	gs := grpc.NewServer(grpc.MaxRecvMsgSize(4<<20), extproc.ServerOption(), extproc.EndableStreams())
+	extprocv3.RegisterExternalProcessorServer(gs, m.srv)
+	ln := bufconn.Listen(1 << 20)
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufconn", append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return ln.DialContext(ctx) }),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4<<20), grpc.MaxCallSendMsgSize(4<<20))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return m, extprocv3.NewExternalProcessorClient(conn)
+}
+
 // memStream is one ext_proc stream in memory. Envoy's side sends with send, reads replies from
 // out, and ends the stream with close (half-close: Recv returns io.EOF) or cancel (reset: Recv
 // returns CANCELED).
@@ -58,10 +81,20 @@ type memStream struct {
 	done   chan error // Process's result
 }
 
-// open starts Process on a new stream, reset when the test ends if it is still open.
+// open starts Process on a new stream, reset when the test ends if it is still open. Like a
+// stream of a gRPC server with EndableStreams, the server can end it.
 func (m *memServer) open() *memStream {
+	return m.openStream(true)
+}
+
+// openStream is open; endable false gives a stream the server cannot end (a gRPC server
+// without EndableStreams).
+func (m *memServer) openStream(endable bool) *memStream {
 	ctx, cancel := context.WithCancel(context.Background())
 	m.t.Cleanup(cancel)
+	if endable {
+		ctx = extproc.Endable(ctx)
+	}
 	s := &memStream{ctx: ctx, cancel: cancel, in: make(chan *extprocv3.ProcessingRequest),
 		out: make(chan *extprocv3.ProcessingResponse, 64), done: make(chan error, 1)}
 	go func() { s.done <- m.srv.Process(s) }()

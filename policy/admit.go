@@ -451,7 +451,7 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 		}
 	} else if cs != nil {
 		if cs.store.Available() {
-			e.admitShared(ctx, s, r, dims, t, onQueue, now, d)
+			e.admitShared(ctx, s, r, dims, t, onQueue, now, time.Time{}, d)
 			return
 		}
 		if cs.closed {
@@ -460,9 +460,36 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 			refuseInto(d, ReasonClusterUnavailable, "cluster", cs.retryAfter(), &dims)
 			return
 		}
+		if !cs.store.LocalStarted() {
+			// Redis answers again: the request goes through it.
+			e.admitShared(ctx, s, r, dims, t, onQueue, now, time.Time{}, d)
+			return
+		}
 		cs.unavailable.WithLabelValues("local").Inc()
+		again := e.admitLocal(ctx, s, r, dims, t, onQueue, now, time.Time{}, cs.backContext(), d)
+		cs.store.LocalEnded()
+		if again {
+			// Waiting for a slot here, the request saw Redis answer again: it goes through it,
+			// for what is left of its max wait.
+			e.admitShared(ctx, s, r, dims, t, nil, e.clock.Now(), now.Add(t.want(r.Estimate.Total, dims.Tenant, now).MaxWait), d)
+		}
+		return
 	}
-	e.admitLocal(ctx, s, r, dims, t, onQueue, now, time.Time{}, d)
+	e.admitLocal(ctx, s, r, dims, t, onQueue, now, time.Time{}, nil, d)
+}
+
+// acquireLocal waits for t's slots here, as Acquire does, and stops waiting (a cancelled
+// refusal) once back is done, when back is not nil.
+func (e *Engine) acquireLocal(ctx context.Context, t *Ticket, want bulkhead.Want, onQueue func(time.Duration), back context.Context) error {
+	if back == nil {
+		return e.sched.Acquire(ctx, t.set[:t.n], t.held[:t.n], want, onQueue)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(back, cancel)
+	err := e.sched.Acquire(wctx, t.set[:t.n], t.held[:t.n], want, onQueue)
+	stop()
+	cancel()
+	return err
 }
 
 // refuseInto writes to *d the decision refusing a request with dims for reason, by compartment
@@ -477,8 +504,10 @@ func refuseInto(d *Decision, reason Reason, in string, retry time.Duration, dims
 
 // admitLocal runs admission against this process's own compartments and windows: always
 // without a cluster, and with one while its shared state is unavailable (the limits are then
-// this replica's share).
-func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now, deadline time.Time, d *Decision) {
+// this replica's part). back, when not nil, ends a wait for a slot when the shared state
+// answers again: the request then has taken nothing (what it charged here is given back) and
+// admitLocal reports again, to be admitted through the shared state instead.
+func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now, deadline time.Time, back context.Context, d *Decision) (again bool) {
 	refuse := func(reason Reason, in string, retry time.Duration) {
 		t.undo(now)
 		refuseInto(d, reason, in, retry, &dims)
@@ -504,7 +533,7 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 			if !in.limits.Shadow {
 				refuse(ReasonRateLimit, in.name, wait)
 				d.Limits.refusedByWindow(t, i, winRPM, true, now)
-				return
+				return false
 			}
 			e.metrics.countShadow(s.label(in), ReasonRateLimit)
 		}
@@ -514,7 +543,7 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 	// 2. The provider's breaker, and an upstream retry-after holding this tenant back.
 	if e.checkBreaker(s, dims, t, now, d) {
 		t.undo(now)
-		return
+		return false
 	}
 
 	// 3. Token budgets, reserved at the estimate.
@@ -538,7 +567,7 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 				if !in.limits.Shadow {
 					refuse(ReasonTokenBudget, in.name, wait)
 					d.Limits.refusedByWindow(t, i, wb.k, false, now)
-					return
+					return false
 				}
 				e.metrics.countShadow(s.label(in), ReasonTokenBudget)
 			}
@@ -548,10 +577,14 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 
 	// 3b. Spend budgets, reserved at the worst-case cost.
 	if e.reserveSpend(ctx, s, r, dims, t, now, d) {
-		return
+		return false
 	}
 
-	// 4. Concurrency and in-flight tokens, possibly waiting.
+	// 4. Concurrency and in-flight tokens, possibly waiting (within this replica's part of them
+	// while it cannot count the others' slots: see sharedState).
+	if e.cluster != nil {
+		e.capTicket(t)
+	}
 	want := t.want(tokens, dims.Tenant, now)
 	if !deadline.IsZero() {
 		want.MaxWait = max(min(want.MaxWait, deadline.Sub(now)), 0)
@@ -561,7 +594,12 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 	} else if grew, told := e.leaseGrew(ctx, t, want, onQueue); grew {
 		// A lease grew in a round the request asked for.
 		t.grantedAt = e.clock.Now()
-	} else if err := e.sched.Acquire(ctx, t.set[:t.n], t.held[:t.n], want, queueHook(onQueue, told)); err != nil {
+	} else if err := e.acquireLocal(ctx, t, want, queueHook(onQueue, told), back); err != nil {
+		if back != nil && back.Err() != nil && ctx.Err() == nil {
+			// The shared state answers again: ask it instead.
+			t.undoLocal(e.clock.Now())
+			return true
+		}
 		var rf *bulkhead.Refusal
 		if errors.As(err, &rf) {
 			reason := ReasonBulkheadFull
@@ -569,10 +607,10 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 				reason = ReasonCancelled
 			}
 			refuse(reason, rf.Compartment.Name(), rf.RetryAfter)
-			return
+			return false
 		}
 		refuse(ReasonBulkheadFull, "", 0)
-		return
+		return false
 	} else {
 		t.grantedAt = e.clock.Now()
 	}
@@ -584,6 +622,7 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 	e.inflight.Add(1)
 	s.features[dims.Feature].stats.tokensReserved.Add(float64(tokens))
 	*d = Decision{Verdict: Admit, Dims: dims}
+	return false
 }
 
 // checkBreaker runs the provider's breaker for dims, and an upstream retry-after holding this
@@ -650,6 +689,22 @@ func (t *Ticket) want(tokens int64, tenant string, now time.Time) bulkhead.Want 
 
 // undo returns everything a refused admission took.
 func (t *Ticket) undo(now time.Time) {
+	t.undoLocal(now)
+	for i := 0; i < t.n; i++ {
+		if in := t.insts[i]; in.family.dyn != nil {
+			in.family.dyn.release(in, now)
+		}
+	}
+	if t.spend != nil {
+		t.spend.Release(now)
+	}
+	t.n = 0
+}
+
+// undoLocal gives back what an admission took in this process's own windows, and the breaker
+// permit; the ticket keeps its compartments and its spend reservation (another attempt, through
+// the cluster's shared store, reuses them).
+func (t *Ticket) undoLocal(now time.Time) {
 	for i := 0; i < t.n; i++ {
 		in := t.insts[i]
 		if in.rpm != nil {
@@ -661,18 +716,12 @@ func (t *Ticket) undo(now time.Time) {
 		if in.tpd != nil {
 			t.refundWindow(i, winTPD, t.tpd[i], now)
 		}
-		if in.family.dyn != nil {
-			in.family.dyn.release(in, now)
-		}
+		t.rpm[i], t.tpm[i], t.tpd[i] = budget.Charge{}, budget.Charge{}, budget.Charge{}
 	}
 	if t.brk != nil {
 		t.brk.Release(t.permit)
 		t.brk = nil
 	}
-	if t.spend != nil {
-		t.spend.Release(now)
-	}
-	t.n = 0
 }
 
 // label is the metrics label of an instance: its name, or its family's "<family>/*" for

@@ -61,17 +61,22 @@ type Options struct {
 	Cluster bool
 	// SpendStore keeps the sums of spend budgets. Default: in this process's memory.
 	SpendStore spend.Store
+	// MemoryLimit is the process's memory limit in bytes (GOMEMLIMIT or its cgroup's; 0: none),
+	// from which defaults that size memory are derived (server.max_buffered_body_bytes).
+	MemoryLimit int64
 }
 
 // Engine holds the live policy and all state that outlives a policy reload: compartments,
 // budgets, breakers and estimates. Safe for concurrent use.
 type Engine struct {
-	clock   Clock
-	log     *slog.Logger
-	sched   *bulkhead.Scheduler
-	metrics *metrics
-	cur     atomic.Pointer[Snapshot]
-	gen     atomic.Uint64
+	clock Clock
+	log   *slog.Logger
+	// memLimit is Options.MemoryLimit.
+	memLimit int64
+	sched    *bulkhead.Scheduler
+	metrics  *metrics
+	cur      atomic.Pointer[Snapshot]
+	gen      atomic.Uint64
 	// applyMu serialises Apply.
 	applyMu sync.Mutex
 	// inflight counts admitted requests not yet done.
@@ -109,7 +114,7 @@ func NewEngine(p *config.Policy, o Options) (*Engine, error) {
 		o.Logger = slog.Default()
 	}
 	e := &Engine{clock: o.Clock, log: o.Logger, sched: &bulkhead.Scheduler{Now: o.Clock.Now},
-		retired: map[string]*instance{}, retiredDyn: map[string]*dynStore{}}
+		retired: map[string]*instance{}, retiredDyn: map[string]*dynStore{}, memLimit: o.MemoryLimit}
 	e.est = newEstimator()
 	e.ledger = spend.NewLedger(o.SpendStore)
 	e.metrics = newMetrics(e, o.Registerer)
@@ -479,7 +484,7 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 	s.buildModelGroups()
 	s.RewritesModels = p.RewritesModels()
 	s.resolveLimits()
-	s.settings = compileSettings(p)
+	s.settings = compileSettings(p, e.memLimit)
 	s.tenantLabel = p.Admin.TenantLabel
 	s.buildClassifier()
 	s.estimation = newEstimationSettings(p.Estimation)

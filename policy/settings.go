@@ -54,7 +54,10 @@ type Settings struct {
 	// x-should-retry: false (0: never). RefusalRateLimitHeaders is refusals.ratelimit_headers.
 	NoRetryAbove            time.Duration
 	RefusalRateLimitHeaders bool
-	// StreamIdleTimeout releases an admitted stream that hears nothing from Envoy this long.
+	// FirstMessageTimeout ends a stream that sends no message this long after it opened.
+	FirstMessageTimeout time.Duration
+	// StreamIdleTimeout ends a stream that hears nothing from Envoy this long after a message
+	// (releasing an admitted request's admission first).
 	StreamIdleTimeout time.Duration
 	// MaxBufferedBodyBytes bounds the request bodies held while deciding, over all streams.
 	MaxBufferedBodyBytes int64
@@ -62,7 +65,9 @@ type Settings struct {
 	MaxStreams int
 }
 
-func compileSettings(p *config.Policy) Settings {
+// compileSettings compiles p's settings for a process whose memory is limited to memLimit bytes
+// (0: no limit).
+func compileSettings(p *config.Policy, memLimit int64) Settings {
 	return Settings{
 		RequestBodyMode:      parseBodyMode(p.Envoy.RequestBodyMode),
 		ResponseBodyMode:     parseBodyMode(p.Envoy.ResponseBodyMode),
@@ -75,8 +80,9 @@ func compileSettings(p *config.Policy) Settings {
 		RequireValidJSON:     p.Body.RequireValidJSON,
 		CompartmentHeader:    p.Responses.CompartmentHeader,
 		RateLimitHeaders:     p.Responses.RateLimitHeaders,
+		FirstMessageTimeout:  p.Server.FirstMessageTimeout.D(),
 		StreamIdleTimeout:    p.Server.StreamIdleTimeout.D(),
-		MaxBufferedBodyBytes: int64(p.Server.MaxBufferedBodyBytes),
+		MaxBufferedBodyBytes: p.BufferedBodyBytes(memLimit),
 		MaxStreams:           p.Server.MaxStreams,
 
 		NoRetryAbove:            p.Refusals.NoRetryAboveOrDefault(),

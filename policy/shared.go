@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 	"weak"
 
@@ -26,11 +27,29 @@ type clusterState struct {
 	leaser *cluster.Leaser
 	// timeout is cluster.timeout, the retry-after of a cluster_unavailable refusal's floor.
 	timeout time.Duration
+	// expected is cluster.expected_replicas (0: not set): the fewest replicas the limits are
+	// divided by while each enforces its part.
+	expected int
+
+	// available is the store's availability as last reported to the engine.
+	available atomic.Bool
+	// capGen names the episode during which every compartment keeps to this replica's part of
+	// its limits (bulkhead.Share): from the moment this replica is cut off from Redis (or
+	// learns that Redis lost what it held) until Redis counts every replica's slots again. 0
+	// outside one. Written under stateMu.
+	capGen  atomic.Uint64
+	stateMu sync.Mutex
+	genSeq  uint64 // guarded by stateMu
+	// back is done once the store is available again: requests waiting for a slot here while it
+	// was unavailable then go through it. A new one is made each time it becomes unavailable.
+	back atomic.Pointer[backState]
 
 	mu sync.Mutex
-	// watch maps compartment names that went through shared admission to their compartments,
-	// held weakly (an evicted tenant compartment goes away) with the sequence number of the
-	// last count applied.
+	// watch maps compartment names to what is known of them: the compartment (held weakly: an
+	// evicted tenant compartment goes away) once a request here went through shared admission
+	// in it, the sequence number of the last count applied, and the totals last heard over every
+	// replica (kept for names without a compartment here too, so that a compartment first used
+	// during an outage knows what the others held).
 	watch map[string]*watched
 
 	// shareCh wakes the worker that rebuilds the snapshot when the share changes.
@@ -41,10 +60,43 @@ type clusterState struct {
 	unavailable *prometheus.CounterVec
 }
 
+// backState is a context done once the shared state answers again.
+type backState struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// backContext returns the context done once the shared state answers again.
+func (cs *clusterState) backContext() context.Context {
+	if b := cs.back.Load(); b != nil {
+		return b.ctx
+	}
+	return context.Background()
+}
+
+// followBack keeps back in step with the store's availability. Called with cs.stateMu held.
+func (cs *clusterState) followBack(available bool) {
+	b := cs.back.Load()
+	switch {
+	case available && b != nil:
+		b.cancel()
+	case !available && (b == nil || b.ctx.Err() != nil):
+		ctx, cancel := context.WithCancel(context.Background())
+		cs.back.Store(&backState{ctx: ctx, cancel: cancel})
+	}
+}
+
 type watched struct {
 	c   weak.Pointer[bulkhead.Compartment]
 	seq int64
+	// slots and tokens are the totals last heard, over every replica.
+	slots, tokens int64
 }
+
+// maxHeard bounds the names kept only for their totals: beyond it, totals of compartments
+// without one here are not kept (a compartment first used during an outage then counts what
+// its own remote counts say).
+const maxHeard = 100000
 
 // sharedTicket is what a ticket admitted through the shared store keeps for settlement.
 type sharedTicket struct {
@@ -80,7 +132,7 @@ func (e *Engine) openCluster(p *config.Policy, reg prometheus.Registerer) error 
 		password = os.Getenv(c.PasswordEnv)
 	}
 	cs := &clusterState{
-		closed: c.OnUnavailable == "closed", timeout: c.Timeout.D(), watch: map[string]*watched{},
+		closed: c.OnUnavailable == "closed", timeout: c.Timeout.D(), expected: c.ExpectedReplicas, watch: map[string]*watched{},
 		shareCh: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "cluster_unavailable_admissions_total",
 			Help: "Admissions decided while the shared state was unavailable: local (this replica's share enforced here) or refused (cluster_unavailable)."},
@@ -90,6 +142,16 @@ func (e *Engine) openCluster(p *config.Policy, reg prometheus.Registerer) error 
 		reg.MustRegister(cs.unavailable)
 	}
 	e.cluster = cs
+	// Until it first registers, this replica knows nothing of the others: it keeps to its part
+	// of each limit (the limit divided by expected_replicas, when set) from the first request.
+	cs.capGen.Store(1)
+	cs.followBack(false)
+	if cs.expected > 1 && !cs.closed {
+		e.share.Store(int64(cs.expected))
+		if _, err := e.Apply(p); err != nil {
+			return err
+		}
+	}
 	st, err := cluster.Open(cluster.Options{
 		Addresses: c.Addresses, Mode: cluster.Mode(c.Mode), MasterName: c.MasterName, Username: c.Username,
 		Password: password, TLS: tlsCfg, KeyPrefix: c.KeyPrefix, ReplicaID: c.ReplicaID,
@@ -187,20 +249,28 @@ func (cs *clusterState) watchCompartment(c *bulkhead.Compartment) *watched {
 // sharedCounts applies totals published by any replica.
 func (e *Engine) sharedCounts(name string, seq, slots, tokens int64) {
 	cs := e.cluster
-	if !cs.store.Available() {
-		// While unavailable, this replica enforces its share alone: other replicas' slots, as a
+	if !cs.available.Load() {
+		// While unavailable, this replica enforces its part alone: other replicas' slots, as a
 		// late publication reports them, must not hold its requests back.
 		return
 	}
 	cs.mu.Lock()
 	w := cs.watch[name]
-	if w == nil || seq <= w.seq {
+	if w == nil {
+		if len(cs.watch) >= maxHeard || slots == 0 && tokens == 0 {
+			cs.mu.Unlock()
+			return
+		}
+		w = &watched{}
+		cs.watch[name] = w
+	}
+	if seq <= w.seq {
 		cs.mu.Unlock()
 		return
 	}
-	w.seq = seq
+	w.seq, w.slots, w.tokens = seq, slots, tokens
 	c := w.c.Value()
-	if c == nil {
+	if c == nil && slots == 0 && tokens == 0 {
 		delete(cs.watch, name)
 	}
 	cs.mu.Unlock()
@@ -229,7 +299,7 @@ func (e *Engine) sharedReset() {
 	cs.mu.Lock()
 	var cs2 []*bulkhead.Compartment
 	for name, w := range cs.watch {
-		w.seq = 0
+		w.seq, w.slots, w.tokens = 0, 0, 0
 		if c := w.c.Value(); c != nil {
 			cs2 = append(cs2, c)
 		} else {
@@ -261,28 +331,149 @@ func (e *Engine) sharedWatched() []string {
 	return out
 }
 
-// sharedState follows the store's availability: while it is unavailable and on_unavailable is
-// local, every limit becomes this replica's share (limit ÷ live replicas last seen).
-func (e *Engine) sharedState(available bool, live int) {
+// divisor is what the limits are divided by while each replica enforces its part: the live
+// replicas last seen, and at least cluster.expected_replicas.
+func (cs *clusterState) divisor(live int) int64 { return int64(max(live, cs.expected, 1)) }
+
+// sharedState follows the store's state. From the moment this replica is cut off from Redis (or
+// learns that Redis lost what it held) until Redis counts every replica's slots again, each
+// compartment keeps to this replica's part of its concurrency and in-flight-token limits
+// (bulkhead.Share): its own slots, as Redis counted them, plus an equal part of the room free
+// when the episode began. The store reports the change before any admission sees it, so no
+// request is admitted meanwhile against the whole limit. While the store is unavailable and
+// on_unavailable is local, budgets and rates are divided too.
+func (e *Engine) sharedState(st cluster.State) {
+	cs := e.cluster
+	cs.stateMu.Lock()
+	cs.available.Store(st.Available)
+	cs.followBack(st.Available)
+	if st.Synced {
+		e.uncapAll()
+	} else {
+		e.capAll(st)
+	}
+	cs.stateMu.Unlock()
 	share := 1
-	if available {
+	if st.Available {
 		e.carryForeignSpend()
 	}
-	if !available {
-		// What other replicas held no longer counts here: either this replica enforces its
-		// share of every limit alone, or it refuses everything. Counts start afresh once the
-		// store is back.
-		e.sharedReset()
-		if !e.cluster.closed {
-			share = max(live, 1)
-		}
+	if !st.Available && !cs.closed {
+		share = int(cs.divisor(st.Live))
 	}
 	if e.share.Swap(int64(share)) == int64(share) {
 		return
 	}
 	select {
-	case e.cluster.shareCh <- struct{}{}:
+	case cs.shareCh <- struct{}{}:
 	default:
+	}
+}
+
+// capAll starts an episode of caps (see sharedState), capping every compartment this replica
+// has from what it and the others held as last known; in one already begun it only forgets
+// what the others held once the store is unavailable. Called with cs.stateMu held.
+func (e *Engine) capAll(st cluster.State) {
+	cs := e.cluster
+	if cs.capGen.Load() != 0 {
+		if !st.Available {
+			e.sharedReset()
+		}
+		return
+	}
+	gen := cs.nextGen()
+	s := e.cur.Load()
+	if s == nil {
+		cs.capGen.Store(gen)
+		return
+	}
+	n := cs.divisor(st.Live)
+	lag := cs.store.Unsent()
+	for _, in := range append(s.staticInstances(), s.dynamicInstances()...) {
+		e.capInstance(in, gen, n, !st.Available, lag[in.name])
+	}
+	// Published only now: an admission that sees the episode finds its compartments capped,
+	// or caps them itself (capTicket) from the same counts.
+	cs.capGen.Store(gen)
+	if !st.Available {
+		e.sharedReset()
+	}
+}
+
+// nextGen returns an episode number not used before (never 0).
+func (cs *clusterState) nextGen() uint64 {
+	cs.genSeq++
+	return cs.genSeq + 1
+}
+
+// capInstance caps in's compartment for episode gen (a no-op when it has no shared
+// concurrency or in-flight-token limit, or is capped for gen already).
+func (e *Engine) capInstance(in *instance, gen uint64, n int64, forget bool, lag [2]int64) {
+	l := in.limits
+	if l.MaxConcurrent <= 0 && l.MaxInflightTokens <= 0 {
+		return
+	}
+	cs := e.cluster
+	cs.mu.Lock()
+	var slots, tokens int64
+	if w := cs.watch[in.name]; w != nil {
+		slots, tokens = w.slots, w.tokens
+	}
+	cs.mu.Unlock()
+	e.sched.Cap(in.c, bulkhead.Share{Gen: gen, Replicas: n, Slots: !l.Adaptive.On(),
+		Totals: slots, TotalTokens: tokens, Lag: lag[0], LagTokens: lag[1], ForgetRemote: forget})
+}
+
+// capTicket caps, for the episode under way, the compartments of t that are not yet: those
+// created (or first used) since it began.
+func (e *Engine) capTicket(t *Ticket) {
+	cs := e.cluster
+	gen := cs.capGen.Load()
+	if gen == 0 {
+		return
+	}
+	n := cs.divisor(cs.store.Live())
+	for i := 0; i < t.n; i++ {
+		in := t.insts[i]
+		if e.sched.CapGen(in.c) == gen {
+			continue
+		}
+		// Under stateMu, so that an episode ending meanwhile (uncapAll) cannot leave it capped.
+		cs.stateMu.Lock()
+		if gen = cs.capGen.Load(); gen != 0 {
+			e.capInstance(in, gen, n, !cs.available.Load(), cs.store.Unsent()[in.name])
+		}
+		cs.stateMu.Unlock()
+		if gen == 0 {
+			return
+		}
+	}
+}
+
+// uncapAll ends the episode of caps: Redis counts every replica's slots again. Called with
+// cs.stateMu held.
+func (e *Engine) uncapAll() {
+	cs := e.cluster
+	if cs.capGen.Swap(0) == 0 {
+		return
+	}
+	s := e.cur.Load()
+	if s == nil {
+		return
+	}
+	for _, in := range append(s.staticInstances(), s.dynamicInstances()...) {
+		e.sched.Uncap(in.c)
+	}
+	// Compartments no longer in the snapshot but still in use by requests in flight.
+	cs.mu.Lock()
+	var rest []*bulkhead.Compartment
+	for _, w := range cs.watch {
+		if c := w.c.Value(); c != nil {
+			rest = append(rest, c)
+		}
+	}
+	cs.mu.Unlock()
+	for _, c := range rest {
+		e.sched.Uncap(c)
 	}
 }
 
@@ -322,8 +513,11 @@ func (e *Engine) shareWorker() {
 // hold, as last reported, so that requests queue here with their priority and fairness) and
 // one atomic reservation in Redis of every rate, budget and slot. A slot another replica took
 // meanwhile sends the request back to wait; a window without room refuses it. When Redis does
-// not answer in time the request is decided as cluster.on_unavailable says.
-func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now time.Time, d *Decision) {
+// not answer in time the request asks again (or is refused, with on_unavailable closed or no
+// wait left) while the store is available, and is decided as cluster.on_unavailable says once it
+// is not. deadline, when not zero, bounds the wait (what is left of it after an earlier
+// attempt).
+func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now, deadline time.Time, d *Decision) {
 	cs := e.cluster
 	refuse := func(reason Reason, in string, retry time.Duration) {
 		t.undo(now)
@@ -350,9 +544,15 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 		watches[i] = cs.watchCompartment(t.insts[sl].c)
 	}
 
+	// Until Redis counts every replica's slots again, this replica keeps to its part.
+	e.capTicket(t)
 	want := t.want(tokens, dims.Tenant, now)
 	want.Pending = true
-	deadline := now.Add(want.MaxWait)
+	if deadline.IsZero() {
+		deadline = now.Add(want.MaxWait)
+	} else {
+		want.MaxWait = max(min(want.MaxWait, deadline.Sub(now)), 0)
+	}
 	for {
 		if err := e.sched.Acquire(ctx, t.set[:t.n], t.held[:t.n], want, onQueue); err != nil {
 			var rf *bulkhead.Refusal
@@ -381,14 +581,35 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 				refuse(ReasonClusterUnavailable, "cluster", cs.retryAfter())
 				return
 			}
+			// While the replica still counts on Redis (one slow answer), a request decided here
+			// would be counted by no other replica: it asks Redis again, under a lease of its
+			// own (the one that failed is being undone), for what is left of its max wait. Once
+			// the replica is cut off, it is decided here, within the replica's part.
+			if cs.store.Available() || !cs.store.LocalStarted() {
+				left := deadline.Sub(e.clock.Now())
+				if left <= 0 {
+					cs.unavailable.WithLabelValues("refused").Inc()
+					refuse(ReasonClusterUnavailable, "cluster", cs.retryAfter())
+					return
+				}
+				sh.lease = cs.store.NextLease()
+				sh.adm.Lease = sh.lease
+				want.MaxWait = left
+				continue
+			}
 			cs.unavailable.WithLabelValues("local").Inc()
 			// Give the breaker permit back: the local path takes its own.
 			if t.brk != nil {
 				t.brk.Release(t.permit)
 				t.brk = nil
 			}
-			// The request goes on waiting, if it must, only for what is left of its max wait.
-			e.admitLocal(ctx, s, r, dims, t, nil, e.clock.Now(), deadline, d)
+			// The request goes on waiting, if it must, only for what is left of its max wait, and
+			// only until Redis answers again: it then goes through Redis.
+			again := e.admitLocal(ctx, s, r, dims, t, nil, e.clock.Now(), deadline, cs.backContext(), d)
+			cs.store.LocalEnded()
+			if again {
+				e.admitShared(ctx, s, r, dims, t, nil, e.clock.Now(), deadline, d)
+			}
 			return
 		}
 		for i := range res.Others {
@@ -525,14 +746,16 @@ func (e *Engine) trackLocal(s *Snapshot, t *Ticket, tokens int64) {
 }
 
 // shareLimits divides r's limits by the share (live replicas while the shared state is
-// unavailable); queue depths stay, as queues are this replica's own, and so do spend budgets:
-// the ledger enforces this replica's share of them itself (of what Redis last showed left).
+// unavailable); queue depths stay, as queues are this replica's own; so do the concurrency and
+// in-flight-token limits: each compartment's cap (sharedState) is this replica's part of them,
+// which counts what the replicas held when Redis stopped answering; and so do spend budgets: the
+// ledger enforces this replica's share of them itself (of what Redis last showed left).
 func shareLimits(r config.Resolved, share int64) config.Resolved {
 	if share <= 1 {
 		return r
 	}
-	q, sp := r.QueueDepth, r.Spend
+	q, c, t, sp := r.QueueDepth, r.MaxConcurrent, r.MaxInflightTokens, r.Spend
 	r = r.Scale(1 / float64(share))
-	r.QueueDepth, r.Spend = q, sp
+	r.QueueDepth, r.MaxConcurrent, r.MaxInflightTokens, r.Spend = q, c, t, sp
 	return r
 }

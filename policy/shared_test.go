@@ -47,6 +47,15 @@ func sharedEngine(t *testing.T, addr, id, prefix, onUnavailable string, fastBeat
 	if len(fastBeat) > 0 && fastBeat[0] {
 		yaml = strings.Replace(yaml, "lease_ttl: 60s\n  heartbeat: 30s", "lease_ttl: 2s\n  heartbeat: 250ms", 1)
 	}
+	e := clusterEngine(t, yaml)
+	waitFor(t, "the shared state to be available to "+id, func() bool { return e.Cluster().Available() })
+	return e
+}
+
+// clusterEngine starts an engine in cluster mode running the policy yaml, closed when the
+// test ends.
+func clusterEngine(t *testing.T, yaml string) *policy.Engine {
+	t.Helper()
 	p, err := config.Load("shared.yaml", []byte(yaml), nil)
 	if err != nil {
 		t.Fatalf("policy:\n%v", err)
@@ -56,7 +65,6 @@ func sharedEngine(t *testing.T, addr, id, prefix, onUnavailable string, fastBeat
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.Close(context.Background()) })
-	waitFor(t, "the shared state to be available to "+id, func() bool { return e.Cluster().Available() })
 	return e
 }
 

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/files"
 )
 
 // healthCheck asks a running server's standard gRPC health service (grpc.health.v1.Health/Check, the
@@ -91,7 +92,7 @@ func (c clientTLS) credentials() (credentials.TransportCredentials, error) {
 		}
 		return insecure.NewCredentials(), nil
 	}
-	pem, err := os.ReadFile(c.ca)
+	pem, err := files.Read(c.ca, files.MaxPEM)
 	if err != nil {
 		return nil, fmt.Errorf("--tls-ca: %w", err)
 	}
@@ -104,7 +105,7 @@ func (c clientTLS) credentials() (credentials.TransportCredentials, error) {
 		return nil, errors.New("--tls-client-cert and --tls-client-key go together")
 	}
 	if c.cert != "" {
-		pair, err := tls.LoadX509KeyPair(c.cert, c.key)
+		pair, err := files.KeyPair(c.cert, c.key)
 		if err != nil {
 			return nil, fmt.Errorf("client certificate %s, key %s: %w", c.cert, c.key, err)
 		}

@@ -14,9 +14,10 @@
 // Without --config the server runs the policy built into the binary (examples/policy.yaml).
 // An admin address that is not loopback needs the admin token (LLM_BULKHEAD_ADMIN_TOKEN), which
 // then guards /admin/* and the dashboard too, or --admin-insecure to serve it without one.
-// Exit status: 0 on success and after a graceful shutdown, 2 for an invalid policy or bad
-// usage (an unguarded admin address included, and a spend state file that cannot be used with
-// spend.on_state_error: refuse), 1 when the server cannot run (e.g. an address
+// Exit status: 0 on success and after a graceful shutdown (a signal during the start
+// included), 2 for an invalid policy or bad usage (an unguarded admin address, a file that is
+// not a regular one or is too large, and a spend state file that cannot be used with
+// spend.on_state_error: refuse included), 1 when the server cannot run (e.g. an address
 // in use). health exits 0 only when the server answers SERVING, 1 otherwise, 2 for bad usage.
 package main
 
@@ -42,12 +43,13 @@ import (
 var version = ""
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	os.Exit(run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr, hup))
+	os.Exit(run(context.Background(), os.Args[1:], os.Environ(), os.Stdout, os.Stderr, hup))
 }
+
+// newApp builds the server; tests replace it.
+var newApp = app.New
 
 // command is one subcommand: its synopsis and one line about it for the help, and what runs it.
 type command struct {
@@ -208,6 +210,13 @@ func help(c *command, _ context.Context, args, _ []string, stdout, stderr io.Wri
 }
 
 func serve(c *command, ctx context.Context, args, env []string, stdout, stderr io.Writer, hup <-chan os.Signal) int {
+	// SIGTERM and SIGINT are caught before any work that could wait (reading files, reaching
+	// Redis): the first one drains a running server, or abandons a start still under way; after
+	// it, the default action is back, so a second one ends the process at once. Other commands
+	// leave both signals to their default action.
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	context.AfterFunc(ctx, stop)
 	fs := c.flags()
 	var o app.Options
 	fs.StringVar(&o.ConfigPath, "config", "", "policy file (default: the built-in examples/policy.yaml)")
@@ -236,10 +245,16 @@ func serve(c *command, ctx context.Context, args, env []string, stdout, stderr i
 	}
 	ballast := app.HeapFloor(floor)
 	defer runtime.KeepAlive(ballast)
+	// Without GOMEMLIMIT, the Go runtime learns the container's memory limit.
+	app.LimitGoMemory()
 	o.Env = env
 	o.LogOutput = stderr
 	o.Build = buildInfo()
-	a, err := app.New(o)
+	a, started, err := start(ctx, o)
+	if !started {
+		fmt.Fprintln(stderr, "llm-bulkhead: stopped by a signal before it started")
+		return 0
+	}
 	if err != nil {
 		var ce *app.ConfigError
 		if errors.As(err, &ce) {
@@ -262,6 +277,26 @@ func serve(c *command, ctx context.Context, args, env []string, stdout, stderr i
 		return 1
 	}
 	return 0
+}
+
+// start builds the server with newApp, unless ctx ends first: then started is false and the
+// start is abandoned (the process is about to exit; nothing was served yet).
+func start(ctx context.Context, o app.Options) (a *app.App, started bool, err error) {
+	type result struct {
+		a   *app.App
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		a, err := newApp(o)
+		done <- result{a, err}
+	}()
+	select {
+	case r := <-done:
+		return r.a, true, r.err
+	case <-ctx.Done():
+		return nil, false, nil
+	}
 }
 
 func validate(c *command, _ context.Context, args, env []string, stdout, stderr io.Writer, _ <-chan os.Signal) int {

@@ -69,6 +69,7 @@ cluster: backend redis, mode sentinel (master mymaster)
   admission:      leased: each replica admits against its lease of every compartment's limits, renewed every 200ms (lease_interval); no call to Redis on a request's path unless a lease runs short
   timeout:        20ms (the longest a request waits for its lease to grow, and a report for Redis)
   on_unavailable: closed (requests refused with 503, reason cluster_unavailable)
+  replicas:       expected_replicas not set (a replica that has not reached Redis yet enforces the whole limits)
   leases:         lease_ttl 8s, heartbeat 2s (a replica that stops heartbeating frees its slots after lease_ttl)
   settlements:    sent every 2ms, at most 100000 queued while Redis is unreachable
   shared:         token budgets, request rates, spend, concurrency, learned (adaptive) limits (across every replica with this key prefix)

@@ -457,3 +457,33 @@ func public(f RequestFields) RequestFields {
 	f.at = injectPoints{}
 	return f
 }
+
+// FuzzEditBody: EditBody, editing a body in its own array whatever room it leaves there, gives
+// byte for byte what RewriteModel then InjectIncludeUsage give on a copy.
+func FuzzEditBody(f *testing.F) {
+	f.Add([]byte(`{"model":"m","stream":true}`), uint8(APIOpenAIChat), "other-model", true, uint8(0))
+	f.Add([]byte(`{"stream":true,"model":"a","model":"b"}`), uint8(APIOpenAIChat), "z", true, uint8(200))
+	f.Add([]byte(`{"stream":true,"stream_options":null}`), uint8(APIOpenAICompletions), "", true, uint8(64))
+	f.Add([]byte(`{"model":"a-very-long-model-name","stream":true,"stream_options":{}}`), uint8(APIOpenAIChat), "b", true, uint8(3))
+	f.Add([]byte(` {"messages":[]} `), uint8(APIAnthropicMessages), "claude", false, uint8(10))
+	f.Add(chatBody(2048, 3), uint8(APIOpenAIChat), "gpt", true, uint8(40))
+	f.Fuzz(func(t *testing.T, body []byte, apiByte uint8, model string, includeUsage bool, room uint8) {
+		api := API(apiByte % 6)
+		var fields RequestFields
+		_ = ScanRequest(api, body, &fields)
+		want, wantChanged := body, false
+		if model != "" {
+			want, wantChanged = RewriteModel(want, model)
+		}
+		if includeUsage {
+			if injected, ok := InjectIncludeUsage(api, want); ok {
+				want, wantChanged = injected, true
+			}
+		}
+		own := append(make([]byte, 0, len(body)+int(room)), body...)
+		got, changed := EditBody(api, own, &fields, model, includeUsage)
+		if changed != wantChanged || !bytes.Equal(got, want) {
+			t.Fatalf("in place: %v %s\ncopied:   %v %s", changed, got, wantChanged, want)
+		}
+	})
+}

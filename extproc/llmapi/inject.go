@@ -14,6 +14,10 @@ package llmapi
 // It allocates only the new body and is safe for concurrent use; body itself
 // is never modified.
 func InjectIncludeUsage(api API, body []byte) ([]byte, bool) {
+	return injectIncludeUsage(api, body, copyBody)
+}
+
+func injectIncludeUsage(api API, body []byte, mode editMode) ([]byte, bool) {
 	if api != APIOpenAIChat && api != APIOpenAICompletions {
 		return body, false
 	}
@@ -61,32 +65,36 @@ func InjectIncludeUsage(api API, body []byte) ([]byte, bool) {
 	if !streamSet || !stream {
 		return body, false
 	}
-	return injectAt(body, closeAt, opts, optsEnd)
+	return injectAt(body, closeAt, opts, optsEnd, mode)
 }
 
 // InjectIncludeUsageAt is InjectIncludeUsage for a body ScanRequest read into f (and nothing
 // changed since): it goes straight to the places the scan found instead of reading the body
 // again. For a body the scan did not read whole it is InjectIncludeUsage.
 func InjectIncludeUsageAt(api API, body []byte, f *RequestFields) ([]byte, bool) {
+	return injectIncludeUsageAt(api, body, f, copyBody)
+}
+
+func injectIncludeUsageAt(api API, body []byte, f *RequestFields, mode editMode) ([]byte, bool) {
 	at := &f.at
 	if !at.whole || at.size != len(body) {
-		return InjectIncludeUsage(api, body)
+		return injectIncludeUsage(api, body, mode)
 	}
 	if api != APIOpenAIChat && api != APIOpenAICompletions || at.stream == 0 || body[at.stream-1] != 't' {
 		return body, false
 	}
-	return injectAt(body, at.close, at.opts-1, at.optsEnd)
+	return injectAt(body, at.close, at.opts-1, at.optsEnd, mode)
 }
 
 // injectAt adds include_usage to a streamed request whose top-level object closes at closeAt
 // and whose last stream_options value is body[opts:optsEnd] (opts < 0: none).
-func injectAt(body []byte, closeAt, opts, optsEnd int) ([]byte, bool) {
+func injectAt(body []byte, closeAt, opts, optsEnd int, mode editMode) ([]byte, bool) {
 	if opts < 0 {
-		return splice(body, closeAt, closeAt, `,"stream_options":{"include_usage":true}`), true
+		return mode.splice(body, closeAt, closeAt, `,"stream_options":{"include_usage":true}`), true
 	}
 	switch body[opts] {
 	case 'n':
-		return splice(body, opts, optsEnd, `{"include_usage":true}`), true
+		return mode.splice(body, opts, optsEnd, `{"include_usage":true}`), true
 	case '{':
 	default:
 		return body, false
@@ -112,19 +120,11 @@ func injectAt(body []byte, closeAt, opts, optsEnd int) ([]byte, bool) {
 	}
 	switch {
 	case usage >= 0 && body[usage] == 'n':
-		return splice(body, usage, usageEnd, `true`), true
+		return mode.splice(body, usage, usageEnd, `true`), true
 	case usage >= 0:
 		return body, false
 	case members == 0:
-		return splice(body, opts+1, opts+1, `"include_usage":true`), true
+		return mode.splice(body, opts+1, opts+1, `"include_usage":true`), true
 	}
-	return splice(body, opts+1, opts+1, `"include_usage":true,`), true
-}
-
-// splice returns a new slice holding b with b[from:to] replaced by s.
-func splice(b []byte, from, to int, s string) []byte {
-	out := make([]byte, 0, len(b)-(to-from)+len(s))
-	out = append(out, b[:from]...)
-	out = append(out, s...)
-	return append(out, b[to:]...)
+	return mode.splice(body, opts+1, opts+1, `"include_usage":true,`), true
 }

@@ -14,6 +14,10 @@ package llmapi
 // It allocates only the new body and is safe for concurrent use; body itself
 // is never modified.
 func RewriteModel(body []byte, model string) ([]byte, bool) {
+	return rewriteModel(body, model, copyBody)
+}
+
+func rewriteModel(body []byte, model string, mode editMode) ([]byte, bool) {
 	i := skipWS(body, 0)
 	if i >= len(body) || body[i] != '{' {
 		return body, false
@@ -49,7 +53,7 @@ func RewriteModel(body []byte, model string) ([]byte, bool) {
 		if j := skipWS(body, i+1); body[j] != '}' {
 			member += ","
 		}
-		return splice(body, i+1, i+1, member), true
+		return mode.splice(body, i+1, i+1, member), true
 	}
 	same := true
 	grow := 0
@@ -59,6 +63,14 @@ func RewriteModel(body []byte, model string) ([]byte, bool) {
 	}
 	if same {
 		return body, false
+	}
+	if mode == inPlace {
+		// From the last to the first, so that each span's place is still where it was found.
+		q := string(quoted)
+		for k := len(found) - 1; k >= 0; k-- {
+			body = mode.splice(body, found[k].from, found[k].to, q)
+		}
+		return body, true
 	}
 	out := make([]byte, 0, len(body)+grow)
 	prev := 0

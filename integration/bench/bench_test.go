@@ -63,7 +63,8 @@ func BenchmarkGRPCStream(b *testing.B) {
 			lis := bufconn.Listen(1 << 20)
 			opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(noopMaxMessage)}
 			if s.name == SideBulkhead {
-				opts = append(opts, extproc.ServerOption())
+				// As the server runs: its codec, and streams it can end when they go silent.
+				opts = append(opts, extproc.ServerOption(), extproc.EndableStreams())
 			}
 			gs := grpc.NewServer(opts...)
 			extprocv3.RegisterExternalProcessorServer(gs, s.new(b))

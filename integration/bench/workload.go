@@ -34,7 +34,9 @@ const BodySize = 1024
 //     sends deepseek-chat);
 //   - breakers.standard.slow_call_duration 800ms → 10m, so a machine too loaded to answer within
 //     800 ms (and the held streams, whose first byte comes when the benchmark releases them) is
-//     not taken for a slow provider, which would open the breaker and re-route to qwen.
+//     not taken for a slow provider, which would open the breaker and re-route to qwen;
+//   - server.max_streams_per_connection 5 000 → 20 000: the simulator puts every stream on one
+//     connection (as an Envoy worker does), and 10 000 held streams must fit on it.
 //
 // Everything else — classification, compartments, queues, budgets' windows, breakers'
 // windows, response headers, usage injection — is the example policy unchanged.
@@ -45,6 +47,7 @@ var LimitOverrides = []string{
 	"LLM_BULKHEAD_TIERS__ENTERPRISE__TOKENS_PER_MINUTE=2500000000000",
 	"LLM_BULKHEAD_PROVIDERS__DEEPSEEK__MAX_CONCURRENT=100000",
 	"LLM_BULKHEAD_BREAKERS__STANDARD__SLOW_CALL_DURATION=10m",
+	"LLM_BULKHEAD_SERVER__MAX_STREAMS_PER_CONNECTION=20000",
 }
 
 // ServerEnv returns the environment for a server process: this process's environment without

@@ -375,6 +375,17 @@ func quoteArgs(args []string) string {
 	return strings.Join(q, " ")
 }
 
+// ClosedAddr returns an address on 127.0.0.1 where nothing listened a moment ago: a Redis that
+// is not there, for what a client does then.
+func ClosedAddr(t testing.TB) string {
+	t.Helper()
+	port, err := freePort()
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+}
+
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")

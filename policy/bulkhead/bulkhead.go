@@ -64,6 +64,13 @@ type Compartment struct {
 	// limits still predict queue waits: capacity comes back from the whole fleet.
 	leased                  bool
 	leaseSlots, leaseTokens int64
+	// capped is set while this replica may hold only its part of the limits (cluster mode,
+	// while the replicas cannot count each other's slots: see Cap): at most capSlots slots and
+	// capTokens in-flight tokens (negative: that limit is not capped). capGen names the episode
+	// the cap was computed for.
+	capped              bool
+	capSlots, capTokens int64
+	capGen              uint64
 
 	admitted       atomic.Uint64
 	saturations    atomic.Uint64
@@ -100,6 +107,8 @@ type Stats struct {
 	Remote, RemoteTokens int64
 	// Pending counts slots held here while their shared admission is decided (not in InFlight).
 	Pending int64
+	// Capped says Limits are this replica's part of the compartment's limits (see Cap).
+	Capped bool
 	// Pool, Guaranteed and PoolMax describe pool membership (Pool empty when none).
 	Pool            string
 	Guaranteed      int64
@@ -466,6 +475,14 @@ func (s *Scheduler) room(c *Compartment, tokens int64) bool {
 	if used := c.tokens + c.remoteTokens; l.MaxInflightTokens > 0 && used > 0 && used+min(tokens, l.MaxInflightTokens) > l.MaxInflightTokens {
 		return false
 	}
+	if c.capped {
+		if c.capSlots >= 0 && c.inflight >= c.capSlots {
+			return false
+		}
+		if c.capTokens >= 0 && c.tokens+min(tokens, l.MaxInflightTokens) > c.capTokens {
+			return false
+		}
+	}
 	return true
 }
 
@@ -615,6 +632,9 @@ func (c *Compartment) maxConcurrent() int64 {
 	if c.adaptive > 0 {
 		return c.adaptive
 	}
+	if c.capped && c.capSlots >= 0 && c.capSlots < c.limits.MaxConcurrent {
+		return c.capSlots
+	}
 	return c.limits.MaxConcurrent
 }
 
@@ -702,6 +722,94 @@ func (s *Scheduler) setRemote(c *Compartment, slots, tokens int64) {
 	}
 }
 
+// Share says which part of a compartment's limits one replica may hold while the replicas
+// cannot count each other's slots (cluster mode: the shared state is unavailable, or Redis does
+// not yet hold every replica's slots again). Every replica computes its part from what the
+// shared state was last known to count: what it counted for this replica (slots that ended
+// since, their releases not sent, included) plus an equal part of the room free there. A
+// replica admits nothing between the moment the shared state stops answering and the moment it
+// notices (its slots only end meanwhile), so none ever holds more than its part: the parts add
+// up to the limit at most, whatever each replica does alone, as long as the replicas had heard
+// the shared state's last counts and each divides by at least the number of replicas.
+type Share struct {
+	// Gen names the episode: Cap leaves a compartment already capped for Gen as it is.
+	Gen uint64
+	// Replicas divides the limits (at least 1).
+	Replicas int64
+	// Slots caps the concurrency limit: false for an adaptive limit, this replica's own.
+	Slots bool
+	// Totals and TotalTokens are what every replica held (this one included), as last heard;
+	// what the others held is taken as the larger of these less this replica's own and the
+	// compartment's remote counts.
+	Totals, TotalTokens int64
+	// Lag and LagTokens are how much more the others count for this replica than it holds: its
+	// releases they have not heard of yet, less its slots admitted without Redis and not
+	// recorded there yet. It must not count what the others may not (an admission whose answer
+	// was lost, say): the part is what they count plus an equal part of what they think free.
+	Lag, LagTokens int64
+	// ForgetRemote resets the remote counts: while the replicas do not reach each other through
+	// the shared state, only the cap accounts for what the others hold.
+	ForgetRemote bool
+}
+
+// Cap puts c under its part of its limits for the episode sh describes, unless it already is,
+// and returns the slots and in-flight tokens it may now hold (negative: not capped). Requests in
+// flight keep their slots; no new one is admitted beyond the part.
+func (s *Scheduler) Cap(c *Compartment, sh Share) (slots, tokens int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c.capped && c.capGen == sh.Gen {
+		return c.capSlots, c.capTokens
+	}
+	n := max(sh.Replicas, 1)
+	part := func(limit, held, pending, lag, remote, total int64) int64 {
+		if limit <= 0 {
+			return -1
+		}
+		// What the others know of this replica: they count it as holding seen (its slots that
+		// ended since, their releases not sent, included; its slots admitted without Redis
+		// and not recorded there, excluded: the lag says both). Never more than they count:
+		// the part is built on it.
+		seen := max(held-pending+lag, 0)
+		others := max(remote, total-seen, 0)
+		free := max(limit-seen-others, 0)
+		return seen + free/n
+	}
+	c.capSlots = -1
+	if sh.Slots {
+		c.capSlots = part(c.limits.MaxConcurrent, c.inflight, c.pending, sh.Lag, c.remote, sh.Totals)
+	}
+	c.capTokens = part(c.limits.MaxInflightTokens, c.tokens, c.pendingTokens, sh.LagTokens, c.remoteTokens, sh.TotalTokens)
+	c.capped, c.capGen = true, sh.Gen
+	if sh.ForgetRemote {
+		c.remote, c.remoteTokens = 0, 0
+	}
+	return c.capSlots, c.capTokens
+}
+
+// Uncap lifts c's cap: the replicas count each other's slots again. Waiters the cap held back go
+// at once if there is room.
+func (s *Scheduler) Uncap(c *Compartment) {
+	s.mu.Lock()
+	if c.capped {
+		c.capped, c.capGen = false, 0
+		if c.queue.len() > 0 {
+			s.dispatch(c)
+		}
+	}
+	s.mu.Unlock()
+}
+
+// CapGen returns the episode c is capped for, 0 when it is not capped.
+func (s *Scheduler) CapGen(c *Compartment) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !c.capped {
+		return 0
+	}
+	return c.capGen
+}
+
 // Remote returns what other replicas hold in c, as last reported.
 func (s *Scheduler) Remote(c *Compartment) (slots, tokens int64) {
 	s.mu.Lock()
@@ -764,6 +872,10 @@ func (s *Scheduler) Stats(c *Compartment) Stats {
 		st.Pool, st.Guaranteed, st.PoolMax = m.pool.name, m.guaranteed, m.max
 	}
 	st.Limits.MaxConcurrent = c.maxConcurrent()
+	if c.capped && c.capTokens >= 0 && c.capTokens < st.Limits.MaxInflightTokens {
+		st.Limits.MaxInflightTokens = c.capTokens
+	}
+	st.Capped = c.capped
 	s.mu.Unlock()
 	st.Admitted = c.admitted.Load()
 	st.Refused = c.refused.Load()

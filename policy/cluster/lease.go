@@ -146,7 +146,7 @@ func newLeaser(s *Store, o LeaseOptions, manual bool) *Leaser {
 	}
 	l := &Leaser{st: s, o: o, script: redis.NewScript(luaLease), leases: map[string]*Lease{},
 		kick: make(chan struct{}, 1), round: make(chan struct{}), manual: manual}
-	l.epochScript, l.epochKey, l.epochInScripts = redis.NewScript(luaEpoch), s.tag+":e", s.o.Mode != Cluster
+	l.epochScript, l.epochKey, l.epochInScripts = redis.NewScript(luaEpoch), s.tag+":le", s.o.Mode != Cluster
 	// A steady lease is reported every renewSteps intervals; the recovery time covers that, a
 	// late tick and a report's round trip.
 	l.renew = renewSteps * o.Interval

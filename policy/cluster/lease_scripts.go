@@ -19,7 +19,7 @@ package cluster
 //	{P|C}:w:<kind>:<window ms>   hash  a sliding window, laid out as the per-request script's
 //	                                   windows are (see luaCommon); window chunks are charged to
 //	                                   it when granted and refunded when given back unused.
-//	{P}:e                        string the deployment's epoch: "<made ms>:<f|l>", made when it
+//	{P}:le                       string the leases' epoch: "<made ms>:<f|l>", made when it
 //	                                   is missing — "f" (fresh) by a replica that knew no epoch
 //	                                   (a new deployment), "l" (lost) by one that knew an earlier
 //	                                   one (Redis lost its state while replicas held leases).
@@ -65,7 +65,7 @@ package cluster
 // status is 0, or 2 when the hash held more fields than a compartment can (it was rewritten).
 // pressure is 1 when another replica wants more than it holds. wait is, when a single need did
 // not fit, the time until it would.
-const luaLease = luaCommon + luaEpochCommon + `
+var luaLease = luaCommon + luaEpochCommon + `
 local MAXFIELDS = 1100
 local me, ttl = ARGV[1], tonumber(ARGV[2])
 local hasEpoch, recov = ARGV[3] == '1', tonumber(ARGV[4])
@@ -352,6 +352,6 @@ end
 //
 //	KEYS: 1 the epoch key
 //	ARGV: 1 the epoch this replica knows ("" when none), 2 recovery ms
-const luaEpoch = luaCommon + luaEpochCommon + `
+var luaEpoch = luaCommon + luaEpochCommon + `
 return epochOf(KEYS[1], ARGV[1], nowms(), tonumber(ARGV[2]))
 `

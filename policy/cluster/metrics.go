@@ -20,6 +20,10 @@ type metrics struct {
 	updates   prometheus.Counter
 	// clockOffset is Redis's clock minus this replica's, as last measured.
 	clockOffset prometheus.Gauge
+	synced      prometheus.Gauge
+	lost        *prometheus.CounterVec
+	// onError, when set, hears of every failed call.
+	onError func(op string, err error)
 }
 
 const ns = "llm_bulkhead"
@@ -28,7 +32,7 @@ func newMetrics(reg prometheus.Registerer, s *Store) *metrics {
 	m := &metrics{
 		reg: reg,
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "cluster_redis_seconds",
-			Help:    "Round-trip time of calls to Redis, by operation (admit, settle, heartbeat, resync, leave, spend_reserve, spend_settle).",
+			Help:    "Round-trip time of calls to Redis, by operation (admit, settle, heartbeat, resync, leave, repair, spend_reserve, spend_settle).",
 			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .02, .05, .1, .25, 1}}, []string{"op"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "cluster_redis_errors_total",
 			Help: "Calls to Redis that failed or timed out, by operation."}, []string{"op"}),
@@ -48,8 +52,16 @@ func newMetrics(reg prometheus.Registerer, s *Store) *metrics {
 			Help: "Published slot totals received from Redis (each can wake requests queued here)."}),
 		clockOffset: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "cluster_clock_offset_seconds",
 			Help: "Redis's clock minus this replica's, measured at each spend reservation (spend windows are chosen by the replica's clock)."}),
+		synced: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "cluster_synced",
+			Help: "1 while Redis counts every replica's slots and the shared counts alone decide; 0 while this replica keeps to its part of each limit (cut off from Redis, or until every replica has rewritten its slots after an outage or a loss of the shared state)."}),
+		lost: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "cluster_state_lost_total",
+			Help: "Times this replica found its shared state gone or wrong and rewrote it, by cause: lost (Redis lost the whole state), expired (this replica's registration expired), replaced (the state was replaced by another), corrupt (content no replica writes: repaired)."},
+			[]string{"cause"}),
 	}
-	m.all = []prometheus.Collector{m.latency, m.errors, m.available, m.live, m.leases, m.queue, m.dropped, m.resyncs, m.updates, m.clockOffset}
+	m.all = []prometheus.Collector{m.latency, m.errors, m.available, m.live, m.leases, m.queue, m.dropped, m.resyncs, m.updates, m.clockOffset, m.synced, m.lost}
+	for _, c := range []string{causeLost, causeExpired, causeReplaced, causeCorrupt} {
+		m.lost.WithLabelValues(c)
+	}
 	m.live.Set(1)
 	if reg != nil {
 		for _, c := range m.all {
@@ -63,6 +75,9 @@ func (m *metrics) observe(op string, start time.Time, err error) {
 	m.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
 	if err != nil {
 		m.errors.WithLabelValues(op).Inc()
+		if m.onError != nil {
+			m.onError(op, err)
+		}
 	}
 }
 

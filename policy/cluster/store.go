@@ -64,8 +64,10 @@ type Options struct {
 	OnCounts func(name string, seq, slots, tokens int64)
 	// OnReset says sequence numbers start again (Redis lost its state).
 	OnReset func()
-	// OnState reports availability and the live replicas whenever either changes.
-	OnState func(available bool, live int)
+	// OnState reports the store's State whenever it changes, one call at a time and in order. A
+	// change to unavailable is reported before admissions see the store unavailable, so that
+	// the caller can put its limits in order first.
+	OnState func(State)
 	// Watched returns the compartments whose shared totals the heartbeat should report (those
 	// with requests waiting here), so that a missed publication delays a waiter by at most one
 	// heartbeat.
@@ -144,6 +146,21 @@ type Result struct {
 	Shadowed uint64
 }
 
+// State is what the store knows of the shared state.
+type State struct {
+	// Available says admissions can use Redis now.
+	Available bool
+	// Synced says Redis counts every slot this replica and the others hold, as far as this
+	// replica can tell: the shared counts alone decide admissions. It turns false when this
+	// replica is cut off from Redis or learns that Redis lost what it held, and true again only
+	// once every replica that may have admitted what Redis did not count has rewritten (or
+	// confirmed) its slots, or could no longer hold any (its registration expired). Until then
+	// the caller keeps to its part of each limit.
+	Synced bool
+	// Live is the live replicas last seen in Redis (at least 1).
+	Live int
+}
+
 // ErrUnavailable is returned by Admit when Redis did not answer in time, or answered that this
 // replica must first rewrite its state; errors.Is works on every Admit error.
 var ErrUnavailable = errors.New("cluster state unavailable")
@@ -158,33 +175,68 @@ type leaseSlot struct {
 	tokens int64
 }
 
-// settlement is a queued settle-and-release of one lease.
+// settlement is a queued settle-and-release of one lease, or (record) the recording in Redis
+// of a lease admitted without it.
 type settlement struct {
 	lease   uint64
 	actual  int64
 	slots   []leaseSlot
 	windows []Window
+	record  bool
+	// undo marks the undoing of an admission whose answer was lost: Redis may never have
+	// counted it.
+	undo bool
+}
+
+// ErrorInfo is the last call to Redis that failed.
+type ErrorInfo struct {
+	Op      string    `json:"op"`
+	Message string    `json:"message"`
+	At      time.Time `json:"at"`
 }
 
 // Store is this replica's view of the shared state. Safe for concurrent use.
 type Store struct {
-	o                                       Options
-	client                                  redis.UniversalClient
-	tag                                     string // "{prefix}"
-	keys                                    struct{ replicas, leases, comps, seq, channel, spendIndex, spendTokens string }
-	admit, settle, heartbeat, resync, leave *redis.Script
-	spendReserve, spendSettle               *redis.Script
+	o                                               Options
+	client                                          redis.UniversalClient
+	tag                                             string // "{prefix}"
+	keys                                            struct{ replicas, leases, comps, seq, epoch, channel, spendIndex, spendTokens string }
+	admit, settle, heartbeat, resync, leave, repair *redis.Script
+	spendReserve, spendSettle                       *redis.Script
 
 	log *slog.Logger
 	met *metrics
 
 	nextLease atomic.Uint64
+	// stateMu orders changes of availability and synced-ness, and their reports.
+	stateMu   sync.Mutex
 	available atomic.Bool
+	synced    atomic.Bool
 	// wasAvailable is set once the store has been available.
 	wasAvailable atomic.Bool
 	live         atomic.Int64
 	// failures counts admissions in a row that timed out.
 	failures atomic.Int32
+	// epoch is the id of the shared state this replica registered in (heartbeat loop only,
+	// read by apply under epochMu); members the live replicas' ids last seen.
+	epochMu sync.Mutex
+	epoch   string
+	members []string
+	// cause is why this replica must rewrite its state, counted when it has (guarded by epochMu).
+	cause string
+	// admitting and admittingTokens count the admissions sent whose outcome this replica has not
+	// recorded yet (Redis may hold them already); sent, sentTokens, applied and appliedTokens
+	// count admissions sent and queued operations applied, ever. The heartbeat's check of this
+	// replica's part in Redis allows for what they may change meanwhile.
+	admitting, admittingTokens atomic.Int64
+	sent, sentTokens           atomic.Int64
+	applied, appliedTokens     atomic.Int64
+	lastErr                    atomic.Pointer[ErrorInfo]
+	// local counts admissions being decided without Redis (LocalStarted): until they have
+	// ended and their leases are recorded in Redis, this replica does not tell the epoch that
+	// Redis counts all it holds.
+	local       atomic.Int64
+	localStarts atomic.Int64
 
 	// rewrite is held for reading by admissions running a script, and for writing by a resync,
 	// which must not interleave with them.
@@ -205,6 +257,13 @@ type Store struct {
 	skewLogged atomic.Bool
 	kick       chan struct{}
 	probe      chan struct{}
+	// beatNow asks for a heartbeat at once (the epoch waits for this replica's confirmation).
+	beatNow chan struct{}
+	// back wakes the settlement loop from its wait between retries: Redis answers again.
+	back chan struct{}
+	// tried is closed once the first registration was attempted.
+	tried     chan struct{}
+	triedOnce sync.Once
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -271,16 +330,20 @@ func Open(o Options) (*Store, error) {
 	s := &Store{
 		o: o, client: client, tag: "{" + o.KeyPrefix + "}", log: o.Logger,
 		leases: map[uint64]lease{}, kick: make(chan struct{}, 1), probe: make(chan struct{}, 1),
+		beatNow: make(chan struct{}, 1), back: make(chan struct{}, 1), tried: make(chan struct{}),
 		admit: redis.NewScript(luaAdmit), settle: redis.NewScript(luaSettle),
 		heartbeat: redis.NewScript(luaHeartbeat), resync: redis.NewScript(luaResync), leave: redis.NewScript(luaLeave),
+		repair:       redis.NewScript(luaRepair),
 		spendReserve: redis.NewScript(luaSpendReserve), spendSettle: redis.NewScript(luaSpendSettle),
 	}
 	s.keys.replicas = s.tag + ":r"
 	s.keys.leases = s.tag + ":l:" + o.ReplicaID
 	s.keys.comps = s.tag + ":rc:" + o.ReplicaID
 	s.keys.seq = s.tag + ":seq"
+	s.keys.epoch = s.tag + ":e"
 	s.keys.channel = s.tag + ":free"
 	s.met = newMetrics(o.Registerer, s)
+	s.met.onError = func(op string, err error) { s.noteError(op, err.Error()) }
 	s.live.Store(1)
 	s.nextLease.Store(uint64(time.Now().UnixNano()))
 	s.keys.spendIndex = s.tag + ":spi"
@@ -298,6 +361,9 @@ func Open(o Options) (*Store, error) {
 // Available reports whether admissions can use the shared state now.
 func (s *Store) Available() bool { return s.available.Load() }
 
+// Synced reports whether the shared counts alone decide admissions (see State.Synced).
+func (s *Store) Synced() bool { return s.synced.Load() }
+
 // Live returns the live replicas last seen (at least 1).
 func (s *Store) Live() int { return int(max(s.live.Load(), 1)) }
 
@@ -306,6 +372,9 @@ func (s *Store) ReplicaID() string { return s.o.ReplicaID }
 
 // NextLease returns a lease id unused by this replica.
 func (s *Store) NextLease() uint64 { return s.nextLease.Add(1) }
+
+// LastError returns the last call to Redis that failed, nil if none has.
+func (s *Store) LastError() *ErrorInfo { return s.lastErr.Load() }
 
 func (s *Store) slotKey(name string) string { return s.tag + ":c:" + name }
 
@@ -337,10 +406,12 @@ func (s *Store) Admit(ctx context.Context, a *Admission, r *Result) error {
 	args := make([]any, 0, 5+5*len(a.Slots)+6*len(a.Windows))
 	args = append(args, s.o.ReplicaID, strconv.FormatUint(a.Lease, 10), s.keys.channel, len(a.Slots), len(a.Windows))
 	ls := make([]leaseSlot, len(a.Slots))
+	var tokens int64
 	for i := range a.Slots {
 		sl := &a.Slots[i]
 		k := s.slotKey(sl.Name)
 		ls[i] = leaseSlot{key: k, tokens: sl.Tokens}
+		tokens += sl.Tokens
 		keys = append(keys, k)
 		args = append(args, len(keys), sl.Max, sl.MaxTokens, sl.Tokens, b01(sl.Shadow))
 	}
@@ -349,6 +420,12 @@ func (s *Store) Admit(ctx context.Context, a *Admission, r *Result) error {
 		keys = append(keys, s.windowKey(w))
 		args = append(args, len(keys), w.Capacity, w.Debt, slotMillis(w.Length), w.Amount, b01(w.Shadow))
 	}
+	// Until its outcome is recorded here, Redis may hold this admission's slots while this
+	// replica's lease record does not.
+	s.admitting.Add(1)
+	s.admittingTokens.Add(tokens)
+	s.sent.Add(1)
+	s.sentTokens.Add(tokens)
 	cctx, cancel := context.WithTimeout(ctx, s.o.Timeout)
 	start := time.Now()
 	res, err := s.admit.Run(cctx, s.client, keys, args...).Int64Slice()
@@ -357,21 +434,25 @@ func (s *Store) Admit(ctx context.Context, a *Admission, r *Result) error {
 	if err != nil {
 		// The script may have run without its answer reaching us: undo it in the background,
 		// after anything queued (undoing a lease Redis never recorded does nothing).
-		s.enqueue(settlement{lease: a.Lease, slots: ls, windows: append([]Window(nil), a.Windows...)})
+		s.enqueue(settlement{lease: a.Lease, slots: ls, windows: append([]Window(nil), a.Windows...), undo: true})
+		s.admitted(tokens)
 		if ctx.Err() == nil {
-			s.noteFailure(err)
+			s.fail("admit", err, s.typed(keys))
 		}
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	s.failures.Store(0)
 	if len(res) < 4 {
+		s.admitted(tokens)
 		return fmt.Errorf("%w: short reply", ErrUnavailable)
 	}
 	switch res[0] {
 	case 3:
-		s.lost("admission found this replica unregistered")
+		s.admitted(tokens)
+		s.lost("admission found this replica unregistered (or its own count in a compartment corrupt)", causeExpired)
 		return fmt.Errorf("%w: replica not registered", ErrUnavailable)
 	case 1:
+		s.admitted(tokens)
 		*r = Result{Status: RefusedWindow, Index: int(res[1]) - 1, RetryAfter: time.Duration(res[2]) * time.Millisecond}
 		if len(res) >= 6 {
 			r.WindowLeft, r.WindowReset, r.WindowKnown = res[4], time.Duration(res[5])*time.Millisecond, true
@@ -389,6 +470,7 @@ func (s *Store) Admit(ctx context.Context, a *Admission, r *Result) error {
 		i += 2
 	}
 	if res[0] == 2 {
+		s.admitted(tokens)
 		r.Status, r.Index, r.RetryAfter, r.Shadowed = RefusedSlot, int(res[1])-1, 0, 0
 		return nil
 	}
@@ -405,16 +487,45 @@ func (s *Store) Admit(ctx context.Context, a *Admission, r *Result) error {
 	}
 	s.leaseMu.Lock()
 	s.leases[a.Lease] = lease{slots: ls}
+	s.admitted(tokens)
 	s.met.leases.Set(float64(len(s.leases)))
 	s.leaseMu.Unlock()
 	return nil
 }
 
+// admitted says an admission's outcome is recorded here (see admitting).
+func (s *Store) admitted(tokens int64) {
+	s.admitting.Add(-1)
+	s.admittingTokens.Add(-tokens)
+}
+
+// typed pairs an admission's or settlement's keys (the four of every call, then compartment and
+// window keys, all hashes) with the types the scripts write them as, for a repair.
+func (s *Store) typed(keys []string) []typedKey {
+	out := make([]typedKey, 0, len(keys)+1)
+	for i, k := range keys {
+		t := "hash"
+		switch {
+		case i == 0:
+			t = "zset"
+		case i == 2:
+			t = "set"
+		case i == 3:
+			t = "counter"
+		}
+		out = append(out, typedKey{k, t})
+	}
+	return append(out, typedKey{s.keys.epoch, "hash"})
+}
+
+// typedKey is a key and the type the scripts write it as.
+type typedKey struct{ key, typ string }
+
 // slotMillis is a window's slot length in milliseconds (a sixtieth, at least 1).
 func slotMillis(d time.Duration) int64 { return max(d.Milliseconds()/60, 1) }
 
-// Track records a lease admitted without Redis (while it was unavailable), so that the next
-// rewrite of this replica's leases counts it everywhere.
+// Track records a lease admitted without Redis (while it was unavailable): it is recorded in
+// Redis with the next settlements sent, and counted by every rewrite of this replica's leases.
 func (s *Store) Track(id uint64, slots []Slot) {
 	ls := make([]leaseSlot, len(slots))
 	for i := range slots {
@@ -423,26 +534,94 @@ func (s *Store) Track(id uint64, slots []Slot) {
 	s.leaseMu.Lock()
 	s.leases[id] = lease{slots: ls}
 	s.met.leases.Set(float64(len(s.leases)))
+	// Queued under the lease lock: the heartbeat's view of what this replica holds and of what
+	// is still to be sent is taken under it too.
+	s.enqueue(settlement{lease: id, actual: -1, slots: ls, record: true})
 	s.leaseMu.Unlock()
 }
+
+// Unsent returns, per compartment, how much more Redis counts for this replica than it holds:
+// the slots and tokens of releases queued and not sent yet, less those of leases admitted
+// without Redis and not recorded there yet. Other replicas' view of this one is what Redis
+// counts (as last published). The undoing of an admission whose answer was lost is left out:
+// Redis may never have counted it.
+func (s *Store) Unsent() map[string][2]int64 {
+	prefix := s.tag + ":c:"
+	out := map[string][2]int64{}
+	s.pendMu.Lock()
+	defer s.pendMu.Unlock()
+	for _, st := range s.pending {
+		if st.undo {
+			continue
+		}
+		sign := int64(1)
+		if st.record {
+			sign = -1
+		}
+		for _, sl := range st.slots {
+			name := strings.TrimPrefix(sl.key, prefix)
+			v := out[name]
+			v[0] += sign
+			v[1] += sign * sl.tokens
+			out[name] = v
+		}
+	}
+	return out
+}
+
+// recorded reports whether Redis counts every lease this replica holds: none is being admitted
+// without Redis, and none admitted so is still to be recorded.
+func (s *Store) recorded() bool {
+	if s.local.Load() != 0 {
+		return false
+	}
+	s.pendMu.Lock()
+	defer s.pendMu.Unlock()
+	for i := range s.pending {
+		if s.pending[i].record {
+			return false
+		}
+	}
+	return true
+}
+
+// LocalStarted says an admission is about to be decided without Redis (it may end with Track),
+// and reports whether it may: not once the store is available again, when it must go through
+// Redis instead. LocalEnded says it was decided. While any is being decided, this replica does
+// not confirm to the epoch that Redis counts everything it holds.
+func (s *Store) LocalStarted() bool {
+	s.local.Add(1)
+	s.localStarts.Add(1)
+	// Checked after counting it: a heartbeat that read no admission being decided alone read
+	// it after the store was available again, and then this one sees it available.
+	if s.available.Load() {
+		s.local.Add(-1)
+		return false
+	}
+	return true
+}
+
+// LocalEnded: see LocalStarted.
+func (s *Store) LocalEnded() { s.local.Add(-1) }
 
 // Settle queues the settlement of lease id: its slots released, its windows settled from the
 // reservation to actual tokens. windows carries each window's limits as at admission (Amount is
 // ignored; windows is copied); pass nil for a lease admitted without Redis. It never blocks.
 func (s *Store) Settle(id uint64, actual int64, windows []Window) {
 	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
 	l, ok := s.leases[id]
 	delete(s.leases, id)
 	s.met.leases.Set(float64(len(s.leases)))
-	s.leaseMu.Unlock()
 	if !ok {
 		return
 	}
-	s.enqueue(settlement{lease: id, actual: actual, slots: l.slots, windows: append([]Window(nil), windows...)})
+	s.enqueue(settlement{lease: id, actual: max(actual, 0), slots: l.slots, windows: append([]Window(nil), windows...)})
 }
 
 func (s *Store) enqueue(st settlement) {
 	s.pendMu.Lock()
+	dropped := false
 	if len(s.pending) >= s.o.MaxPending {
 		// Redis has been gone long: forget the oldest settlement. Its slots come back when this
 		// replica rewrites its leases; its budget correction is lost (counted).
@@ -450,77 +629,246 @@ func (s *Store) enqueue(st settlement) {
 		s.pending = s.pending[:len(s.pending)-1]
 		s.drops++
 		s.met.dropped.Inc()
-		if s.available.Load() {
-			// Its slots would stay taken in Redis: rewrite this replica's leases.
-			s.setAvailable(false, "settlements dropped", nil)
-		}
+		dropped = true
 	}
 	s.pending = append(s.pending, st)
 	s.met.queue.Set(float64(len(s.pending)))
 	s.pendMu.Unlock()
+	if dropped && s.available.Load() {
+		// Its slots would stay taken in Redis: rewrite this replica's leases.
+		go s.setUnavailable("settlements dropped", nil)
+	}
 	select {
 	case s.kick <- struct{}{}:
 	default:
 	}
 }
 
-// noteFailure counts a failed admission; three in a row, or any failure that is not a timeout,
-// make the store unavailable until a heartbeat gets through.
-func (s *Store) noteFailure(err error) {
-	n := s.failures.Add(1)
-	// go-redis reports a read that ran past the deadline as a net.Error, not as the context's.
-	var ne net.Error
-	timeout := errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
-	if n >= 3 || !timeout {
-		s.setAvailable(false, "Redis did not answer an admission in time", err)
+// noteFailure counts a failed call on the request path; three timeouts in a row, or any
+// failure that is not a timeout, make the store unavailable until it registers again.
+func (s *Store) noteFailure(err error) { s.fail("call", err, nil) }
+
+// fail records a failed call to Redis and decides what it means: a timeout on the request path
+// makes the store unavailable at the third in a row (one slow answer makes only its request ask
+// again), a heartbeat's at once; Redis refusing a call because a key holds what the
+// scripts never write is corrupt content, repaired (keys lists what the call touched, with
+// their types) as a loss of the state; anything else makes the store unavailable at once. The
+// reason logged says which.
+func (s *Store) fail(op string, err error, keys []typedKey) {
+	var why string
+	switch kind, detail := classify(err); kind {
+	case errTimeout:
+		if op == "heartbeat" {
+			why = "Redis did not answer a heartbeat in time"
+			break
+		}
+		if s.failures.Add(1) < 3 {
+			return
+		}
+		why = "Redis did not answer three calls in a row in time (" + op + ")"
+	case errCorrupt:
+		s.repairKeys(op, keys, detail)
+		why = "Redis refused a call on corrupt content (" + op + ")"
+	case errRefused:
+		why = "Redis refused a call (" + op + ")"
+	default:
+		why = "could not reach Redis (" + op + ")"
 	}
+	s.setUnavailable(why, err)
 }
+
+// Kinds of failed calls.
+const (
+	errTimeout = iota
+	errRefused
+	errCorrupt
+	errConnection
+)
+
+// classify says what kind of failure err is, and for corrupt content the message.
+func classify(err error) (int, string) {
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+		// go-redis reports a read that ran past the deadline as a net.Error, not as the context's.
+		return errTimeout, ""
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		msg := re.Error()
+		// WRONGTYPE: a key of ours holds another type; the other two are what a script meets in
+		// a value it cannot use (a string where a count belongs, a record that is not JSON).
+		if strings.HasPrefix(msg, "WRONGTYPE") || strings.Contains(msg, "not an integer") || strings.Contains(msg, "user_script") {
+			return errCorrupt, msg
+		}
+		return errRefused, msg
+	}
+	return errConnection, ""
+}
+
+// Hint says what to check about a failure to reach or use Redis, "" when there is nothing
+// particular to say.
+func Hint(err error) string {
+	if err == nil {
+		return ""
+	}
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "WRONGPASS"), strings.Contains(msg, "NOAUTH"), strings.Contains(msg, "unauthenticated"),
+		strings.Contains(msg, "NOPERM"):
+		return "Redis refused this replica's credentials or their permissions: check cluster.username, and the password in the variable cluster.password_env names"
+	case strings.Contains(msg, "connection refused"), strings.Contains(msg, "no such host"), strings.Contains(msg, "i/o timeout"),
+		strings.Contains(msg, "network is unreachable"):
+		return "nothing answered at the address: check cluster.addresses (and cluster.mode) and that Redis runs"
+	case strings.Contains(msg, "certificate"), strings.Contains(msg, "tls:"):
+		return "the TLS handshake failed: check cluster.tls"
+	}
+	return ""
+}
+
+// repairKeys deletes the keys among keys that hold what the scripts never write (and then the
+// epoch, so that every replica rewrites its slots), and logs what it deleted.
+func (s *Store) repairKeys(op string, keys []typedKey, detail string) {
+	if len(keys) == 0 {
+		return
+	}
+	ks := make([]string, len(keys))
+	args := make([]any, 2, 2+len(keys))
+	args[0], args[1] = s.keys.channel, s.keys.epoch
+	for i, k := range keys {
+		ks[i] = k.key
+		args = append(args, k.typ)
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.o.WriteTimeout)
+	defer cancel()
+	start := time.Now()
+	bad, err := s.repair.Run(ctx, s.client, ks, args...).StringSlice()
+	s.met.observe("repair", start, err)
+	if err != nil || len(bad) == 0 {
+		return
+	}
+	s.met.lost.WithLabelValues(causeCorrupt).Inc()
+	s.log.Error("the shared state in Redis held content no replica writes: deleted it, and every replica rewrites the slots it holds",
+		"replica", s.o.ReplicaID, "op", op, "error", detail, "deleted", bad)
+}
+
+// Causes of a loss of this replica's shared state, for the metric.
+const (
+	causeLost     = "lost"
+	causeExpired  = "expired"
+	causeCorrupt  = "corrupt"
+	causeReplaced = "replaced"
+)
 
 // lost marks this replica's shared state as lost: unavailable until its leases are rewritten.
-func (s *Store) lost(why string) {
-	s.setAvailable(false, why, nil)
+// cause is counted once the rewrite tells whether Redis lost the whole state instead.
+func (s *Store) lost(why, cause string) {
+	s.epochMu.Lock()
+	if s.cause == "" {
+		s.cause = cause
+	}
+	s.epochMu.Unlock()
+	s.setUnavailable(why, nil)
 }
 
-func (s *Store) setAvailable(ok bool, why string, err error) {
-	if ok && !s.available.Load() {
+// setUnavailable reports the store unavailable (and so not synced), logging why and err.
+func (s *Store) setUnavailable(why string, err error) { s.setState(false, false, why, err) }
+
+// setState moves the store to available and synced as given (synced implies available), tells
+// the caller and logs the change. A move to unavailable is told before admissions see it.
+func (s *Store) setState(available, synced bool, why string, err error) {
+	synced = synced && available
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	if s.closed.Load() && available {
+		return
+	}
+	wasAvailable, wasSynced := s.available.Load(), s.synced.Load()
+	if wasAvailable == available && wasSynced == synced {
+		return
+	}
+	st := State{Available: available, Synced: synced, Live: s.Live()}
+	if !available {
+		s.synced.Store(false)
+		s.met.synced.Set(0)
+		if s.o.OnState != nil {
+			s.o.OnState(st)
+		}
+		s.available.Store(false)
+		s.met.available.Set(0)
+		if wasAvailable {
+			s.tellAvailability(false)
+		}
+		if wasAvailable {
+			s.log.Warn("cluster state unavailable: admissions follow cluster.on_unavailable until Redis answers again",
+				"replica", s.o.ReplicaID, "reason", why, "error", err, "live_replicas_last_seen", s.Live())
+		}
+		select {
+		case s.probe <- struct{}{}:
+		default:
+		}
+		return
+	}
+	if !wasAvailable {
 		// Leases that are not valid hold nothing once Redis answers: say so before admissions
 		// can see it answer.
 		s.tellAvailability(true)
 	}
-	if s.available.Swap(ok) == ok {
-		return
+	s.available.Store(true)
+	s.synced.Store(synced)
+	s.met.available.Set(1)
+	if !wasAvailable {
+		select {
+		case s.back <- struct{}{}:
+		default:
+		}
 	}
-	if !ok {
-		s.tellAvailability(false)
+	s.met.synced.Set(b2f(synced))
+	if s.o.OnState != nil {
+		s.o.OnState(st)
 	}
-	if ok {
+	switch {
+	case !wasAvailable && synced:
 		msg := "cluster state shared: limits are enforced across replicas"
 		if s.wasAvailable.Swap(true) {
 			msg = "cluster state shared again: limits are enforced across replicas"
 		}
 		s.log.Info(msg, "replica", s.o.ReplicaID, "live_replicas", s.Live())
-		s.met.available.Set(1)
-	} else {
-		s.log.Warn("cluster state unavailable: admissions follow cluster.on_unavailable until Redis answers again",
-			"replica", s.o.ReplicaID, "reason", why, "error", err, "live_replicas_last_seen", s.Live())
-		s.met.available.Set(0)
-		select {
-		case s.probe <- struct{}{}:
-		default:
-		}
-	}
-	if s.o.OnState != nil {
-		s.o.OnState(ok, s.Live())
+	case !wasAvailable:
+		s.wasAvailable.Store(true)
+		s.log.Info("registered in Redis; until every replica has rewritten the slots it holds, this replica keeps to its part of each limit",
+			"replica", s.o.ReplicaID, "live_replicas", s.Live())
+	case synced:
+		s.log.Info("every replica's slots are counted in Redis again: limits are enforced across replicas",
+			"replica", s.o.ReplicaID, "live_replicas", s.Live())
 	}
 }
 
-// heartbeatLoop renews this replica's registration, rewrites its leases when Redis lost them,
-// and probes quickly while Redis is unavailable.
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Probing Redis while it is unavailable: the first retry after probeMin (or the heartbeat, if
+// shorter), each next one twice as late, up to probeMax (or the heartbeat, if shorter).
+const (
+	probeMin = 250 * time.Millisecond
+	probeMax = 2 * time.Second
+)
+
+// heartbeatLoop renews this replica's registration, rewrites its leases when Redis lost them
+// (or may not count them all), and probes, backing off, while Redis is unavailable.
 func (s *Store) heartbeatLoop() {
 	defer s.wg.Done()
 	every := s.o.Heartbeat
-	probe := min(every, 250*time.Millisecond)
+	base := min(every, probeMin)
+	// Backing off no further than a heartbeat: a replica that can reach Redis registers again
+	// within a heartbeat, well within the wait the epoch keeps for it.
+	most := max(base, min(probeMax, every))
+	backoff := base
 	needResync := true
+	var lastFailure string
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -529,37 +877,137 @@ func (s *Store) heartbeatLoop() {
 			return
 		case <-t.C:
 		case <-s.probe:
+		case <-s.beatNow:
 		}
 		if !s.available.Load() {
 			needResync = true
 		}
 		if needResync {
-			if err := s.doResync(); err != nil {
-				t.Reset(probe)
+			waiting, err := s.doResync()
+			s.triedOnce.Do(func() { close(s.tried) })
+			if err != nil {
+				if msg := err.Error(); msg != lastFailure {
+					lastFailure = msg
+					s.log.Warn("could not register this replica in Redis: admissions follow cluster.on_unavailable; retrying with backoff",
+						"replica", s.o.ReplicaID, "error", err, "hint", Hint(err), "retry_in", backoff.String(), "retry_max", most.String())
+				}
+				t.Reset(backoff)
+				backoff = min(2*backoff, most)
 				continue
 			}
-			needResync = false
-			s.setAvailable(true, "", nil)
-		} else if registered, err := s.beat(); err != nil {
-			s.setAvailable(false, "heartbeat failed", err)
-			needResync = true
-			t.Reset(probe)
+			lastFailure, backoff, needResync = "", base, false
+			s.setState(true, waiting == 0, "", nil)
+			if waiting > 0 {
+				// Confirm this replica's slots as soon as what it admitted alone is recorded.
+				t.Reset(0)
+				continue
+			}
+		} else if hb, err := s.beat(); err != nil {
+			s.fail("heartbeat", err, s.beatKeys())
+			if !s.available.Load() {
+				needResync = true
+			}
+			t.Reset(base)
 			continue
-		} else if !registered {
-			s.log.Warn("this replica's registration in Redis was gone (Redis restarted, or this replica missed its heartbeats): rewriting its leases",
-				"replica", s.o.ReplicaID)
-			s.setAvailable(false, "registration lost", nil)
+		} else if hb.problem != "" {
+			if hb.cause == causeCorrupt {
+				s.log.Warn("rewriting the slots this replica holds in Redis", "replica", s.o.ReplicaID, "reason", hb.problem)
+			}
+			s.lost(hb.problem, hb.cause)
 			needResync = true
 			t.Reset(0)
 			continue
+		} else if hb.waiting == 0 && hb.recorded {
+			s.setState(true, true, "", nil)
 		}
-		t.Reset(every)
+		next := every
+		if s.available.Load() && !s.synced.Load() {
+			// Waiting for the other replicas: ask often (a publication says so at once).
+			next = base
+		}
+		t.Reset(next)
 	}
 }
 
-// beat runs one heartbeat; registered is false when this replica must resync.
-func (s *Store) beat() (registered bool, err error) {
-	keys := []string{s.keys.replicas, s.keys.leases, s.keys.comps, s.keys.seq}
+// beatKeys are the keys every heartbeat touches, with their types.
+func (s *Store) beatKeys() []typedKey {
+	return []typedKey{{s.keys.replicas, "zset"}, {s.keys.leases, "hash"}, {s.keys.comps, "set"}, {s.keys.seq, "counter"}, {s.keys.epoch, "hash"}}
+}
+
+// beatResult is what a heartbeat found.
+type beatResult struct {
+	// waiting is how many replicas the epoch still waits for; recorded says everything this
+	// replica holds was recorded in Redis when the heartbeat ran.
+	waiting  int64
+	recorded bool
+	// problem, when set, is why this replica must rewrite its slots, and cause its kind.
+	problem, cause string
+}
+
+// holdings is this replica's own view of what it holds, taken for the heartbeat's check.
+type holdings struct {
+	keys   []string
+	n, t   []int64
+	idx    map[string]int
+	slackN int64
+	slackT int64
+	// records counts leases admitted without Redis and not recorded there yet, local the
+	// admissions being decided without Redis.
+	records int
+	local   int64
+	// sent and applied are the counters when the view was taken.
+	sent, sentTokens, applied, appliedTokens int64
+}
+
+// holding takes this replica's view of its slots per compartment, and how far Redis may
+// legitimately differ from it: by the admissions whose outcome is not recorded yet and the
+// operations queued (and, after, by what was sent or applied until the heartbeat ran).
+func (s *Store) holding() holdings {
+	h := holdings{idx: map[string]int{}}
+	// Read before the view: a local admission that ended before has its record queued (or
+	// sent) by the time the view is taken.
+	h.local = s.local.Load()
+	// Read before the view: what changes after it is allowed for by their growth.
+	h.sent, h.sentTokens = s.sent.Load(), s.sentTokens.Load()
+	h.applied, h.appliedTokens = s.applied.Load(), s.appliedTokens.Load()
+	s.leaseMu.Lock()
+	h.slackN, h.slackT = s.admitting.Load(), s.admittingTokens.Load()
+	for _, l := range s.leases {
+		for _, sl := range l.slots {
+			i, ok := h.idx[sl.key]
+			if !ok {
+				i = len(h.keys)
+				h.idx[sl.key] = i
+				h.keys = append(h.keys, sl.key)
+				h.n, h.t = append(h.n, 0), append(h.t, 0)
+			}
+			h.n[i]++
+			h.t[i] += sl.tokens
+		}
+	}
+	s.pendMu.Lock()
+	for _, st := range s.pending {
+		h.slackN++
+		if st.record {
+			h.records++
+		}
+		for _, sl := range st.slots {
+			h.slackT += sl.tokens
+		}
+	}
+	s.pendMu.Unlock()
+	s.leaseMu.Unlock()
+	return h
+}
+
+// beat runs one heartbeat.
+func (s *Store) beat() (beatResult, error) {
+	h := s.holding()
+	s.epochMu.Lock()
+	epoch := s.epoch
+	s.epochMu.Unlock()
+	keys := []string{s.keys.replicas, s.keys.leases, s.keys.comps, s.keys.seq, s.keys.epoch}
+	keys = append(keys, h.keys...)
 	var names []string
 	if s.o.Watched != nil {
 		names = s.o.Watched()
@@ -567,50 +1015,144 @@ func (s *Store) beat() (registered bool, err error) {
 			keys = append(keys, s.slotKey(n))
 		}
 	}
+	// Confirm, if the epoch waits for this replica, only with nothing admitted without Redis
+	// left to record: every admission through Redis is counted there as it is made.
+	confirm := h.records == 0 && h.local == 0
 	ctx, cancel := context.WithTimeout(s.ctx, s.o.WriteTimeout)
 	defer cancel()
 	start := time.Now()
-	res, err := s.heartbeat.Run(ctx, s.client, keys, s.o.ReplicaID, s.o.LeaseTTL.Milliseconds(), s.keys.channel, s.tag).Int64Slice()
+	res, err := s.heartbeat.Run(ctx, s.client, keys, s.o.ReplicaID, s.o.LeaseTTL.Milliseconds(), s.keys.channel, s.tag,
+		epoch, b01(confirm), len(h.keys), len(names)).Slice()
 	s.met.observe("heartbeat", start, err)
 	if err != nil {
-		return false, err
+		return beatResult{}, err
 	}
-	if len(res) < 3 || res[0] == 0 {
-		return false, nil
-	}
-	s.setLive(res[1])
-	if s.o.OnCounts != nil {
-		for i, n := range names {
-			if j := 3 + 2*i; j+1 < len(res) {
-				s.o.OnCounts(n, res[2], res[j], res[j+1])
+	ints := func(i int) int64 {
+		if i < len(res) {
+			if v, ok := res[i].(int64); ok {
+				return v
 			}
 		}
+		return 0
 	}
-	return true, nil
+	m := len(h.keys)
+	if len(res) < 8+2*m+2*len(names) {
+		return beatResult{}, errors.New("short heartbeat reply")
+	}
+	if ints(0) == 0 {
+		return beatResult{problem: "this replica's registration in Redis was gone (Redis lost its state or restarted, or this replica missed its heartbeats)", cause: causeExpired}, nil
+	}
+	out := beatResult{waiting: ints(3), recorded: confirm}
+	if n := ints(1); n < 0 {
+		s.noteMembership(-1)
+	} else {
+		s.noteMembership(n)
+		ids := make([]string, 0, n)
+		for _, v := range res[8+2*m+2*len(names):] {
+			if id, ok := v.(string); ok {
+				ids = append(ids, id)
+			}
+		}
+		s.epochMu.Lock()
+		s.members = ids
+		s.epochMu.Unlock()
+	}
+	if bogus := ints(5); bogus > 0 {
+		s.met.lost.WithLabelValues(causeCorrupt).Inc()
+		s.log.Warn("removed members from the replica set in Redis that no replica registered (their registration ran further ahead than any lease lasts, or too many had expired to drop one by one)",
+			"replica", s.o.ReplicaID, "removed", bogus)
+	}
+	// What Redis holds as this replica's part, against what it holds: beyond what the
+	// admissions and settlements under way may change, it cannot be.
+	dn := h.slackN + s.sent.Load() - h.sent + s.applied.Load() - h.applied
+	dt := h.slackT + s.sentTokens.Load() - h.sentTokens + s.appliedTokens.Load() - h.appliedTokens
+	off := func(got, want, slack int64) bool { return got < 0 || got > want+slack || got < want-slack }
+	for i := range m {
+		gn, gt := ints(6+2*i), ints(7+2*i)
+		if off(gn, h.n[i], dn) || off(gt, h.t[i], dt) {
+			out.problem = fmt.Sprintf("Redis counts %d slots and %d tokens for this replica in %s, where it holds %d and %d", gn, gt, h.keys[i], h.n[i], h.t[i])
+			out.cause = causeCorrupt
+			return out, nil
+		}
+	}
+	if xn, xt := ints(6+2*m), ints(7+2*m); off(xn, 0, dn) || off(xt, 0, dt) {
+		out.problem = fmt.Sprintf("Redis counts up to %d slots and %d tokens for this replica in compartments where it holds none", xn, xt)
+		out.cause = causeCorrupt
+		return out, nil
+	}
+	if s.o.OnCounts != nil {
+		seq := ints(2)
+		for i, n := range names {
+			j := 8 + 2*m + 2*i
+			s.o.OnCounts(n, seq, ints(j), ints(j+1))
+		}
+	}
+	return out, nil
+}
+
+// noteMembership records the live replicas last seen; -1 says Redis listed more than a
+// deployment can have (the count last seen stays).
+func (s *Store) noteMembership(n int64) {
+	if n < 0 {
+		s.met.lost.WithLabelValues(causeCorrupt).Inc()
+		s.noteError("heartbeat", fmt.Sprintf("more than %d live members in the replica set: corrupt content, ignored (the shares stay those of %d replicas)", MaxReplicas, s.Live()))
+		return
+	}
+	s.setLive(n)
 }
 
 func (s *Store) setLive(n int64) {
+	n = min(max(n, 1), MaxReplicas)
 	if old := s.live.Swap(n); old != n {
 		s.met.live.Set(float64(n))
+		s.stateMu.Lock()
 		if s.o.OnState != nil && s.available.Load() {
-			s.o.OnState(true, int(max(n, 1)))
+			s.o.OnState(State{Available: true, Synced: s.synced.Load(), Live: int(n)})
 		}
+		s.stateMu.Unlock()
 	}
 }
 
-// doResync rewrites this replica's leases from its own record, with admissions held off.
-// Settlements queued before it are sent first.
-func (s *Store) doResync() error {
+// doResync rewrites this replica's leases from its own record, with admissions held off, and
+// returns how many replicas the epoch still waits for. Settlements queued before it are sent
+// first.
+func (s *Store) doResync() (waiting int64, err error) {
 	s.rewrite.Lock()
 	defer s.rewrite.Unlock()
 	if err := s.flush(); err != nil {
-		return err
+		return 0, err
 	}
-	keys := []string{s.keys.replicas, s.keys.leases, s.keys.comps, s.keys.seq}
-	args := []any{s.o.ReplicaID, s.o.LeaseTTL.Milliseconds(), s.keys.channel, s.tag, 0}
+	return s.rewriteLeases(false)
+}
+
+// rewriteLeases runs the resync script; cut says to rewrite as a replica cut off whatever it
+// looks like. Called with the rewrite lock held.
+func (s *Store) rewriteLeases(cut bool) (waiting int64, err error) {
+	// Cut off: this replica was available before (and so has been cut off since, or it would
+	// not rewrite), or admitted requests (or is admitting some) before it first registered. It
+	// may then hold what Redis does not count, and the other replicas too.
+	s.epochMu.Lock()
+	known := append([]string(nil), s.members...)
+	s.epochMu.Unlock()
+	if s.wasAvailable.Load() && len(known) < s.Live() {
+		// It knew more replicas than it can name (it has not had their ids yet): should the
+		// state be lost, the wait lasts its whole term.
+		known = append(known, unnamedReplica)
+	}
+	keys := []string{s.keys.replicas, s.keys.leases, s.keys.comps, s.keys.seq, s.keys.epoch}
+	args := []any{s.o.ReplicaID, s.o.LeaseTTL.Milliseconds(), s.keys.channel, s.tag, "0", len(known)}
+	for _, id := range known {
+		args = append(args, id)
+	}
 	idx := map[string]int{}
+	starts := s.localStarts.Load()
 	s.leaseMu.Lock()
-	args[4] = len(s.leases)
+	cutoff := cut || s.wasAvailable.Load() || len(s.leases) > 0 || s.local.Load() > 0
+	args[4] = b01(cutoff)
+	// Done: the leases rewritten are all this replica holds. A replica cut off may still be
+	// admitting requests without Redis until it is available again: the epoch then waits for
+	// it to confirm, with a heartbeat, once they are recorded.
+	args = append(args, b01(!cutoff), len(s.leases))
 	for id, l := range s.leases {
 		args = append(args, strconv.FormatUint(id, 10), len(l.slots))
 		for _, sl := range l.slots {
@@ -627,20 +1169,68 @@ func (s *Store) doResync() error {
 	ctx, cancel := context.WithTimeout(s.ctx, s.o.WriteTimeout)
 	defer cancel()
 	start := time.Now()
-	res, err := s.resync.Run(ctx, s.client, keys, args...).Int64Slice()
+	res, err := s.resync.Run(ctx, s.client, keys, args...).Slice()
 	s.met.observe("resync", start, err)
 	if err != nil {
-		return err
+		tk := s.beatKeys()
+		for _, k := range keys[5:] {
+			tk = append(tk, typedKey{k, "hash"})
+		}
+		if kind, detail := classify(err); kind == errCorrupt {
+			s.repairKeys("resync", tk, detail)
+		}
+		return 0, err
 	}
+	if len(res) < 6 {
+		return 0, errors.New("short resync reply")
+	}
+	if !cutoff && s.localStarts.Load() != starts {
+		// A request was admitted without Redis meanwhile: rewrite again, as a replica cut off.
+		return s.rewriteLeases(true)
+	}
+	live, _ := res[0].(int64)
+	epoch, _ := res[2].(string)
+	waiting, _ = res[3].(int64)
+	lost, _ := res[5].(int64)
+	s.epochMu.Lock()
+	cause := s.cause
+	switch {
+	case lost == 1 && s.epoch != "":
+		cause = causeLost
+		s.log.Warn("Redis had lost the shared state (restarted empty, flushed, or failed over to a replica without it): every replica rewrites the slots it holds, and keeps to its part of each limit until all have",
+			"replica", s.o.ReplicaID, "waiting_for", waiting)
+	case s.epoch != "" && s.epoch != epoch:
+		cause = causeReplaced
+	}
+	if cause != "" {
+		s.met.lost.WithLabelValues(cause).Inc()
+	}
+	s.epoch, s.cause = epoch, ""
+	s.epochMu.Unlock()
 	s.met.resyncs.Inc()
 	if s.o.OnReset != nil {
 		s.o.OnReset()
 	}
-	if len(res) >= 1 {
-		s.setLive(res[0])
+	if live > MaxReplicas {
+		live = -1
+	} else {
+		ids := make([]string, 0, live)
+		for _, v := range res[6:] {
+			if id, ok := v.(string); ok {
+				ids = append(ids, id)
+			}
+		}
+		s.epochMu.Lock()
+		s.members = ids
+		s.epochMu.Unlock()
 	}
-	return nil
+	s.noteMembership(live)
+	return waiting, nil
 }
+
+// unnamedReplica stands for a replica whose id this one does not know: no replica has it (ids
+// have no spaces).
+const unnamedReplica = "(unnamed replica)"
 
 // settleLoop sends queued settlements in batches.
 func (s *Store) settleLoop() {
@@ -672,6 +1262,7 @@ func (s *Store) settleLoop() {
 			select {
 			case <-s.ctx.Done():
 				return
+			case <-s.back:
 			case <-time.After(250 * time.Millisecond):
 			}
 		}
@@ -704,6 +1295,7 @@ func (s *Store) flush() error {
 			}
 			return i
 		}
+		var tokens int64
 		for _, st := range batch {
 			settles := 0
 			for i := range st.windows {
@@ -711,9 +1303,14 @@ func (s *Store) flush() error {
 					settles++
 				}
 			}
-			args = append(args, strconv.FormatUint(st.lease, 10), st.actual, len(st.slots), settles)
+			actual := st.actual
+			if st.record {
+				actual = -1
+			}
+			args = append(args, strconv.FormatUint(st.lease, 10), actual, len(st.slots), settles)
 			for _, sl := range st.slots {
 				args = append(args, key(sl.key), sl.tokens)
+				tokens += sl.tokens
 			}
 			for i := range st.windows {
 				if w := &st.windows[i]; w.settles() {
@@ -727,18 +1324,31 @@ func (s *Store) flush() error {
 		cancel()
 		s.met.observe("settle", start, err)
 		if err != nil {
+			if kind, detail := classify(err); kind == errCorrupt {
+				s.repairKeys("settle", s.typed(keys), detail)
+			}
 			return err
 		}
+		s.applied.Add(int64(n))
+		s.appliedTokens.Add(tokens)
 		s.pendMu.Lock()
 		// Settlements dropped from the front meanwhile were among those sent.
 		sent := max(n-int(s.drops-drops), 0)
 		s.pending = s.pending[min(sent, len(s.pending)):]
 		s.met.queue.Set(float64(len(s.pending)))
+		empty := len(s.pending) == 0
 		s.pendMu.Unlock()
+		if empty && s.available.Load() && !s.synced.Load() {
+			// What this replica admitted alone is recorded: it may confirm its slots now.
+			select {
+			case s.beatNow <- struct{}{}:
+			default:
+			}
+		}
 	}
 }
 
-// subscribeLoop applies published slot totals.
+// subscribeLoop applies published slot totals and the epoch's news.
 func (s *Store) subscribeLoop() {
 	defer s.wg.Done()
 	for s.ctx.Err() == nil {
@@ -755,8 +1365,13 @@ func (s *Store) subscribeLoop() {
 	}
 }
 
-// apply parses one publication: "seq\n<key>\t<slots>\t<tokens>\n…".
+// apply parses one publication: "seq\n<key>\t<slots>\t<tokens>\n…", or "e\t<epoch>\t<waiting>"
+// when the epoch's wait changes (or "e\t\t1" when a repair deleted it).
 func (s *Store) apply(payload string) {
+	if rest, ok := strings.CutPrefix(payload, "e\t"); ok {
+		s.applyEpoch(rest)
+		return
+	}
 	if s.o.OnCounts == nil {
 		return
 	}
@@ -775,11 +1390,33 @@ func (s *Store) apply(payload string) {
 		}
 		n, err1 := strconv.ParseInt(ns, 10, 64)
 		t, err2 := strconv.ParseInt(ts, 10, 64)
-		if err1 != nil || err2 != nil {
+		if err1 != nil || err2 != nil || n < 0 || t < 0 {
 			continue
 		}
 		s.met.updates.Inc()
 		s.o.OnCounts(k[len(prefix):], seq, n, t)
+	}
+}
+
+// applyEpoch acts on news of the epoch ("<epoch>\t<waiting>"): a wait that starts asks for a
+// heartbeat at once (to confirm this replica's slots, or to find that it must rewrite them); a
+// wait that ends lets this replica count on the shared state alone.
+func (s *Store) applyEpoch(msg string) {
+	id, ws, _ := strings.Cut(msg, "\t")
+	waiting, err := strconv.ParseInt(ws, 10, 64)
+	if err != nil {
+		return
+	}
+	s.epochMu.Lock()
+	mine := id != "" && id == s.epoch
+	s.epochMu.Unlock()
+	if mine && waiting == 0 && s.available.Load() && s.recorded() {
+		s.setState(true, true, "", nil)
+		return
+	}
+	select {
+	case s.beatNow <- struct{}{}:
+	default:
 	}
 }
 
@@ -796,7 +1433,7 @@ func (s *Store) Close(ctx context.Context) error {
 			err = s.flushSpend()
 		}
 		if err == nil {
-			keys := []string{s.keys.replicas, s.keys.leases, s.keys.comps, s.keys.seq}
+			keys := []string{s.keys.replicas, s.keys.leases, s.keys.comps, s.keys.seq, s.keys.epoch}
 			start := time.Now()
 			err = s.leave.Run(ctx, s.client, keys, s.o.ReplicaID, s.keys.channel, s.tag).Err()
 			s.met.observe("leave", start, err)
@@ -818,11 +1455,19 @@ type Info struct {
 	Addresses []string `json:"addresses"`
 	KeyPrefix string   `json:"key_prefix"`
 	Available bool     `json:"available"`
-	Live      int      `json:"live_replicas"`
-	Leases    int      `json:"leases_held"`
-	Pending   int      `json:"settlements_queued"`
-	Replicas  []Member `json:"replicas,omitempty"`
-	InfoError string   `json:"error,omitempty"`
+	// Synced: Redis counts every replica's slots as far as this replica knows (see State).
+	Synced   bool     `json:"synced"`
+	Live     int      `json:"live_replicas"`
+	Leases   int      `json:"leases_held"`
+	Pending  int      `json:"settlements_queued"`
+	Replicas []Member `json:"replicas,omitempty"`
+	// ReplicasListed is how many of the registered members Replicas lists (at most
+	// MaxReplicas); more are registered when it is less than ReplicasRegistered.
+	ReplicasRegistered int64 `json:"replicas_registered,omitempty"`
+	// LastError is the last call to Redis that failed (nil if none has).
+	LastError *ErrorInfo `json:"last_error"`
+	// InfoError says why the membership could not be read for this view.
+	InfoError string `json:"error,omitempty"`
 }
 
 // Member is one replica registered in Redis.
@@ -832,10 +1477,11 @@ type Member struct {
 	Live      bool      `json:"live"`
 }
 
-// Info reports the store's state, asking Redis for the membership (bounded by WriteTimeout).
+// Info reports the store's state, asking Redis for the membership (bounded by WriteTimeout, and
+// to MaxReplicas members).
 func (s *Store) Info(ctx context.Context) Info {
 	in := Info{ReplicaID: s.o.ReplicaID, Mode: string(s.o.Mode), Addresses: s.o.Addresses, KeyPrefix: s.o.KeyPrefix,
-		Available: s.available.Load(), Live: s.Live()}
+		Available: s.available.Load(), Synced: s.synced.Load(), Live: s.Live(), LastError: s.lastErr.Load()}
 	s.leaseMu.Lock()
 	in.Leases = len(s.leases)
 	s.leaseMu.Unlock()
@@ -844,21 +1490,30 @@ func (s *Store) Info(ctx context.Context) Info {
 	s.pendMu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, s.o.WriteTimeout)
 	defer cancel()
-	zs, err := s.client.ZRangeWithScores(ctx, s.keys.replicas, 0, -1).Result()
-	if err != nil {
+	pipe := s.client.Pipeline()
+	zc := pipe.ZCard(ctx, s.keys.replicas)
+	zs := pipe.ZRangeWithScores(ctx, s.keys.replicas, 0, MaxReplicas-1)
+	tc := pipe.Time(ctx)
+	if _, err := pipe.Exec(ctx); err != nil && zs.Err() != nil {
 		in.InfoError = err.Error()
 		return in
 	}
-	t, err := s.client.Time(ctx).Result()
+	t, err := tc.Result()
 	if err != nil {
 		t = time.Now()
 	}
-	for _, z := range zs {
+	in.ReplicasRegistered = zc.Val()
+	for _, z := range zs.Val() {
 		id, _ := z.Member.(string)
 		exp := time.UnixMilli(int64(z.Score))
 		in.Replicas = append(in.Replicas, Member{ID: id, ExpiresAt: exp.UTC(), Live: !exp.Before(t)})
 	}
 	return in
+}
+
+// noteError records a failure to report in Info.
+func (s *Store) noteError(op, msg string) {
+	s.lastErr.Store(&ErrorInfo{Op: op, Message: msg, At: time.Now().UTC()})
 }
 
 var logOnce sync.Once
@@ -884,4 +1539,26 @@ func (s *Store) WaitAvailable(ctx context.Context) bool {
 		}
 	}
 	return true
+}
+
+// WaitRegistration waits until the first registration in Redis was attempted (or ctx ends),
+// and returns nil when the store is then available, or why it is not.
+func (s *Store) WaitRegistration(ctx context.Context) error {
+	select {
+	case <-s.tried:
+	case <-ctx.Done():
+		if !s.available.Load() {
+			if e := s.lastErr.Load(); e != nil {
+				return errors.New(e.Message)
+			}
+			return ctx.Err()
+		}
+	}
+	if s.available.Load() {
+		return nil
+	}
+	if e := s.lastErr.Load(); e != nil {
+		return errors.New(e.Message)
+	}
+	return ErrUnavailable
 }

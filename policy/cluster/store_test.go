@@ -367,7 +367,7 @@ func TestRedisRestartIsRecovered(t *testing.T) {
 	)
 	oa := options(rd.Addr(), "restart", "a")
 	oa.OnReset = func() { mu.Lock(); resets++; mu.Unlock() }
-	oa.OnState = func(ok bool, _ int) { mu.Lock(); states = append(states, ok); mu.Unlock() }
+	oa.OnState = func(st State) { mu.Lock(); states = append(states, st.Available); mu.Unlock() }
 	a := open(t, oa)
 	seen := newCounts()
 	ob := options(rd.Addr(), "restart", "b")

@@ -73,7 +73,7 @@ return {r, {tonumber(ARGV[#ARGV - 2]) - w.sum, wreset(w)}}
 
 // luaWindowState reads window KEYS[1] without writing it. ARGV: capacity, slot length (ms),
 // instant (ms; empty for Redis TIME). Returns {remaining, reset ms}.
-const luaWindowState = luaCommon + `
+var luaWindowState = luaCommon + `
 local now = nowms()
 if ARGV[3] ~= '' then now = tonumber(ARGV[3]) end
 local w = wload(KEYS[1], tonumber(ARGV[2]), now)

@@ -86,6 +86,7 @@ func TestClusterValuesWritten(t *testing.T) {
   settle_interval: 100ms
   max_pending_settlements: 1000
   on_unavailable: closed
+  expected_replicas: 3
 `
 	// The password's variable is not set: only its name is checked when loading.
 	p, err := config.Load("p.yaml", []byte(data), nil)
@@ -95,7 +96,7 @@ func TestClusterValuesWritten(t *testing.T) {
 	c := p.Cluster
 	if c.KeyPrefix != "prod:llm" || c.ReplicaID != "pod-7" || c.Timeout.D() != time.Second || c.LeaseTTL.D() != 20*time.Second ||
 		c.Heartbeat.D() != 5*time.Second || c.SettleInterval.D() != 100*time.Millisecond || c.MaxPendingSettlements != 1000 ||
-		c.OnUnavailable != "closed" || c.PasswordEnv != "REDIS_PASSWORD" || c.Username != "bulkhead" {
+		c.OnUnavailable != "closed" || c.PasswordEnv != "REDIS_PASSWORD" || c.Username != "bulkhead" || c.ExpectedReplicas != 3 {
 		t.Errorf("cluster %+v", c)
 	}
 	if tls := c.TLS; !tls.Enabled || tls.CAFile != "/etc/ca.pem" || tls.CertFile != "/etc/c.pem" || tls.KeyFile != "/etc/k.pem" || tls.ServerName != "redis.internal" {
@@ -184,6 +185,14 @@ func TestClusterProblems(t *testing.T) {
 			`p.yaml:6: cluster.write_timeout: must be positive, got -1s`},
 		{"short lease", redis + "  lease_ttl: 999ms\n",
 			`p.yaml:6: cluster.lease_ttl: must be at least 1s, got 999ms`},
+		{"long lease", redis + "  lease_ttl: 61m\n",
+			`p.yaml:6: cluster.lease_ttl: must be at most 1h0m0s (a replica that dies keeps its slots taken this long, and a registration further ahead is taken for corrupt content), got 1h1m0s`},
+		{"negative expected replicas", redis + "  expected_replicas: -1\n",
+			`p.yaml:6: cluster.expected_replicas: must be between 1 and 1000 (or left out), got -1`},
+		{"too many expected replicas", redis + "  expected_replicas: 1001\n",
+			`p.yaml:6: cluster.expected_replicas: must be between 1 and 1000 (or left out), got 1001`},
+		{"expected replicas not a number", redis + "  expected_replicas: three\n",
+			`p.yaml:6: cluster.expected_replicas:`},
 		{"negative heartbeat", redis + "  heartbeat: -1s\n",
 			`p.yaml:6: cluster.heartbeat: must be positive, got -1s`},
 		{"heartbeat over half the lease", redis + "  lease_ttl: 10s\n  heartbeat: 5001ms\n",

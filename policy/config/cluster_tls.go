@@ -4,7 +4,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"os"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/files"
 )
 
 // Config builds the TLS configuration for Redis, nil when TLS is off.
@@ -14,7 +15,7 @@ func (t ClusterTLS) Config() (*tls.Config, error) {
 	}
 	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName, InsecureSkipVerify: t.InsecureSkipVerify}
 	if t.CAFile != "" {
-		pem, err := os.ReadFile(t.CAFile)
+		pem, err := files.Read(t.CAFile, files.MaxPEM)
 		if err != nil {
 			return nil, fmt.Errorf("cluster.tls.ca_file: %w", err)
 		}
@@ -25,7 +26,7 @@ func (t ClusterTLS) Config() (*tls.Config, error) {
 		c.RootCAs = pool
 	}
 	if t.CertFile != "" || t.KeyFile != "" {
-		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		cert, err := files.KeyPair(t.CertFile, t.KeyFile)
 		if err != nil {
 			return nil, fmt.Errorf("cluster.tls: client certificate: %w", err)
 		}

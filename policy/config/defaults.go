@@ -24,6 +24,7 @@ const (
 	DefaultModel             = "unknown"
 	DefaultTokenEnv          = "LLM_BULKHEAD_ADMIN_TOKEN"
 	DefaultMaxStreams        = 20000
+	DefaultMaxStreamsPerConn = 5000
 	DefaultMaxBufferedBody   = 256 << 20
 )
 
@@ -72,17 +73,20 @@ func (p *Policy) applyDefaults() {
 	}
 	s.LogLevel = orString(s.LogLevel, "info")
 	s.MaxStreams = int(orInt(int64(s.MaxStreams), DefaultMaxStreams))
+	if s.MaxStreamsPerConnection == 0 {
+		s.MaxStreamsPerConnection = min(DefaultMaxStreamsPerConn, max(s.MaxStreams, 1))
+	}
 	if s.KeepaliveTime == 0 {
 		s.KeepaliveTime = Duration(30 * time.Second)
 	}
 	if s.KeepaliveTimeout == 0 {
 		s.KeepaliveTimeout = Duration(10 * time.Second)
 	}
+	if s.FirstMessageTimeout == 0 {
+		s.FirstMessageTimeout = Duration(10 * time.Second)
+	}
 	if s.StreamIdleTimeout == 0 {
 		s.StreamIdleTimeout = Duration(10 * time.Minute)
-	}
-	if s.MaxBufferedBodyBytes == 0 {
-		s.MaxBufferedBodyBytes = DefaultMaxBufferedBody
 	}
 
 	p.Admin.TokenEnv = orString(p.Admin.TokenEnv, DefaultTokenEnv)
@@ -521,4 +525,17 @@ func (p *Policy) AnyTokenLimits() bool {
 		}
 	})
 	return found
+}
+
+// BufferedBodyBytes returns server.max_buffered_body_bytes, or, when the policy does not set it,
+// its default for a process whose memory is limited to memLimit bytes (0: no limit): a quarter
+// of the limit, at most DefaultMaxBufferedBody and at least envoy.max_request_body.
+func (p *Policy) BufferedBodyBytes(memLimit int64) int64 {
+	if b := int64(p.Server.MaxBufferedBodyBytes); b > 0 {
+		return b
+	}
+	if memLimit <= 0 {
+		return DefaultMaxBufferedBody
+	}
+	return max(min(memLimit/4, DefaultMaxBufferedBody), int64(p.Envoy.MaxRequestBody))
 }

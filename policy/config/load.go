@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"reflect"
 	"slices"
 	"sort"
@@ -15,6 +14,8 @@ import (
 
 	"github.com/knadh/koanf/v2"
 	yaml "go.yaml.in/yaml/v3"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/files"
 )
 
 // EnvPrefix starts every environment override. Levels are separated by a double underscore and
@@ -31,7 +32,7 @@ const envFile = "<env>"
 // overrides from env (os.Environ() form, "KEY=value"). The error, when not nil, is an Errors
 // listing every problem with file, line and key path.
 func LoadFile(path string, env []string) (*Policy, error) {
-	data, err := os.ReadFile(path)
+	data, err := files.Read(path, files.MaxPolicy)
 	if err != nil {
 		return nil, Errors{{File: path, Msg: fmt.Sprintf("cannot read policy file: %v", errors.Unwrap(err))}}
 	}

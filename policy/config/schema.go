@@ -154,11 +154,21 @@ type Server struct {
 	DrainGrace Duration `koanf:"drain_grace" json:"drain_grace,omitempty"`
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `koanf:"log_level" json:"log_level,omitempty"`
-	// MaxStreams bounds the ext_proc streams open at once over all of Envoy's connections (and
-	// each connection's HTTP/2 stream limit): every open stream costs memory, even an idle one.
-	// A stream beyond it is refused at once with gRPC RESOURCE_EXHAUSTED, which Envoy handles as
-	// its failure_mode_allow and status_on_error say. Takes effect on restart. Default 20000.
+	// MaxStreams bounds the ext_proc streams open at once over all of Envoy's connections: every
+	// open stream costs memory, even an idle one. A stream beyond it is refused at once with gRPC
+	// RESOURCE_EXHAUSTED, which Envoy handles as its failure_mode_allow and status_on_error say.
+	// Takes effect on restart. Default 20000.
 	MaxStreams int `koanf:"max_streams" json:"max_streams,omitempty"`
+	// MaxStreamsPerConnection bounds the streams one connection may have open at once, announced
+	// to the client as HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS, so that one connection cannot take
+	// all of max_streams. Envoy opens one stream per HTTP request on a few connections (at least
+	// one per worker thread) and, unless its cluster's http2_protocol_options set
+	// max_concurrent_streams (llm-bulkhead envoy-config sets it to this value), does not open
+	// another connection when a connection is full: the streams past the bound wait inside
+	// Envoy and time out. Keep it above the requests one Envoy worker has in flight at its peak.
+	// At most max_streams. Takes effect on restart. Default 5000, or max_streams when that is
+	// lower.
+	MaxStreamsPerConnection int `koanf:"max_streams_per_connection" json:"max_streams_per_connection,omitempty"`
 	// KeepaliveTime is how long a connection from Envoy may stay silent before the server pings
 	// it, so that a dead Envoy (or a dropped network path) is noticed and its streams release
 	// what they hold. At least 1s. Envoy may ping the server no more often than every 5s.
@@ -167,16 +177,28 @@ type Server struct {
 	// KeepaliveTimeout is how long the server waits for the answer to its ping before it closes
 	// the connection. Takes effect on restart. Default 10s.
 	KeepaliveTimeout Duration `koanf:"keepalive_timeout" json:"keepalive_timeout,omitempty"`
-	// StreamIdleTimeout is how long an admitted request's stream may go without a message from
-	// Envoy before the server releases the admission as a cancel (the breaker ignores it); later
-	// messages of that stream pass through unjudged. It must be longer than any route timeout and
-	// stream_idle_timeout in Envoy, or a slow response loses its slot while it is still running.
-	// Default 10m.
+	// FirstMessageTimeout is how long a stream may stay open without sending its first message.
+	// Envoy opens a stream with its first message, so a stream that stays silent is not Envoy's:
+	// the server ends it with gRPC DEADLINE_EXCEEDED. Streams are checked every sixtieth of the
+	// shorter of this and stream_idle_timeout (10ms to 10s apart), so a stream may outlive
+	// either timeout by up to two of those periods. Default 10s.
+	FirstMessageTimeout Duration `koanf:"first_message_timeout" json:"first_message_timeout,omitempty"`
+	// StreamIdleTimeout is how long any stream may go without a message from Envoy, whatever it
+	// has sent, once it has sent one (time spent deciding, a queue's wait included, does not
+	// count). The server then ends the stream with gRPC DEADLINE_EXCEEDED, an admitted request's
+	// admission released first as a cancel (the breaker ignores it); Envoy, if it is still
+	// there, answers the request as its failure_mode_allow and status_on_error say. It must be
+	// longer than any route timeout and stream_idle_timeout in Envoy, or a slow
+	// response loses its slot while it is still running. Default 10m.
 	StreamIdleTimeout Duration `koanf:"stream_idle_timeout" json:"stream_idle_timeout,omitempty"`
-	// MaxBufferedBodyBytes bounds the request-body bytes all streams hold at once between
-	// receiving a buffered body and deciding on it (queueing for a slot included). A body that
-	// would pass the bound is refused with 503 (Anthropic: 529), reason server_busy. At least
-	// envoy.max_request_body. Default 256MiB.
+	// MaxBufferedBodyBytes bounds the request-body bytes all streams hold at once, from
+	// receiving a buffered body until the reply that may carry it (rewritten) is handed to gRPC
+	// (queueing for a slot included). A body that would pass the bound is refused with 503
+	// (Anthropic: 529), reason server_busy. At least envoy.max_request_body. Default: a quarter
+	// of the process's memory limit — GOMEMLIMIT, else the memory limit of its cgroup (a
+	// container's limit) — at most 256MiB and at least envoy.max_request_body; 256MiB when no
+	// limit is set. A body costs about twice its size while it arrives (gRPC's receive buffers,
+	// then the server's one copy), so a quarter leaves half the limit for the rest.
 	MaxBufferedBodyBytes Size `koanf:"max_buffered_body_bytes" json:"max_buffered_body_bytes,omitempty"`
 }
 
@@ -679,8 +701,10 @@ type Cluster struct {
 	// be unique among live replicas.
 	// Default "<hostname>-<pid>".
 	ReplicaID string `koanf:"replica_id" json:"replica_id,omitempty"`
-	// Timeout is the longest an admission waits for Redis. Beyond it the admission proceeds as
-	// on_unavailable says. Default 20ms.
+	// Timeout is the longest an admission waits for Redis. Beyond it the request asks again for
+	// what is left of its max_wait (refused with cluster_unavailable when none is left, or at once
+	// with on_unavailable closed); three in a row make the replica follow on_unavailable.
+	// Default 20ms.
 	Timeout Duration `koanf:"timeout" json:"timeout,omitempty"`
 	// DialTimeout bounds connecting to Redis. Default 1s.
 	DialTimeout Duration `koanf:"dial_timeout" json:"dial_timeout,omitempty"`
@@ -688,7 +712,8 @@ type Cluster struct {
 	// Default 1s.
 	WriteTimeout Duration `koanf:"write_timeout" json:"write_timeout,omitempty"`
 	// LeaseTTL is how long a replica's concurrency leases outlive its last heartbeat: the slots
-	// of a replica that died without saying so come back after this long. Default 10s.
+	// of a replica that died without saying so come back after this long. Between 1s and 1h.
+	// Default 10s.
 	LeaseTTL Duration `koanf:"lease_ttl" json:"lease_ttl,omitempty"`
 	// Heartbeat is how often a replica renews its leases (all of them in one call) and learns
 	// the live membership. At most lease_ttl / 2. Default lease_ttl / 4.
@@ -711,10 +736,17 @@ type Cluster struct {
 	// wants, and receives its new lease (leased admission; a replica whose requests wait for its
 	// lease reports at once). Between 10ms and lease_ttl / 4. Default 200ms.
 	LeaseInterval Duration `koanf:"lease_interval" json:"lease_interval,omitempty"`
-	// OnUnavailable is what admission does while Redis is slow or gone: "local" enforces each
-	// limit divided by the live replicas last seen (at least 1) in this process, "closed" refuses
-	// with 503, reason cluster_unavailable. Default local.
+	// OnUnavailable is what admission does while Redis is slow or gone: "local" enforces this
+	// replica's part of each limit in this process (budgets and rates divided by the live
+	// replicas last seen, at least 1; concurrency the slots Redis counted for it plus an equal
+	// part of the room free), "closed" refuses with 503, reason cluster_unavailable. Default
+	// local.
 	OnUnavailable string `koanf:"on_unavailable" json:"on_unavailable,omitempty"`
+	// ExpectedReplicas is how many replicas the deployment runs: while a replica enforces its
+	// part of the limits alone, it divides them by at least this many, from its first request
+	// (before it has reached Redis and seen the others). Between 1 and 1000; default 0 (not
+	// set: a replica that has never reached Redis enforces the whole limits).
+	ExpectedReplicas int `koanf:"expected_replicas" json:"expected_replicas,omitempty"`
 }
 
 // ClusterTLS configures TLS to Redis.

@@ -115,16 +115,25 @@ func (v *validator) streamLimits() {
 	if s.MaxStreams < 1 || s.MaxStreams > maxStreamsLimit {
 		v.own("server.max_streams", "must be between 1 and %d, got %d", maxStreamsLimit, s.MaxStreams)
 	}
+	switch {
+	case s.MaxStreamsPerConnection < 1:
+		v.own("server.max_streams_per_connection", "must be at least 1, got %d", s.MaxStreamsPerConnection)
+	case s.MaxStreams >= 1 && s.MaxStreamsPerConnection > s.MaxStreams:
+		v.add("server.max_streams_per_connection", "must not exceed server.max_streams (%d), got %d", s.MaxStreams, s.MaxStreamsPerConnection)
+	}
 	if s.KeepaliveTime.D() < time.Second {
 		v.own("server.keepalive_time", "must be at least 1s (gRPC pings no more often), got %s", s.KeepaliveTime)
 	}
 	if s.KeepaliveTimeout <= 0 {
 		v.own("server.keepalive_timeout", "must be positive, got %s", s.KeepaliveTimeout)
 	}
+	if s.FirstMessageTimeout <= 0 {
+		v.own("server.first_message_timeout", "must be positive, got %s", s.FirstMessageTimeout)
+	}
 	if s.StreamIdleTimeout <= 0 {
 		v.own("server.stream_idle_timeout", "must be positive (and longer than any route timeout in Envoy), got %s", s.StreamIdleTimeout)
 	}
-	if s.MaxBufferedBodyBytes < v.p.Envoy.MaxRequestBody {
+	if s.MaxBufferedBodyBytes != 0 && s.MaxBufferedBodyBytes < v.p.Envoy.MaxRequestBody {
 		v.add("server.max_buffered_body_bytes", "%s is less than envoy.max_request_body (%s): the largest body Envoy sends could never be held",
 			s.MaxBufferedBodyBytes, v.p.Envoy.MaxRequestBody)
 	}
@@ -831,8 +840,12 @@ func (v *validator) pools() {
 
 // Bounds of the cluster section's values.
 const (
-	maxClusterTimeout        = time.Second
-	minClusterLeaseTTL       = time.Second
+	maxClusterTimeout  = time.Second
+	minClusterLeaseTTL = time.Second
+	// maxClusterLeaseTTL and maxExpectedReplicas are the bounds the shared state's scripts hold
+	// Redis's content to (policy/cluster: maxLeaseTTL, MaxReplicas).
+	maxClusterLeaseTTL       = time.Hour
+	maxExpectedReplicas      = 1000
 	maxClusterSettleInterval = 100 * time.Millisecond
 	minPendingSettlements    = 1000
 	minClusterLeaseInterval  = 10 * time.Millisecond
@@ -891,9 +904,12 @@ func (v *validator) cluster() {
 	if c.WriteTimeout <= 0 {
 		v.add("cluster.write_timeout", "must be positive, got %s", c.WriteTimeout)
 	}
-	leaseOK := c.LeaseTTL.D() >= minClusterLeaseTTL
-	if !leaseOK {
+	leaseOK := c.LeaseTTL.D() >= minClusterLeaseTTL && c.LeaseTTL.D() <= maxClusterLeaseTTL
+	switch {
+	case c.LeaseTTL.D() < minClusterLeaseTTL:
 		v.add("cluster.lease_ttl", "must be at least %s, got %s", minClusterLeaseTTL, c.LeaseTTL)
+	case !leaseOK:
+		v.add("cluster.lease_ttl", "must be at most %s (a replica that dies keeps its slots taken this long, and a registration further ahead is taken for corrupt content), got %s", maxClusterLeaseTTL, c.LeaseTTL)
 	}
 	if c.Heartbeat <= 0 {
 		v.add("cluster.heartbeat", "must be positive, got %s", c.Heartbeat)
@@ -916,6 +932,9 @@ func (v *validator) cluster() {
 		v.add("cluster.lease_interval", "must be at least %s, got %s", minClusterLeaseInterval, c.LeaseInterval)
 	} else if leaseOK && 4*c.LeaseInterval > c.LeaseTTL {
 		v.add("cluster.lease_interval", "%s is more than a quarter of cluster.lease_ttl (%s): leases would expire between two reports that renew them; use at most %s", c.LeaseInterval, c.LeaseTTL, c.LeaseTTL/4)
+	}
+	if c.ExpectedReplicas < 0 || c.ExpectedReplicas > maxExpectedReplicas {
+		v.add("cluster.expected_replicas", "must be between 1 and %d (or left out), got %d", maxExpectedReplicas, c.ExpectedReplicas)
 	}
 	if len(v.p.Pools) > 0 {
 		v.add("pools", "pools are enforced per process and cannot be shared across replicas yet, so with cluster.backend %s each replica would lend and borrow its own capacity: remove pools or the cluster backend", c.Backend)

@@ -41,6 +41,10 @@ func ParseAmount(s string) (Micros, error) {
 	if whole != "" {
 		w, _ = strconv.ParseInt(whole, 10, 64) // at most 13 digits: cannot fail
 	}
+	if w > int64(MaxAmount/Scale) {
+		// Checked before scaling: 13 digits of whole units can overflow int64 as micros.
+		return 0, errTooLarge(text)
+	}
 	if frac != "" {
 		f, _ = strconv.ParseInt(frac+strings.Repeat("0", 6-len(frac)), 10, 64)
 	}

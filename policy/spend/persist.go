@@ -25,6 +25,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/files"
 )
 
 // StateVersion is the version of the state file format this build writes and reads.
@@ -197,16 +199,14 @@ func checkWindow(w *SavedWindow) error {
 // ReadState reads and parses the state file at path. Every error is a *StateError; a file
 // that does not exist is ReasonMissing.
 func ReadState(path string) (SavedState, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return SavedState{}, &StateError{Reason: ReasonMissing, Err: err}
-		}
-		return SavedState{}, &StateError{Reason: ReasonUnreadable, Err: err}
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxStateSize+1))
-	if err != nil {
+	// A FIFO or a device is refused at once: opening a FIFO would wait for a writer forever.
+	data, err := files.Read(path, maxStateSize)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return SavedState{}, &StateError{Reason: ReasonMissing, Err: err}
+	case errors.Is(err, files.ErrTooLarge):
+		return SavedState{}, corrupt("larger than %d bytes", maxStateSize)
+	case err != nil:
 		return SavedState{}, &StateError{Reason: ReasonUnreadable, Err: err}
 	}
 	return ParseState(data)

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"fmt"
 	"net/http"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
@@ -13,6 +14,10 @@ const (
 	clusterOff = "off"
 	// clusterShared: limits are shared across replicas through Redis.
 	clusterShared = "shared"
+	// clusterResyncing: Redis answers, but may not yet count every replica's slots (after an
+	// outage or a loss of the shared state): this replica keeps to its part of each
+	// concurrency limit until every replica has rewritten its slots.
+	clusterResyncing = "resyncing"
 	// clusterLocal: Redis is unavailable and this replica enforces its share of every limit.
 	clusterLocal = "local"
 	// clusterRefusing: Redis is unavailable and admissions are refused (on_unavailable closed).
@@ -23,7 +28,7 @@ const (
 // membership) and what admission does now.
 type clusterView struct {
 	cluster.Info
-	// State is shared, local or refusing.
+	// State is shared, resyncing, local or refusing.
 	State string `json:"state"`
 	// OnUnavailable is cluster.on_unavailable: local or closed.
 	OnUnavailable string `json:"on_unavailable"`
@@ -48,12 +53,26 @@ func (a *App) clusterInfo(w http.ResponseWriter, r *http.Request) {
 	v := clusterView{Info: st.Info(r.Context()), OnUnavailable: a.engine.ClusterOnUnavailable(), Share: a.engine.ClusterShare(),
 		Admission: a.engine.ClusterAdmission(), Leases: a.engine.ClusterLeases()}
 	switch {
-	case v.Available:
+	case v.Available && v.Synced:
 		v.State = clusterShared
+	case v.Available:
+		v.State = clusterResyncing
 	case v.OnUnavailable == config.OnUnavailableClosed:
 		v.State = clusterRefusing
 	default:
 		v.State = clusterLocal
 	}
 	writeJSON(w, http.StatusOK, v)
+}
+
+// startLimits says what a replica that has not reached Redis enforces meanwhile, for its log.
+func startLimits(c config.Cluster) string {
+	switch {
+	case c.OnUnavailable == config.OnUnavailableClosed:
+		return "none: every request is refused with cluster_unavailable"
+	case c.ExpectedReplicas > 1:
+		return fmt.Sprintf("each limit divided by cluster.expected_replicas (%d)", c.ExpectedReplicas)
+	default:
+		return "the whole limits (it knows no other replica yet: set cluster.expected_replicas to divide them)"
+	}
 }

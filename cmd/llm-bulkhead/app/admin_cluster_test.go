@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,7 +35,13 @@ type clusterReply struct {
 		ExpiresAt time.Time `json:"lease_expires_at"`
 		Live      bool      `json:"live"`
 	} `json:"replicas"`
-	Error string `json:"error"`
+	Error     string `json:"error"`
+	Synced    bool   `json:"synced"`
+	LastError *struct {
+		Op      string    `json:"op"`
+		Message string    `json:"message"`
+		At      time.Time `json:"at"`
+	} `json:"last_error"`
 }
 
 func getCluster(t *testing.T, a *app.App) clusterReply {
@@ -240,5 +247,75 @@ func TestAdminCluster(t *testing.T) {
 	})
 	if got.Available || got.Share != 1 || got.OnUnavailable != "closed" {
 		t.Errorf("replica-b with Redis gone: %+v, want unavailable, share 1, on_unavailable closed", got)
+	}
+}
+
+// TestClusterStartWithRedisMisconfigured: a replica whose Redis refuses its password, or is not
+// there, says why in its log when it starts, and that it retries (backing off); /admin/cluster
+// shows the error; and with expected_replicas it enforces its part of each limit from the first
+// request (4 / 2 = 2 slots), not the whole limit.
+func TestClusterStartWithRedisMisconfigured(t *testing.T) {
+	for _, mode := range []string{"exact"} { // the cluster admission modes
+		rd := redistest.Standalone(t)
+		if _, err := rd.Do("CONFIG", "SET", "requirepass", "the-right-one"); err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv("TEST_REDIS_PASSWORD", "a-wrong-one")
+		cases := []struct{ name, addr, password, cause string }{
+			{"wrong password", rd.Addr(), "  password_env: TEST_REDIS_PASSWORD\n", "WRONGPASS"},
+			// Redis refuses an unauthenticated client's long command before it can say NOAUTH.
+			{"no password", rd.Addr(), "", "unauthenticated"},
+			{"unreachable", redistest.ClosedAddr(t), "", "connection refused"},
+		}
+		for _, c := range cases {
+			t.Run(mode+"/"+c.name, func(t *testing.T) {
+				path := filepath.Join(t.TempDir(), "policy.yaml")
+				yaml := fmt.Sprintf(clusterPolicy, c.addr, "replica-a", "local") + c.password + "  expected_replicas: 2\n"
+				if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				var logs lockedBuffer
+				a, err := app.New(app.Options{ConfigPath: path, GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{}, LogOutput: &logs})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := a.Start(); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { a.Shutdown(context.Background()) })
+				var said bool
+				for _, line := range strings.Split(logs.String(), "\n") {
+					var rec struct{ Level, Msg, Error, Hint string }
+					if json.Unmarshal([]byte(line), &rec) == nil && rec.Level == "WARN" &&
+						strings.Contains(rec.Msg, "Redis is not reachable yet") && strings.Contains(rec.Msg, "retrying") &&
+						strings.Contains(rec.Error, c.cause) && strings.Contains(rec.Hint, "check cluster.") {
+						said = true
+					}
+				}
+				if !said {
+					t.Errorf("the start's log does not say why Redis is not reachable (%s) and that it retries:\n%s", c.cause, logs.String())
+				}
+				got := getCluster(t, a)
+				if got.State != "local" || got.LastError == nil || !strings.Contains(got.LastError.Message, c.cause) {
+					t.Errorf("GET /admin/cluster: state %q, last error %+v; want local and %s", got.State, got.LastError, c.cause)
+				}
+				var held []*policy.Ticket
+				for range 4 {
+					e := a.Engine()
+					s := e.Snapshot()
+					r := policy.Request{Dims: s.Classify(noHeaders{}), Estimate: policy.Estimate{Total: 10, Prompt: 5, Output: 5}}
+					tk := &policy.Ticket{}
+					if d := e.Admit(context.Background(), s, &r, tk, nil); d.Verdict == policy.Admit {
+						held = append(held, tk)
+					}
+				}
+				if len(held) != 2 {
+					t.Errorf("admitted %d of 4 requests before reaching Redis, want 2 (the limit 4 divided by expected_replicas 2)", len(held))
+				}
+				for _, tk := range held {
+					done(tk)
+				}
+			})
+		}
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/examples"
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
 )
@@ -69,6 +70,10 @@ type Options struct {
 	// Build describes the binary for llm_bulkhead_build_info and the start log line; the zero
 	// value reads it from the Go build record (ReadBuildInfo("")).
 	Build BuildInfo
+	// MemoryLimit is the process's memory limit in bytes, which sizes the default of
+	// server.max_buffered_body_bytes. 0 finds it: GOMEMLIMIT, else the process's memory cgroup's
+	// limit. Negative: no limit.
+	MemoryLimit int64
 }
 
 // App is a running llm-bulkhead server. Safe for concurrent use.
@@ -112,6 +117,10 @@ type App struct {
 	spendState *spend.Persister
 	// tls is the ext_proc listener's TLS material; nil for plaintext.
 	tls *listenerTLS
+	// memLimit is the memory limit the server sized its defaults from (0: none), found in
+	// memLimitFrom (GOMEMLIMIT, cgroup, option or none).
+	memLimit     int64
+	memLimitFrom string
 }
 
 // ListenerError is an ext_proc listener that cannot be set up as configured: a malformed
@@ -171,7 +180,15 @@ func New(o Options) (*App, error) {
 		a.opts.Build = ReadBuildInfo("")
 	}
 	registerBuildInfo(a.registry, a.opts.Build)
-	eng, err := policy.NewEngine(p, policy.Options{Clock: o.Clock, Registerer: a.registry, Logger: a.log, Cluster: true})
+	switch {
+	case o.MemoryLimit == 0:
+		a.memLimit, a.memLimitFrom = memoryLimit()
+	case o.MemoryLimit > 0:
+		a.memLimit, a.memLimitFrom = o.MemoryLimit, "option"
+	default:
+		a.memLimitFrom = "none"
+	}
+	eng, err := policy.NewEngine(p, policy.Options{Clock: o.Clock, Registerer: a.registry, Logger: a.log, Cluster: true, MemoryLimit: a.memLimit})
 	if err != nil {
 		return nil, &ConfigError{Err: fmt.Errorf("%s: %w", name, err)}
 	}
@@ -241,9 +258,13 @@ func grpcOptions(p *config.Policy) []grpc.ServerOption {
 	s := p.Server
 	return []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(maxMsg), grpc.MaxSendMsgSize(maxMsg), extproc.ServerOption(),
+		// Streams that go silent are ended, not only released.
+		extproc.EndableStreams(),
 		// The ext_proc service refuses streams past server.max_streams over all connections;
-		// bounding each connection the same way stops one connection from opening more first.
-		grpc.MaxConcurrentStreams(uint32(s.MaxStreams)),
+		// each connection may hold server.max_streams_per_connection of them, so that one
+		// connection cannot take them all. gRPC announces the bound in the connection's HTTP/2
+		// settings and refuses a stream beyond it (REFUSED_STREAM).
+		grpc.MaxConcurrentStreams(uint32(s.MaxStreamsPerConnection)),
 		// Pings from Envoy (even between requests) are welcome, just not a flood of them.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
 		// Pings from the server find a dead Envoy connection, whose streams then end and release
@@ -381,9 +402,9 @@ func (a *App) Start() error {
 		// limits; if Redis is not there yet, serve as cluster.on_unavailable says meanwhile.
 		c := a.current.Load().Cluster
 		ctx, cancel := context.WithTimeout(context.Background(), c.DialTimeout.D()+c.WriteTimeout.D())
-		if !st.WaitAvailable(ctx) {
-			a.log.Warn("Redis is not reachable yet: admissions follow cluster.on_unavailable until it is",
-				"on_unavailable", c.OnUnavailable, "addresses", c.Addresses)
+		if err := st.WaitRegistration(ctx); err != nil {
+			a.log.Warn("Redis is not reachable yet: admissions follow cluster.on_unavailable until it is; retrying with backoff",
+				"error", err, "hint", cluster.Hint(err), "on_unavailable", c.OnUnavailable, "addresses", c.Addresses, "limits", startLimits(c))
 		}
 		cancel()
 	}
@@ -400,7 +421,9 @@ func (a *App) Start() error {
 	a.log.Info("llm-bulkhead listening", "version", a.opts.Build.Version, "commit", a.opts.Build.CommitString(),
 		"grpc_addr", a.GRPCAddr(), "grpc_tls", a.tlsMode(), "admin_addr", a.AdminAddr(),
 		"policy", a.policyName, "generation", a.engine.Snapshot().Gen(),
-		"compartments", len(a.engine.Compartments()), "fast_marshal", extproc.FastMarshal())
+		"compartments", len(a.engine.Compartments()), "fast_marshal", extproc.FastMarshal(),
+		"max_buffered_body_bytes", a.engine.Snapshot().Settings().MaxBufferedBodyBytes, "memory_limit", a.memLimit, "memory_limit_from", a.memLimitFrom,
+		"go_memory_limit", goMemoryLimit())
 	return nil
 }
 
@@ -477,6 +500,9 @@ func (a *App) checkFixed(p *config.Policy) error {
 	}
 	if p.Server.MaxStreams != cur.Server.MaxStreams {
 		problems = append(problems, "server.max_streams")
+	}
+	if p.Server.MaxStreamsPerConnection != cur.Server.MaxStreamsPerConnection {
+		problems = append(problems, "server.max_streams_per_connection")
 	}
 	if p.Server.KeepaliveTime != cur.Server.KeepaliveTime {
 		problems = append(problems, "server.keepalive_time")

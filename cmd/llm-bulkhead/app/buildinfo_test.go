@@ -25,6 +25,12 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 	return l.b.Write(p)
 }
 
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // lines returns the JSON log lines whose msg is msg.
 func (l *lockedBuffer) lines(t *testing.T, msg string) []map[string]any {
 	t.Helper()

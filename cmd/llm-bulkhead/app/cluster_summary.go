@@ -55,11 +55,16 @@ func explainCluster(w io.Writer, c config.Cluster) {
 	unavailable := c.OnUnavailable
 	switch c.OnUnavailable {
 	case config.OnUnavailableLocal:
-		unavailable += " (each limit divided by the live replicas last seen, enforced in this process)"
+		unavailable += " (this replica's part of each limit, enforced in this process: budgets and rates divided by the live replicas last seen, concurrency the slots Redis counted for it plus an equal part of the room free)"
 	case config.OnUnavailableClosed:
 		unavailable += " (requests refused with 503, reason cluster_unavailable)"
 	}
 	line("on_unavailable", "%s", unavailable)
+	if c.ExpectedReplicas > 0 {
+		line("replicas", "at least %d expected (every limit is divided by at least this many while a replica enforces its part, from the start)", c.ExpectedReplicas)
+	} else {
+		line("replicas", "expected_replicas not set (a replica that has not reached Redis yet enforces the whole limits)")
+	}
 	line("leases", "lease_ttl %s, heartbeat %s (a replica that stops heartbeating frees its slots after lease_ttl)", c.LeaseTTL, c.Heartbeat)
 	line("settlements", "sent every %s, at most %d queued while Redis is unreachable", c.SettleInterval, c.MaxPendingSettlements)
 	if c.Admission == config.AdmissionLeased {

@@ -108,6 +108,7 @@ func EnvoyConfigFor(p *config.Policy, c EnvoyCluster) ([]byte, error) {
 		"Forwarding":        forwarding,
 		"Attributes":        attributes,
 		"BufferLimit":       int64(p.Envoy.MaxRequestBody),
+		"StreamsPerConn":    p.Server.MaxStreamsPerConnection,
 	}
 	var b bytes.Buffer
 	if err := envoyTemplate.Execute(&b, data); err != nil {
@@ -181,7 +182,10 @@ clusters:
     envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
       "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
       explicit_http_config:
-        http2_protocol_options: {}
+        http2_protocol_options:
+          # The server's server.max_streams_per_connection: Envoy opens another connection
+          # when one holds this many streams, instead of queueing streams on a full one.
+          max_concurrent_streams: {{.StreamsPerConn}}
   load_assignment:
     cluster_name: {{.Cluster}}
     endpoints:

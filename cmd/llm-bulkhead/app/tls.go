@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/files"
 )
 
 // TLSFiles name the ext_proc listener's TLS material: the certificate chain and its key (both
@@ -57,7 +57,7 @@ func readTLSFiles(f TLSFiles) (cert, key, ca []byte, sum [sha256.Size]byte, err 
 		if path == "" {
 			return nil, nil
 		}
-		b, err := os.ReadFile(path)
+		b, err := files.Read(path, files.MaxPEM)
 		if err != nil {
 			return nil, err
 		}

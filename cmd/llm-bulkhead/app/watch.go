@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/files"
 )
 
 // configMapDataLink is the symlink Kubernetes swaps to update every file of a mounted ConfigMap
@@ -61,7 +63,7 @@ func newWatcher(path string, debounce time.Duration, log *slog.Logger, onChange 
 }
 
 func (w *watcher) hash() [sha256.Size]byte {
-	b, err := os.ReadFile(w.path)
+	b, err := files.Read(w.path, files.MaxPolicy)
 	if err != nil {
 		return [sha256.Size]byte{}
 	}

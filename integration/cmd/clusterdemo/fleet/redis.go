@@ -254,8 +254,8 @@ func (c Commands) plus(o Commands, sign int64) Commands {
 // TIME, which GET /admin/cluster asks for once a call.
 var scriptCommands = map[string]bool{
 	"time": true, "type": true, "get": true, "set": true, "del": true, "unlink": true, "incr": true,
-	"hgetall": true, "hget": true, "hmget": true, "hkeys": true, "hlen": true, "hset": true, "hdel": true, "hincrby": true,
-	"pexpire": true, "pexpireat": true,
+	"hgetall": true, "hget": true, "hmget": true, "hkeys": true, "hlen": true, "hset": true, "hsetnx": true, "hdel": true,
+	"hincrby": true, "pexpire": true, "pexpireat": true,
 	"zscore": true, "zadd": true, "zrem": true, "zrangebyscore": true, "zremrangebyscore": true, "zcount": true,
 	"sadd": true, "srem": true, "smembers": true, "publish": true,
 }
