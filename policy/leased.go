@@ -33,7 +33,7 @@ var winKinds = [numWins]string{"rpm", "tpm", "tpd"}
 // holder: the lease tells it when it changes, and it tells the scheduler.
 type fleetLease struct {
 	sched *bulkhead.Scheduler
-	store *cluster.Store
+	cs    *clusterState
 	c     *bulkhead.Compartment
 	ls    *cluster.Lease
 	// slots and tokens are the compartment's fleet-wide limits (0: none), for its share while
@@ -55,9 +55,12 @@ func (f *fleetLease) LeaseUsage(freeze bool) cluster.LeaseUsage {
 }
 
 // LeaseChanged puts the lease in force. A lease that is not valid (not granted yet, or not
-// renewed in time) holds nothing while Redis answers; while Redis is unavailable the compartment
-// holds this replica's share of its limits instead (the limit divided by the live replicas last
-// seen; on_unavailable: closed refuses before the compartment is asked).
+// renewed in time) holds nothing while Redis answers. While Redis is unavailable the compartment
+// holds this replica's part of its limits instead (on_unavailable: closed refuses before the
+// compartment is asked): what Redis last recorded for it plus an equal part of what no replica's
+// lease held then — so the parts of replicas that were all granted add up to no more than the
+// limit — or, for a replica that never reached Redis, the limit divided by the replicas (the
+// live ones last seen, and at least cluster.expected_replicas).
 func (f *fleetLease) LeaseChanged(st cluster.LeaseState) {
 	if a := f.adaptive; a != nil && st.Learned > 0 {
 		a.learned(f.now(), st.Learned)
@@ -67,9 +70,12 @@ func (f *fleetLease) LeaseChanged(st cluster.LeaseState) {
 		f.sched.SetLease(f.c, st.Slots, st.Tokens, true)
 	case st.Available:
 		f.sched.SetLease(f.c, 0, 0, true)
+	case st.Known:
+		n := f.cs.divisor(f.cs.store.Live())
+		f.sched.SetLease(f.c, st.Granted+st.Free/n, st.GrantedTokens+st.FreeTokens/n, true)
 	default:
-		live := int64(f.store.Live())
-		f.sched.SetLease(f.c, max(f.slots/live, 1), max(f.tokens/live, 1), true)
+		n := f.cs.divisor(f.cs.store.Live())
+		f.sched.SetLease(f.c, max(f.slots/n, 1), max(f.tokens/n, 1), true)
 	}
 }
 
@@ -110,7 +116,7 @@ func (s *Snapshot) attachFleet(in *instance, live bool) {
 	if lim.MaxConcurrent <= 0 && lim.MaxTokens <= 0 && lim.Learned.Max <= 0 && len(lim.Windows) == 0 {
 		return
 	}
-	f := &fleetLease{sched: s.engine.sched, store: cs.store, c: in.c, idx: idx, slots: lim.MaxConcurrent, tokens: lim.MaxTokens,
+	f := &fleetLease{sched: s.engine.sched, cs: cs, c: in.c, idx: idx, slots: lim.MaxConcurrent, tokens: lim.MaxTokens,
 		adaptive: in.adaptive, now: s.engine.clock.Now}
 	if lim.Learned.Max > 0 {
 		f.slots = lim.Learned.Initial

@@ -20,16 +20,18 @@ import (
 // fleet's requests in flight (counted up once a request is admitted and down before it is
 // released, so a sample never exceeds what the replicas really hold).
 
-// clusterModes are the cluster admission modes the fleet tests run in: today every admission
-// runs one script in Redis ("exact").
-var clusterModes = []string{"exact"}
+// clusterModes are the cluster admission modes the fleet tests run in: one script in Redis per
+// admission ("exact"), and leases of every compartment's limits ("leased").
+var clusterModes = []string{"exact", "leased"}
 
 // modeSection returns the cluster keys that select mode.
 func modeSection(t *testing.T, mode string) string {
 	t.Helper()
 	switch mode {
 	case "exact":
-		return "" // the only mode, and so the default
+		return "  admission: exact\n"
+	case "leased":
+		return "  admission: leased\n  lease_interval: 20ms\n"
 	}
 	t.Fatalf("unknown cluster admission mode %q", mode)
 	return ""

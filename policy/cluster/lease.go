@@ -81,6 +81,13 @@ type LeaseState struct {
 	// Learned is the fleet's learned concurrency limit, as of the last report (0: the
 	// compartment's limit is not learned, or no report yet).
 	Learned int64
+	// Granted and GrantedTokens are what Redis recorded for this replica at the last report,
+	// and Free and FreeTokens what no replica's lease held then: while Redis is unavailable
+	// and the lease has run out, this replica's part of the limits is its grant and an equal
+	// part of what was free (cluster.on_unavailable: local).
+	Granted, GrantedTokens, Free, FreeTokens int64
+	// Known reports that a report got through at least once (the fields above are Redis's).
+	Known bool
 	// Available reports that Redis answers. A lease that is not valid while Redis is
 	// unavailable leaves the caller to enforce cluster.on_unavailable. The holder is told its
 	// lease again whenever Redis's availability changes: before admissions see Redis available,
@@ -580,9 +587,11 @@ type Lease struct {
 	holder LeaseHolder
 	closed bool
 
-	// Slots and tokens: granted by Redis, and the target this replica shrinks to.
+	// Slots and tokens: granted by Redis, and the target this replica shrinks to; free what no
+	// lease held at the last report.
 	grant, target   int64
 	tgrant, ttarget int64
+	free, tfree     int64
 	// sent is when the last report that got through was sent; the lease is valid until sent +
 	// the Leaser's validFor (validUntil, in UnixNano, read without the lock).
 	sent       time.Time
@@ -914,7 +923,8 @@ func (ls *Lease) state(now time.Time) (LeaseState, bool) {
 }
 
 func (ls *Lease) stateAt(now time.Time, available bool) LeaseState {
-	return LeaseState{Slots: ls.target, Tokens: ls.ttarget, Valid: ls.Valid(now), Available: available, Learned: ls.learned}
+	return LeaseState{Slots: ls.target, Tokens: ls.ttarget, Valid: ls.Valid(now), Available: available, Learned: ls.learned,
+		Granted: ls.grant, GrantedTokens: ls.tgrant, Free: ls.free, FreeTokens: ls.tfree, Known: !ls.sent.IsZero()}
 }
 
 // due says whether the lease should be reported at this round, and drop whether it holds
@@ -987,10 +997,10 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 	} else {
 		r.seq = ls.l.seq.Add(1)
 	}
-	r.keys = append(make([]string, 0, 2+len(ls.wkeys)), ls.key)
+	r.keys = append(make([]string, 0, 3+len(ls.wkeys)), ls.key)
 	epoch := "0"
 	if ls.l.epochInScripts {
-		r.keys = append(r.keys, ls.l.epochKey)
+		r.keys = append(r.keys, ls.l.epochKey, ls.l.st.keys.replicas)
 		epoch = "1"
 	}
 	r.keys = append(r.keys, ls.wkeys...)
@@ -1121,7 +1131,7 @@ func (ls *Lease) failed(r *leaseReport) {
 // apply takes the answer to report r sent at now.
 func (ls *Lease) apply(r *leaseReport, res []int64, now time.Time) {
 	ls.resend = nil
-	if len(res) < 10 {
+	if len(res) < 12 {
 		return
 	}
 	ls.grant, ls.target, ls.tgrant, ls.ttarget = res[1], res[2], res[3], res[4]
@@ -1129,7 +1139,8 @@ func (ls *Lease) apply(r *leaseReport, res []int64, now time.Time) {
 	ls.sent = now
 	ls.validUntil.Store(now.Add(ls.l.validFor()).UnixNano())
 	ls.learned = res[8]
-	i := 10
+	ls.free, ls.tfree = res[10], res[11]
+	i := 12
 	for k := range ls.wins {
 		if i+4 >= len(res) || k >= len(ls.lim.Windows) {
 			break

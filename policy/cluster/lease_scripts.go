@@ -26,7 +26,8 @@ package cluster
 
 // luaLease renews replica r's lease of one compartment and grants it a new one.
 //
-//	KEYS: 1 the lease hash, then (when ARGV[3] is 1) the epoch key, then the window keys
+//	KEYS: 1 the lease hash, then (when ARGV[3] is 1, outside Redis Cluster) the epoch key and
+//	      the replicas' registrations, then the window keys
 //	ARGV: 1 me, 2 lease ttl ms, 3 1 if the epoch key is given, 4 recovery ms, 5 the report's
 //	      number ("<incarnation>:<count>"), 6 max slots (0: none), 7 slots leased to me now, 8 slots in use, 9 slots wanted,
 //	      10 max tokens (0: none), 11 tokens leased to me now, 12 tokens in use, 13 tokens wanted,
@@ -60,8 +61,8 @@ package cluster
 // and "ali": when it last rose); each replica's controller proposes how to move it.
 //
 // Returns {status, slots granted, slots target, tokens granted, tokens target, pressure,
-// recovering, replicas holding, learned limit (0: none), the epoch, W × (chunk granted, slot
-// charged, remaining, reset ms, wait ms)}.
+// recovering, replicas holding, learned limit (0: none), the epoch, slots and tokens no lease
+// holds, W × (chunk granted, slot charged, remaining, reset ms, wait ms)}.
 // status is 0, or 2 when the hash held more fields than a compartment can (it was rewritten).
 // pressure is 1 when another replica wants more than it holds. wait is, when a single need did
 // not fit, the time until it would.
@@ -86,7 +87,9 @@ local chan, cname = ARGV[21], ARGV[22]
 local short = ARGV[23] == '1'
 local L = KEYS[1]
 local wk = 2
-if hasEpoch then wk = 3 end
+-- Outside Redis Cluster the scripts reach the deployment's keys too: the epoch, and the
+-- replicas registered (KEYS[3]).
+if hasEpoch then wk = 4 end
 local now = nowms()
 local status = 0
 
@@ -134,11 +137,13 @@ for i = 1, #h, 2 do
       e = {s = whole(es), t = whole(et), ws = whole(ews), wt = whole(ewt), x = whole(ex), q = {qi, tonumber(qn)}, d = {}}
       for k, dv in string.gmatch(ds, '(%w+)=(%d+)') do e.d[k] = whole(dv) end
     end
-    -- A replica's leases expire lease ttl after its last report ran, by this same clock: a
-    -- later expiry cannot be (one replica's longer ttl during a rolling restart counts as ttl
-    -- + 1 s).
+    -- A replica's leases expire its lease ttl after its last report ran, by this same clock:
+    -- an expiry beyond the longest ttl a policy may set cannot be. One beyond this replica's
+    -- ttl is another replica's longer one (a slow replica, a rolling change of the cluster
+    -- section): outside Redis Cluster it must be a replica registered live.
     if e == nil or e.s == nil or e.t == nil or e.ws == nil or e.wt == nil or e.x == nil or
-        (r ~= me and (e.x < now or e.x > now + ttl + 1000)) then
+        (r ~= me and (e.x < now or e.x > now + MAXTTL + 1000 or
+          (hasEpoch and e.x > now + ttl + 1000 and (tonumber(redis.call('ZSCORE', KEYS[3], r)) or 0) < now))) then
       bad[#bad + 1] = f
     else
       reps[r] = e
@@ -201,7 +206,7 @@ end
 -- grant never below what this replica holds, the target never above its fair share nor what
 -- the others' leases leave (a limit lowered below the leases admits nothing new until they drain).
 local function lease(f, fw, cap, held)
-  if cap <= 0 then return held, held, false end
+  if cap <= 0 then return held, held, false, 0 end
   local others, pressure = 0, false
   for r, e in pairs(reps) do
     if r ~= me then
@@ -223,7 +228,7 @@ local function lease(f, fw, cap, held)
   -- The target may be below what the replica uses: it then admits nothing new until its
   -- requests drain below it (a lease shrinks only as its own holdings drain).
   local target = math.max(math.min(fair, grant, room), 0)
-  return grant, target, pressure
+  return grant, target, pressure, math.max(room - grant, 0)
 end
 
 if amax > 0 then
@@ -244,11 +249,11 @@ if amax > 0 then
   redis.call('HSET', L, 'al', al)
   maxs = al
 end
-local gs, tgs, ps = lease('s', 'ws', maxs, hs)
-local gt, tgt, pt = lease('t', 'wt', maxt, ht)
+local gs, tgs, ps, fs = lease('s', 'ws', maxs, hs)
+local gt, tgt, pt, ft = lease('t', 'wt', maxt, ht)
 mine.s, mine.t = gs, gt
 
-local out = {status, gs, tgs, gt, tgt, 0, 0, 0, al or 0, epoch}
+local out = {status, gs, tgs, gt, tgt, 0, 0, 0, al or 0, epoch, fs, ft}
 if ps or pt then out[6] = 1 end
 if recovering then out[7] = 1 end
 

@@ -486,7 +486,7 @@ func TestResentReportAppliesOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		granted += res[10]
+		granted += res[12]
 	}
 	if got, want := sum(), before-300+granted; got != want {
 		t.Fatalf("the window holds %d after 300 came back in a report sent twice (and %d granted): want %d", got, granted, want)
