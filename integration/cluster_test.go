@@ -34,7 +34,13 @@ type clusterConfig struct {
 	leaseTTL      time.Duration
 	heartbeat     time.Duration // 0: the default, lease_ttl / 4
 	onUnavailable string        // "": the default, local
+	// admission is cluster.admission: exact or leased ("": exact, which the tests that look at
+	// Redis's per-request state need).
+	admission string
 }
+
+// clusterAdmissions are the cluster admission modes the tests of both run in.
+var clusterAdmissions = []string{"exact", "leased"}
 
 func (c clusterConfig) yaml() string {
 	var b strings.Builder
@@ -64,6 +70,14 @@ func (c clusterConfig) yaml() string {
 	}
 	if c.onUnavailable != "" {
 		fmt.Fprintf(&b, "  on_unavailable: %s\n", c.onUnavailable)
+	}
+	switch c.admission {
+	case "", "exact":
+		b.WriteString("  admission: exact\n")
+	case "leased":
+		// Reports every 50 ms: the tests' fleets follow their demand within a fraction of a
+		// second.
+		b.WriteString("  admission: leased\n  lease_interval: 50ms\n")
 	}
 	return b.String()
 }
@@ -486,16 +500,25 @@ func sharedBudget(t *testing.T, cc clusterConfig) {
 }
 
 // TestClusterSharedTokenBudget: three replicas share one paid-provider budget through a
-// standalone Redis.
+// standalone Redis, in each admission mode.
 func TestClusterSharedTokenBudget(t *testing.T) {
-	rd := redistest.Standalone(t)
-	sharedBudget(t, clusterConfig{addrs: []string{rd.Addr()}})
+	for _, adm := range clusterAdmissions {
+		t.Run(adm, func(t *testing.T) {
+			rd := redistest.Standalone(t)
+			sharedBudget(t, clusterConfig{addrs: []string{rd.Addr()}, admission: adm})
+		})
+	}
 }
 
-// TestClusterSharedTokenBudgetRedisCluster: the same against a three-node Redis Cluster.
+// TestClusterSharedTokenBudgetRedisCluster: the same against a three-node Redis Cluster, where
+// leased admission spreads the compartments over the shards.
 func TestClusterSharedTokenBudgetRedisCluster(t *testing.T) {
-	rc := redistest.Cluster(t, 3)
-	sharedBudget(t, clusterConfig{mode: "cluster", addrs: rc.Addrs()})
+	for _, adm := range clusterAdmissions {
+		t.Run(adm, func(t *testing.T) {
+			rc := redistest.Cluster(t, 3)
+			sharedBudget(t, clusterConfig{mode: "cluster", addrs: rc.Addrs(), admission: adm})
+		})
+	}
 }
 
 const chatCapacityPolicy = `
@@ -575,10 +598,16 @@ func (s *chatSampler) Stop(t *testing.T) (local, rds int64) {
 // counted in Redis, and at the LLM), the other 40 wait; as streams end the waiters run, 20 at
 // a time. Then a slot freed on one replica wakes a request waiting on another.
 func TestClusterSharedConcurrency(t *testing.T) {
+	for _, adm := range clusterAdmissions {
+		t.Run(adm, func(t *testing.T) { sharedConcurrency(t, adm) })
+	}
+}
+
+func sharedConcurrency(t *testing.T, adm string) {
 	rd := redistest.Standalone(t)
 	const prefix = "conc"
 	path := writePolicy(t, chatCapacityPolicy+clusterConfig{addrs: []string{rd.Addr()}, prefix: prefix,
-		leaseTTL: 2 * time.Second, heartbeat: 500 * time.Millisecond}.yaml())
+		leaseTTL: 2 * time.Second, heartbeat: 500 * time.Millisecond, admission: adm}.yaml())
 	reps := startReplicas(t, path, "conc-a", "conc-b", "conc-c")
 	load := &upstreamLoad{}
 	ups := make([]*heldUpstream, len(reps))
@@ -611,6 +640,13 @@ func TestClusterSharedConcurrency(t *testing.T) {
 	// Keep sampling a while at the plateau: a 21st admission would show.
 	time.Sleep(300 * time.Millisecond)
 	local, rds := sampler.Stop(t)
+	if adm == "leased" {
+		// Leases are not slots held per request: what the replicas lease adds up to at most 20.
+		rds = 20
+		if leased := leasedSlots(t, rd, prefix, "feature/chat"); leased > 20 {
+			t.Errorf("the replicas' leases of chat add up to %d, limit 20", leased)
+		}
+	}
 	if rds != 20 || load.peak.Load() != 20 || load.total.Load() != 20 {
 		t.Fatalf("at the peak: %d slots held in Redis, %d requests at the LLM at once (%d reached it); want 20 each",
 			rds, load.peak.Load(), load.total.Load())
@@ -641,7 +677,9 @@ func TestClusterSharedConcurrency(t *testing.T) {
 	if got["200"] != 60 || load.peak.Load() != 20 {
 		t.Errorf("outcomes %v, %d at the LLM at most; want 60 × 200, at most 20 at once", got, load.peak.Load())
 	}
-	assertNothingHeld(t, rd, prefix, reps)
+	if adm == "exact" {
+		assertNothingHeld(t, rd, prefix, reps)
+	}
 
 	// A slot freed on a wakes the request waiting on b.
 	a, b := newHeldUpstream(nil), newHeldUpstream(nil)
@@ -668,7 +706,28 @@ func TestClusterSharedConcurrency(t *testing.T) {
 			t.Errorf("%s request: %s", o.label, o.what())
 		}
 	}
-	assertNothingHeld(t, rd, prefix, reps)
+	if adm == "exact" {
+		assertNothingHeld(t, rd, prefix, reps)
+	}
+}
+
+// leasedSlots returns the slots of compartment that the replicas' leases hold in Redis.
+func leasedSlots(t *testing.T, rd *redistest.Server, prefix, compartment string) int64 {
+	t.Helper()
+	out, err := rd.Do("HGETALL", "{"+prefix+"|"+compartment+"}:ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var sum int64
+	for i := 0; i+1 < len(lines); i += 2 {
+		if strings.HasPrefix(lines[i], "r:") {
+			slots, _, _ := strings.Cut(lines[i+1], "|")
+			n, _ := strconv.ParseInt(slots, 10, 64)
+			sum += n
+		}
+	}
+	return sum
 }
 
 // holdSlots runs n chat streams on replica i through up and returns once up holds them.

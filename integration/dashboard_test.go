@@ -111,7 +111,7 @@ func dashboardClusterPolicy(t *testing.T, addr, id string) string {
 	}
 	path := filepath.Join(t.TempDir(), id+".yaml")
 	section := fmt.Sprintf("\ncluster:\n  backend: redis\n  addresses: [%q]\n  replica_id: %s\n  key_prefix: dashboard\n"+
-		"  timeout: 500ms\n  lease_ttl: 2s\n  heartbeat: 100ms\n", addr, id)
+		"  timeout: 500ms\n  lease_ttl: 2s\n  heartbeat: 100ms\n  admission: exact\n", addr, id)
 	if err := os.WriteFile(path, append(base, section...), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -181,6 +181,12 @@ func (e *Engine) reserveWindow(ctx context.Context, t *Ticket, i, k int, n int64
 		// The chunks may be short: ask for more, and try again after the round (another
 		// request here may have taken what it brought, so until cluster.timeout has passed).
 		deadline := now.Add(cs.timeout)
+		needed := false
+		defer func() {
+			if needed {
+				ls.UnneedWindow(wi, n)
+			}
+		}()
 		for attempt := 0; ; attempt++ {
 			if ch, ok = ls.Reserve(wi, n, now); ok {
 				t.charged[i][k] = chargedLease
@@ -193,6 +199,10 @@ func (e *Engine) reserveWindow(ctx context.Context, t *Ticket, i, k int, n int64
 					return ls.Take(wi, n, now), false, wait, false
 				}
 				return budget.Charge{}, false, wait, false
+			}
+			if !needed {
+				ls.NeedWindow(wi, n)
+				needed = true
 			}
 			if !cs.store.Available() || !e.awaitLease(ctx, "window", deadline) {
 				break
@@ -261,9 +271,11 @@ func (e *Engine) leaseGrew(ctx context.Context, t *Ticket, want bulkhead.Want, o
 	// the request queues as it would without a lease.
 	start := e.clock.Now()
 	deadline, recovered := start.Add(cs.timeout), start.Add(cs.leaser.Recovery()+cs.leaser.Interval())
+	t.needLeases(want.Tokens)
+	defer t.unneedLeases(want.Tokens)
 	for cs.store.Available() {
 		switch {
-		case t.needLeases(want.Tokens):
+		case t.leasesCanGrow():
 			if !e.awaitLease(ctx, "slot", deadline) {
 				return false, told
 			}
@@ -320,18 +332,38 @@ func (t *Ticket) leasesRecovering() bool {
 	return false
 }
 
-// needLeases asks for the ticket's leases to grow by the request (tokens in flight): it found no
-// room in them, and is about to wait for one. It reports whether a round can help them all
-// (none is contended or recovering).
-func (t *Ticket) needLeases(tokens int64) bool {
-	help, any := true, false
+// unneedLeases withdraws what needLeases asked for.
+func (t *Ticket) unneedLeases(tokens int64) {
 	for i := 0; i < t.n; i++ {
 		if f := t.insts[i].fleet; f != nil && f.ls != nil {
-			help = f.ls.Need(tokens) && help
+			f.ls.Unneed(tokens)
+		}
+	}
+}
+
+// needLeases asks for the ticket's leases to grow by the request (tokens in flight): it found no
+// room in them, and is about to wait for one.
+func (t *Ticket) needLeases(tokens int64) {
+	for i := 0; i < t.n; i++ {
+		if f := t.insts[i].fleet; f != nil && f.ls != nil {
+			f.ls.Need(tokens)
+		}
+	}
+}
+
+// leasesCanGrow reports whether a round of reports can grow the ticket's leases now: it has
+// one, and none is contended or recovering.
+func (t *Ticket) leasesCanGrow() bool {
+	any := false
+	for i := 0; i < t.n; i++ {
+		if f := t.insts[i].fleet; f != nil && f.ls != nil {
+			if !f.ls.CanGrow() {
+				return false
+			}
 			any = true
 		}
 	}
-	return any && help
+	return any
 }
 
 // leasesValid reports whether every lease of the ticket's compartments is in force at now.

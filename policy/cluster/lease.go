@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
@@ -131,10 +130,6 @@ type Leaser struct {
 	// manual: no loop runs (the listener does); tests call Round themselves.
 	manual bool
 
-	waits   *prometheus.CounterVec
-	reports prometheus.Counter
-	metrics []prometheus.Collector
-
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -160,17 +155,6 @@ func newLeaser(s *Store, o LeaseOptions, manual bool) *Leaser {
 	l.recovery = l.renew + o.Interval + s.o.Timeout
 	l.channel = s.tag + ":lease"
 	l.inc = strconv.FormatUint(uint64(time.Now().UnixNano())&(1<<52-1), 10)
-	l.waits = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "cluster_lease_waits_total",
-		Help: "Requests that waited for this replica's lease to grow (leased admission), by what they lacked: slot (concurrency or in-flight tokens) or window (a request-rate or token chunk)."},
-		[]string{"kind"})
-	l.reports = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "cluster_lease_reports_total",
-		Help: "Lease reports sent to Redis (one per compartment in use, every lease_interval)."})
-	l.metrics = []prometheus.Collector{l.waits, l.reports}
-	if s.o.Registerer != nil {
-		for _, c := range l.metrics {
-			s.o.Registerer.MustRegister(c)
-		}
-	}
 	s.onAvailability(l.availability)
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.wg.Add(1)
@@ -258,11 +242,6 @@ func (l *Leaser) Close(ctx context.Context) {
 	l.wg.Wait()
 	if l.st.Available() {
 		l.report(ctx, all, true)
-	}
-	if reg := l.st.o.Registerer; reg != nil {
-		for _, c := range l.metrics {
-			reg.Unregister(c)
-		}
 	}
 }
 
@@ -422,7 +401,7 @@ func (l *Leaser) Interval() time.Duration { return l.o.Interval }
 func (l *Leaser) Answering() bool { return l.answering.Load() }
 
 // CountWait counts a request that waited for a lease to grow.
-func (l *Leaser) CountWait(kind string) { l.waits.WithLabelValues(kind).Inc() }
+func (l *Leaser) CountWait(kind string) { l.st.met.leaseWaits.WithLabelValues(kind).Inc() }
 
 func (l *Leaser) loop() {
 	defer l.wg.Done()
@@ -531,7 +510,7 @@ func (l *Leaser) report(ctx context.Context, due []*Lease, final bool) {
 		_, err = pipe.Exec(ctx)
 	}
 	l.st.met.observe("lease", start, err)
-	l.reports.Add(float64(len(due)))
+	l.st.met.leaseReports.Add(float64(len(due)))
 	for i, ls := range due {
 		res, cerr := leaseReply(cmds[i])
 		ls.mu.Lock()
@@ -697,13 +676,39 @@ func (ls *Lease) Reserve(i int, n int64, now time.Time) (budget.Charge, bool) {
 		have += ch.left
 	}
 	if have < n {
-		a.need = max(a.need, n)
-		a.needSum += n
 		ls.urgent = true
 		return budget.Charge{}, false
 	}
 	a.used += n
 	return budget.MakeCharge(a.consume(n), n), true
+}
+
+// NeedWindow says that a request waits for n more of window i than its chunks hold, until
+// UnneedWindow: reports ask for it (a need that fits the window's room is granted whole).
+func (ls *Lease) NeedWindow(i int, n int64) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if i >= len(ls.wins) {
+		return
+	}
+	a := &ls.wins[i]
+	a.need = max(a.need, n)
+	a.needSum += n
+	ls.urgent = true
+}
+
+// UnneedWindow withdraws a need of n that NeedWindow added: the request got its chunk, or gave up.
+func (ls *Lease) UnneedWindow(i int, n int64) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if i >= len(ls.wins) {
+		return
+	}
+	a := &ls.wins[i]
+	a.needSum = max(a.needSum-n, 0)
+	if a.needSum == 0 {
+		a.need = 0
+	}
 }
 
 // consume takes n from the chunks, oldest first, and returns the slot of the oldest it took from
@@ -897,7 +902,8 @@ func (ls *Lease) Propose(from, to int64) {
 }
 
 // Need asks for a slot (and tokens in flight) more than the lease holds, at the next round,
-// and for the round to come now: a request found the lease full.
+// and for the round to come now: a request found the lease full. Unneed withdraws it (the
+// request got its slot, or queued: its queue counts it then).
 //
 // It reports whether a round can help now: not while the compartment recovers (no lease grows)
 // nor while it is contended (another replica must shrink first; the request waits in the queue,
@@ -913,6 +919,22 @@ func (ls *Lease) Need(tokens int64) bool {
 		ls.l.Kick()
 	}
 	return help
+}
+
+// CanGrow reports whether a report can grow the lease now: its compartment neither recovers nor
+// is contended (another replica must shrink first).
+func (ls *Lease) CanGrow() bool {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return !ls.recovers && !ls.pressure
+}
+
+// Unneed withdraws a need that Need added.
+func (ls *Lease) Unneed(tokens int64) {
+	ls.mu.Lock()
+	ls.needSlots = max(ls.needSlots-1, 0)
+	ls.needTokens = max(ls.needTokens-tokens, 0)
+	ls.mu.Unlock()
 }
 
 func (ls *Lease) state(now time.Time) (LeaseState, bool) {
@@ -1027,7 +1049,6 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 	if u.Waiting+ls.needSlots > 0 || u.WaitingTokens+ls.needTokens > 0 {
 		short = "1"
 	}
-	ls.needSlots, ls.needTokens = 0, 0
 	if final || ls.closed {
 		hs, ht = u.InFlight, u.Tokens
 		ws, wt = 0, 0
@@ -1075,10 +1096,9 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 		if a.pace < 2 {
 			want = 0
 		}
-		// Every request that found the chunks short asked for its part: ask for all of it.
+		// Every request waiting for the chunks asks for its part: ask for all of it.
 		want = max(want, a.needSum-have)
 		need := a.need
-		a.need, a.needSum = 0, 0
 		if final || ls.closed || w.Shadow {
 			want = 0
 		}

@@ -433,14 +433,20 @@ func TestWindowChunksNeverAdmitMoreThanTheWindow(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	admitted := 0
 	// Each replica asks for requests at its own pace for many rounds, well within a minute.
+	// A request that finds the chunks short says so (NeedWindow) until the round after.
 	for round := 0; round < 40; round++ {
 		for i, ls := range leases {
+			var waiting int64
 			for range rng.IntN(8) {
 				if _, ok := ls.Reserve(0, 1, time.Now()); ok {
 					admitted++
+				} else {
+					ls.NeedWindow(0, 1)
+					waiting++
 				}
 			}
 			f.leasers[i].Round()
+			ls.UnneedWindow(0, waiting)
 		}
 	}
 	if admitted > 100 {
@@ -460,11 +466,13 @@ func TestResentReportAppliesOnce(t *testing.T) {
 	if _, ok := ls.Reserve(0, 400, time.Now()); ok {
 		t.Fatal("a reservation succeeded before any chunk")
 	}
+	ls.NeedWindow(0, 400)
 	f.leasers[0].Round()
 	c, ok := ls.Reserve(0, 400, time.Now())
 	if !ok {
 		t.Fatal("no chunk after a report")
 	}
+	ls.UnneedWindow(0, 400)
 	rc := inspect(t, srv.Addr())
 	sum := func() int64 {
 		v, err := rc.HGet(context.Background(), "{once|tenant/acme}:w:tpm:60000", "-1").Int64()

@@ -24,6 +24,10 @@ type metrics struct {
 	lost        *prometheus.CounterVec
 	// onError, when set, hears of every failed call.
 	onError func(op string, err error)
+	// leaseWaits and leaseReports are leased admission's (registered in either mode, so that a
+	// dashboard finds them).
+	leaseWaits   *prometheus.CounterVec
+	leaseReports prometheus.Counter
 }
 
 const ns = "llm_bulkhead"
@@ -58,7 +62,15 @@ func newMetrics(reg prometheus.Registerer, s *Store) *metrics {
 			Help: "Times this replica found its shared state gone or wrong and rewrote it, by cause: lost (Redis lost the whole state), expired (this replica's registration expired), replaced (the state was replaced by another), corrupt (content no replica writes: repaired)."},
 			[]string{"cause"}),
 	}
-	m.all = []prometheus.Collector{m.latency, m.errors, m.available, m.live, m.leases, m.queue, m.dropped, m.resyncs, m.updates, m.clockOffset, m.synced, m.lost}
+	m.leaseWaits = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "cluster_lease_waits_total",
+		Help: "Requests that waited for this replica's lease to grow (leased admission), by what they lacked: slot (concurrency or in-flight tokens) or window (a request-rate or token chunk)."},
+		[]string{"kind"})
+	m.leaseWaits.WithLabelValues("slot")
+	m.leaseWaits.WithLabelValues("window")
+	m.leaseReports = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "cluster_lease_reports_total",
+		Help: "Lease reports sent to Redis (leased admission): one per compartment in use, every lease_interval while its use changes, every fifth while steady."})
+	m.all = []prometheus.Collector{m.latency, m.errors, m.available, m.live, m.leases, m.queue, m.dropped, m.resyncs, m.updates, m.clockOffset, m.synced, m.lost,
+		m.leaseWaits, m.leaseReports}
 	for _, c := range []string{causeLost, causeExpired, causeReplaced, causeCorrupt} {
 		m.lost.WithLabelValues(c)
 	}

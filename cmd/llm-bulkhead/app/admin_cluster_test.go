@@ -42,6 +42,16 @@ type clusterReply struct {
 		Message string    `json:"message"`
 		At      time.Time `json:"at"`
 	} `json:"last_error"`
+	Admission  string       `json:"admission"`
+	LeasesHeld []leaseReply `json:"leases"`
+}
+
+// leaseReply is one lease in GET /admin/cluster (leased admission).
+type leaseReply struct {
+	Compartment string `json:"compartment"`
+	Slots       int64  `json:"slots"`
+	Granted     int64  `json:"slots_granted"`
+	Valid       bool   `json:"valid"`
 }
 
 func getCluster(t *testing.T, a *app.App) clusterReply {
@@ -131,11 +141,16 @@ cluster:
   on_unavailable: %s
 `
 
-// startClusterApp starts an app sharing its limits through the Redis at addr.
-func startClusterApp(t *testing.T, addr, id, onUnavailable string) *app.App {
+// startClusterApp starts an app sharing its limits through the Redis at addr, with admission
+// mode ("exact" or "leased").
+func startClusterApp(t *testing.T, addr, id, onUnavailable, mode string) *app.App {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "policy.yaml")
-	if err := os.WriteFile(path, []byte(fmt.Sprintf(clusterPolicy, addr, id, onUnavailable)), 0o644); err != nil {
+	yaml := fmt.Sprintf(clusterPolicy, addr, id, onUnavailable) + "  admission: " + mode + "\n"
+	if mode == "leased" {
+		yaml += "  lease_interval: 50ms\n"
+	}
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	a, err := app.New(app.Options{ConfigPath: path, GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{}, LogOutput: io.Discard})
@@ -178,9 +193,15 @@ func (noHeaders) Attribute(string) (string, bool)          { return "", false }
 // TestAdminCluster: two replicas sharing one Redis each show the membership, what the other
 // holds per compartment, and, once Redis is gone, what they enforce instead.
 func TestAdminCluster(t *testing.T) {
+	for _, mode := range []string{"exact", "leased"} {
+		t.Run(mode, func(t *testing.T) { adminCluster(t, mode) })
+	}
+}
+
+func adminCluster(t *testing.T, mode string) {
 	rd := redistest.Standalone(t)
-	a := startClusterApp(t, rd.Addr(), "replica-a", "local")
-	b := startClusterApp(t, rd.Addr(), "replica-b", "closed")
+	a := startClusterApp(t, rd.Addr(), "replica-a", "local", mode)
+	b := startClusterApp(t, rd.Addr(), "replica-b", "closed", mode)
 
 	// Given both replicas registered
 	var got clusterReply
@@ -195,7 +216,7 @@ func TestAdminCluster(t *testing.T) {
 		return got.Live == 2 && live == 2
 	})
 	// Then replica-a shows how its limits are shared
-	if got.Mode != "standalone" || got.State != "shared" || !got.Available || got.Share != 1 || got.OnUnavailable != "local" ||
+	if got.Mode != "standalone" || got.State != "shared" || !got.Available || got.Share != 1 || got.OnUnavailable != "local" || got.Admission != mode ||
 		got.ReplicaID != "replica-a" || got.KeyPrefix != "admin-view" || len(got.Addresses) != 1 || got.Addresses[0] != rd.Addr() ||
 		got.Pending == nil || got.Error != "" {
 		t.Errorf("replica-a with Redis up: %+v", got)
@@ -214,20 +235,38 @@ func TestAdminCluster(t *testing.T) {
 	// When replica-a holds a request, and replica-b admits (and finishes) one after it
 	held := admitOne(t, a)
 	done(admitOne(t, b))
-	// Then replica-a counts its lease and replica-b's compartments show what replica-a holds
-	if n := getCluster(t, a).Leases; n != 1 {
-		t.Errorf("replica-a holds %d leases, want 1", n)
+	if mode == "exact" {
+		// Then replica-a counts its lease and replica-b's compartments show what replica-a holds
+		if n := getCluster(t, a).Leases; n != 1 {
+			t.Errorf("replica-a holds %d leases, want 1", n)
+		}
+		eventually(t, "replica-b to show replica-a's request", func() bool {
+			slots, tokens := remoteHeld(t, b)
+			return slots == 1 && tokens == 10
+		})
+		// And once replica-a's request ends, replica-b shows its slot free
+		done(held)
+		eventually(t, "replica-b to show replica-a's slot free", func() bool {
+			slots, tokens := remoteHeld(t, b)
+			return slots == 0 && tokens == 0
+		})
+	} else {
+		// Then replica-a shows its lease of the compartment: valid, and covering its request
+		var l leaseReply
+		eventually(t, "replica-a to show its lease", func() bool {
+			for _, x := range getCluster(t, a).LeasesHeld {
+				if x.Compartment == "feature/default" {
+					l = x
+					return x.Valid && x.Granted >= 1
+				}
+			}
+			return false
+		})
+		if l.Slots < 1 || l.Granted > 4 {
+			t.Errorf("replica-a's lease %+v, want at least the slot it uses, within the limit of 4", l)
+		}
+		done(held)
 	}
-	eventually(t, "replica-b to show replica-a's request", func() bool {
-		slots, tokens := remoteHeld(t, b)
-		return slots == 1 && tokens == 10
-	})
-	// And once replica-a's request ends, replica-b shows its slot free
-	done(held)
-	eventually(t, "replica-b to show replica-a's slot free", func() bool {
-		slots, tokens := remoteHeld(t, b)
-		return slots == 0 && tokens == 0
-	})
 
 	// When Redis is gone
 	rd.Kill()
@@ -239,7 +278,9 @@ func TestAdminCluster(t *testing.T) {
 	if got.Available || got.Share != 2 || got.Error == "" || got.Live != 2 {
 		t.Errorf("replica-a with Redis gone: %+v, want unavailable, share 2 and the error", got)
 	}
-	eventually(t, "replica-a's limits to be halved", func() bool { return limit(a) == 2 })
+	if mode == "exact" {
+		eventually(t, "replica-a's limits to be halved", func() bool { return limit(a) == 2 })
+	}
 	// And replica-b (on_unavailable closed) refuses
 	eventually(t, "replica-b to refuse", func() bool {
 		got = getCluster(t, b)
@@ -255,7 +296,7 @@ func TestAdminCluster(t *testing.T) {
 // shows the error; and with expected_replicas it enforces its part of each limit from the first
 // request (4 / 2 = 2 slots), not the whole limit.
 func TestClusterStartWithRedisMisconfigured(t *testing.T) {
-	for _, mode := range []string{"exact"} { // the cluster admission modes
+	for _, mode := range []string{"exact", "leased"} { // the cluster admission modes
 		rd := redistest.Standalone(t)
 		if _, err := rd.Do("CONFIG", "SET", "requirepass", "the-right-one"); err != nil {
 			t.Fatal(err)
@@ -270,7 +311,7 @@ func TestClusterStartWithRedisMisconfigured(t *testing.T) {
 		for _, c := range cases {
 			t.Run(mode+"/"+c.name, func(t *testing.T) {
 				path := filepath.Join(t.TempDir(), "policy.yaml")
-				yaml := fmt.Sprintf(clusterPolicy, c.addr, "replica-a", "local") + c.password + "  expected_replicas: 2\n"
+				yaml := fmt.Sprintf(clusterPolicy, c.addr, "replica-a", "local") + c.password + "  expected_replicas: 2\n  admission: " + mode + "\n"
 				if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
 					t.Fatal(err)
 				}

@@ -257,7 +257,7 @@ var scriptCommands = map[string]bool{
 	"hgetall": true, "hget": true, "hmget": true, "hkeys": true, "hlen": true, "hset": true, "hsetnx": true, "hdel": true,
 	"hincrby": true, "pexpire": true, "pexpireat": true,
 	"zscore": true, "zadd": true, "zrem": true, "zrangebyscore": true, "zremrangebyscore": true, "zcount": true,
-	"sadd": true, "srem": true, "smembers": true, "publish": true,
+	"sadd": true, "srem": true, "smembers": true, "publish": true, "hexists": true,
 }
 
 // Scripts returns the script calls (EVALSHA and EVAL: one round trip each).
