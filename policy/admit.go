@@ -451,7 +451,7 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 		}
 	} else if cs != nil {
 		if cs.store.Available() {
-			e.admitShared(ctx, s, r, dims, t, onQueue, now, time.Time{}, d)
+			e.admit(ctx, s, r, dims, t, onQueue, now, time.Time{}, nil, true, d)
 			return
 		}
 		if cs.closed {
@@ -462,20 +462,20 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 		}
 		if !cs.store.LocalStarted() {
 			// Redis answers again: the request goes through it.
-			e.admitShared(ctx, s, r, dims, t, onQueue, now, time.Time{}, d)
+			e.admit(ctx, s, r, dims, t, onQueue, now, time.Time{}, nil, true, d)
 			return
 		}
 		cs.unavailable.WithLabelValues("local").Inc()
-		again := e.admitLocal(ctx, s, r, dims, t, onQueue, now, time.Time{}, cs.backContext(), d)
+		again := e.admit(ctx, s, r, dims, t, onQueue, now, time.Time{}, cs.backContext(), false, d)
 		cs.store.LocalEnded()
 		if again {
 			// Waiting for a slot here, the request saw Redis answer again: it goes through it,
 			// for what is left of its max wait.
-			e.admitShared(ctx, s, r, dims, t, nil, e.clock.Now(), now.Add(t.want(r.Estimate.Total, dims.Tenant, now).MaxWait), d)
+			e.admit(ctx, s, r, dims, t, nil, e.clock.Now(), now.Add(t.want(r.Estimate.Total, dims.Tenant, now).MaxWait), nil, true, d)
 		}
 		return
 	}
-	e.admitLocal(ctx, s, r, dims, t, onQueue, now, time.Time{}, nil, d)
+	e.admit(ctx, s, r, dims, t, onQueue, now, time.Time{}, nil, false, d)
 }
 
 // acquireLocal waits for t's slots here, as Acquire does, and stops waiting (a cancelled
@@ -502,24 +502,37 @@ func refuseInto(d *Decision, reason Reason, in string, retry time.Duration, dims
 	*d = Decision{Verdict: Reject, Reason: reason, Compartment: in, RetryAfter: retry, Dims: *dims}
 }
 
-// admitLocal runs admission against this process's own compartments and windows: always
-// without a cluster, and with one while its shared state is unavailable (the limits are then
-// this replica's part). back, when not nil, ends a wait for a slot when the shared state
-// answers again: the request then has taken nothing (what it charged here is given back) and
-// admitLocal reports again, to be admitted through the shared state instead.
-func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now, deadline time.Time, back context.Context, d *Decision) (again bool) {
+// admit is the admission pipeline, one for every mode: request rates, the provider's breaker,
+// token budgets, spend budgets, then concurrency and in-flight tokens (queueing with priority,
+// tenant fairness and max_wait), each step undoing the earlier ones when it refuses. Where a
+// compartment's counters are is the steps' business, not the order's:
+//
+//   - this process's windows and compartments: without a cluster, and with one while its shared
+//     state is unavailable (the limits are then this replica's part);
+//   - the compartment's lease of the fleet's limits (leased cluster admission, see leased.go);
+//   - Redis, per request (exact cluster admission, viaRedis): the windows and the slots are
+//     checked and taken together by one script at the last step (commitShared), so the first
+//     steps only stage them; when the breaker or a spend budget refuses, Redis is asked which
+//     window, if any, would have refused first (the refusal's reason is then that window's, as
+//     in every other mode).
+//
+// back, when not nil, ends a wait for a slot here when the shared state answers again: the
+// request then has taken nothing (what it charged here is given back) and admit reports again,
+// to be admitted through the shared state instead.
+func (e *Engine) admit(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now, deadline time.Time, back context.Context, viaRedis bool, d *Decision) (again bool) {
 	refuse := func(reason Reason, in string, retry time.Duration) {
 		t.undo(now)
 		refuseInto(d, reason, in, retry, &dims)
 	}
+	tokens, n := r.Estimate.Total, t.n
 
 	unavailable := func() {
 		e.cluster.unavailable.WithLabelValues("refused").Inc()
 		refuse(ReasonClusterUnavailable, "cluster", e.cluster.retryAfter())
 	}
 
-	// 1. Request rates.
-	for i := 0; i < t.n; i++ {
+	// 1. Request rates (staged for Redis's script with exact admission).
+	for i := 0; i < t.n && !viaRedis; i++ {
 		in := t.insts[i]
 		if in.rpm == nil {
 			continue
@@ -543,12 +556,14 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 	// 2. The provider's breaker, and an upstream retry-after holding this tenant back.
 	if e.checkBreaker(s, dims, t, now, d) {
 		t.undo(now)
+		if viaRedis {
+			e.refusedByWindowFirst(ctx, s, t, n, tokens, true, d)
+		}
 		return false
 	}
 
-	// 3. Token budgets, reserved at the estimate.
-	tokens := r.Estimate.Total
-	for i := 0; i < t.n; i++ {
+	// 3. Token budgets, reserved at the estimate (staged with exact admission).
+	for i := 0; i < t.n && !viaRedis; i++ {
 		in := t.insts[i]
 		for _, wb := range [2]struct {
 			k  int
@@ -577,7 +592,14 @@ func (e *Engine) admitLocal(ctx context.Context, s *Snapshot, r *Request, dims D
 
 	// 3b. Spend budgets, reserved at the worst-case cost.
 	if e.reserveSpend(ctx, s, r, dims, t, now, d) {
+		if viaRedis && d.Reason == ReasonSpendBudget {
+			e.refusedByWindowFirst(ctx, s, t, n, tokens, false, d)
+		}
 		return false
+	}
+	if viaRedis {
+		// 1, 3 and 4 in one script: the windows in order, then the slots.
+		return e.commitShared(ctx, s, r, dims, t, onQueue, now, deadline, d)
 	}
 
 	// 4. Concurrency and in-flight tokens, possibly waiting (within this replica's part of them

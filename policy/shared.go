@@ -508,27 +508,22 @@ func (e *Engine) shareWorker() {
 	}
 }
 
-// admitShared admits through the shared store: the provider's breaker here, then, as often as
-// the request may wait, a slot in this replica's compartments (counting what other replicas
-// hold, as last reported, so that requests queue here with their priority and fairness) and
-// one atomic reservation in Redis of every rate, budget and slot. A slot another replica took
-// meanwhile sends the request back to wait; a window without room refuses it. When Redis does
-// not answer in time the request asks again (or is refused, with on_unavailable closed or no
-// wait left) while the store is available, and is decided as cluster.on_unavailable says once it
-// is not. deadline, when not zero, bounds the wait (what is left of it after an earlier
-// attempt).
-func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now, deadline time.Time, d *Decision) {
+// commitShared is exact admission's last step (admit has passed the breaker and spend budgets,
+// and staged the windows): as often as the request may wait, a slot in this replica's
+// compartments (counting what other replicas hold, as last reported, so that requests queue
+// here with their priority and fairness) and one atomic reservation in Redis of every rate,
+// budget and slot, in admit's order. A slot another replica took meanwhile sends the request
+// back to wait; a window without room refuses it. When Redis does not answer in time the request
+// asks again (or is refused, with on_unavailable closed or no wait left) while the store is
+// available, and is decided as cluster.on_unavailable says once it is not. deadline, when not
+// zero, bounds the wait (what is left of it after an earlier attempt). It reports again as admit
+// does (always false: a request that went local and saw Redis answer again is admitted through
+// it here).
+func (e *Engine) commitShared(ctx context.Context, s *Snapshot, r *Request, dims Dims, t *Ticket, onQueue func(time.Duration), now, deadline time.Time, d *Decision) (again bool) {
 	cs := e.cluster
 	refuse := func(reason Reason, in string, retry time.Duration) {
 		t.undo(now)
 		refuseInto(d, reason, in, retry, &dims)
-	}
-	if e.checkBreaker(s, dims, t, now, d) {
-		t.undo(now)
-		return
-	}
-	if e.reserveSpend(ctx, s, r, dims, t, now, d) {
-		return
 	}
 	sh := t.shared
 	if sh == nil {
@@ -536,7 +531,7 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 		t.shared = sh
 	}
 	tokens := r.Estimate.Total
-	e.sharedRequest(s, t, sh, tokens)
+	e.sharedRequest(s, t, sh, tokens, t.n)
 	sh.lease = cs.store.NextLease()
 	sh.adm = cluster.Admission{Lease: sh.lease, Slots: sh.slots, Windows: sh.windows}
 	watches := make([]*watched, len(sh.slots))
@@ -605,12 +600,12 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 			}
 			// The request goes on waiting, if it must, only for what is left of its max wait, and
 			// only until Redis answers again: it then goes through Redis.
-			again := e.admitLocal(ctx, s, r, dims, t, nil, e.clock.Now(), deadline, cs.backContext(), d)
+			again := e.admit(ctx, s, r, dims, t, nil, e.clock.Now(), deadline, cs.backContext(), false, d)
 			cs.store.LocalEnded()
 			if again {
-				e.admitShared(ctx, s, r, dims, t, nil, e.clock.Now(), deadline, d)
+				e.admit(ctx, s, r, dims, t, nil, e.clock.Now(), deadline, nil, true, d)
 			}
-			return
+			return false
 		}
 		for i := range res.Others {
 			if i < len(watches) {
@@ -666,10 +661,51 @@ func (e *Engine) admitShared(ctx context.Context, s *Snapshot, r *Request, dims 
 	}
 }
 
+// refusedByWindowFirst makes a refusal by a later step (the provider's breaker, when breaker is
+// set, or a spend budget) one by the window exact admission staged and would have refused first,
+// as every other mode refuses: request rates before the breaker, any window before spend
+// budgets. It asks Redis (charging nothing) only on such a refusal's path, and leaves d as it is
+// when Redis does not answer in time or every window has room.
+//
+// n is how many compartments the request was in (its undo has forgotten them).
+func (e *Engine) refusedByWindowFirst(ctx context.Context, s *Snapshot, t *Ticket, n int, tokens int64, breaker bool, d *Decision) {
+	sh := t.shared
+	if sh == nil {
+		sh = &sharedTicket{}
+		t.shared = sh
+	}
+	e.sharedRequest(s, t, sh, tokens, n)
+	windows := sh.windows
+	if breaker {
+		// Only request rates come before the breaker.
+		k := 0
+		for k < len(windows) && windows[k].Kind == "rpm" {
+			k++
+		}
+		windows = windows[:k]
+	}
+	if len(windows) == 0 {
+		return
+	}
+	var res cluster.Result
+	i, err := e.cluster.store.Peek(ctx, windows, &res)
+	if err != nil || i < 0 {
+		return
+	}
+	w := &windows[i]
+	reason := ReasonTokenBudget
+	if w.Kind == "rpm" {
+		reason = ReasonRateLimit
+	}
+	dims := d.Dims
+	refuseInto(d, reason, t.insts[sh.owners[i]].name, res.RetryAfter, &dims)
+	d.Limits.refusedByShared(w.Capacity, res.WindowLeft, res.WindowReset, w.Kind == "rpm")
+}
+
 // sharedRequest fills sh with the slots and windows of t's compartments: rates first, then
 // budgets (the order refusals are reported in), then slots of every compartment with a
 // concurrency or in-flight-token limit.
-func (e *Engine) sharedRequest(s *Snapshot, t *Ticket, sh *sharedTicket, tokens int64) {
+func (e *Engine) sharedRequest(s *Snapshot, t *Ticket, sh *sharedTicket, tokens int64, n int) {
 	sh.slots, sh.slotOwner = sh.slots[:0], sh.slotOwner[:0]
 	sh.windows, sh.owners = sh.windows[:0], sh.owners[:0]
 	add := func(i int, kind string, length time.Duration, capacity int64, amount int64) {
@@ -681,15 +717,15 @@ func (e *Engine) sharedRequest(s *Snapshot, t *Ticket, sh *sharedTicket, tokens 
 			Capacity: capacity, Debt: int64(float64(capacity) * l.MaxDebt), Amount: amount, Shadow: l.Shadow})
 		sh.owners = append(sh.owners, i)
 	}
-	for i := 0; i < t.n; i++ {
+	for i := 0; i < n; i++ {
 		add(i, "rpm", time.Minute, t.insts[i].limits.RequestsPerMinute, 1)
 	}
-	for i := 0; i < t.n; i++ {
+	for i := 0; i < n; i++ {
 		l := t.insts[i].limits
 		add(i, "tpm", time.Minute, l.TokensPerMinute, tokens)
 		add(i, "tpd", 24*time.Hour, l.TokensPerDay, tokens)
 	}
-	for i := 0; i < t.n; i++ {
+	for i := 0; i < n; i++ {
 		l := t.insts[i].limits
 		maxConcurrent := l.MaxConcurrent
 		if l.Adaptive.On() {
@@ -739,7 +775,7 @@ func (e *Engine) trackLocal(s *Snapshot, t *Ticket, tokens int64) {
 		sh = &sharedTicket{}
 		t.shared = sh
 	}
-	e.sharedRequest(s, t, sh, tokens)
+	e.sharedRequest(s, t, sh, tokens, t.n)
 	sh.lease = e.cluster.store.NextLease()
 	e.cluster.store.Track(sh.lease, sh.slots)
 	t.mode = ticketTracked
