@@ -3,7 +3,6 @@ package extproc
 import (
 	"context"
 	"errors"
-	"net/http"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -672,7 +671,7 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 	now := p.clock()
 	p.res.headers = now.Sub(p.dec.admittedAt)
 	if ra, ok := p.Header("retry-after"); ok {
-		p.res.retryAfter = parseRetryAfter(ra, now)
+		p.res.retryAfter = llmapi.ParseRetryAfter(ra, now)
 	}
 	var common *extprocv3.CommonResponse
 	out := &p.out
@@ -1011,21 +1010,4 @@ func scalar(v *structpb.Value) (string, bool) {
 		return strconv.FormatBool(k.BoolValue), true
 	}
 	return "", false
-}
-
-// parseRetryAfter reads a retry-after header: delay seconds or an HTTP date.
-func parseRetryAfter(v string, now time.Time) time.Duration {
-	v = strings.TrimSpace(v)
-	if secs, err := strconv.ParseFloat(v, 64); err == nil {
-		if !(secs > 0 && secs <= 86400) { // also refuses NaN
-			return 0
-		}
-		return time.Duration(secs * float64(time.Second))
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		if d := t.Sub(now); d > 0 && d <= 24*time.Hour {
-			return d
-		}
-	}
-	return 0
 }
