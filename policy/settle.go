@@ -223,7 +223,7 @@ func (t *Ticket) Done(o Outcome) (settled Settled) {
 // logClamp logs a clamped settlement, at most once a minute: one response claiming absurd usage
 // is worth a line, a provider doing it on every response is what the metric is for.
 func (e *Engine) logClamp(feature, model string, u Usage, est Estimate) {
-	if !e.logDue(&e.clampLoggedAt) {
+	if !e.logDue(&e.clampLog) {
 		return
 	}
 	e.log.Warn("reported usage is more than the request could cost; settled at the bound (further cases this minute are only counted in llm_bulkhead_usage_clamped_total)",
