@@ -422,7 +422,7 @@ type modelTarget struct {
 
 // StripHeaders returns the request headers an admitted request goes upstream without: those
 // api_key rules with strip_client_key read the client's key from. The caller must not change
-// the slice.
+// the slice; its capacity is its length, so an append copies it.
 func (s *Snapshot) StripHeaders() []string { return s.stripHeaders }
 
 // Gen returns the snapshot's generation (1 for the first policy, +1 per reload).
@@ -549,7 +549,7 @@ func (s *Snapshot) buildClassifier() {
 	c.dirKeys, _ = keys.Table()
 	c.fileKeys = p.Tenants.KeysFromFile()
 	c.rejectUnknownKey = p.Tenants.UnknownKey == config.UnknownKeyReject
-	s.stripHeaders = p.StripHeaders()
+	s.stripHeaders = slices.Clip(p.StripHeaders())
 	for _, m := range p.Models {
 		mr := modelRule{glob: strings.ToLower(m.Match), provider: -1, bpt: m.BytesPerToken, maxOut: m.DefaultMaxTokens, context: m.ContextTokens}
 		if m.Provider != "" {
