@@ -133,6 +133,9 @@ compartments:
 	time.Sleep(100 * time.Millisecond) // let the requests run before the change
 	secrets.publish(keyLine("sk-one", "acme") + keyLine("sk-two", "globex"))
 	waitGen(t, a, 2)
+	if !strings.Contains(logs.String(), `"why":"keys file changed"`) || !strings.Contains(logs.String(), `"keys_from_file":2`) {
+		t.Errorf("the reload is not logged with its keys:\n%s", logs.String())
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for learned.Load() < 3 && time.Now().Before(deadline) && !t.Failed() {
 		time.Sleep(10 * time.Millisecond)

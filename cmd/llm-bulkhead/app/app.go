@@ -484,7 +484,11 @@ func (a *App) Reload(why string) error {
 	}
 	a.metrics.reloads.WithLabelValues("success").Inc()
 	a.metrics.lastReload.SetToCurrentTime()
-	a.log.Info("policy reloaded", "why", why, "policy", name, "generation", a.engine.Snapshot().Gen(), "diff", diff.String())
+	attrs := []any{"why", why, "policy", name, "generation", a.engine.Snapshot().Gen(), "diff", diff.String()}
+	if f := p.Tenants.KeysFile; f != "" {
+		attrs = append(attrs, "keys_file", f, "keys_from_file", p.Tenants.KeysFromFile().Len())
+	}
+	a.log.Info("policy reloaded", attrs...)
 	return nil
 }
 
