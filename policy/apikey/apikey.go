@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"unicode"
 )
 
 // Hash is the SHA-256 of an API key.
@@ -245,11 +246,12 @@ func Parse(data []byte, checkTenant func(string) error) (*Table, error) {
 	return t, nil
 }
 
-// cutField splits line, trimmed, at its first run of spaces or tabs.
+// cutField splits line, trimmed, at its first run of white space (any: a CR inside a line
+// separates fields too, rather than ending up in a tenant id).
 func cutField(line []byte) (field, rest []byte, ok bool) {
-	i := bytes.IndexAny(line, " \t")
+	i := bytes.IndexFunc(line, unicode.IsSpace)
 	if i < 0 {
 		return line, nil, false
 	}
-	return line[:i], bytes.TrimLeft(line[i:], " \t"), true
+	return line[:i], bytes.TrimLeftFunc(line[i:], unicode.IsSpace), true
 }
