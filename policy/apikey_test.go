@@ -148,12 +148,18 @@ func TestUnknownKeyRejected(t *testing.T) {
 			t.Errorf("compartment %s holds %d", c.Name, c.InFlight)
 		}
 	}
-	r := policy.Request{Dims: s.Classify(input{headers: map[string]string{"authorization": "Bearer sk-globex"}})}
-	var tk policy.Ticket
-	if d := e.Admit(context.Background(), s, &r, &tk, nil); d.Verdict != policy.Admit || tk.JoinCompartments() != "tenant/globex" {
-		t.Errorf("a known key: %+v in %q", d, tk.JoinCompartments())
+	for _, h := range []map[string]string{
+		{"authorization": "Bearer sk-globex"},
+		// The first api_key rule finds nothing; the second, reading its own header, does.
+		{"authorization": "Bearer sk-unknown", "x-portkey-key": "sk-globex"},
+	} {
+		r := policy.Request{Dims: s.Classify(input{headers: h})}
+		var tk policy.Ticket
+		if d := e.Admit(context.Background(), s, &r, &tk, nil); d.Verdict != policy.Admit || tk.JoinCompartments() != "tenant/globex" {
+			t.Errorf("%v: %+v in %q", h, d, tk.JoinCompartments())
+		}
+		tk.Done(policy.Outcome{Status: 200})
 	}
-	tk.Done(policy.Outcome{Status: 200})
 }
 
 // BenchmarkClassify classifies a request whose tenant comes from a trusted header, then from

@@ -32,8 +32,8 @@ type Dims struct {
 	Provider int
 	Tenant   string
 	Model    string
-	// keyRefused is set when an api_key rule found no known key and tenants.unknown_key is
-	// reject: admission refuses the request (ReasonUnknownKey).
+	// keyRefused is set when an api_key rule found no known key, no later one did, and
+	// tenants.unknown_key is reject: admission refuses the request (ReasonUnknownKey).
 	keyRefused bool
 	// modelGroup indexes the snapshot's model groups (Model's first models glob), set by
 	// admission when a family keys or filters by model.
@@ -173,12 +173,12 @@ func (d *dimension) eval(in Input, c *classifier, dims *Dims, accept func(string
 			}
 		case ruleAPIKey:
 			if t, ok := c.keyTenant(in, r.name); ok {
+				dims.keyRefused = false
 				return t, unknown, bad
 			}
-			if c.rejectUnknownKey {
-				dims.keyRefused = true
-				return d.def, unknown, bad
-			}
+			// With unknown_key: reject, a request that reached an api_key rule is refused
+			// unless a later api_key rule (reading another header) finds its key.
+			dims.keyRefused = c.rejectUnknownKey
 		}
 		if !found {
 			continue

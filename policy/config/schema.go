@@ -362,9 +362,11 @@ type Tenants struct {
 	KeysFile string `koanf:"keys_file" json:"keys_file,omitempty"`
 	// UnknownKey says what an api_key rule does with a request whose key is unknown or
 	// missing: default (the rule gives nothing: later rules, then classification.tenant.default
-	// decide) or reject (the request is refused with 401 in the error format of the API
-	// called, reason unknown_key, counted in llm_bulkhead_rejected_total{reason="unknown_key"}).
-	// Default default.
+	// decide) or reject (a request that reaches an api_key rule is refused unless that rule or
+	// a later api_key rule finds its key: with 401 in the error format of the API called,
+	// reason unknown_key, counted in llm_bulkhead_rejected_total{reason="unknown_key"}). A
+	// request whose tenant an earlier rule gives (a JWT claim) never reaches it. Default
+	// default.
 	UnknownKey string `koanf:"unknown_key" json:"unknown_key,omitempty"`
 
 	// keys are the keys of KeysFile, read by Load.
