@@ -32,6 +32,10 @@ type Dims struct {
 	Provider int
 	Tenant   string
 	Model    string
+	// Priority is the request's own queue priority (classification.priority), valid when
+	// HasPriority; without one it waits at its compartments' priority.
+	Priority    int64
+	HasPriority bool
 	// keyRefused is set when an api_key rule found no known key, no later one did, and
 	// tenants.unknown_key is reject: admission refuses the request (ReasonUnknownKey).
 	keyRefused bool
@@ -78,10 +82,13 @@ type dimension struct {
 // classifier evaluates the compiled rules of one snapshot. Immutable.
 type classifier struct {
 	feature, tenant, tier, provider, model dimension
-	tiers, providers                       []string
-	featureIdx, tierIdx, providerIdx       map[string]int
-	tenantTier                             map[string]int
-	models                                 []modelRule
+	// priority reads a request's own queue priority, a value levels lists.
+	priority                         dimension
+	levels                           map[string]int64
+	tiers, providers                 []string
+	featureIdx, tierIdx, providerIdx map[string]int
+	tenantTier                       map[string]int
+	models                           []modelRule
 	// dirKeys are the API keys of the tenant directory (key_sha256), fileKeys those of
 	// tenants.keys_file; rejectUnknownKey is tenants.unknown_key: reject.
 	dirKeys, fileKeys *apikey.Table
