@@ -174,7 +174,12 @@ func (e *DuplicateError) Error() string {
 // be used again.
 func (b *Builder) Table() (*Table, error) {
 	e := b.entries
-	slices.SortStableFunc(e, func(x, y entry) int { return bytes.Compare(x.hash[:], y.hash[:]) })
+	slices.SortFunc(e, func(x, y entry) int {
+		if c := bytes.Compare(x.hash[:], y.hash[:]); c != 0 {
+			return c
+		}
+		return int(x.line) - int(y.line)
+	})
 	out := e[:0]
 	for i := range e {
 		if n := len(out); n > 0 && out[n-1].hash == e[i].hash {
