@@ -271,6 +271,9 @@ func (p *processor) admitReply(at int) *extprocv3.ProcessingResponse {
 		mut.SetHeaders = append(mut.SetHeaders, parts.provHeader[d.Dims.Provider])
 		common.ClearRouteCache = true
 	}
+	// The client's API key stays here when the policy says Envoy sets the provider's key. The
+	// snapshot's slice is shared, and full: an append below copies it.
+	mut.RemoveHeaders = s.StripHeaders()
 	if s.Settings().StripAcceptEncoding && p.resBodyMode != extprocfilterv3.ProcessingMode_NONE {
 		// The response must be readable to settle usage: ask the upstream not to compress it.
 		mut.RemoveHeaders = append(mut.RemoveHeaders, "accept-encoding")

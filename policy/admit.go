@@ -53,6 +53,12 @@ func (e *Engine) Admit(ctx context.Context, s *Snapshot, r *Request, t *Ticket, 
 // stack is one the goroutine serving the stream has to grow (copying it) first.
 func (e *Engine) AdmitInto(ctx context.Context, s *Snapshot, r *Request, t *Ticket, onQueue func(time.Duration), d *Decision) {
 	dims := r.Dims
+	if dims.keyRefused {
+		// No known API key, and the policy refuses such requests: nothing is charged.
+		refuseInto(d, ReasonUnknownKey, "", 0, &dims)
+		e.countDecision(s, d)
+		return
+	}
 	var visited uint64
 	var firstReason Reason
 	var firstIn string

@@ -33,6 +33,9 @@ const (
 	// ReasonSpendBudget: a spend budget (spend_per_hour, spend_per_day, spend_per_month) cannot
 	// cover the request's worst-case cost until its window resets.
 	ReasonSpendBudget Reason = "spend_budget"
+	// ReasonUnknownKey: an api_key tenant rule found no known API key in the request and
+	// tenants.unknown_key is reject.
+	ReasonUnknownKey Reason = "unknown_key"
 )
 
 // Sentinel errors for each refusal reason; Decision.Err wraps one, for errors.Is.
@@ -47,6 +50,7 @@ var (
 	// ErrClusterUnavailable: the shared state could not be reached and the policy refuses then.
 	ErrClusterUnavailable = errors.New("cluster state unavailable")
 	ErrSpendBudget        = errors.New("spend budget exhausted")
+	ErrUnknownKey         = errors.New("unknown API key")
 )
 
 // Verdict is what to do with a request.
@@ -113,6 +117,8 @@ func (d Decision) Err() error {
 		base = ErrClusterUnavailable
 	case ReasonSpendBudget:
 		base = ErrSpendBudget
+	case ReasonUnknownKey:
+		base = ErrUnknownKey
 	default:
 		base = ErrBulkheadFull
 	}
@@ -143,6 +149,8 @@ func (d Decision) Message() string {
 		return fmt.Sprintf("The server is busy. Retry after %d %s.", secs, unit)
 	case ReasonCancelled:
 		return "The client went away while the request was queued."
+	case ReasonUnknownKey:
+		return "The API key is missing or not known."
 	case ReasonClusterUnavailable:
 		return fmt.Sprintf("The service cannot check its shared limits right now. Retry after %d %s.", secs, unit)
 	case ReasonSpendBudget:

@@ -32,6 +32,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llm-bulkhead/llm-bulkhead/internal/throttle"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/apikey"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
@@ -354,6 +355,9 @@ type Snapshot struct {
 	// tenantLabel: metrics of tenant-keyed compartments name the tenant (admin.tenant_label).
 	tenantLabel bool
 
+	// stripHeaders are the headers admitted requests go upstream without (strip_client_key).
+	stripHeaders []string
+
 	// NeedsBodyForRules reports whether classification reads the request body.
 	NeedsBodyForRules bool
 	// RewritesModels reports whether a provider has a models map: a re-route may have to rewrite
@@ -415,6 +419,11 @@ type modelTarget struct {
 	// keep sends the request's model unchanged (model "*").
 	keep bool
 }
+
+// StripHeaders returns the request headers an admitted request goes upstream without: those
+// api_key rules with strip_client_key read the client's key from. The caller must not change
+// the slice; its capacity is its length, so an append copies it.
+func (s *Snapshot) StripHeaders() []string { return s.stripHeaders }
 
 // Gen returns the snapshot's generation (1 for the first policy, +1 per reload).
 func (s *Snapshot) Gen() uint64 { return s.gen }
@@ -528,9 +537,20 @@ func (s *Snapshot) buildClassifier() {
 		c.providers = append(c.providers, pr.name)
 	}
 	c.tenantTier = map[string]int{}
-	for _, t := range p.Tenants.Directory {
+	var keys apikey.Builder
+	for i, t := range p.Tenants.Directory {
 		c.tenantTier[t.ID] = s.tierIdx[t.Tier]
+		for _, hx := range t.KeySHA256 {
+			if h, err := apikey.ParseHash(strings.TrimSpace(hx)); err == nil {
+				keys.Add(h, t.ID, i+1)
+			}
+		}
 	}
+	// Validation refused a key listed twice.
+	c.dirKeys, _ = keys.Table()
+	c.fileKeys = p.Tenants.KeysFromFile()
+	c.rejectUnknownKey = p.Tenants.UnknownKey == config.UnknownKeyReject
+	s.stripHeaders = slices.Clip(p.StripHeaders())
 	for _, m := range p.Models {
 		mr := modelRule{glob: strings.ToLower(m.Match), provider: -1, bpt: m.BytesPerToken, maxOut: m.DefaultMaxTokens, context: m.ContextTokens}
 		if m.Provider != "" {

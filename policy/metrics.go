@@ -17,7 +17,7 @@ import (
 const Namespace = "llm_bulkhead"
 
 // reasons indexes per-reason counters on the hot path.
-var reasons = [...]Reason{ReasonTokenBudget, ReasonRateLimit, ReasonBulkheadFull, ReasonCircuitOpen, ReasonBadRequest, ReasonServerBusy, ReasonCancelled, ReasonSpendBudget, ReasonClusterUnavailable}
+var reasons = [...]Reason{ReasonTokenBudget, ReasonRateLimit, ReasonBulkheadFull, ReasonCircuitOpen, ReasonBadRequest, ReasonServerBusy, ReasonCancelled, ReasonSpendBudget, ReasonUnknownKey, ReasonClusterUnavailable}
 
 func reasonIndex(r Reason) int {
 	for i, x := range reasons {

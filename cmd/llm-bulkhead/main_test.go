@@ -211,6 +211,26 @@ func TestServeInvalidPolicyExits2(t *testing.T) {
 	}
 }
 
+// TestBrokenKeysFileExits2: a keys file with a line that cannot be read stops validate and the
+// start, like a broken policy, with status 2 and a message naming the file and the line.
+func TestBrokenKeysFileExits2(t *testing.T) {
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte("# keys\n"+strings.Repeat("ab", 32)+" acme\n"+strings.Repeat("ab", 31)+" globex\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pol := write(t, "classification: {tenant: {rules: [{api_key: true, trusted: true}]}}\ntenants: {keys_file: "+keys+
+		"}\nfeatures: {default: {max_concurrent: 3}}\ncompartments: [{name: f, key: [feature], limits_from: feature}]\n")
+	for _, args := range [][]string{{"validate", pol}, {"serve", "--config", pol, "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"}} {
+		var errOut bytes.Buffer
+		if code := run(context.Background(), args, []string{}, &bytes.Buffer{}, &errOut, nil); code != 2 {
+			t.Fatalf("%s: exit %d, want 2; stderr:\n%s", args[0], code, errOut.String())
+		}
+		if want := keys + ":3: tenants.keys_file: a SHA-256 is 64 hexadecimal digits, this is 62 characters"; !strings.Contains(errOut.String(), want) {
+			t.Errorf("%s: stderr\n%s\nwant it to say\n%s", args[0], errOut.String(), want)
+		}
+	}
+}
+
 // TestServeUnusableSpendStateExits2: with spend.on_state_error: refuse, a state file that
 // exists but cannot be used stops the start with status 2 and a message naming the file.
 func TestServeUnusableSpendStateExits2(t *testing.T) {

@@ -116,6 +116,7 @@ func (p *Policy) applyDefaults() {
 			}
 		}
 	}
+	p.Tenants.UnknownKey = orString(p.Tenants.UnknownKey, UnknownKeyDefault)
 	c := &p.Classification
 	c.Feature.Default = orString(c.Feature.Default, DefaultFeature)
 	c.Tenant.Default = orString(c.Tenant.Default, DefaultTenant)

@@ -12,6 +12,12 @@
 // runtime's side.
 package config
 
+import (
+	"encoding/json"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/apikey"
+)
+
 // Policy is the whole policy file. A loaded Policy is immutable: reload builds a new one.
 type Policy struct {
 	// Server holds listener and process settings.
@@ -252,7 +258,8 @@ type Envoy struct {
 type Classification struct {
 	// Feature rules. Values must name an entry of features; anything else falls to the default.
 	Feature Dimension `koanf:"feature" json:"feature,omitempty"`
-	// Tenant rules. Only trusted sources count (metadata, attributes, headers marked trusted).
+	// Tenant rules. Only trusted sources count (metadata, attributes, headers and api_key rules
+	// marked trusted).
 	Tenant Dimension `koanf:"tenant" json:"tenant,omitempty"`
 	// Tier rules. Only trusted sources count; usually `tenant_directory: true`.
 	Tier Dimension `koanf:"tier" json:"tier,omitempty"`
@@ -297,8 +304,23 @@ type Dimension struct {
 
 // Rule is one classification source. Exactly one source key is set.
 type Rule struct {
-	// Header reads a request header (lower-case name).
+	// Header reads a request header (lower-case name). With api_key, it names the header the
+	// key is read from instead of authorization and x-api-key.
 	Header string `koanf:"header" json:"header,omitempty"`
+	// APIKey gives the tenant whose API key the request presents (tenant rules only): the key is
+	// read from `authorization: Bearer …`, else from x-api-key (Anthropic's header), or from the
+	// header named by header (its value as is, or after "Bearer "), hashed with SHA-256 and
+	// looked up in the keys of tenants.directory (key_sha256) and tenants.keys_file. A known key
+	// gives its tenant, whatever later rules or headers such as x-tenant-id say; an unknown or
+	// missing key is handled as tenants.unknown_key says. Like a header rule, it needs trusted:
+	// true. The key itself is never logged, counted, traced, written to Envoy's metadata, shown
+	// by the admin API or sent back in an error: only the tenant it gives.
+	APIKey bool `koanf:"api_key" json:"api_key,omitempty"`
+	// StripClientKey (with api_key) removes the header the key is read from (authorization and
+	// x-api-key, or the header named by header) from an admitted request before it goes
+	// upstream, so that Envoy can set the provider's own key (a request_headers_to_add of the
+	// route, after the ext_proc filter). Default false: the client's key goes upstream as sent.
+	StripClientKey bool `koanf:"strip_client_key" json:"strip_client_key,omitempty"`
 	// PathPrefix matches the request :path (query excluded) by prefix; Value is assigned.
 	PathPrefix string `koanf:"path_prefix" json:"path_prefix,omitempty"`
 	// PathRegex matches the :path by a regular expression; Value is assigned ($1… expand groups).
@@ -322,7 +344,7 @@ type Rule struct {
 	// Map translates read values (after normalisation) to dimension values; unmapped values pass
 	// through unchanged.
 	Map map[string]string `koanf:"map" json:"map,omitempty"`
-	// Trusted marks a header or body rule as trusted for tenant, tier and priority.
+	// Trusted marks a header, body or api_key rule as trusted for tenant, tier and priority.
 	// Client-supplied headers are untrusted by default: a free tenant must not claim enterprise,
 	// nor a batch job interactive, by sending a header.
 	Trusted bool `koanf:"trusted" json:"trusted,omitempty"`
@@ -343,7 +365,39 @@ type Tenants struct {
 	DefaultTier string `koanf:"default_tier" json:"default_tier,omitempty"`
 	// Directory lists known tenants.
 	Directory []Tenant `koanf:"directory" json:"directory,omitempty"`
+	// KeysFile is a file of API keys for api_key tenant rules, for more keys than the directory
+	// should hold: one key per line, the SHA-256 of the key in hexadecimal, white space, and the
+	// tenant id (without white space); blank lines and lines starting with # are skipped. Make
+	// a line with `printf %s "$KEY" | sha256sum | cut -d' ' -f1`. Every policy load and reload
+	// reads it again, and the server watches it like the policy file (with --watch, or SIGHUP):
+	// a Kubernetes Secret mounted as a file is picked up when the Secret changes. A line that
+	// cannot be read is an error naming the file and the line: at start the server does not
+	// start, on a reload the running policy and its keys stay. A key may also be in the
+	// directory only for the same tenant. At most 64 MiB (about 800 000 keys); 100 000 keys load
+	// in a fraction of a second and keep about 4 MiB. A relative path is relative to the
+	// working directory. Which file only changes on restart. Default: none.
+	KeysFile string `koanf:"keys_file" json:"keys_file,omitempty"`
+	// UnknownKey says what an api_key rule does with a request whose key is unknown or
+	// missing: default (the rule gives nothing: later rules, then classification.tenant.default
+	// decide) or reject (a request that reaches an api_key rule is refused unless that rule or
+	// a later api_key rule finds its key: with 401 in the error format of the API called,
+	// reason unknown_key, counted in llm_bulkhead_rejected_total{reason="unknown_key"}). A
+	// request whose tenant an earlier rule gives (a JWT claim) never reaches it. Default
+	// default.
+	UnknownKey string `koanf:"unknown_key" json:"unknown_key,omitempty"`
+
+	// keys are the keys of KeysFile, read by Load.
+	keys *apikey.Table
 }
+
+// Unknown key answers (Tenants.UnknownKey).
+const (
+	UnknownKeyDefault = "default"
+	UnknownKeyReject  = "reject"
+)
+
+// KeysFromFile returns the keys read from tenants.keys_file (nil without one).
+func (t *Tenants) KeysFromFile() *apikey.Table { return t.keys }
 
 // Tenant is one tenant directory entry.
 type Tenant struct {
@@ -353,6 +407,22 @@ type Tenant struct {
 	Tier string `koanf:"tier" json:"tier,omitempty"`
 	// Limits override the tier template for this tenant's own compartments.
 	Limits *Limits `koanf:"limits" json:"limits,omitempty"`
+	// KeySHA256 lists the SHA-256 (64 hexadecimal digits) of each API key of the tenant, for
+	// api_key tenant rules. The admin API shows only their first 8 digits.
+	KeySHA256 KeyHashes `koanf:"key_sha256" json:"key_sha256,omitempty"`
+}
+
+// KeyHashes are API key hashes in hexadecimal. They encode to JSON as their first 8 digits
+// and an ellipsis: enough to tell them apart, not to copy them elsewhere.
+type KeyHashes []string
+
+// MarshalJSON writes each hash's prefix.
+func (k KeyHashes) MarshalJSON() ([]byte, error) {
+	out := make([]string, len(k))
+	for i, h := range k {
+		out[i] = h[:min(len(h), 8)] + "…"
+	}
+	return json.Marshal(out)
 }
 
 // ModelRule maps a model glob to a provider and estimation overrides.

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/apikey"
 )
 
 var (
@@ -259,7 +261,10 @@ func (v *validator) classification() {
 
 func (v *validator) rule(path, dim string, r Rule) {
 	var sources []string
-	if r.Header != "" {
+	if r.APIKey {
+		sources = append(sources, "api_key")
+	}
+	if r.Header != "" && !r.APIKey {
 		sources = append(sources, "header")
 	}
 	if r.PathPrefix != "" {
@@ -285,7 +290,7 @@ func (v *validator) rule(path, dim string, r Rule) {
 	}
 	switch len(sources) {
 	case 0:
-		v.add(path, "a rule needs exactly one source: header, path_prefix, path_regex, body, metadata, attribute, tenant_directory or model_map")
+		v.add(path, "a rule needs exactly one source: header, path_prefix, path_regex, body, metadata, attribute, api_key, tenant_directory or model_map")
 		return
 	case 1:
 	default:
@@ -330,6 +335,8 @@ func (v *validator) rule(path, dim string, r Rule) {
 		if r.Metadata.Namespace == "" || r.Metadata.Key == "" {
 			v.add(path+".metadata", "needs both namespace and key")
 		}
+	case "api_key":
+		v.apiKeyRule(path, dim, r)
 	case "tenant_directory":
 		if dim != DimTier {
 			v.add(path+".tenant_directory", "only tier rules can read the tenant directory")
@@ -339,8 +346,11 @@ func (v *validator) rule(path, dim string, r Rule) {
 			v.add(path+".model_map", "only provider rules can use the model map")
 		}
 	}
-	if r.Trusted && src != "header" && src != "body" {
-		v.add(path+".trusted", "only header and body rules take trusted; %s is trusted already", src)
+	if r.Trusted && src != "header" && src != "body" && src != "api_key" {
+		v.add(path+".trusted", "only header, body and api_key rules take trusted; %s is trusted already", src)
+	}
+	if r.StripClientKey && src != "api_key" {
+		v.add(path+".strip_client_key", "only api_key rules take strip_client_key")
 	}
 	if r.Value != "" && src != "path_prefix" && src != "path_regex" {
 		v.add(path+".value", "value is only for path_prefix and path_regex rules (use map to translate values)")
@@ -373,7 +383,94 @@ func (v *validator) rule(path, dim string, r Rule) {
 	}
 }
 
+// apiKeyRule checks a rule that gives the tenant of the request's API key.
+func (v *validator) apiKeyRule(path, dim string, r Rule) {
+	if dim != DimTenant {
+		v.add(path+".api_key", "only tenant rules can read API keys")
+		return
+	}
+	if r.Header != "" && !headerPattern.MatchString(r.Header) {
+		v.add(path+".header", "%q is not a lower-case header name (Envoy sends header names in lower case)", r.Header)
+	}
+	if !r.Trusted {
+		v.add(path+".api_key", "a tenant taken from a header is trusted only when the policy says so: set trusted: true to take tenants from API keys")
+	}
+	if len(r.Map) > 0 {
+		v.add(path+".map", "an api_key rule gives the tenant its key belongs to; there is nothing to map")
+	}
+}
+
+// readsAPIKeys reports whether a tenant rule reads API keys.
+func (p *Policy) readsAPIKeys() bool {
+	return slices.ContainsFunc(p.Classification.Tenant.Rules, func(r Rule) bool { return r.APIKey })
+}
+
+// StripHeaders returns the headers the api_key rules with strip_client_key remove from
+// admitted requests, each once.
+func (p *Policy) StripHeaders() []string {
+	var out []string
+	for _, r := range p.Classification.Tenant.Rules {
+		if !r.APIKey || !r.StripClientKey {
+			continue
+		}
+		names := []string{HeaderAuthorization, HeaderAPIKey}
+		if r.Header != "" {
+			names = []string{r.Header}
+		}
+		for _, n := range names {
+			if !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// The headers an api_key rule reads a key from when it names none.
+const (
+	HeaderAuthorization = "authorization"
+	HeaderAPIKey        = "x-api-key"
+)
+
+// keys checks the API key settings of the tenant directory.
+func (v *validator) keys() {
+	t := v.p.Tenants
+	if !slices.Contains([]string{UnknownKeyDefault, UnknownKeyReject}, t.UnknownKey) {
+		v.own("tenants.unknown_key", "%q is not one of default, reject", t.UnknownKey)
+	}
+	seen := map[apikey.Hash]string{}
+	listed := false
+	for i, tn := range t.Directory {
+		for j, hx := range tn.KeySHA256 {
+			listed = true
+			path := fmt.Sprintf("tenants.directory[%d].key_sha256[%d]", i, j)
+			h, err := apikey.ParseHash(strings.TrimSpace(hx))
+			if err != nil {
+				v.add(path, "%v: write the key's hash (printf %%s \"$KEY\" | sha256sum), never the key", err)
+				continue
+			}
+			if at, dup := seen[h]; dup {
+				v.add(path, "key %s… is listed already, at %s: a key belongs to one tenant, once", h.Prefix(), at)
+				continue
+			}
+			seen[h] = path
+		}
+	}
+	if v.p.readsAPIKeys() {
+		return
+	}
+	switch {
+	case t.KeysFile != "":
+		v.add("tenants.keys_file", "no classification.tenant rule reads API keys: add `- {api_key: true, trusted: true}` to its rules, or remove keys_file")
+	case listed:
+		v.add("tenants.directory", "tenants have key_sha256 but no classification.tenant rule reads API keys: add `- {api_key: true, trusted: true}` to its rules")
+	case t.UnknownKey == UnknownKeyReject:
+		v.add("tenants.unknown_key", "reject applies to api_key rules, and no classification.tenant rule reads API keys")
+	}
+}
+
 func (v *validator) tenants() {
+	v.keys()
 	seen := map[string]int{}
 	for i, t := range v.p.Tenants.Directory {
 		path := fmt.Sprintf("tenants.directory[%d]", i)

@@ -21,6 +21,8 @@ const (
 	// MaxPolicy bounds a policy file (a tenant directory of tens of thousands of entries is a
 	// few MiB).
 	MaxPolicy = 16 << 20
+	// MaxKeys bounds a file of API key hashes (tenants.keys_file): about 800 000 keys.
+	MaxKeys = 64 << 20
 	// MaxPEM bounds a certificate chain, a key or a CA bundle (a public CA bundle is about
 	// 200 KiB).
 	MaxPEM = 4 << 20

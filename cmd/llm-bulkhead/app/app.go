@@ -112,6 +112,8 @@ type App struct {
 	serveErr chan error
 	stopOnce sync.Once
 	watcher  *watcher
+	// keysWatcher reloads the policy when tenants.keys_file changes; nil without one.
+	keysWatcher *watcher
 	// tracing exports requests' spans; nil when the policy does not trace.
 	tracing *tracingPipeline
 	// spendState keeps spend in the state file; nil without one.
@@ -391,6 +393,16 @@ func (a *App) Start() error {
 		} else {
 			a.watcher = w
 		}
+		if keys := a.current.Load().Tenants.KeysFile; keys != "" {
+			// A reload reads the keys again with the policy: a new key is taken, a file with a
+			// line that cannot be read keeps the running policy and its keys.
+			w, err := newWatcher(keys, 250*time.Millisecond, a.log, func() { a.Reload("keys file changed") })
+			if err != nil {
+				a.log.Error("cannot watch the keys file; reload with SIGHUP instead", "file", keys, "err", err)
+			} else {
+				a.keysWatcher = w
+			}
+		}
 	}
 	if a.tls != nil {
 		a.tls.watch(tlsPollInterval)
@@ -472,7 +484,11 @@ func (a *App) Reload(why string) error {
 	}
 	a.metrics.reloads.WithLabelValues("success").Inc()
 	a.metrics.lastReload.SetToCurrentTime()
-	a.log.Info("policy reloaded", "why", why, "policy", name, "generation", a.engine.Snapshot().Gen(), "diff", diff.String())
+	attrs := []any{"why", why, "policy", name, "generation", a.engine.Snapshot().Gen(), "diff", diff.String()}
+	if f := p.Tenants.KeysFile; f != "" {
+		attrs = append(attrs, "keys_file", f, "keys_from_file", p.Tenants.KeysFromFile().Len())
+	}
+	a.log.Info("policy reloaded", attrs...)
 	return nil
 }
 
@@ -495,6 +511,10 @@ func (a *App) checkFixed(p *config.Policy) error {
 		if k.flag == "" && k.now != k.was {
 			problems = append(problems, k.key)
 		}
+	}
+	if p.Tenants.KeysFile != cur.Tenants.KeysFile {
+		// Its contents are read on every reload; which file is watched, only on restart.
+		problems = append(problems, "tenants.keys_file")
 	}
 	if p.Envoy.MaxRequestBody != cur.Envoy.MaxRequestBody {
 		problems = append(problems, "envoy.max_request_body")
@@ -534,6 +554,9 @@ func (a *App) Shutdown(ctx context.Context) {
 		a.health.Shutdown()
 		if a.watcher != nil {
 			a.watcher.Close()
+		}
+		if a.keysWatcher != nil {
+			a.keysWatcher.Close()
 		}
 		if a.tls != nil {
 			a.tls.close()
