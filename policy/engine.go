@@ -321,9 +321,12 @@ type Snapshot struct {
 	spendCarried  int
 	spendCarryErr error
 
-	features    []*featureEntry
-	tiers       []string
-	providers   []*providerEntry
+	features  []*featureEntry
+	tiers     []string
+	providers []*providerEntry
+	// topPriority is the highest queue priority the policy gives (config.Policy.TopPriority):
+	// only such requests use a provider quota's reserve.
+	topPriority int64
 	featureIdx  map[string]int
 	tierIdx     map[string]int
 	providerIdx map[string]int
@@ -404,6 +407,8 @@ type providerEntry struct {
 	name     string
 	fallback int // -1 when none
 	breakers *breakerSet
+	// quota follows the provider's rate-limit headers (nil: quota.mode off).
+	quota *providerQuota
 	// models is the provider's models map (nil: re-routed requests keep their model).
 	models []modelTarget
 }
@@ -504,6 +509,7 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 	if err := e.buildStep("pools"); err != nil {
 		return nil, err
 	}
+	s.buildQuotas(prev)
 	if err := s.buildBreakers(prev); err != nil {
 		return nil, err
 	}

@@ -526,8 +526,13 @@ type Provider struct {
 	// match no glob share the provider-wide breaker: model names come from clients, so they never
 	// create breakers or metric series themselves.
 	BreakerPerModel bool `koanf:"breaker_per_model" json:"breaker_per_model,omitempty"`
-	// Fallback is the provider to re-route to while this provider's breaker is open.
+	// Fallback is the provider to re-route to while this provider's breaker is open, or while
+	// its quota cannot cover a request (quota.mode enforce).
 	Fallback string `koanf:"fallback" json:"fallback,omitempty"`
+	// Quota follows what the provider's responses say is left of the account's rate limits
+	// (OpenAI's and Azure's x-ratelimit-*, Anthropic's anthropic-ratelimit-* headers), so that
+	// a request the provider would refuse with 429 is not sent.
+	Quota ProviderQuota `koanf:"quota" json:"quota,omitempty"`
 	// Models says which model to send this provider when a request is re-routed to it (a
 	// breaker's fallback or a feature's degrade rule): the first entry, in file order, whose
 	// match fits the request's model gives the model the body is rewritten to. A list rather
@@ -538,6 +543,22 @@ type Provider struct {
 	// allows only when the `models` list assigns no models to the providers they come from.
 	// Rewriting needs the buffered body (envoy.request_body_mode BUFFERED).
 	Models []ModelMapping `koanf:"models" json:"models,omitempty"`
+}
+
+// ProviderQuota is how admission uses a provider's rate-limit headers.
+type ProviderQuota struct {
+	// Mode: off ignores the headers; shadow tracks them and counts the requests the quota could
+	// not cover (llm_bulkhead_provider_quota_short_total) without changing any decision;
+	// enforce re-routes such a request along fallback (with the model rewrite) or refuses it
+	// with 429, reason provider_quota, retry-after the provider's reset. Requests in flight
+	// count against what is left (held at their estimate until their response says how much
+	// is left, charged at their real use when it does not say). Default off.
+	Mode string `koanf:"mode" json:"mode,omitempty"`
+	// Reserve is the share of each quota's limit kept for the requests of the highest priority
+	// the policy gives (limits' and classification.priority's): the others find the quota short
+	// while less than that is left, so interactive traffic keeps the last of it. 0 to 0.9.
+	// Default 0.
+	Reserve float64 `koanf:"reserve" json:"reserve,omitempty"`
 }
 
 // ModelMapping maps a model glob to the model a provider is sent instead.

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"reflect"
 	"regexp"
@@ -552,6 +553,14 @@ func (v *validator) providers() {
 			v.add(path+".breaker_per_model", "needs a breaker")
 		}
 		v.providerModels(path, name, pr)
+		switch pr.Quota.Mode {
+		case "", QuotaOff, QuotaShadow, QuotaEnforce:
+		default:
+			v.add(path+".quota.mode", "%q is not off, shadow or enforce", pr.Quota.Mode)
+		}
+		if pr.Quota.Reserve < 0 || pr.Quota.Reserve > 0.9 || math.IsNaN(pr.Quota.Reserve) {
+			v.add(path+".quota.reserve", "must be between 0 and 0.9 (a share of each quota's limit), got %v", pr.Quota.Reserve)
+		}
 		if pr.Fallback == "" {
 			continue
 		}
@@ -559,8 +568,8 @@ func (v *validator) providers() {
 			v.add(path+".fallback", "provider %q is not in providers%s", pr.Fallback, knownList(sortedKeys(v.p.Providers)))
 			continue
 		}
-		if pr.Breaker == "" {
-			v.add(path+".fallback", "a fallback is used while the breaker is open, but %s has no breaker", name)
+		if pr.Breaker == "" && pr.Quota.Mode != QuotaEnforce {
+			v.add(path+".fallback", "a fallback is used while the breaker is open or the quota is short, but %s has no breaker and no quota in enforce mode", name)
 		}
 		chain := []string{name}
 		for cur := pr.Fallback; cur != ""; cur = v.p.Providers[cur].Fallback {
