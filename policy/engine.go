@@ -359,6 +359,9 @@ type Snapshot struct {
 
 	// NeedsBodyForRules reports whether classification reads the request body.
 	NeedsBodyForRules bool
+	// QuotaPath is quota_endpoint.path when the quota endpoint is enabled, else empty: a GET of
+	// it is answered with the caller's ClientQuota.
+	QuotaPath string
 	// RewritesModels reports whether a provider has a models map: a re-route may have to rewrite
 	// the body's model, so decisions should wait for the body.
 	RewritesModels bool
@@ -488,6 +491,9 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 	}
 	s.buildModelGroups()
 	s.RewritesModels = p.RewritesModels()
+	if p.QuotaEndpoint.Enabled {
+		s.QuotaPath = p.QuotaEndpoint.Path
+	}
 	s.resolveLimits()
 	s.settings = compileSettings(p, e.memLimit)
 	s.tenantLabel = p.Admin.TenantLabel

@@ -55,6 +55,9 @@ const (
 // MaxReplicaIDBytes bounds cluster.replica_id: it is part of Redis keys and of every lease.
 const MaxReplicaIDBytes = 128
 
+// DefaultQuotaPath is quota_endpoint.path's default.
+const DefaultQuotaPath = "/v1/bulkhead/quota"
+
 // Provider quota modes (providers.<name>.quota.mode).
 const (
 	QuotaOff     = "off"
@@ -75,6 +78,7 @@ const (
 )
 
 func (p *Policy) applyDefaults() {
+	p.QuotaEndpoint.Path = orString(p.QuotaEndpoint.Path, DefaultQuotaPath)
 	s := &p.Server
 	s.GRPCAddr = orString(s.GRPCAddr, DefaultGRPCAddr)
 	s.AdminAddr = orString(s.AdminAddr, DefaultAdminAddr)

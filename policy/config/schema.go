@@ -129,6 +129,9 @@ type Policy struct {
 	// any compartment and no breaker). Default false: such a policy is refused, so that an empty
 	// or truncated file cannot silently turn every limit off.
 	AllowEmpty bool `koanf:"allow_empty" json:"allow_empty,omitempty"`
+	// QuotaEndpoint lets a client ask how much of its limits is left before it starts a big job:
+	// a GET of its path is answered by llm-bulkhead itself, never forwarded. Default off.
+	QuotaEndpoint QuotaEndpoint `koanf:"quota_endpoint" json:"quota_endpoint,omitempty"`
 	// Cluster shares limits across replicas through Redis. Default off.
 	Cluster Cluster `koanf:"cluster" json:"cluster,omitempty"`
 	// Tracing exports an OpenTelemetry span per request (docs/tracing.md). Default off.
@@ -713,6 +716,19 @@ type Responses struct {
 	// RateLimitHeaders adds x-ratelimit-remaining-tokens and x-ratelimit-reset-tokens for the
 	// tightest token budget of the request's compartments. Default false.
 	RateLimitHeaders bool `koanf:"ratelimit_headers" json:"ratelimit_headers,omitempty"`
+}
+
+// QuotaEndpoint is the path clients ask their remaining limits at. The caller is classified
+// exactly as its LLM requests are (its tenant from the same trusted sources, its feature from
+// the same rules, e.g. x-llm-feature), and the answer is JSON about its own compartments: for
+// a compartment keyed by tenant, its limits, what is left of each token and request window and
+// spend budget with their reset times, and its requests in flight; for a compartment other
+// tenants share, its limits only (what others use is not theirs to see).
+type QuotaEndpoint struct {
+	// Enabled answers GET requests for Path. Default false.
+	Enabled bool `koanf:"enabled" json:"enabled,omitempty"`
+	// Path is the request path (query ignored) answered. Default /v1/bulkhead/quota.
+	Path string `koanf:"path" json:"path,omitempty"`
 }
 
 // Cluster makes every replica enforce one shared policy: token budgets, request rates and

@@ -235,9 +235,25 @@ func (v *validator) priority() {
 	}
 }
 
+// quotaEndpoint checks quota_endpoint.path: an absolute path without a query, which no LLM API
+// of the server's uses (a client's LLM request must never be answered with its quota).
+func (v *validator) quotaEndpoint() {
+	q := v.p.QuotaEndpoint
+	if !q.Enabled {
+		return
+	}
+	switch {
+	case !strings.HasPrefix(q.Path, "/") || strings.ContainsAny(q.Path, "?#") || strings.ContainsFunc(q.Path, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+		v.add("quota_endpoint.path", "%q is not an absolute request path (starting with /, without query, spaces or control characters)", q.Path)
+	case reservedAPIPath(q.Path):
+		v.add("quota_endpoint.path", "%q is the path of an LLM API the server meters: its requests would be answered with the quota", q.Path)
+	}
+}
+
 func (v *validator) classification() {
 	c := v.p.Classification
 	v.priority()
+	v.quotaEndpoint()
 	dims := []struct {
 		name string
 		d    Dimension
@@ -1149,4 +1165,18 @@ func knownList(names []string) string {
 		return " (none are defined)"
 	}
 	return " (" + strings.Join(names, ", ") + ")"
+}
+
+// apiPathPrefixes are the paths of the LLM APIs the server meters (extproc/llmapi knows them
+// in full); quota_endpoint.path must not be one of them.
+var apiPathPrefixes = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages",
+	"/v1/audio/", "/v1/images/", "/openai/", "/v1beta/models/", "/v1/models/", "/model/"}
+
+func reservedAPIPath(path string) bool {
+	for _, p := range apiPathPrefixes {
+		if strings.HasPrefix(path, p) {
+			return true
+		}
+	}
+	return false
 }
