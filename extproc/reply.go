@@ -274,7 +274,7 @@ func (m *headerMem) build(key string, value []byte) *corev3.HeaderValueOption {
 // for a body that cannot be read, 401 for an API key that is missing or unknown.
 func refusalStatus(r policy.Reason, d llmapi.Dialect) int {
 	switch r {
-	case policy.ReasonTokenBudget, policy.ReasonRateLimit, policy.ReasonSpendBudget:
+	case policy.ReasonTokenBudget, policy.ReasonRateLimit, policy.ReasonSpendBudget, policy.ReasonProviderQuota:
 		return 429
 	case policy.ReasonBadRequest:
 		return 400
@@ -351,7 +351,7 @@ func refusalBody(d policy.Decision, dialect llmapi.Dialect, requestID string) []
 	}
 	typ := "server_overloaded"
 	switch d.Reason {
-	case policy.ReasonTokenBudget, policy.ReasonRateLimit:
+	case policy.ReasonTokenBudget, policy.ReasonRateLimit, policy.ReasonProviderQuota:
 		typ = "rate_limit_exceeded"
 	case policy.ReasonSpendBudget:
 		// OpenAI's own error for a spending limit reached.
@@ -410,7 +410,7 @@ func bedrockException(r policy.Reason) string {
 // unavailable for no capacity (a 503).
 func byKind(r policy.Reason, limited, bad, unauthenticated, unavailable string) string {
 	switch r {
-	case policy.ReasonTokenBudget, policy.ReasonRateLimit, policy.ReasonSpendBudget:
+	case policy.ReasonTokenBudget, policy.ReasonRateLimit, policy.ReasonSpendBudget, policy.ReasonProviderQuota:
 		return limited
 	case policy.ReasonBadRequest:
 		return bad

@@ -1,12 +1,16 @@
 package extproc
 
 import (
+	"encoding/json"
 	"errors"
 	"strconv"
 	"strings"
 	"time"
 	"unsafe"
 
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -29,6 +33,9 @@ func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	p.req.metadata = req.MetadataContext
 	p.req.attrs = req.Attributes[attributesKey]
 	p.req.arrived = p.clock()
+	if q := p.snap.QuotaPath; q != "" && path == q && p.method() == "GET" {
+		return p.quotaReply()
+	}
 	p.traceStart()
 
 	bodyComing := !h.EndOfStream && p.reqBodyMode != extprocfilterv3.ProcessingMode_NONE
@@ -320,4 +327,25 @@ func (p *processor) onQueue(maxWait time.Duration) {
 	if err := p.stream.Send(resp); err == nil {
 		p.srv.metrics.overrides.Inc()
 	}
+}
+
+// quotaReply answers a client's question about its own limits (quota_endpoint): the caller is
+// classified as its LLM requests are, and gets its compartments' limits and what is left of
+// them as JSON. The request is answered here and never forwarded; it is not an LLM call, so it
+// counts against nothing.
+func (p *processor) quotaReply() *extprocv3.ProcessingResponse {
+	p.phase = phaseDone
+	q := p.snap.ClientQuota(p.snap.Classify(p), p.clock())
+	body, err := json.Marshal(q)
+	status := typev3.StatusCode_OK
+	if err != nil {
+		body, status = []byte(`{"error":{"message":"the quota could not be written"}}`), typev3.StatusCode_InternalServerError
+	}
+	headers := []*corev3.HeaderValueOption{setHeader("content-type", "application/json"), setHeader("cache-control", "no-store")}
+	if id := refusalRequestID(p.req.id); id != "" {
+		headers = append(headers, setHeader(HeaderRequestID, id))
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
+		Status: &typev3.HttpStatus{Code: status}, Headers: &extprocv3.HeaderMutation{SetHeaders: headers}, Body: body,
+	}}}
 }

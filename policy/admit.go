@@ -120,7 +120,7 @@ func (s *Snapshot) modelFor(p int, r *Request) (model string, ok bool) {
 
 // rerouteTarget returns the provider to try after a refusal for reason, or -1.
 func (s *Snapshot) rerouteTarget(d Dims, reason Reason) int {
-	if reason == ReasonCircuitOpen {
+	if reason == ReasonCircuitOpen || reason == ReasonProviderQuota {
 		return s.providers[d.Provider].fallback
 	}
 	if dg := s.features[d.Feature].degrade; dg != nil {
@@ -158,7 +158,7 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 		dims.modelGroup = s.modelGroup(dims.Model)
 	}
 	t.engine, t.snap, t.dims, t.est, t.bytes = e, s, dims, r.Estimate, r.PromptBytes
-	t.n, t.brk, t.active, t.mode = 0, nil, false, ticketLocal
+	t.n, t.brk, t.active, t.mode, t.quota = 0, nil, false, ticketLocal, nil
 	t.done.Store(false)
 	t.firstToken.Store(false)
 	for _, f := range s.families {
@@ -291,8 +291,9 @@ func (e *Engine) admit(ctx context.Context, s *Snapshot, r *Request, dims Dims, 
 		t.rpm[i] = ch
 	}
 
-	// 2. The provider's breaker, and an upstream retry-after holding this tenant back.
-	if e.checkBreaker(s, dims, t, now, d) {
+	// 2. The provider's breaker, and an upstream retry-after holding this tenant back; then
+	// the provider's own quota, as its responses last told it.
+	if e.checkBreaker(s, dims, t, now, d) || e.reserveQuota(s, r, &dims, t, now, d) {
 		t.undo(now)
 		if viaRedis {
 			e.refusedByWindowFirst(ctx, s, t, n, tokens, true, d)

@@ -36,6 +36,10 @@ const (
 	// ReasonUnknownKey: an api_key tenant rule found no known API key in the request and
 	// tenants.unknown_key is reject.
 	ReasonUnknownKey Reason = "unknown_key"
+	// ReasonProviderQuota: the provider's own rate limits, as its responses last told them,
+	// cannot cover the request before they reset (providers.<name>.quota.mode enforce), and it
+	// has no fallback that can.
+	ReasonProviderQuota Reason = "provider_quota"
 )
 
 // Sentinel errors for each refusal reason; Decision.Err wraps one, for errors.Is.
@@ -51,6 +55,7 @@ var (
 	ErrClusterUnavailable = errors.New("cluster state unavailable")
 	ErrSpendBudget        = errors.New("spend budget exhausted")
 	ErrUnknownKey         = errors.New("unknown API key")
+	ErrProviderQuota      = errors.New("provider quota exhausted")
 )
 
 // Verdict is what to do with a request.
@@ -119,6 +124,8 @@ func (d Decision) Err() error {
 		base = ErrSpendBudget
 	case ReasonUnknownKey:
 		base = ErrUnknownKey
+	case ReasonProviderQuota:
+		base = ErrProviderQuota
 	default:
 		base = ErrBulkheadFull
 	}
@@ -153,6 +160,8 @@ func (d Decision) Message() string {
 		return "The API key is missing or not known."
 	case ReasonClusterUnavailable:
 		return fmt.Sprintf("The service cannot check its shared limits right now. Retry after %d %s.", secs, unit)
+	case ReasonProviderQuota:
+		return fmt.Sprintf("The upstream provider's rate limit (%s) is used up until it resets. Retry after %d %s.", d.Compartment, secs, unit)
 	case ReasonSpendBudget:
 		if d.SpendOverLimit {
 			return fmt.Sprintf("The worst-case cost of this request is more than the whole spend budget of %s: ask for fewer output tokens (max_tokens).", d.Compartment)

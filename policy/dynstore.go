@@ -93,6 +93,18 @@ func (st *dynStore) resolve(s *Snapshot, f *family, d *Dims, now time.Time) *ins
 	return e.in
 }
 
+// peek returns the instance of family f that d falls in if it exists, creating nothing and
+// taking no reference (a view of it, e.g. for the quota endpoint); nil when there is none.
+func (st *dynStore) peek(f *family, d *Dims) *instance {
+	key := f.dynKeyOf(d)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if e := st.entries[key]; e != nil {
+		return e.in
+	}
+	return nil
+}
+
 // release drops a reference taken by resolve.
 func (st *dynStore) release(in *instance, now time.Time) {
 	in.lease.lastUsed.Store(now.UnixNano())

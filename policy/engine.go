@@ -322,9 +322,12 @@ type Snapshot struct {
 	spendCarried  int
 	spendCarryErr error
 
-	features    []*featureEntry
-	tiers       []string
-	providers   []*providerEntry
+	features  []*featureEntry
+	tiers     []string
+	providers []*providerEntry
+	// topPriority is the highest queue priority the policy gives (config.Policy.TopPriority):
+	// only such requests use a provider quota's reserve.
+	topPriority int64
 	featureIdx  map[string]int
 	tierIdx     map[string]int
 	providerIdx map[string]int
@@ -360,6 +363,9 @@ type Snapshot struct {
 
 	// NeedsBodyForRules reports whether classification reads the request body.
 	NeedsBodyForRules bool
+	// QuotaPath is quota_endpoint.path when the quota endpoint is enabled, else empty: a GET of
+	// it is answered with the caller's ClientQuota.
+	QuotaPath string
 	// RewritesModels reports whether a provider has a models map: a re-route may have to rewrite
 	// the body's model, so decisions should wait for the body.
 	RewritesModels bool
@@ -408,6 +414,8 @@ type providerEntry struct {
 	name     string
 	fallback int // -1 when none
 	breakers *breakerSet
+	// quota follows the provider's rate-limit headers (nil: quota.mode off).
+	quota *providerQuota
 	// models is the provider's models map (nil: re-routed requests keep their model).
 	models []modelTarget
 }
@@ -492,6 +500,9 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 	}
 	s.buildModelGroups()
 	s.RewritesModels = p.RewritesModels()
+	if p.QuotaEndpoint.Enabled {
+		s.QuotaPath = p.QuotaEndpoint.Path
+	}
 	s.resolveLimits()
 	s.settings = compileSettings(p, e.memLimit)
 	s.tenantLabel = p.Admin.TenantLabel
@@ -513,6 +524,7 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 	if err := e.buildStep("pools"); err != nil {
 		return nil, err
 	}
+	s.buildQuotas(prev)
 	if err := s.buildBreakers(prev); err != nil {
 		return nil, err
 	}

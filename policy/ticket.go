@@ -10,6 +10,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/quota"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
 )
 
@@ -56,6 +57,10 @@ type Ticket struct {
 	// spend holds the reservation in spend budgets (allocated on first use, only by requests
 	// that a spend budget applies to).
 	spend *spend.Reservation
+	// quota is the tracker of the provider's quota the request holds quotaRes of (nil: the
+	// provider's quota is not followed).
+	quota    *quota.Tracker
+	quotaRes quota.Reservation
 }
 
 // ticketMode says where an admission's limits were enforced.
@@ -197,4 +202,5 @@ func (t *Ticket) undoLocal(now time.Time) {
 		t.brk.Release(t.permit)
 		t.brk = nil
 	}
+	t.releaseQuota()
 }

@@ -98,6 +98,26 @@ Flags:
 		cfg.opts.ProviderCapacity[name] = c
 		return nil
 	})
+	fs.Func("provider-quota", "`name=N/window`: x-llm-provider value name may send N requests per window (simulated time, e.g. deepseek=60/1m); its responses say what is left in x-ratelimit-* (anthropic-ratelimit-* for /v1/messages) headers and requests beyond it get 429 (repeatable)", func(v string) error {
+		name, spec, ok := strings.Cut(v, "=")
+		n, window, ok2 := strings.Cut(spec, "/")
+		if !ok || !ok2 || name == "" {
+			return errors.New("want name=N/window, e.g. deepseek=60/1m")
+		}
+		limit, err := strconv.Atoi(n)
+		if err != nil {
+			return err
+		}
+		w, err := time.ParseDuration(window)
+		if err != nil {
+			return err
+		}
+		if cfg.opts.Quotas == nil {
+			cfg.opts.Quotas = map[string]mock.RequestQuota{}
+		}
+		cfg.opts.Quotas[name] = mock.RequestQuota{Limit: limit, Window: w}
+		return nil
+	})
 	fs.Int64Var(&cfg.opts.DefaultCompletionTokens, "default-completion-tokens", mock.DefaultCompletionTokens, "completion tokens when the request gives no max_tokens/max_completion_tokens/max_output_tokens")
 	fs.DurationVar(&cfg.opts.Latency.Base, "base-latency", mock.DefaultBaseLatency, "fixed part of each request's latency")
 	fs.Float64Var(&cfg.opts.Latency.TokensPerSecond, "tokens-per-second", mock.DefaultTokensPerSecond, "latency grows by tokens/this seconds (tokens = prompt + completion)")

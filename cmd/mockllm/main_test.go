@@ -66,7 +66,7 @@ func TestParseFlags(t *testing.T) {
 				"-capacity", "8", "-provider-capacity", "deepseek=2", "-provider-capacity", "openai=5",
 				"-default-completion-tokens", "64", "-base-latency", "50ms", "-tokens-per-second", "2000",
 				"-jitter-min", "1", "-jitter-max", "1", "-ttfb-fraction", "0.5", "-decode-slowdown", "0.25", "-chunk-tokens", "4",
-				"-embedding-dimensions", "16", "-request-log", "10",
+				"-embedding-dimensions", "16", "-request-log", "10", "-provider-quota", "deepseek=60/1m",
 				"-fail", "provider=deepseek,rate=0.6,status=503", "-fail", "model=gpt-4*,no-usage=1",
 			},
 			check: func(t *testing.T, c config) {
@@ -75,7 +75,7 @@ func TestParseFlags(t *testing.T) {
 					o.Seed != 9 || o.Capacity != 8 || o.ProviderCapacity["deepseek"] != 2 || o.ProviderCapacity["openai"] != 5 ||
 					o.DefaultCompletionTokens != 64 || o.Latency.Base != 50*time.Millisecond || o.Latency.TokensPerSecond != 2000 ||
 					o.Latency.JitterMin != 1 || o.Latency.JitterMax != 1 || o.Latency.TTFBFraction != 0.5 || o.Latency.DecodeSlowdown != 0.25 || o.ChunkTokens != 4 ||
-					o.EmbeddingDimensions != 16 || o.RequestLogSize != 10 {
+					o.EmbeddingDimensions != 16 || o.RequestLogSize != 10 || o.Quotas["deepseek"] != (mock.RequestQuota{Limit: 60, Window: time.Minute}) {
 					t.Fatalf("config = %+v", c)
 				}
 				want := []mock.FaultRule{

@@ -135,6 +135,9 @@ type Policy struct {
 	// any compartment and no breaker). Default false: such a policy is refused, so that an empty
 	// or truncated file cannot silently turn every limit off.
 	AllowEmpty bool `koanf:"allow_empty" json:"allow_empty,omitempty"`
+	// QuotaEndpoint lets a client ask how much of its limits is left before it starts a big job:
+	// a GET of its path is answered by llm-bulkhead itself, never forwarded. Default off.
+	QuotaEndpoint QuotaEndpoint `koanf:"quota_endpoint" json:"quota_endpoint,omitempty"`
 	// Cluster shares limits across replicas through Redis. Default off.
 	Cluster Cluster `koanf:"cluster" json:"cluster,omitempty"`
 	// Tracing exports an OpenTelemetry span per request (docs/tracing.md). Default off.
@@ -596,8 +599,13 @@ type Provider struct {
 	// match no glob share the provider-wide breaker: model names come from clients, so they never
 	// create breakers or metric series themselves.
 	BreakerPerModel bool `koanf:"breaker_per_model" json:"breaker_per_model,omitempty"`
-	// Fallback is the provider to re-route to while this provider's breaker is open.
+	// Fallback is the provider to re-route to while this provider's breaker is open, or while
+	// its quota cannot cover a request (quota.mode enforce).
 	Fallback string `koanf:"fallback" json:"fallback,omitempty"`
+	// Quota follows what the provider's responses say is left of the account's rate limits
+	// (OpenAI's and Azure's x-ratelimit-*, Anthropic's anthropic-ratelimit-* headers), so that
+	// a request the provider would refuse with 429 is not sent.
+	Quota ProviderQuota `koanf:"quota" json:"quota,omitempty"`
 	// Models says which model to send this provider when a request is re-routed to it (a
 	// breaker's fallback or a feature's degrade rule): the first entry, in file order, whose
 	// match fits the request's model gives the model the body is rewritten to. A list rather
@@ -608,6 +616,22 @@ type Provider struct {
 	// allows only when the `models` list assigns no models to the providers they come from.
 	// Rewriting needs the buffered body (envoy.request_body_mode BUFFERED).
 	Models []ModelMapping `koanf:"models" json:"models,omitempty"`
+}
+
+// ProviderQuota is how admission uses a provider's rate-limit headers.
+type ProviderQuota struct {
+	// Mode: off ignores the headers; shadow tracks them and counts the requests the quota could
+	// not cover (llm_bulkhead_provider_quota_short_total) without changing any decision;
+	// enforce re-routes such a request along fallback (with the model rewrite) or refuses it
+	// with 429, reason provider_quota, retry-after the provider's reset. Requests in flight
+	// count against what is left (held at their estimate until their response says how much
+	// is left, charged at their real use when it does not say). Default off.
+	Mode string `koanf:"mode" json:"mode,omitempty"`
+	// Reserve is the share of each quota's limit kept for the requests of the highest priority
+	// the policy gives (limits' and classification.priority's): the others find the quota short
+	// while less than that is left, so interactive traffic keeps the last of it. 0 to 0.9.
+	// Default 0.
+	Reserve float64 `koanf:"reserve" json:"reserve,omitempty"`
 }
 
 // ModelMapping maps a model glob to the model a provider is sent instead.
@@ -762,6 +786,19 @@ type Responses struct {
 	// RateLimitHeaders adds x-ratelimit-remaining-tokens and x-ratelimit-reset-tokens for the
 	// tightest token budget of the request's compartments. Default false.
 	RateLimitHeaders bool `koanf:"ratelimit_headers" json:"ratelimit_headers,omitempty"`
+}
+
+// QuotaEndpoint is the path clients ask their remaining limits at. The caller is classified
+// exactly as its LLM requests are (its tenant from the same trusted sources, its feature from
+// the same rules, e.g. x-llm-feature), and the answer is JSON about its own compartments: for
+// a compartment keyed by tenant, its limits, what is left of each token and request window and
+// spend budget with their reset times, and its requests in flight; for a compartment other
+// tenants share, its limits only (what others use is not theirs to see).
+type QuotaEndpoint struct {
+	// Enabled answers GET requests for Path. Default false.
+	Enabled bool `koanf:"enabled" json:"enabled,omitempty"`
+	// Path is the request path (query ignored) answered. Default /v1/bulkhead/quota.
+	Path string `koanf:"path" json:"path,omitempty"`
 }
 
 // Cluster makes every replica enforce one shared policy: token budgets, request rates and

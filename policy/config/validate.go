@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"reflect"
 	"regexp"
@@ -236,9 +237,25 @@ func (v *validator) priority() {
 	}
 }
 
+// quotaEndpoint checks quota_endpoint.path: an absolute path without a query, which no LLM API
+// of the server's uses (a client's LLM request must never be answered with its quota).
+func (v *validator) quotaEndpoint() {
+	q := v.p.QuotaEndpoint
+	if !q.Enabled {
+		return
+	}
+	switch {
+	case !strings.HasPrefix(q.Path, "/") || strings.ContainsAny(q.Path, "?#") || strings.ContainsFunc(q.Path, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+		v.add("quota_endpoint.path", "%q is not an absolute request path (starting with /, without query, spaces or control characters)", q.Path)
+	case reservedAPIPath(q.Path):
+		v.add("quota_endpoint.path", "%q is the path of an LLM API the server meters: its requests would be answered with the quota", q.Path)
+	}
+}
+
 func (v *validator) classification() {
 	c := v.p.Classification
 	v.priority()
+	v.quotaEndpoint()
 	dims := []struct {
 		name string
 		d    Dimension
@@ -649,6 +666,14 @@ func (v *validator) providers() {
 			v.add(path+".breaker_per_model", "needs a breaker")
 		}
 		v.providerModels(path, name, pr)
+		switch pr.Quota.Mode {
+		case "", QuotaOff, QuotaShadow, QuotaEnforce:
+		default:
+			v.add(path+".quota.mode", "%q is not off, shadow or enforce", pr.Quota.Mode)
+		}
+		if pr.Quota.Reserve < 0 || pr.Quota.Reserve > 0.9 || math.IsNaN(pr.Quota.Reserve) {
+			v.add(path+".quota.reserve", "must be between 0 and 0.9 (a share of each quota's limit), got %v", pr.Quota.Reserve)
+		}
 		if pr.Fallback == "" {
 			continue
 		}
@@ -656,8 +681,8 @@ func (v *validator) providers() {
 			v.add(path+".fallback", "provider %q is not in providers%s", pr.Fallback, knownList(sortedKeys(v.p.Providers)))
 			continue
 		}
-		if pr.Breaker == "" {
-			v.add(path+".fallback", "a fallback is used while the breaker is open, but %s has no breaker", name)
+		if pr.Breaker == "" && pr.Quota.Mode != QuotaEnforce {
+			v.add(path+".fallback", "a fallback is used while the breaker is open or the quota is short, but %s has no breaker and no quota in enforce mode", name)
 		}
 		chain := []string{name}
 		for cur := pr.Fallback; cur != ""; cur = v.p.Providers[cur].Fallback {
@@ -1237,4 +1262,18 @@ func knownList(names []string) string {
 		return " (none are defined)"
 	}
 	return " (" + strings.Join(names, ", ") + ")"
+}
+
+// apiPathPrefixes are the paths of the LLM APIs the server meters (extproc/llmapi knows them
+// in full); quota_endpoint.path must not be one of them.
+var apiPathPrefixes = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages",
+	"/v1/audio/", "/v1/images/", "/openai/", "/v1beta/models/", "/v1/models/", "/model/"}
+
+func reservedAPIPath(path string) bool {
+	for _, p := range apiPathPrefixes {
+		if strings.HasPrefix(path, p) {
+			return true
+		}
+	}
+	return false
 }
