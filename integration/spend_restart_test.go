@@ -13,7 +13,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/mockllm/mock"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
-	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/statefile"
 )
 
 // spendStatePolicy prices deepseek at $1 000 per million tokens ($0.001 a token) and gives the
@@ -114,12 +114,12 @@ func (p *spendProcess) saved(path string) float64 {
 	want := p.used()
 	var got float64
 	clusterWait(p.t, fmt.Sprintf("the state file to hold $%.2f", want), func() bool {
-		st, err := spend.ReadState(path)
+		st, err := statefile.Read(path)
 		if err != nil {
 			return false
 		}
 		got = 0
-		for _, w := range st.Windows {
+		for _, w := range st.Spend {
 			if w.Budget == "feature/chat" && w.Period == "day" {
 				got = float64(w.Settled+w.InFlight) / 1e6
 			}
@@ -163,7 +163,7 @@ func TestSpendSurvivesRestart(t *testing.T) {
 	if got := p.used(); !near(got, 4*chatCost) {
 		t.Fatalf("after SIGTERM and restart chat used $%v, want $%.2f", got, 4*chatCost)
 	}
-	if v := replicaMetric(t, p.r, "llm_bulkhead_spend_state_restored_windows"); v != 1 {
+	if v := replicaMetric(t, p.r, "llm_bulkhead_spend_state_restored_windows", "kind", "spend"); v != 1 {
 		t.Errorf("restored windows %v, want 1", v)
 	}
 	p.spend(3)
@@ -190,8 +190,8 @@ func TestSpendSurvivesRestart(t *testing.T) {
 	}
 	// Restoring never double-counts: the restored spend is what the file held, whatever
 	// restarted how often.
-	if st, err := spend.ReadState(state); err == nil {
-		for _, w := range st.Windows {
+	if st, err := statefile.Read(state); err == nil {
+		for _, w := range st.Spend {
 			if w.Budget == "feature/chat" && float64(w.Settled+w.InFlight)/1e6 > before+2*chatCost+1e-9 {
 				t.Errorf("state file holds $%v for chat, more than was ever spent", float64(w.Settled+w.InFlight)/1e6)
 			}

@@ -267,10 +267,11 @@ func (w *Window) Save(now time.Time) (time.Duration, []SlotCharge) {
 // Restore replaces what the window counts with charges that Save gave a window whose slots were
 // slot long, and returns the sum it kept. Each charge counts as made at the last instant of its
 // slot, in the slot of this window that holds that instant: with the slot length unchanged it
-// lands where it was; under another length it ages out as a charge made then would, never later. A charge whose slot has aged out of the window
-// by now is dropped; one later than now (a clock that was ahead when it was saved) counts in the
-// current slot, for one whole window from now. Capacity and debt bound stay this window's: a
-// restored sum above a lowered capacity is debt, which ages out as charged.
+// lands where it was; under another length it ages out as a charge made then would, never
+// later. A charge whose slot has aged out of the window by now is dropped; one later than now (a
+// clock that was ahead when it was saved) counts in the current slot, for one whole window from
+// now. Capacity and debt bound stay this window's: a restored sum above a lowered capacity is
+// debt, which ages out as charged.
 func (w *Window) Restore(slot time.Duration, charges []SlotCharge, now time.Time) int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()

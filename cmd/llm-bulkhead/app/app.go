@@ -32,7 +32,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
-	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/statefile"
 )
 
 // Options configure an App. Zero values take the policy's settings.
@@ -114,7 +114,7 @@ type App struct {
 	// tracing exports requests' spans; nil when the policy does not trace.
 	tracing *tracingPipeline
 	// spendState keeps spend in the state file; nil without one.
-	spendState *spend.Persister
+	spendState *statefile.Persister
 	// tls is the ext_proc listener's TLS material; nil for plaintext.
 	tls *listenerTLS
 	// memLimit is the memory limit the server sized its defaults from (0: none), found in

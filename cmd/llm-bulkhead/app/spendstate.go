@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
-	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/statefile"
 )
 
 // spendStatePath is the spend state file: the --spend-state flag's, else the policy's
@@ -23,7 +23,7 @@ func (a *App) spendStatePath(p *config.Policy) string {
 type SpendStateError struct {
 	// Path is the state file.
 	Path string
-	Err  *spend.StateError
+	Err  *statefile.StateError
 }
 
 func (e *SpendStateError) Error() string {
@@ -49,12 +49,12 @@ func (a *App) openSpendState(p *config.Policy) error {
 		now = a.opts.Clock.Now
 	}
 	refuse := p.Spend.OnStateError == config.OnStateErrorRefuse
-	a.spendState = spend.NewPersister(spend.PersistOptions{
-		Path: path, Interval: p.Spend.StateInterval.D(), Source: a.engine.Ledger(), Now: now,
+	a.spendState = statefile.NewPersister(statefile.PersistOptions{
+		Path: path, Interval: p.Spend.StateInterval.D(), Source: a.engine, Now: now,
 		Logger: a.log, Registerer: a.registry, Refuse: refuse,
 	})
-	var se *spend.StateError
-	if err := a.spendState.Restore(); refuse && errors.As(err, &se) && se.Reason != spend.ReasonMissing {
+	var se *statefile.StateError
+	if err := a.spendState.Restore(); refuse && errors.As(err, &se) && se.Reason != statefile.ReasonMissing {
 		return &SpendStateError{Path: path, Err: se}
 	}
 	return nil

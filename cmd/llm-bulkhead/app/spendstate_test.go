@@ -14,6 +14,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead/app"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/statefile"
 )
 
 // spendPolicy gives the chat feature $5 a day; interval is spend.state_interval.
@@ -58,7 +59,7 @@ func TestSpendStateRestoredAndKeptOnReload(t *testing.T) {
 	}
 	now := time.Now().UTC()
 	start := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
-	if err := spend.WriteState(state, spend.SavedState{Currency: "USD", Windows: []spend.SavedWindow{
+	if err := statefile.Write(state, statefile.State{Currency: "USD", Spend: []spend.SavedWindow{
 		{Budget: "feature/chat", Period: "day", Start: start, End: start.AddDate(0, 0, 1), Settled: 1_250_000, InFlight: 250_000},
 		// Yesterday's window has ended: not restored.
 		{Budget: "feature/chat", Period: "day", Start: start.AddDate(0, 0, -1), End: start, Settled: 4_000_000},
@@ -99,12 +100,12 @@ func TestSpendStateRestoredAndKeptOnReload(t *testing.T) {
 	}
 	a.Shutdown(context.Background())
 	stopped = true
-	st, err := spend.ReadState(state)
+	st, err := statefile.Read(state)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(st.Windows) != 1 || st.Windows[0].Settled+st.Windows[0].InFlight != 1_500_000 {
-		t.Fatalf("state written at shutdown: %+v", st.Windows)
+	if len(st.Spend) != 1 || st.Spend[0].Settled+st.Spend[0].InFlight != 1_500_000 {
+		t.Fatalf("state written at shutdown: %+v", st.Spend)
 	}
 }
 
@@ -133,7 +134,7 @@ func TestSpendStateRefusedWithCluster(t *testing.T) {
 func TestSpendStateOnError(t *testing.T) {
 	now := time.Now().UTC()
 	start := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
-	good := spend.SavedState{Currency: "USD", Windows: []spend.SavedWindow{
+	good := statefile.State{Currency: "USD", Spend: []spend.SavedWindow{
 		{Budget: "feature/chat", Period: "day", Start: start, End: start.AddDate(0, 0, 1), Settled: 1_500_000}}}
 	setup := func(t *testing.T, onError string, cut bool) (policyPath, state string) {
 		dir := t.TempDir()
@@ -146,7 +147,7 @@ func TestSpendStateOnError(t *testing.T) {
 		if err := os.WriteFile(policyPath, []byte(pol), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if err := spend.WriteState(state, good); err != nil {
+		if err := statefile.Write(state, good); err != nil {
 			t.Fatal(err)
 		}
 		if cut {
@@ -226,7 +227,7 @@ func TestSpendStateOnError(t *testing.T) {
 			t.Fatalf("chat spent %v after the reload, want 1.5: a reload must not read the file", got)
 		}
 		a.Shutdown(context.Background())
-		if st, err := spend.ReadState(state); err != nil || len(st.Windows) != 1 || st.Windows[0].Settled != 1_500_000 {
+		if st, err := statefile.Read(state); err != nil || len(st.Spend) != 1 || st.Spend[0].Settled != 1_500_000 {
 			t.Fatalf("state written at shutdown: %+v, %v", st, err)
 		}
 	})
