@@ -3,13 +3,12 @@ package extproc
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"log/slog"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 )
 
@@ -214,7 +213,7 @@ func refusalRequestID(id string) string {
 	if validRequestID(id) {
 		return id
 	}
-	return newRequestID()
+	return uuid.NewString()
 }
 
 func validRequestID(id string) bool {
@@ -227,23 +226,4 @@ func validRequestID(id string) bool {
 		}
 	}
 	return true
-}
-
-// newRequestID returns a random (version 4) UUID.
-func newRequestID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	var out [36]byte
-	hex.Encode(out[0:8], b[0:4])
-	out[8] = '-'
-	hex.Encode(out[9:13], b[4:6])
-	out[13] = '-'
-	hex.Encode(out[14:18], b[6:8])
-	out[18] = '-'
-	hex.Encode(out[19:23], b[8:10])
-	out[23] = '-'
-	hex.Encode(out[24:], b[10:])
-	return string(out[:])
 }

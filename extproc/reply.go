@@ -176,6 +176,19 @@ func (m *replyMem) setReset(key string, d time.Duration) *corev3.HeaderValueOpti
 	return m.setHeader(key, m.format(appendReset(m.vals[m.nvals:m.nvals], d)))
 }
 
+// formatReset writes a duration the way OpenAI's x-ratelimit-reset-* headers do ("6m0s",
+// "1.5s", "250ms"): Go's Duration text rounded to milliseconds.
+func formatReset(d time.Duration) string {
+	return d.Round(time.Millisecond).String()
+}
+
+// appendReset appends formatReset(d) to b, without allocating when b has room:
+// Duration.String is inlined here, so the string it returns does not escape and is built on
+// the stack (TestAppendResetDoesNotAllocate).
+func appendReset(b []byte, d time.Duration) []byte {
+	return append(b, d.Round(time.Millisecond).String()...)
+}
+
 // format takes b, just appended at the free part of vals, as a formatted value: it stays in
 // vals when it fitted there (appending beyond the array's end moved it elsewhere).
 func (m *replyMem) format(b []byte) []byte {

@@ -3,18 +3,45 @@
 // replies. It holds no policy of its own: it reads the policy Snapshot's accessors and compiled
 // Settings, never the policy file's structs.
 //
-// A processor (processor.go) moves through one explicit phase — new, request, admitted,
-// responding, done, or passthrough — and keeps what the request said, what was decided and what
-// the response showed in three small parts. The server bounds what streams may hold (open
-// streams, buffered request bodies) and ends streams that go silent, releasing what they hold
-// (idle.go); a message out of Envoy's order ends its stream. The server's gRPC codec
-// (codec.go, ServerOption) decodes the requests Envoy sends with decode.go and marshals the
-// replies with go-control-plane's generated code; anything else is protobuf's. A buffered body
-// is held once: decoded into memory of its own, rewritten there (llmapi.EditBody) and sent back
-// from there, counted until gRPC has written it. gRPC marshals
+// A processor moves through one explicit phase — new, request, admitted, responding, done, or
+// passthrough — and keeps what the request said, what was decided and what the response showed
+// in three small parts. The server bounds what streams may hold (open streams, buffered request
+// bodies) and ends streams that go silent, releasing what they hold; a message out of Envoy's
+// order ends its stream. The server's gRPC codec decodes Envoy's requests with a decoder of its
+// own and marshals the replies with go-control-plane's generated code; anything else is
+// protobuf's. A buffered body is held once: decoded into memory of its own, rewritten there
+// (llmapi.EditBody) and sent back from there, counted until gRPC has written it. gRPC marshals
 // a reply inside Send, so an admitted request's replies are built in memory its processor keeps
-// (replyMem, reply.go), valid until the stream's next message, and a processor goes back to a
-// pool when its stream ends.
+// (replyMem), valid until the stream's next message, and a processor goes back to a pool when
+// its stream ends.
+//
+// Where each thing lives:
+//
+//   - server.go: the Server, its Options and Process, the loop that reads a stream's messages
+//     and sends the replies.
+//   - processor.go: the stream state machine: the processor, its phases and parts, Envoy's
+//     message order, the dispatch of each message, body modes, and the end of a stream.
+//   - request.go: the request's messages: buffering the body and counting it against
+//     server.max_buffered_body_bytes, the decision (classify, estimate, admit), the refusal or
+//     the admitted request's header and body mutations, and the message-timeout override while
+//     it queues.
+//   - response.go: the response's messages: status, retry-after (llmapi.ParseRetryAfter),
+//     rate-limit headers, the usage scan, first-token and inter-token timing, and settlement.
+//   - input.go: the policy.Input adapter over the current message (headers, path, body fields,
+//     metadata_context, attributes).
+//   - reply.go: replies and their formatting: the shared CONTINUE replies, replyMem, the
+//     refusal's status, headers and body in the dialect of the API called, rate-limit header
+//     values.
+//   - metadata.go: the request's dynamic metadata, written in protobuf's wire form onto the
+//     replies that carry it.
+//   - idle.go: silent streams and the reaper that ends them (EndableStreams).
+//   - codec.go, decode.go: the gRPC codec (ServerOption) and its decoder of Envoy's requests.
+//   - cache.go: reply pieces built once per policy snapshot.
+//   - decisionlog.go: the rate-limited log of refusals.
+//   - metrics.go, tracing.go: the adapter's metrics and spans.
+//
+// Package llmapi, below it, reads the LLM API traffic itself: request bodies, response usage
+// and errors, paths, retry-after.
 package extproc
 
 import (

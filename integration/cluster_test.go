@@ -485,9 +485,23 @@ func sharedBudget(t *testing.T, cc clusterConfig) {
 		}
 		got[o.label][key]++
 	}
+	// Leased admission admits at most the window too, but a request can be refused while part
+	// of the window sits unused in other replicas' chunks (docs/cluster.md, "How exact it is"):
+	// at most twice the window's even pace over a chunk's life per replica, 1 667 tokens here,
+	// so three replicas' leftovers can cost at most one 5 000-token request.
+	paid := map[string]int{"batch_summarize": 10, "batch_export": 10}
+	if cc.admission == "leased" {
+		for feature := range paid {
+			got := got[feature]["200 on deepseek"]
+			if got < 9 || got > 10 {
+				t.Errorf("%s: leased admission ran %d documents on the paid provider, want 10 (9 when chunks are left on other replicas)", feature, got)
+			}
+			paid[feature] = max(min(got, 10), 9)
+		}
+	}
 	want := map[string]map[string]int{
-		"batch_summarize": {"200 on deepseek": 10, "200 on local rerouted token_budget": 30},
-		"batch_export":    {"200 on deepseek": 10, "429 token_budget paid_batch/batch_export": 30},
+		"batch_summarize": {"200 on deepseek": paid["batch_summarize"], "200 on local rerouted token_budget": n - paid["batch_summarize"]},
+		"batch_export":    {"200 on deepseek": paid["batch_export"], "429 token_budget paid_batch/batch_export": n - paid["batch_export"]},
 	}
 	for feature, w := range want {
 		if fmt.Sprint(got[feature]) != fmt.Sprint(w) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/mockllm/mock"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/money"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
 )
 
@@ -82,7 +83,7 @@ func cost(t *testing.T, prices map[string]string, tok map[string]int64) spend.Mi
 	t.Helper()
 	var sum int64
 	for kind, n := range tok {
-		p, err := spend.ParseAmount(prices[kind])
+		p, err := money.ParseAmount(prices[kind])
 		if err != nil {
 			t.Fatal(err)
 		}

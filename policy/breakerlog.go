@@ -2,9 +2,9 @@ package policy
 
 import (
 	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/llm-bulkhead/llm-bulkhead/internal/throttle"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/breaker"
 )
 
@@ -14,28 +14,9 @@ import (
 // one line per second per breaker and kind.
 const breakerLogInterval = time.Second
 
-// logLimit lets one line through per breakerLogInterval and counts the ones it holds back.
-// Lock-free; safe for concurrent use.
-type logLimit struct {
-	last       atomic.Int64 // Unix nanoseconds of the last line let through
-	suppressed atomic.Uint64
-}
-
-// allow reports whether a line may go out at now and, if so, how many were held back since
-// the last one.
-func (l *logLimit) allow(now time.Time) (bool, uint64) {
-	n := now.UnixNano()
-	last := l.last.Load()
-	if last != 0 && n-last < int64(breakerLogInterval) || !l.last.CompareAndSwap(last, n) {
-		l.suppressed.Add(1)
-		return false, 0
-	}
-	return true, l.suppressed.Swap(0)
-}
-
 // breakerLog is one breaker's log limits, kept by name so that they outlive reloads.
 type breakerLog struct {
-	refusals, events logLimit
+	refusals, events throttle.Gate
 }
 
 // breakerLogs holds the log limits of every breaker the engine has made, by name. Names come
@@ -68,7 +49,7 @@ func (e *Engine) breakerLog(name string) *breakerLog {
 // logBreakerRefusal logs, at info and rate-limited, that breaker b refused a call; fallback is
 // the provider the request is re-routed to ("" when it is refused).
 func (e *Engine) logBreakerRefusal(b *breaker.Breaker, retry time.Duration, fallback string, now time.Time) {
-	ok, suppressed := e.breakerLog(b.Name()).refusals.allow(now)
+	ok, suppressed := e.breakerLog(b.Name()).refusals.Allow(now, breakerLogInterval)
 	if !ok {
 		return
 	}
@@ -80,7 +61,7 @@ func (e *Engine) logBreakerRefusal(b *breaker.Breaker, retry time.Duration, fall
 // Every event is also in the breaker's history (GET /admin/breakers/{name}/events) and the
 // metrics, so a line held back loses nothing but the line.
 func (e *Engine) logBreakerEvent(ev breaker.Event) {
-	ok, suppressed := e.breakerLog(ev.Name).events.allow(e.clock.Now())
+	ok, suppressed := e.breakerLog(ev.Name).events.Allow(e.clock.Now(), breakerLogInterval)
 	if !ok {
 		return
 	}

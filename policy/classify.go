@@ -3,9 +3,9 @@ package policy
 import (
 	"regexp"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/glob"
 )
 
 // Input is what classification reads from one request. The ext_proc processor implements it
@@ -239,38 +239,6 @@ func (c *classifier) modelRuleFor(model string) *modelRule {
 	return nil
 }
 
-// globMatch matches s against a pattern where * matches any run of characters and ? one
-// character (one UTF-8 sequence; an invalid byte counts as one). It does not allocate.
-func globMatch(pattern, s string) bool {
-	px, sx := 0, 0
-	nextPx, nextSx := -1, -1
-	for px < len(pattern) || sx < len(s) {
-		if px < len(pattern) {
-			switch c := pattern[px]; c {
-			case '*':
-				nextPx, nextSx = px, sx+1
-				px++
-				continue
-			case '?':
-				if sx < len(s) {
-					_, size := utf8.DecodeRuneInString(s[sx:])
-					px++
-					sx += size
-					continue
-				}
-			default:
-				if sx < len(s) && s[sx] == c {
-					px++
-					sx++
-					continue
-				}
-			}
-		}
-		if nextSx > 0 && nextSx <= len(s) {
-			px, sx = nextPx, nextSx
-			continue
-		}
-		return false
-	}
-	return true
-}
+// globMatch matches s against a model glob of the policy (package glob: * matches any run of
+// characters, ? one). It does not allocate.
+func globMatch(pattern, s string) bool { return glob.Match(pattern, s) }

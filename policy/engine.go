@@ -31,6 +31,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/llm-bulkhead/llm-bulkhead/internal/throttle"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
@@ -89,10 +90,10 @@ type Engine struct {
 	retiredDyn map[string]*dynStore
 	// afterBuildStep, set only by tests, may fail a reload after a build step.
 	afterBuildStep func(step string) error
-	// clampLoggedAt is when a clamped settlement was last logged (Unix nanoseconds).
-	clampLoggedAt atomic.Int64
-	// invalidLoggedAt is when a classification value that cannot be used was last logged.
-	invalidLoggedAt atomic.Int64
+	// clampLog lets a clamped settlement be logged once a minute.
+	clampLog throttle.Gate
+	// invalidLog lets a classification value that cannot be used be logged once a minute.
+	invalidLog throttle.Gate
 	// breakerLogs rate-limits each breaker's log lines.
 	breakerLogs breakerLogs
 	// cluster is the shared state of cluster mode (nil without one).
@@ -132,12 +133,11 @@ func NewEngine(p *config.Policy, o Options) (*Engine, error) {
 	return e, nil
 }
 
-// logDue reports whether a line of a kind logged at most once a minute may be written now: at
-// holds when one was last written (Unix nanoseconds, 0 for never) and is set to now when so.
-func (e *Engine) logDue(at *atomic.Int64) bool {
-	now := e.clock.Now().UnixNano()
-	last := at.Load()
-	return (last == 0 || now-last >= int64(time.Minute)) && at.CompareAndSwap(last, now)
+// logDue reports whether a line of a kind logged at most once a minute may be written now, by
+// the engine's clock. What is held back is counted by the kind's metric.
+func (e *Engine) logDue(g *throttle.Gate) bool {
+	ok, _ := g.Allow(e.clock.Now(), time.Minute)
+	return ok
 }
 
 // Close disconnects from the shared state (giving this replica's slots back at once); ctx
@@ -631,7 +631,7 @@ func (s *Snapshot) invalidValue(d dim, bad invalidValue) {
 	}
 	e := s.engine
 	e.metrics.invalidValue[d].Inc()
-	if !e.logDue(&e.invalidLoggedAt) {
+	if !e.logDue(&e.invalidLog) {
 		return
 	}
 	r := &s.classifier.dimension(d).rules[bad.rule]

@@ -2,9 +2,6 @@ package policy
 
 import "fmt"
 
-// GlobMatch exposes the model-map glob to tests.
-var GlobMatch = globMatch
-
 // EvictionExamined returns how many tenant compartments eviction searches have looked at, over
 // every tenant-keyed family of e.
 func EvictionExamined(e *Engine) int64 {
@@ -38,3 +35,6 @@ func FailBuildAt(e *Engine, step string) {
 		return nil
 	}
 }
+
+// PriceTable compiles a policy's prices list as a snapshot does.
+var PriceTable = priceTable

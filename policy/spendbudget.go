@@ -26,7 +26,7 @@ var _ [spend.MaxWindows - len(spend.Periods)*maxCompartments]struct{}
 // and calendar and resolves the features' spend counters.
 func (s *Snapshot) buildSpend() {
 	p, e := s.policy, s.engine
-	s.prices = p.PriceTable()
+	s.prices = priceTable(p)
 	s.SpendLimits = p.AnySpendLimits()
 	if !s.SpendLimits {
 		return
@@ -43,6 +43,59 @@ func (s *Snapshot) buildSpend() {
 	for _, f := range s.features {
 		s.onCommit(func() { f.spend = e.spendMetrics.feature(f.name) })
 	}
+}
+
+// priceTable compiles the policy's prices list: the entries in order, the default entry, and
+// the highest price of each kind (what a model no entry prices is charged when there is no
+// default entry).
+func priceTable(p *config.Policy) *spend.Prices {
+	var rules []spend.PriceRule
+	var def *spend.Price
+	var highest spend.Price
+	for _, pr := range p.Prices {
+		price := priceOf(pr)
+		highest.Input = max(highest.Input, price.Input)
+		highest.Output = max(highest.Output, price.Output)
+		highest.CachedInput = max(highest.CachedInput, price.CachedInput)
+		highest.Reasoning = max(highest.Reasoning, price.Reasoning)
+		highest.PerSecond = max(highest.PerSecond, price.PerSecond)
+		highest.PerRequest = max(highest.PerRequest, price.PerRequest)
+		highest.PerImage = max(highest.PerImage, price.PerImage)
+		if pr.Match == config.DefaultPrice {
+			def = &price
+			continue
+		}
+		rules = append(rules, spend.PriceRule{Match: pr.Match, Price: price})
+	}
+	if def == nil && len(p.Prices) > 0 {
+		// Every kind is priced explicitly: the highest cached price may be below the highest
+		// input price, and so on.
+		highest.HasCachedInput, highest.HasReasoning = true, true
+		def = &highest
+	}
+	return spend.NewPrices(rules, def, !p.Classification.Model.CaseSensitive)
+}
+
+// priceOf is the price one prices entry says: a cached (reasoning) token costs an input
+// (output) token unless the entry prices it, and what the entry leaves out costs nothing.
+func priceOf(r config.PriceRule) spend.Price {
+	amount := func(a *config.Amount) spend.Micros {
+		if a == nil {
+			return 0
+		}
+		return *a
+	}
+	pr := spend.Price{Input: amount(r.InputPerMtok), Output: amount(r.OutputPerMtok)}
+	pr.CachedInput, pr.HasCachedInput = pr.Input, false
+	if r.CachedInputPerMtok != nil {
+		pr.CachedInput, pr.HasCachedInput = *r.CachedInputPerMtok, true
+	}
+	pr.Reasoning = pr.Output
+	if r.ReasoningPerMtok != nil {
+		pr.Reasoning, pr.HasReasoning = *r.ReasoningPerMtok, true
+	}
+	pr.PerSecond, pr.PerRequest, pr.PerImage = amount(r.PerSecond), amount(r.PerRequest), amount(r.PerImage)
+	return pr
 }
 
 // carryForeignSpend carries into the current windows the spend of windows another time zone

@@ -2,7 +2,7 @@
 // needs: a few fields of a request body (model, output limit, streaming,
 // user, size of the prompt) and what a response reports (its token usage, an
 // error reported inside a successful response, when its first generated
-// content arrived), for
+// content arrived, the wait its retry-after header asks for), for
 // OpenAI-compatible chat, completions, embeddings and Responses endpoints and
 // for Anthropic messages.
 //

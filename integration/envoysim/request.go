@@ -1,7 +1,6 @@
 package envoysim
 
 import (
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"strconv"
@@ -9,6 +8,7 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/google/uuid"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -191,17 +191,9 @@ func (r *Request) headerList() Headers {
 		h = append(h, Header{Key: "x-forwarded-proto", Value: scheme})
 	}
 	if _, ok := h.Lookup("x-request-id"); !ok {
-		h = append(h, Header{Key: "x-request-id", Value: newRequestID()})
+		h = append(h, Header{Key: "x-request-id", Value: uuid.NewString()})
 	}
 	return h
-}
-
-func newRequestID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	b[6] = (b[6] & 0x0f) | 0x40
-	b[8] = (b[8] & 0x3f) | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
 // requestSource turns the request's body fields into a BodySource plus the

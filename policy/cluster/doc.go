@@ -6,7 +6,7 @@
 // drops the leases of replicas that stopped beating. Changes to slot counts are published, so a
 // replica's queued requests wake when a slot frees anywhere. Spend budgets (money, in calendar
 // windows the caller names) are reserved all or nothing by a script of their own and settled in
-// the same batches.
+// the same batches; SpendStore keeps a spend.Ledger's sums there.
 //
 // The Store knows nothing of policies: the caller names compartments and windows and gives their
 // limits with every call, so replicas on different policy versions apply their own limits to the

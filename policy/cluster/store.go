@@ -203,6 +203,8 @@ type Store struct {
 	keys                                            struct{ replicas, leases, comps, seq, epoch, channel, spendIndex, spendTokens string }
 	admit, settle, heartbeat, resync, leave, repair *redis.Script
 	spendReserve, spendSettle                       *redis.Script
+	// peek finds the window an admission would be refused by (see Peek).
+	peek *redis.Script
 
 	log *slog.Logger
 	met *metrics
@@ -331,7 +333,7 @@ func Open(o Options) (*Store, error) {
 		o: o, client: client, tag: "{" + o.KeyPrefix + "}", log: o.Logger,
 		leases: map[uint64]lease{}, kick: make(chan struct{}, 1), probe: make(chan struct{}, 1),
 		beatNow: make(chan struct{}, 1), back: make(chan struct{}, 1), tried: make(chan struct{}),
-		admit: redis.NewScript(luaAdmit), settle: redis.NewScript(luaSettle),
+		admit: redis.NewScript(luaAdmit), settle: redis.NewScript(luaSettle), peek: redis.NewScript(luaPeek),
 		heartbeat: redis.NewScript(luaHeartbeat), resync: redis.NewScript(luaResync), leave: redis.NewScript(luaLeave),
 		repair:       redis.NewScript(luaRepair),
 		spendReserve: redis.NewScript(luaSpendReserve), spendSettle: redis.NewScript(luaSpendSettle),

@@ -4,6 +4,12 @@
 //
 // The zero value of every field is documented on the field; Load fills defaults before validation,
 // so code reading a loaded Policy never has to guess.
+//
+// The package is a leaf: it imports the standard library, the decoding libraries and small value
+// packages (money, glob, files, and breaker for the breaker's own rules), never the runtime, a
+// Redis client or Prometheus (TestConfigIsALeaf), so that validating a policy links neither.
+// What the runtime builds from a policy (price tables, compartments, the cluster) is built on the
+// runtime's side.
 package config
 
 // Policy is the whole policy file. A loaded Policy is immutable: reload builds a new one.

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/glob"
 )
 
 // currencyPattern is an ISO 4217 style currency code.
@@ -38,51 +38,6 @@ func (p *Policy) Location() *time.Location {
 		return time.UTC
 	}
 	return loc
-}
-
-// PriceTable compiles the prices list: the entries in order, the default entry, and the
-// highest price of each kind (what a model no entry prices is charged when there is no
-// default entry).
-func (p *Policy) PriceTable() *spend.Prices {
-	var rules []spend.PriceRule
-	var def *spend.Price
-	var highest spend.Price
-	for _, pr := range p.Prices {
-		price := pr.price()
-		highest.Input = max(highest.Input, price.Input)
-		highest.Output = max(highest.Output, price.Output)
-		highest.CachedInput = max(highest.CachedInput, price.CachedInput)
-		highest.Reasoning = max(highest.Reasoning, price.Reasoning)
-		highest.PerSecond = max(highest.PerSecond, price.PerSecond)
-		highest.PerRequest = max(highest.PerRequest, price.PerRequest)
-		highest.PerImage = max(highest.PerImage, price.PerImage)
-		if pr.Match == DefaultPrice {
-			def = &price
-			continue
-		}
-		rules = append(rules, spend.PriceRule{Match: pr.Match, Price: price})
-	}
-	if def == nil && len(p.Prices) > 0 {
-		// Every kind is priced explicitly: the highest cached price may be below the highest
-		// input price, and so on.
-		highest.HasCachedInput, highest.HasReasoning = true, true
-		def = &highest
-	}
-	return spend.NewPrices(rules, def, !p.Classification.Model.CaseSensitive)
-}
-
-func (r PriceRule) price() spend.Price {
-	pr := spend.Price{Input: deref(r.InputPerMtok), Output: deref(r.OutputPerMtok)}
-	pr.CachedInput, pr.HasCachedInput = pr.Input, false
-	if r.CachedInputPerMtok != nil {
-		pr.CachedInput, pr.HasCachedInput = *r.CachedInputPerMtok, true
-	}
-	pr.Reasoning = pr.Output
-	if r.ReasoningPerMtok != nil {
-		pr.Reasoning, pr.HasReasoning = *r.ReasoningPerMtok, true
-	}
-	pr.PerSecond, pr.PerRequest, pr.PerImage = deref(r.PerSecond), deref(r.PerRequest), deref(r.PerImage)
-	return pr
 }
 
 // perUnit reports whether r prices something other than tokens.
@@ -136,7 +91,7 @@ func (v *validator) spend() {
 			}
 			// A models glob is priced by an entry whose glob matches it read as a name:
 			// deepseek-* by deepseek-* or by *, not by deepseek-chat.
-			if spend.Glob(m, g) {
+			if glob.Match(m, g) {
 				return true
 			}
 		}

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
-	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/money"
 )
 
 const spendPolicy = `currency: EUR
@@ -65,16 +65,6 @@ func TestSpendConfigIsExact(t *testing.T) {
 	if p.Currency != "EUR" || p.Location().String() != "Europe/Berlin" {
 		t.Fatalf("currency %q, zone %s", p.Currency, p.Location())
 	}
-	prices := p.PriceTable()
-	ds, ok := prices.Lookup("deepseek-chat")
-	if !ok || ds != (spend.Price{Input: 270_000, Output: 1_100_000, CachedInput: 70_000, HasCachedInput: true, Reasoning: 1_100_000}) {
-		t.Fatalf("deepseek price = %+v, %v", ds, ok)
-	}
-	// Without a default entry, a model nobody priced costs the highest price of each kind.
-	other, ok := prices.Lookup("gpt-4o")
-	if !ok || other != (spend.Price{Input: 400_000, Output: 1_200_000, CachedInput: 400_000, Reasoning: 4_000_000, HasCachedInput: true, HasReasoning: true}) {
-		t.Fatalf("unpriced model = %+v, %v", other, ok)
-	}
 	if !p.AnySpendLimits() {
 		t.Fatal("AnySpendLimits = false")
 	}
@@ -87,9 +77,6 @@ func TestSpendDefaults(t *testing.T) {
 	}
 	if p.Currency != "USD" || p.TimeZone != "UTC" || p.AnySpendLimits() {
 		t.Fatalf("currency %q, zone %q, spend %v", p.Currency, p.TimeZone, p.AnySpendLimits())
-	}
-	if _, ok := p.PriceTable().Lookup("anything"); ok {
-		t.Fatal("an empty prices list priced a model")
 	}
 }
 
@@ -162,8 +149,34 @@ classification:
 	wantProblems(t, got, []string{`p.yaml:6: providers.p: sets limits, but no compartment family takes limits_from: provider`})
 }
 
+// TestPricesMatchModelGlobs: a models glob is priced by a prices glob that matches it read as a
+// name, a `*` of the prices glob matching the models glob's own `*`: a prices entry * prices
+// *-mini.
+func TestPricesMatchModelGlobs(t *testing.T) {
+	pricedBy := func(glob string) string {
+		return `models:
+  - {match: "*-mini", provider: p}
+prices:
+  - {match: "` + glob + `", input_per_mtok: 1, output_per_mtok: 2}
+features:
+  default: {spend_per_hour: 2}
+compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+classification:
+  provider: {default: p}
+providers:
+  p: {}
+`
+	}
+	if _, err := config.Load("p.yaml", []byte(pricedBy("*")), nil); err != nil {
+		t.Fatalf("a prices entry * did not price the model glob *-mini: %v", err)
+	}
+	got := loadProblems(t, pricedBy("gpt-*"), nil)
+	wantProblems(t, got, []string{`p.yaml:2: models[0].match: model "*-mini" has no price`})
+}
+
 // FuzzAmountScalar: an amount written as a plain YAML scalar is read from its text, exactly as
-// spend.ParseAmount reads it, whatever float YAML would make of it; one that ParseAmount
+// money.ParseAmount reads it, whatever float YAML would make of it; one that ParseAmount
 // refuses is refused by Load with the key's line.
 func FuzzAmountScalar(f *testing.F) {
 	for _, s := range []string{"1.10", "0.000001", "20", "1e3", "-1", "0.1234567", ".5", "1000000000000", "0x10", "1_000", "+3.25", "007"} {
@@ -178,7 +191,7 @@ func FuzzAmountScalar(f *testing.F) {
 		if err != nil && strings.Contains(err.Error(), "invalid YAML") {
 			return // not a scalar after all ("-" starts a list)
 		}
-		want, perr := spend.ParseAmount(text)
+		want, perr := money.ParseAmount(text)
 		switch {
 		case perr == nil && err != nil:
 			if !strings.Contains(err.Error(), "spend_per_day") || p != nil {
@@ -202,10 +215,10 @@ func FuzzAmountScalar(f *testing.F) {
 }
 
 // TestPricesPerUnit: an entry may price audio seconds, requests and images instead of (or on
-// top of) tokens; its token prices then default to 0, and each amount is checked like the
-// others.
+// top of) tokens (what they cost is TestPriceTablePerUnit in package policy), and each amount is
+// checked like the others.
 func TestPricesPerUnit(t *testing.T) {
-	p, err := config.Load("p.yaml", []byte(`allow_empty: true
+	_, err := config.Load("p.yaml", []byte(`allow_empty: true
 prices:
   - {match: whisper-1, per_second: 0.0001}
   - {match: dall-e-3, per_image: 0.04, per_request: 0.001}
@@ -213,20 +226,6 @@ prices:
 `), nil)
 	if err != nil {
 		t.Fatal(err)
-	}
-	prices := p.PriceTable()
-	for model, want := range map[string]spend.Price{
-		"whisper-1":         {PerSecond: 100},
-		"dall-e-3":          {PerImage: 40_000, PerRequest: 1_000},
-		"gpt-4o-transcribe": {Input: 2_500_000, CachedInput: 2_500_000, Output: 10_000_000, Reasoning: 10_000_000, PerRequest: 500},
-	} {
-		if got, ok := prices.Lookup(model); !ok || got != want {
-			t.Errorf("%s: %+v, want %+v", model, got, want)
-		}
-	}
-	// A model no entry prices is charged the highest of each kind.
-	if got, _ := prices.Lookup("tts-1"); got.PerSecond != 100 || got.PerImage != 40_000 || got.PerRequest != 1_000 {
-		t.Errorf("unpriced model: %+v", got)
 	}
 	got := loadProblems(t, `allow_empty: true
 prices:

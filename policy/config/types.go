@@ -6,12 +6,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/money"
 )
 
 // Amount is money in the policy's currency, written as an exact decimal ("1.00", "0.27",
 // 20): at most six digits after the point, never rounded, never read through a float.
-type Amount = spend.Micros
+type Amount = money.Micros
 
 // Duration is a time.Duration written in policy files as a Go duration string ("100ms", "5s",
 // "1m30s"). A bare number is refused: "5" could mean seconds or nanoseconds, and a policy file

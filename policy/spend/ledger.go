@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -31,6 +32,26 @@ type WindowID struct {
 // stores that keep windows by name.
 func (w WindowID) Key() string {
 	return w.Budget + "|" + w.Period.String() + "|" + strconv.FormatInt(w.Start, 10)
+}
+
+// ParseWindowKey reads a window back from Key's text form (the budget may itself hold "|").
+func ParseWindowKey(key string) (WindowID, bool) {
+	rest, start, ok1 := cutLast(key)
+	budget, period, ok2 := cutLast(rest)
+	p, ok3 := ParsePeriod(period)
+	at, err := strconv.ParseInt(start, 10, 64)
+	if !ok1 || !ok2 || !ok3 || err != nil || budget == "" {
+		return WindowID{}, false
+	}
+	return WindowID{Budget: budget, Period: p, Start: at}, true
+}
+
+func cutLast(s string) (before, after string, ok bool) {
+	i := strings.LastIndexByte(s, '|')
+	if i < 0 {
+		return s, "", false
+	}
+	return s[:i], s[i+1:], true
 }
 
 // Window is a budget's window with the limit it has.
@@ -511,7 +532,7 @@ func (l *Ledger) Usage(now time.Time) []Usage {
 			out = append(out, u)
 		}
 	}
-	sortUsage(out)
+	SortUsage(out)
 	return out
 }
 

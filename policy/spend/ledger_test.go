@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llm-bulkhead/llm-bulkhead/policy/money"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
 )
 
@@ -18,7 +19,7 @@ var (
 )
 
 func dollars(s string) spend.Micros {
-	m, err := spend.ParseAmount(s)
+	m, err := money.ParseAmount(s)
 	if err != nil {
 		panic(err)
 	}
@@ -266,7 +267,7 @@ func TestSaveAndRestoreNeverDoubleCount(t *testing.T) {
 
 func TestReservationAllocatesNothingOnTheWay(t *testing.T) {
 	l := spend.NewLedger(nil)
-	b := spend.Budget{Name: "tenant/acme", Period: spend.Month, Limit: spend.MaxAmount}
+	b := spend.Budget{Name: "tenant/acme", Period: spend.Month, Limit: money.MaxAmount}
 	r := &spend.Reservation{}
 	reserveOnce := func() {
 		r.Reset(t0)

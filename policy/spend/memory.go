@@ -17,6 +17,8 @@ type MemoryStore struct {
 	sweepAt time.Time
 }
 
+var _ Carrier = (*MemoryStore)(nil)
+
 type memWindow struct {
 	w Window
 	// spent is settled here; restored was restored from a saved state (replaced, never added
@@ -148,12 +150,12 @@ func (s *MemoryStore) Usage(now time.Time) []Usage {
 		}
 	}
 	s.mu.Unlock()
-	sortUsage(out)
+	SortUsage(out)
 	return out
 }
 
-// sortUsage orders us as Store.Usage lists windows.
-func sortUsage(us []Usage) {
+// SortUsage orders us as Store.Usage lists windows.
+func SortUsage(us []Usage) {
 	sort.Slice(us, func(i, j int) bool { return windowLess(us[i].ID, us[j].ID) })
 }
 

@@ -4,7 +4,8 @@ import (
 	"math"
 	"math/bits"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/glob"
 )
 
 // Price is what a model costs, per million tokens of each kind.
@@ -118,7 +119,8 @@ func (a acc) micros() Micros {
 
 // PriceRule prices the models matching a glob.
 type PriceRule struct {
-	// Match is a glob over the model name: `*` matches any run of characters, `?` one.
+	// Match is a glob over the model name (package glob): `*` matches any run of characters,
+	// `?` one.
 	Match string
 	Price Price
 }
@@ -170,7 +172,7 @@ func (p *Prices) LookupRule(model string) (Price, bool) {
 		model = strings.ToLower(model)
 	}
 	for i := range p.rules {
-		if Glob(p.rules[i].Match, model) {
+		if glob.Match(p.rules[i].Match, model) {
 			return p.rules[i].Price, true
 		}
 	}
@@ -184,37 +186,4 @@ func hasUpper(s string) bool {
 		}
 	}
 	return false
-}
-
-// Glob reports whether s matches pattern, where `*` matches any run of bytes (none included)
-// and `?` exactly one character; every other byte matches itself (the model globs of the
-// policy's other lists match the same way).
-func Glob(pattern, s string) bool {
-	// Iterative matching with one backtrack point: linear in practice, never exponential.
-	p, i := 0, 0
-	star, mark := -1, 0
-	for i < len(s) {
-		switch {
-		case p < len(pattern) && pattern[p] == '?':
-			_, size := utf8.DecodeRuneInString(s[i:])
-			p++
-			i += size
-		case p < len(pattern) && pattern[p] == s[i]:
-			p++
-			i++
-		case p < len(pattern) && pattern[p] == '*':
-			star, mark = p, i
-			p++
-		case star >= 0:
-			p = star + 1
-			mark++
-			i = mark
-		default:
-			return false
-		}
-	}
-	for p < len(pattern) && pattern[p] == '*' {
-		p++
-	}
-	return p == len(pattern)
 }

@@ -96,8 +96,7 @@ func (a *App) hostAllowed(hostport string) bool {
 // refuseHost answers a request whose Host is not one of the listener's, and logs it at most
 // once a minute: a DNS rebinding attempt, or a name missing from --admin-allowed-hosts.
 func (a *App) refuseHost(w http.ResponseWriter, r *http.Request) {
-	now := a.opts.Clock.Now().UnixNano()
-	if last := a.hostRefusedAt.Load(); (last == 0 || now-last >= int64(time.Minute)) && a.hostRefusedAt.CompareAndSwap(last, now) {
+	if ok, _ := a.hostRefused.Allow(a.opts.Clock.Now(), time.Minute); ok {
 		a.log.Warn("admin request refused: its Host is not localhost, an IP address or a name in --admin-allowed-hosts "+
 			"(a DNS rebinding attempt from a web page, or a name to add); further ones this minute are not logged",
 			"host", r.Host, "path", r.URL.Path, "remote_addr", r.RemoteAddr)

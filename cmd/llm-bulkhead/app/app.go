@@ -29,6 +29,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/examples"
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
+	"github.com/llm-bulkhead/llm-bulkhead/internal/throttle"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
@@ -103,10 +104,10 @@ type App struct {
 	guardReads bool
 	// adminUnguarded is a listener beyond loopback with nothing guarding it (--admin-insecure).
 	adminUnguarded bool
-	// adminHosts are Options.AdminAllowedHosts, normalised; hostRefusedAt is when a request for
-	// another Host was last logged (Unix nanoseconds).
-	adminHosts    map[string]bool
-	hostRefusedAt atomic.Int64
+	// adminHosts are Options.AdminAllowedHosts, normalised; hostRefused lets a request for
+	// another Host be logged once a minute.
+	adminHosts  map[string]bool
+	hostRefused throttle.Gate
 
 	serveErr chan error
 	stopOnce sync.Once

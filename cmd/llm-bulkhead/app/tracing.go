@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -15,6 +14,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
+	"github.com/llm-bulkhead/llm-bulkhead/internal/throttle"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
@@ -93,16 +93,11 @@ const exportErrorInterval = time.Minute
 // full queue) to the server's log as warnings, at most one a minute; the lines held back are
 // counted in the next one.
 func logTracingErrors(log *slog.Logger) {
-	var last atomic.Int64
-	var suppressed atomic.Int64
+	var gate throttle.Gate
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		now := time.Now().UnixNano()
-		prev := last.Load()
-		if prev != 0 && now-prev < int64(exportErrorInterval) || !last.CompareAndSwap(prev, now) {
-			suppressed.Add(1)
-			return
+		if ok, suppressed := gate.Allow(time.Now(), exportErrorInterval); ok {
+			log.Warn("tracing: spans could not be exported", "err", err.Error(), "suppressed", suppressed)
 		}
-		log.Warn("tracing: spans could not be exported", "err", err.Error(), "suppressed", suppressed.Swap(0))
 	}))
 }
 

@@ -1,4 +1,4 @@
-package extproc
+package llmapi
 
 import (
 	"testing"
@@ -22,8 +22,8 @@ func TestParseRetryAfter(t *testing.T) {
 		{"", 0},
 	}
 	for _, tt := range tests {
-		if got := parseRetryAfter(tt.in, now); got != tt.want {
-			t.Errorf("parseRetryAfter(%q) = %s, want %s", tt.in, got, tt.want)
+		if got := ParseRetryAfter(tt.in, now); got != tt.want {
+			t.Errorf("ParseRetryAfter(%q) = %s, want %s", tt.in, got, tt.want)
 		}
 	}
 }
@@ -35,8 +35,8 @@ func FuzzParseRetryAfter(f *testing.F) {
 	}
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	f.Fuzz(func(t *testing.T, s string) {
-		if d := parseRetryAfter(s, now); d < 0 || d > 24*time.Hour {
-			t.Fatalf("parseRetryAfter(%q) = %s", s, d)
+		if d := ParseRetryAfter(s, now); d < 0 || d > 24*time.Hour {
+			t.Fatalf("ParseRetryAfter(%q) = %s", s, d)
 		}
 	})
 }

@@ -1,72 +1,43 @@
-package spend
+package cluster
 
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
-	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
 )
 
-// replica opens a cluster store on addr and returns a ledger keeping its sums there.
-func replica(t *testing.T, addr, id string) (*Ledger, *cluster.Store) {
+// replica opens a store on addr and returns a ledger keeping its sums there.
+func replica(t *testing.T, addr, id string) (*spend.Ledger, *Store) {
 	t.Helper()
-	st, err := cluster.Open(cluster.Options{
-		Addresses: []string{addr}, Mode: cluster.Standalone, KeyPrefix: "spend", ReplicaID: id,
-		Timeout: 300 * time.Millisecond, DialTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
-		LeaseTTL: time.Minute, Heartbeat: 100 * time.Millisecond, SettleInterval: time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = st.Close(ctx)
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if !st.WaitAvailable(ctx) {
-		t.Fatalf("replica %s never reached Redis", id)
-	}
-	l := NewLedger(NewRedisStore(st))
-	_, _ = l.Configure(Settings{Currency: "USD", Calendar: NewCalendar(time.UTC)}, time.Now())
+	o := options(addr, "spend", id)
+	// A reservation gives up on a paused Redis soon: the outage test waits for that.
+	o.Timeout = 300 * time.Millisecond
+	st := open(t, o)
+	l := spend.NewLedger(NewSpendStore(st))
+	_, _ = l.Configure(spend.Settings{Currency: "USD", Calendar: spend.NewCalendar(time.UTC)}, time.Now())
 	return l, st
 }
 
-func reserveIn(t *testing.T, l *Ledger, b Budget, amount Micros) (*Reservation, Refusal, bool) {
+func reserveIn(t *testing.T, l *spend.Ledger, b spend.Budget, amount spend.Micros) (*spend.Reservation, spend.Refusal, bool) {
 	t.Helper()
-	r := &Reservation{}
+	r := &spend.Reservation{}
 	r.Reset(time.Now())
 	r.Add(b)
 	rf, ok := l.Reserve(context.Background(), r, amount, time.Now())
 	return r, rf, ok
 }
 
-// eventually polls cond for up to 10 s: settlements reach Redis in the background.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// TestRedisStoreSharesBudgetsAcrossReplicas: a daily budget of $1.00 is one budget across two
+// TestSpendStoreSharesBudgetsAcrossReplicas: a daily budget of $1.00 is one budget across two
 // replicas, settled to real cost, and both see the same window.
-func TestRedisStoreSharesBudgetsAcrossReplicas(t *testing.T) {
+func TestSpendStoreSharesBudgetsAcrossReplicas(t *testing.T) {
 	rd := redistest.Standalone(t)
 	a, _ := replica(t, rd.Addr(), "a")
 	b, _ := replica(t, rd.Addr(), "b")
-	budget := Budget{Name: "tenant/acme", Period: Day, Limit: 1_000_000}
+	budget := spend.Budget{Name: "tenant/acme", Period: spend.Day, Limit: 1_000_000}
 
 	ra, _, ok := reserveIn(t, a, budget, 400_000)
 	if !ok {
@@ -84,7 +55,7 @@ func TestRedisStoreSharesBudgetsAcrossReplicas(t *testing.T) {
 	}
 	ra.Settle(150_000, time.Now())
 	id := b.Window(budget, time.Now()).ID
-	eventually(t, "the settlement on the other replica", func() bool {
+	waitFor(t, "the settlement on the other replica", func() bool {
 		u, ok := b.Store().Get(id, time.Now())
 		return ok && u.Spent == 150_000 && u.Reserved == 400_000
 	})
@@ -97,23 +68,23 @@ func TestRedisStoreSharesBudgetsAcrossReplicas(t *testing.T) {
 	}
 }
 
-// TestRedisStoreAddsLocalSpendBack: with Redis not answering, the ledger decides reservations in
+// TestSpendStoreAddsLocalSpendBack: with Redis not answering, the ledger decides reservations in
 // this process against its share of what Redis last showed left (two replicas, $0.30 of $1.00
 // reserved: $0.35 each), lists what it counted, and once Redis is back adds it there, settled
 // at real cost, so that the budget counts every dollar spent during the outage.
-func TestRedisStoreAddsLocalSpendBack(t *testing.T) {
+func TestSpendStoreAddsLocalSpendBack(t *testing.T) {
 	rd := redistest.Standalone(t)
 	l, st := replica(t, rd.Addr(), "a")
 	_, other := replica(t, rd.Addr(), "b")
-	eventually(t, "both replicas to see each other", func() bool { return st.Live() == 2 && other.Live() == 2 })
-	budget := Budget{Name: "tenant/acme", Period: Day, Limit: 1_000_000}
+	waitFor(t, "both replicas to see each other", func() bool { return st.Live() == 2 && other.Live() == 2 })
+	budget := spend.Budget{Name: "tenant/acme", Period: spend.Day, Limit: 1_000_000}
 	shared, _, ok := reserveIn(t, l, budget, 300_000)
 	if !ok {
 		t.Fatal("refused in an empty budget")
 	}
 	rd.Pause(time.Hour)
-	eventually(t, "the store to notice Redis is gone", func() bool {
-		_, _, _ = reserveIn(t, l, Budget{Name: "probe", Period: Hour, Limit: 1}, 0)
+	waitFor(t, "the store to notice Redis is gone", func() bool {
+		_, _, _ = reserveIn(t, l, spend.Budget{Name: "probe", Period: spend.Hour, Limit: 1}, 0)
 		return !st.Available()
 	})
 	before := l.FellBack()
@@ -146,18 +117,18 @@ func TestRedisStoreAddsLocalSpendBack(t *testing.T) {
 		t.Fatalf("pending %s, want the 0.25 settled here", got)
 	}
 	rd.Resume()
-	eventually(t, "Redis to be back", st.Available)
+	waitFor(t, "Redis to be back", st.Available)
 	id := l.Window(budget, time.Now()).ID
-	eventually(t, "the spend counted here to reach Redis", func() bool {
+	waitFor(t, "the spend counted here to reach Redis", func() bool {
 		u, ok := l.Store().Get(id, time.Now())
 		return ok && u.Spent == 350_000 && u.Reserved == 0 && l.PendingTotal() == 0
 	})
-	if u := ledgerUsage(t, l, budget, time.Now()); u.Spent != 350_000 || u.Reserved != 0 || u.Local.Spent != 250_000 || u.Local.Pending != (Pending{}) {
+	if u := ledgerUsage(t, l, budget, time.Now()); u.Spent != 350_000 || u.Reserved != 0 || u.Local.Spent != 250_000 || u.Local.Pending != (spend.Pending{}) {
 		t.Fatalf("after Redis is back: %+v", u)
 	}
 }
 
-func ledgerUsage(t *testing.T, l *Ledger, b Budget, now time.Time) Usage {
+func ledgerUsage(t *testing.T, l *spend.Ledger, b spend.Budget, now time.Time) spend.Usage {
 	t.Helper()
 	id := l.Window(b, now).ID
 	for _, u := range l.Usage(now) {
@@ -166,34 +137,34 @@ func ledgerUsage(t *testing.T, l *Ledger, b Budget, now time.Time) Usage {
 		}
 	}
 	t.Fatalf("no window %v in %+v", id, l.Usage(now))
-	return Usage{}
+	return spend.Usage{}
 }
 
-// TestRedisStoreCarriesAcrossZoneChange: two replicas share a $10 day; $8 is spent under UTC.
+// TestSpendStoreCarriesAcrossZoneChange: two replicas share a $10 day; $8 is spent under UTC.
 // They change to Asia/Kathmandu one after the other, each spending $1 meanwhile in the zone it
 // uses: once both changed, the Kathmandu window counts all $10 and refuses. Changing back to UTC
 // counts $10 there too, not the $19 adding both windows would give, and a replica started under
 // Kathmandu later finds the spend carried when it first reaches Redis.
-func TestRedisStoreCarriesAcrossZoneChange(t *testing.T) {
+func TestSpendStoreCarriesAcrossZoneChange(t *testing.T) {
 	now := time.Now()
 	ktm, err := time.LoadLocation("Asia/Kathmandu")
 	if err != nil {
 		t.Fatal(err)
 	}
-	utcCal, ktmCal := NewCalendar(time.UTC), NewCalendar(ktm)
-	for _, c := range []Calendar{utcCal, ktmCal} {
-		if c.End(Day, c.Start(Day, now)).Sub(now) < 2*time.Minute {
+	utcCal, ktmCal := spend.NewCalendar(time.UTC), spend.NewCalendar(ktm)
+	for _, c := range []spend.Calendar{utcCal, ktmCal} {
+		if c.End(spend.Day, c.Start(spend.Day, now)).Sub(now) < 2*time.Minute {
 			t.Skip("too close to the end of a day: the budget would reset during the test")
 		}
 	}
-	if utcCal.Start(Day, now).Equal(ktmCal.Start(Day, now)) {
+	if utcCal.Start(spend.Day, now).Equal(ktmCal.Start(spend.Day, now)) {
 		t.Fatal("the two zones' days start together")
 	}
 	rd := redistest.Standalone(t)
 	a, _ := replica(t, rd.Addr(), "a")
 	b, _ := replica(t, rd.Addr(), "b")
-	day := Budget{Name: "tenant/acme", Period: Day, Limit: 10_000_000}
-	spendOn := func(l *Ledger, n int) int {
+	day := spend.Budget{Name: "tenant/acme", Period: spend.Day, Limit: 10_000_000}
+	spendOn := func(l *spend.Ledger, n int) int {
 		t.Helper()
 		admitted := 0
 		for range n {
@@ -207,9 +178,9 @@ func TestRedisStoreCarriesAcrossZoneChange(t *testing.T) {
 	}
 	// spentIn waits until l's current window counts want (settlements are sent in the
 	// background) and fails when it does not.
-	spentIn := func(l *Ledger, want Micros) {
+	spentIn := func(l *spend.Ledger, want spend.Micros) {
 		t.Helper()
-		eventually(t, fmt.Sprintf("$%s spent in the current window", want), func() bool {
+		waitFor(t, fmt.Sprintf("$%s spent in the current window", want), func() bool {
 			u, ok := l.Store().Get(l.Window(day, time.Now()).ID, time.Now())
 			return ok && u.Spent+u.Reserved == want
 		})
@@ -218,7 +189,7 @@ func TestRedisStoreCarriesAcrossZoneChange(t *testing.T) {
 		t.Fatal("refused below the budget")
 	}
 	spentIn(a, 8_000_000)
-	kathmandu := Settings{Currency: "USD", Calendar: ktmCal}
+	kathmandu := spend.Settings{Currency: "USD", Calendar: ktmCal}
 	if n, err := a.Configure(kathmandu, time.Now()); err != nil || n != 1 {
 		t.Fatalf("a: carried %d windows (%v), want 1", n, err)
 	}
@@ -244,8 +215,8 @@ func TestRedisStoreCarriesAcrossZoneChange(t *testing.T) {
 	}
 	spentIn(c, 10_000_000)
 	// Back to UTC: $10, once.
-	utc := Settings{Currency: "USD", Calendar: utcCal}
-	for _, l := range []*Ledger{a, b, c} {
+	utc := spend.Settings{Currency: "USD", Calendar: utcCal}
+	for _, l := range []*spend.Ledger{a, b, c} {
 		if _, err := l.Configure(utc, time.Now()); err != nil {
 			t.Fatal(err)
 		}

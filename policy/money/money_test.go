@@ -1,17 +1,17 @@
-package spend_test
+package money_test
 
 import (
 	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/money"
 )
 
 func TestParseAmount(t *testing.T) {
 	tests := []struct {
 		in      string
-		want    spend.Micros
+		want    money.Micros
 		wantErr string
 	}{
 		{"1", 1_000_000, ""},
@@ -26,7 +26,7 @@ func TestParseAmount(t *testing.T) {
 		{"007.00", 7_000_000, ""},
 		{" 3 ", 3_000_000, ""},
 		{"0", 0, ""},
-		{"1000000000000", spend.MaxAmount, ""},
+		{"1000000000000", money.MaxAmount, ""},
 		{"1000000000000.000001", 0, "more than"},
 		{"99999999999999", 0, "more than"},
 		{"0.0000001", 0, "more precise"},
@@ -40,7 +40,7 @@ func TestParseAmount(t *testing.T) {
 		{"NaN", 0, "not an amount"},
 	}
 	for _, tt := range tests {
-		got, err := spend.ParseAmount(tt.in)
+		got, err := money.ParseAmount(tt.in)
 		if tt.wantErr != "" {
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Errorf("ParseAmount(%q) = %v, %v; want error containing %q", tt.in, got, err, tt.wantErr)
@@ -55,14 +55,14 @@ func TestParseAmount(t *testing.T) {
 
 func TestMicrosString(t *testing.T) {
 	for _, tt := range []struct {
-		m    spend.Micros
+		m    money.Micros
 		want string
 	}{{0, "0.00"}, {1, "0.000001"}, {1_100_000, "1.10"}, {12_000_000, "12.00"}, {-500_000, "-0.50"}, {270_000, "0.27"}, {1_230_400, "1.2304"}} {
 		if got := tt.m.String(); got != tt.want {
 			t.Errorf("%d.String() = %q, want %q", int64(tt.m), got, tt.want)
 		}
 		if tt.m >= 0 {
-			back, err := spend.ParseAmount(tt.m.String())
+			back, err := money.ParseAmount(tt.m.String())
 			if err != nil || back != tt.m {
 				t.Errorf("ParseAmount(%q) = %d, %v; want %d", tt.m.String(), back, err, tt.m)
 			}
@@ -78,14 +78,14 @@ func FuzzParseAmount(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		m, err := spend.ParseAmount(s)
+		m, err := money.ParseAmount(s)
 		if err != nil {
 			return
 		}
-		if m < 0 || m > spend.MaxAmount {
+		if m < 0 || m > money.MaxAmount {
 			t.Fatalf("ParseAmount(%q) = %d: out of range", s, m)
 		}
-		back, err := spend.ParseAmount(m.String())
+		back, err := money.ParseAmount(m.String())
 		if err != nil || back != m {
 			t.Fatalf("ParseAmount(%q) = %d, but its String %q parses to %d, %v", s, m, m.String(), back, err)
 		}
@@ -98,7 +98,7 @@ func FuzzParseAmount(f *testing.F) {
 		}
 		w, _ := strconv.ParseInt("0"+strings.TrimLeft(whole, "0"), 10, 64)
 		fr, _ := strconv.ParseInt(frac, 10, 64)
-		if want := spend.Micros(w*1_000_000 + fr); want != m {
+		if want := money.Micros(w*1_000_000 + fr); want != m {
 			t.Fatalf("ParseAmount(%q) = %d, want %d", s, m, want)
 		}
 	})
