@@ -49,6 +49,11 @@ func (f *family) appendWindows(out []statefile.Window, in *instance, now time.Ti
 		if len(charges) == 0 {
 			continue
 		}
+		for i := range charges {
+			// Far beyond any budget: only a window restored from slots shorter than its own, or
+			// given a capacity near it, comes here, and a file must still hold it.
+			charges[i].Amount = min(charges[i].Amount, statefile.MaxAmount)
+		}
 		out = append(out, statefile.Window{Compartment: in.name, Family: f.name, Key: f.cfg.Key, Values: in.values,
 			Overflow: in.values == nil, Kind: kind, Slot: slot, Slots: charges})
 	}

@@ -1,6 +1,9 @@
 package policy_test
 
 import (
+	"encoding/json"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -205,4 +208,56 @@ func TestRestoreOverflowAndFilteredTenants(t *testing.T) {
 	if n[statefile.KindTokensPerDay] != 1 {
 		t.Fatalf("restored %v, want only the overflow's day (acme is filtered out)", n)
 	}
+}
+
+// FuzzRestoreState: whatever a state file that passes its checks holds — windows of any slot
+// length, amounts, places in time, compartments the policy has or not — restoring it never
+// panics, fails only over spend in another currency, leaves an engine that admits and settles,
+// and one whose own state a state file can always hold.
+func FuzzRestoreState(f *testing.F) {
+	e, clk := engine(f, restartPolicy)
+	spend(f, e, tenantChat("acme"), 900)
+	clk.Advance(time.Second)
+	spend(f, e, tenantChat("initech"), 3)
+	seed, err := json.Marshal(e.SaveState(clk.Now()))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(seed, int64(0))
+	f.Add(seed, int64(time.Hour))
+	f.Add(seed, int64(-time.Minute))
+	// Slots a nanosecond long, each as large as a file's slot may be: restored, they fall in one
+	// slot of a minute's window.
+	ns := clk.Now().UnixNano()
+	f.Add([]byte(fmt.Sprintf(`{"currency":"USD","windows":[{"compartment":"feature/chat","family":"feature","key":["feature"],"values":["chat"],`+
+		`"kind":"tokens_per_minute","slot_ns":1,"slots":[[%d,9007199254740992],[%d,9007199254740992]]}]}`, ns-2, ns-1)), int64(0))
+	f.Add([]byte(`{"currency":"EUR","windows":[{"compartment":"x","family":"feature","key":["feature"],"values":["chat"],`+
+		`"kind":"requests_per_minute","slot_ns":86400000000000,"slots":[[20000,5]]}]}`), int64(0))
+	f.Fuzz(func(t *testing.T, data []byte, shift int64) {
+		var st statefile.State
+		if json.Unmarshal(data, &st) != nil {
+			return
+		}
+		file, err := statefile.Encode(st)
+		if err != nil {
+			return // a file no process writes, which Parse refuses
+		}
+		if st, err = statefile.Parse(file); err != nil {
+			t.Fatalf("Parse refuses what Encode wrote: %v", err)
+		}
+		e, clk := engine(t, restartPolicy)
+		clk.Advance(time.Duration(shift % int64(48*time.Hour)))
+		if _, err := e.RestoreState(st, clk.Now()); err != nil {
+			var se *statefile.StateError
+			if !errors.As(err, &se) || se.Reason != statefile.ReasonCurrency {
+				t.Fatalf("RestoreState: %v", err)
+			}
+		}
+		for _, who := range []string{"acme", "initech", "globex"} {
+			spend(t, e, tenantChat(who), 10)
+		}
+		if _, err := statefile.Encode(e.SaveState(clk.Now())); err != nil {
+			t.Fatalf("the restored engine's state cannot be written: %v", err)
+		}
+	})
 }

@@ -62,8 +62,10 @@ var maxSize = 64 << 20
 // maxName bounds a compartment's, a family's or a key value's name in the file.
 const maxName = 4096
 
-// maxAmount bounds what one slot of a window counts: sums of a window's slots cannot overflow.
-const maxAmount = 1 << 53
+// MaxAmount bounds what one slot of a window counts in the file: sums of a window's slots
+// cannot overflow. A source saves a slot that counts more (a window restored under a longer slot
+// than it was saved with, a capacity beyond it) as MaxAmount.
+const MaxAmount = 1 << 53
 
 // maxSlot bounds a window's slot length: a slot is 1/60 of a window, and no window is longer
 // than days.
@@ -366,7 +368,7 @@ func (w *Window) check() error {
 		switch {
 		case c.Index < 0 || c.Index >= last:
 			return fmt.Errorf("slot %d: index %d out of range", i, c.Index)
-		case c.Amount <= 0 || c.Amount > maxAmount:
+		case c.Amount <= 0 || c.Amount > MaxAmount:
 			return fmt.Errorf("slot %d: amount %d out of range", i, c.Amount)
 		case i > 0 && c.Index <= w.Slots[i-1].Index:
 			return fmt.Errorf("slot %d: index %d not after the slot before", i, c.Index)

@@ -51,26 +51,61 @@ func FuzzParse(f *testing.F) {
 	f.Add(good[:len(good)/2])
 	f.Add([]byte(`{"format":"llm-bulkhead-state","version":1,"sha256":"","state":{}}`))
 	f.Add([]byte(`null`))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		st, err := Parse(data)
-		if err != nil {
-			reasonOf(t, err)
-			return
+	f.Fuzz(func(t *testing.T, data []byte) { checkParse(t, data) })
+}
+
+// FuzzParseSealed: the state inside a file whose checksum is right, which FuzzParse's inputs
+// rarely reach, is checked as strictly: anything Parse accepts is a state Encode writes back.
+func FuzzParseSealed(f *testing.F) {
+	good, err := Encode(sampleState())
+	if err != nil {
+		f.Fatal(err)
+	}
+	env, err := parseEnvelope(good)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add([]byte(env.State), false)
+	f.Add([]byte(`{"currency":"USD","windows":[{"compartment":"tenant/","family":"tenant","key":["tenant"],"values":[""],`+
+		`"kind":"tokens_per_day","slot_ns":1440000000000,"slots":[[0,1]]}]}`), false)
+	f.Add([]byte(`{"currency":"USD","windows":[{"budget":"a","period":"day","start":"2026-03-14T00:00:00Z",`+
+		`"end":"2026-03-15T00:00:00Z","settled_micros":1,"in_flight_micros":0}]}`), true)
+	f.Add([]byte(`{"currency":"USD","spend":null,"windows":[{"slots":[[1,2,3]]}]}`), false)
+	f.Fuzz(func(t *testing.T, state []byte, legacy bool) {
+		env := env
+		if legacy {
+			env.Format = spendFormat
 		}
-		out, err := Encode(st)
-		if err != nil {
-			t.Fatalf("accepted a state Encode refuses: %v", err)
+		var raw json.RawMessage
+		if json.Unmarshal(state, &raw) != nil {
+			return // not a JSON value: the envelope could not hold it
 		}
-		again, err := Parse(out)
-		if err != nil {
-			t.Fatalf("re-encoded state does not parse: %v", err)
-		}
-		normalise(&st)
-		normalise(&again)
-		if !reflect.DeepEqual(st, again) {
-			t.Fatalf("round trip changed the state:\n%+v\n%+v", st, again)
-		}
+		checkParse(t, reseal(t, env, raw))
 	})
+}
+
+// checkParse fails t if Parse panics on data, returns an error that is not a *StateError, or
+// accepts a state that does not survive a round trip through Encode.
+func checkParse(t *testing.T, data []byte) {
+	t.Helper()
+	st, err := Parse(data)
+	if err != nil {
+		reasonOf(t, err)
+		return
+	}
+	out, err := Encode(st)
+	if err != nil {
+		t.Fatalf("accepted a state Encode refuses: %v", err)
+	}
+	again, err := Parse(out)
+	if err != nil {
+		t.Fatalf("re-encoded state does not parse: %v", err)
+	}
+	normalise(&st)
+	normalise(&again)
+	if !reflect.DeepEqual(st, again) {
+		t.Fatalf("round trip changed the state:\n%+v\n%+v", st, again)
+	}
 }
 
 // normalise makes empty lists nil and times their instant, which is all a state says of them.
