@@ -28,6 +28,7 @@ func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	p.req.id, _ = p.Header(HeaderRequestID)
 	p.req.metadata = req.MetadataContext
 	p.req.attrs = req.Attributes[attributesKey]
+	p.req.arrived = p.clock()
 	p.traceStart()
 
 	bodyComing := !h.EndOfStream && p.reqBodyMode != extprocfilterv3.ProcessingMode_NONE
@@ -213,6 +214,9 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 	canRewrite := at == msgRequestBody && p.req.bodyOK && p.req.route.Model == "" && !p.req.api.Multipart()
 	r := policy.Request{Dims: dims, Estimate: p.dec.estimate, PromptBytes: size.PromptBytes,
 		CanRewriteModel: canRewrite, Stream: p.req.api.Streams() || (p.req.bodyOK && p.req.fields.Stream), Now: p.clock()}
+	if timeout, ok := p.requestTimeout(); ok {
+		r.Deadline = p.req.arrived.Add(timeout)
+	}
 	d := &p.dec.decision
 	e.AdmitInto(p.ctx, s, &r, &p.dec.ticket, p.onQueueFn, d)
 	p.traceDecided(d, true)

@@ -28,6 +28,11 @@ type Request struct {
 	// process without waiting is granted at Now (Ticket.GrantedAt); one that queued, or goes
 	// through the cluster's shared store, when it got its slots.
 	Now time.Time
+	// Deadline is when the request's client gives up on it (Envoy's
+	// x-envoy-expected-rq-timeout-ms, or gRPC's grpc-timeout, counted from the request's
+	// arrival); zero: it did not say. The request is never queued past it, and is refused at
+	// once when the predicted wait would take it past it.
+	Deadline time.Time
 }
 
 // Admit decides on request r under snapshot s, filling t on admission. It may block up to the
@@ -198,7 +203,7 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 		if again {
 			// Waiting for a slot here, the request saw Redis answer again: it goes through it,
 			// for what is left of its max wait.
-			e.admit(ctx, s, r, dims, t, nil, e.clock.Now(), now.Add(t.want(r.Estimate.Total, dims.Tenant, now).MaxWait), nil, true, d)
+			e.admit(ctx, s, r, dims, t, nil, e.clock.Now(), now.Add(t.want(r, &dims, now).MaxWait), nil, true, d)
 		}
 		return
 	}
@@ -334,7 +339,7 @@ func (e *Engine) admit(ctx context.Context, s *Snapshot, r *Request, dims Dims, 
 	if e.cluster != nil {
 		e.capTicket(t)
 	}
-	want := t.want(tokens, dims.Tenant, now)
+	want := t.want(r, &dims, now)
 	if !deadline.IsZero() {
 		want.MaxWait = max(min(want.MaxWait, deadline.Sub(now)), 0)
 	}

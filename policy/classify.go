@@ -31,6 +31,10 @@ type Dims struct {
 	Provider int
 	Tenant   string
 	Model    string
+	// Priority is the request's own queue priority (classification.priority), valid when
+	// HasPriority; without one it waits at its compartments' priority.
+	Priority    int64
+	HasPriority bool
 	// modelGroup indexes the snapshot's model groups (Model's first models glob), set by
 	// admission when a family keys or filters by model.
 	modelGroup int
@@ -73,10 +77,13 @@ type dimension struct {
 // classifier evaluates the compiled rules of one snapshot. Immutable.
 type classifier struct {
 	feature, tenant, tier, provider, model dimension
-	tiers, providers                       []string
-	featureIdx, tierIdx, providerIdx       map[string]int
-	tenantTier                             map[string]int
-	models                                 []modelRule
+	// priority reads a request's own queue priority, a value levels lists.
+	priority                         dimension
+	levels                           map[string]int64
+	tiers, providers                 []string
+	featureIdx, tierIdx, providerIdx map[string]int
+	tenantTier                       map[string]int
+	models                           []modelRule
 }
 
 type modelRule struct {

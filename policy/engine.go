@@ -521,6 +521,7 @@ func (s *Snapshot) buildClassifier() {
 	c.tier = compileDimension(p.Classification.Tier, true)
 	c.provider = compileDimension(p.Classification.Provider, true)
 	c.model = compileDimension(p.Classification.Model, true)
+	c.priority, c.levels = compileDimension(config.Dimension{Rules: p.Classification.Priority.Rules}, true), p.Classification.Priority.Levels
 	c.featureIdx, c.tierIdx, c.providerIdx = s.featureIdx, s.tierIdx, s.providerIdx
 	c.tiers = s.tiers
 	for _, pr := range s.providers {
@@ -619,6 +620,13 @@ func (s *Snapshot) Classify(in Input) Dims {
 	pv, _, bad := c.provider.eval(in, c, &d, func(v string) bool { _, ok := c.providerIdx[v]; return ok })
 	s.invalidValue(dimProvider, bad)
 	d.Provider = c.providerIdx[pv]
+	if len(c.levels) > 0 {
+		// A value that is not a level, or cannot be a value at all, gives no priority of its
+		// own: the request waits at its compartments'.
+		if v, _, _ := c.priority.eval(in, c, &d, func(v string) bool { _, ok := c.levels[v]; return ok }); v != "" {
+			d.Priority, d.HasPriority = c.levels[v], true
+		}
+	}
 	return d
 }
 

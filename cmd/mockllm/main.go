@@ -109,7 +109,7 @@ Flags:
 	fs.IntVar(&cfg.opts.EmbeddingDimensions, "embedding-dimensions", mock.DefaultEmbeddingDimensions, "embedding vector length when the request gives no dimensions")
 	fs.IntVar(&cfg.opts.RequestLogSize, "request-log", mock.DefaultRequestLogSize, "how many recent requests GET /mockllm/requests keeps")
 	var checkModels bool
-	fs.BoolVar(&checkModels, "check-model-provider", false, "answer 404 model_not_found when x-llm-provider names a provider that does not serve the body's model, per llm-bulkhead's example policy (deepseek-* on deepseek, qwen-* on qwen, anything else on local) unless -model-provider rules are given")
+	fs.BoolVar(&checkModels, "check-model-provider", false, "answer 404 model_not_found when x-llm-provider names a provider that does not serve the body's model, per llm-bulkhead's example policy (deepseek-* on deepseek, qwen-* on qwen, gemini-* on gemini, *anthropic.claude-* and *amazon.nova-* on bedrock, anything else on local) unless -model-provider rules are given")
 	fs.Func("model-provider", "`glob=provider`: the provider serving the models glob matches, for the model check (repeatable; the first matching rule wins; implies -check-model-provider)", func(v string) error {
 		glob, provider, ok := strings.Cut(v, "=")
 		if !ok || glob == "" || provider == "" {

@@ -8,17 +8,38 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/mockllm/mock"
+	"github.com/llm-bulkhead/llm-bulkhead/examples"
+	policyconfig "github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
+}
+
+// TestExampleModelTableIsThePolicys: -check-model-provider's table is the example policy's
+// models list, so the demo's mock serves each provider the models the policy sends it.
+func TestExampleModelTableIsThePolicys(t *testing.T) {
+	p, err := policyconfig.Load("policy.yaml", examples.DefaultPolicy, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table []mock.ModelProvider
+	for _, m := range p.Models {
+		if m.Provider != "" {
+			table = append(table, mock.ModelProvider{Match: m.Match, Provider: m.Provider})
+		}
+	}
+	if !slices.Equal(table, mock.ExampleModelProviders) {
+		t.Errorf("mock.ExampleModelProviders is\n%+v\nexamples/policy.yaml maps\n%+v", mock.ExampleModelProviders, table)
+	}
 }
 
 func TestParseFlags(t *testing.T) {
@@ -70,7 +91,7 @@ func TestParseFlags(t *testing.T) {
 			name: "model check with the example's table",
 			args: []string{"-check-model-provider"},
 			check: func(t *testing.T, c config) {
-				if len(c.opts.ModelProviders) != 3 || c.opts.ModelProviders[0] != (mock.ModelProvider{Match: "deepseek-*", Provider: "deepseek"}) {
+				if !slices.Equal(c.opts.ModelProviders, mock.ExampleModelProviders) {
 					t.Fatalf("model providers = %+v", c.opts.ModelProviders)
 				}
 			},

@@ -62,6 +62,9 @@ const (
 	DimTier     = "tier"
 	DimProvider = "provider"
 	DimModel    = "model"
+	// DimPriority names the priority rules (classification.priority); it is not a compartment
+	// key.
+	DimPriority = "priority"
 )
 
 func (p *Policy) applyDefaults() {

@@ -268,6 +268,23 @@ type Classification struct {
 	// by model is keyed by the `models` glob the value matches (or other), never by the value
 	// itself.
 	Model Dimension `koanf:"model" json:"model,omitempty"`
+	// Priority gives a request its own place in the queues it waits in: rules read a value as
+	// for the other dimensions (header and body rules need trusted: true, or a client could
+	// jump the queue by sending a header), and levels turn it into a priority that replaces its
+	// compartments' priority while it waits (higher waits less). A request no rule gives a
+	// listed value queues at its compartments' priority. Example: rules [{header:
+	// x-llm-priority, trusted: true}], levels {interactive: 10, batch: 1}.
+	Priority PriorityRules `koanf:"priority" json:"priority,omitempty"`
+}
+
+// PriorityRules classify a request's own queue priority.
+type PriorityRules struct {
+	// Rules are tried in order; the first value levels lists wins. Values are trimmed and
+	// lower-cased, then mapped (map), like a feature's.
+	Rules []Rule `koanf:"rules" json:"rules,omitempty"`
+	// Levels maps a value to the priority a request with it waits at, e.g. {interactive: 10,
+	// batch: 1}, on the scale of the limits' priority (higher first).
+	Levels map[string]int64 `koanf:"levels" json:"levels,omitempty"`
 }
 
 // Dimension is an ordered rule list: the first rule that yields a value wins, else Default.
@@ -310,8 +327,9 @@ type Rule struct {
 	// Map translates read values (after normalisation) to dimension values; unmapped values pass
 	// through unchanged.
 	Map map[string]string `koanf:"map" json:"map,omitempty"`
-	// Trusted marks a header or body rule as trusted for tenant and tier. Client-supplied headers
-	// are untrusted by default: a free tenant must not claim enterprise by sending a header.
+	// Trusted marks a header or body rule as trusted for tenant, tier and priority.
+	// Client-supplied headers are untrusted by default: a free tenant must not claim enterprise,
+	// nor a batch job interactive, by sending a header.
 	Trusted bool `koanf:"trusted" json:"trusted,omitempty"`
 }
 

@@ -200,12 +200,43 @@ func (v *validator) valueSet(dim string) []string {
 		return v.p.TierNames()
 	case DimProvider:
 		return v.p.ProviderNames()
+	case DimPriority:
+		return sortedKeys(v.p.Classification.Priority.Levels)
 	}
 	return nil
 }
 
+// trustedOnly reports whether dimension dim takes values only from trusted sources: a request
+// must not choose its own tenant, tier or queue priority.
+func trustedOnly(dim string) bool {
+	return dim == DimTenant || dim == DimTier || dim == DimPriority
+}
+
+// priority checks classification.priority: levels name values a rule can yield, and rules have
+// levels to yield.
+func (v *validator) priority() {
+	pr := v.p.Classification.Priority
+	for i, r := range pr.Rules {
+		v.rule(fmt.Sprintf("classification.priority.rules[%d]", i), DimPriority, r)
+	}
+	if len(pr.Rules) > 0 && len(pr.Levels) == 0 {
+		v.add("classification.priority.levels", "priority rules need levels: the priority each value they read gives a request, e.g. {interactive: 10, batch: 1}")
+	}
+	if len(pr.Levels) > 0 && len(pr.Rules) == 0 {
+		v.add("classification.priority.rules", "priority levels need rules that read a request's value, e.g. [{header: x-llm-priority, trusted: true}]")
+	}
+	for _, name := range sortedKeys(pr.Levels) {
+		if err := CheckIdentity(name); err != nil {
+			v.add("classification.priority.levels."+name, "%q can never match: classification skips values with %v", name, err)
+		} else if name != strings.ToLower(strings.TrimSpace(name)) {
+			v.add("classification.priority.levels."+name, "%q can never match: values are trimmed and lower-cased before they are looked up", name)
+		}
+	}
+}
+
 func (v *validator) classification() {
 	c := v.p.Classification
+	v.priority()
 	dims := []struct {
 		name string
 		d    Dimension
@@ -267,8 +298,12 @@ func (v *validator) rule(path, dim string, r Rule) {
 		if !headerPattern.MatchString(r.Header) {
 			v.add(path+".header", "%q is not a lower-case header name (Envoy sends header names in lower case)", r.Header)
 		}
-		if (dim == DimTenant || dim == DimTier) && !r.Trusted {
-			v.add(path+".header", "header %q is supplied by the client, so a %s taken from it can be forged; take %s from trusted metadata or the tenant directory, or set trusted: true only if Envoy strips the client's copy (see envoy/identity.yaml)", r.Header, dim, dim)
+		if trustedOnly(dim) && !r.Trusted {
+			from := "trusted metadata or the tenant directory"
+			if dim == DimPriority {
+				from = "trusted metadata"
+			}
+			v.add(path+".header", "header %q is supplied by the client, so a %s taken from it can be forged; take %s from %s, or set trusted: true only if Envoy strips the client's copy (see envoy/identity.yaml)", r.Header, dim, dim, from)
 		}
 	case "path_prefix":
 		if !strings.HasPrefix(r.PathPrefix, "/") {
@@ -288,7 +323,7 @@ func (v *validator) rule(path, dim string, r Rule) {
 		if strings.HasPrefix(r.Body, ".") || strings.HasSuffix(r.Body, ".") || strings.Contains(r.Body, "..") {
 			v.add(path+".body", "%q is not a dotted path like metadata.feature", r.Body)
 		}
-		if (dim == DimTenant || dim == DimTier) && !r.Trusted {
+		if trustedOnly(dim) && !r.Trusted {
 			v.add(path+".body", "the request body is written by the client, so a %s taken from it can be forged; set trusted: true only if a trusted party writes this field", dim)
 		}
 	case "metadata":
