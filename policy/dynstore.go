@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/statefile"
 )
 
 // dynStore holds the instances of one tenant-keyed family, created on demand and evicted when
@@ -30,6 +31,10 @@ type dynStore struct {
 	max        int
 	ttl        time.Duration
 	overflow   *instance
+	// restored holds windows a state file gave tenant compartments that do not exist yet, by
+	// compartment ID (statefile.ID): each is restored when its tenant's compartment is created,
+	// with the limits its first request brings (see claimRestored).
+	restored map[string][]statefile.Window
 	// examined counts entries eviction searches looked at (for tests of its cost).
 	examined int64
 }
@@ -80,6 +85,9 @@ func (st *dynStore) resolve(s *Snapshot, f *family, d *Dims, now time.Time) *ins
 		// The key outlives the request: it must not share memory with the request's message.
 		key.tenant = strings.Clone(key.tenant)
 		e = &dynEntry{key: key, in: s.newDynamic(f, d)}
+		if len(st.restored) > 0 {
+			st.claimRestored(e.in, now)
+		}
 		st.entries[key] = e
 	} else {
 		st.unlink(e)

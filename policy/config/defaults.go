@@ -179,7 +179,7 @@ func (p *Policy) applyDefaults() {
 		}
 	}
 	p.Cluster.applyDefaults()
-	p.Spend.applyDefaults()
+	p.State.applyDefaults(p.Spend)
 	p.Refusals.applyDefaults()
 	p.Tracing.applyDefaults()
 }

@@ -95,21 +95,26 @@ type Policy struct {
 	// what was spent, changing back counts nothing twice, and the reload's log line lists the
 	// change. Default UTC.
 	TimeZone string `koanf:"time_zone" json:"time_zone,omitempty"`
-	// Spend sets how spend budgets' spend outlives the process. A single process keeps it in a
-	// state file (state_file): read once at start before any request is served, written
-	// atomically every state_interval and once more at shutdown after the streams drained, so
-	// that a restart with SIGTERM continues exactly where it stopped and a crash (SIGKILL, OOM)
-	// loses at most the settlements of one state_interval. The file holds only windows still
-	// current (an ended window is not restored: its budget has reset); each restored amount
-	// replaces what that window held, so restoring never counts anything twice; spend reserved
-	// by requests in flight when it was written is restored as spent (their settlement never
-	// comes after a crash; their reservation is the most they can have cost). A policy reload
-	// keeps every budget's spend (a budget is known by its compartment and period). With a
-	// cluster backend Redis keeps spend instead, shared by every replica (docs/cluster.md). Default
-	// memory only: spend starts empty at every start. It also says what a start does with a state
-	// file it cannot use (on_state_error) and whether a single request may overrun a budget
-	// (allow_single_overrun).
+	// Spend sets whether a single request may overrun a spend budget (allow_single_overrun).
+	// It also holds the former names of the state file's keys (state_file, state_interval,
+	// on_state_error), from when the file kept spend only; state.file and the rest replace them.
 	Spend SpendState `koanf:"spend" json:"spend,omitempty"`
+	// State sets how what the budgets count outlives the process. A single process keeps every
+	// window — tokens_per_minute, tokens_per_day, requests_per_minute and the spend of spend
+	// budgets — in one state file (file): read once at start before any request is served,
+	// written atomically every interval and once more at shutdown after the streams drained, so
+	// that a restart with SIGTERM continues exactly where it stopped and a crash (SIGKILL, OOM)
+	// loses at most one interval of what was counted. The file holds only what still counts (a
+	// charge that has aged out of its window, an ended spend window, is not restored); each
+	// restored window replaces what that window held, so restoring never counts anything twice;
+	// what requests in flight when it was written reserved is restored as spent (their
+	// settlement never comes after a crash; their reservation is the most they can have cost). A
+	// policy reload keeps every window (a compartment is known by its name, a spend budget by its
+	// compartment and period). With a cluster backend Redis keeps every window instead, shared by
+	// every replica, and no file is written (docs/cluster.md). Default memory only: every budget
+	// starts empty at every start. It also says what a start does with a state file it cannot use
+	// (on_error).
+	State State `koanf:"state" json:"state,omitempty"`
 	// Body sets how request bodies are read and rewritten.
 	Body Body `koanf:"body" json:"body,omitempty"`
 	// Templates are named limit sets that features, tiers, providers and tenants inherit from.

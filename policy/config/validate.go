@@ -48,7 +48,7 @@ func validate(ps *problems, p *Policy) {
 	v.templates()
 	v.limitSets()
 	v.spend()
-	v.spendState()
+	v.state()
 	v.providers()
 	v.reroutes()
 	v.breakers()

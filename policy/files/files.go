@@ -1,5 +1,5 @@
 // Package files reads the files llm-bulkhead is pointed at — the policy, TLS certificates and
-// keys, the spend state, the container's memory limit — so that no path can hold or exhaust
+// keys, the state file, the container's memory limit — so that no path can hold or exhaust
 // the process: only a regular file is read, never more than a bound, and opening it never
 // waits. A path naming /dev/zero, a FIFO with no writer, a directory or a device is refused
 // at once with an error that says what it is; a file above the bound is refused without

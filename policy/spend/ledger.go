@@ -571,8 +571,8 @@ func (l *Ledger) PendingTotal() Micros {
 // Shared reports whether the ledger keeps its sums in a shared store.
 func (l *Ledger) Shared() bool { return l.st.Load().shared != nil }
 
-// SaveState implements Source: the store's windows with the ledger's currency. A store that
-// keeps its own state (not Persistent) gives none.
+// SaveState returns the store's windows with the ledger's currency, for a state file. A store
+// that keeps its own state (not Persistent) gives none.
 func (l *Ledger) SaveState(now time.Time) SavedState {
 	st := SavedState{Currency: l.Currency(), Windows: []SavedWindow{}}
 	if p, ok := l.Store().(Persistent); ok {
@@ -581,11 +581,13 @@ func (l *Ledger) SaveState(now time.Time) SavedState {
 	return st
 }
 
-// RestoreState implements Source. A state counted in another currency than the ledger's is
-// refused whole (its amounts would mean something else), as is one the store cannot take.
+// RestoreState replaces (never adds to) the spend of each budget whose current window at now is
+// one of st's, and returns how many windows it restored. A state counted in another currency
+// than the ledger's is refused whole (its amounts would mean something else) with an error
+// wrapping ErrOtherCurrency, as is one the store cannot take.
 func (l *Ledger) RestoreState(st SavedState, now time.Time) (int, error) {
 	if st.Currency != l.Currency() {
-		return 0, &StateError{Reason: ReasonCurrency, Err: fmt.Errorf("the state is counted in %q, the policy in %q", st.Currency, l.Currency())}
+		return 0, fmt.Errorf("the state is counted in %q, the policy in %q: %w", st.Currency, l.Currency(), ErrOtherCurrency)
 	}
 	p, ok := l.Store().(Persistent)
 	if !ok {
@@ -593,7 +595,7 @@ func (l *Ledger) RestoreState(st SavedState, now time.Time) (int, error) {
 	}
 	n, err := p.Load(st.Windows, now)
 	if err != nil {
-		return 0, &StateError{Reason: ReasonCorrupt, Err: err}
+		return 0, err
 	}
 	// A file written under another time_zone holds windows the policy's zone does not make
 	// current: their spend carries into the current ones.

@@ -33,7 +33,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
-	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/statefile"
 )
 
 // Options configure an App. Zero values take the policy's settings.
@@ -61,13 +61,13 @@ type Options struct {
 	Env []string
 	// LogOutput receives JSON logs; nil means os.Stderr.
 	LogOutput io.Writer
-	// Clock defaults to the system clock. The engine, the spend state and the check of the
+	// Clock defaults to the system clock. The engine, the state file and the check of the
 	// ext_proc listener's certificates (one not valid now is not rotated in) read it.
 	Clock policy.Clock
 	// Watch reloads the policy file when it changes on disk (and on SIGHUP, see Run).
 	Watch bool
-	// SpendState overrides the policy's spend.state_file.
-	SpendState string
+	// StateFile overrides the policy's state.file (the --state-file flag).
+	StateFile string
 	// Build describes the binary for llm_bulkhead_build_info and the start log line; the zero
 	// value reads it from the Go build record (ReadBuildInfo("")).
 	Build BuildInfo
@@ -116,8 +116,8 @@ type App struct {
 	keysWatcher *watcher
 	// tracing exports requests' spans; nil when the policy does not trace.
 	tracing *tracingPipeline
-	// spendState keeps spend in the state file; nil without one.
-	spendState *spend.Persister
+	// state keeps every budget's windows in the state file; nil without one.
+	state *statefile.Persister
 	// tls is the ext_proc listener's TLS material; nil for plaintext.
 	tls *listenerTLS
 	// memLimit is the memory limit the server sized its defaults from (0: none), found in
@@ -197,7 +197,7 @@ func New(o Options) (*App, error) {
 	}
 	a.engine = eng
 	a.current.Store(p)
-	if err := a.openSpendState(p); err != nil {
+	if err := a.openState(p); err != nil {
 		_ = eng.Close(context.Background())
 		return nil, err
 	}
@@ -407,8 +407,8 @@ func (a *App) Start() error {
 	if a.tls != nil {
 		a.tls.watch(tlsPollInterval)
 	}
-	if a.spendState != nil {
-		a.spendState.Start()
+	if a.state != nil {
+		a.state.Start()
 	}
 	if st := a.engine.Cluster(); st != nil {
 		// Give the first registration in Redis a moment, so that the first requests share
@@ -531,7 +531,7 @@ func (a *App) checkFixed(p *config.Policy) error {
 	if p.Server.KeepaliveTimeout != cur.Server.KeepaliveTimeout {
 		problems = append(problems, "server.keepalive_timeout")
 	}
-	problems = append(problems, a.spendStateFixed(p, cur)...)
+	problems = append(problems, a.stateFixed(p, cur)...)
 	if !reflect.DeepEqual(p.Cluster, cur.Cluster) {
 		problems = append(problems, "cluster")
 	}
@@ -591,7 +591,7 @@ func (a *App) Shutdown(ctx context.Context) {
 		if err := a.engine.Close(shut); err != nil {
 			a.log.Warn("could not give this replica's shared slots back; they free when its leases expire", "error", err)
 		}
-		a.closeSpendState()
+		a.closeState()
 		a.stopTracing(shut)
 		if err := a.admin.Shutdown(shut); err != nil {
 			a.admin.Close()
