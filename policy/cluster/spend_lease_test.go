@@ -1,0 +1,307 @@
+package cluster
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+)
+
+// leasedReplica opens a store on addr under prefix and returns a ledger keeping its sums there
+// with leased admission, and the leaser. Its rounds run every 20 ms and when asked for, each under
+// the lock returned, which a test holds to act between two rounds.
+func leasedReplica(t testing.TB, addr, prefix, id string, timeout time.Duration) (*spend.Ledger, *Leaser, *Store, *sync.Mutex) {
+	t.Helper()
+	o := options(addr, prefix, id)
+	o.Timeout, o.LeaseTTL, o.Heartbeat = timeout, 5*time.Second, time.Second
+	s, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLeaser(s, LeaseOptions{Interval: 20 * time.Millisecond}, true)
+	var drive sync.Mutex
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-l.kick:
+			case <-tick.C:
+			}
+			drive.Lock()
+			l.Round()
+			drive.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		<-stopped
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		l.Close(ctx)
+		_ = s.Close(ctx)
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for !s.Available() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: Redis not available", id)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ss := NewSpendStore(s)
+	ss.UseLeases(l)
+	led := spend.NewLedger(ss)
+	_, _ = led.Configure(spend.Settings{Currency: "USD", Calendar: spend.NewCalendar(time.UTC)}, time.Now())
+	return led, l, s, &drive
+}
+
+// spendHash returns a spend window's fields as Redis holds them, as integers.
+func spendHash(t *testing.T, addr, prefix string, led *spend.Ledger, b spend.Budget) map[string]int64 {
+	t.Helper()
+	key := "{" + prefix + "}:sp:" + led.Window(b, time.Now()).ID.Key()
+	h, err := inspect(t, addr).HGetAll(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for k, v := range h {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			out[k] = n
+		}
+	}
+	return out
+}
+
+// TestLeasedSpendNeverAboveBudget: three replicas reserve random worst cases from their chunks
+// of one $10 hourly budget, many requests at once on each, and settle each at a random real cost
+// no higher. What the fleet holds (settled plus reserved in flight) never exceeds the $10 at any
+// admission, and once everything has settled Redis counts every micro-dollar spent, exactly, and
+// nothing reserved.
+func TestLeasedSpendNeverAboveBudget(t *testing.T) {
+	rd := redistest.Standalone(t)
+	const limit = 10_000_000
+	budget := spend.Budget{Name: "feature/chat", Period: spend.Hour, Limit: limit}
+	if now := time.Now(); now.Add(time.Minute).Hour() != now.Hour() {
+		t.Skip("too close to the end of the hour: the hourly window would reset during the test")
+	}
+	var leds []*spend.Ledger
+	for i := range 3 {
+		led, _, _, _ := leasedReplica(t, rd.Addr(), "never", "r"+strconv.Itoa(i), time.Second)
+		leds = append(leds, led)
+	}
+	var held, spent, admitted atomic.Int64
+	var maxHeld atomic.Int64
+	var wg sync.WaitGroup
+	for i, led := range leds {
+		for g := range 8 {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(i), uint64(g)))
+				refusals := 0
+				for refusals < 3 {
+					amount := spend.Micros(100_000 + rng.Int64N(900_000))
+					r, rf, ok := reserveIn(t, led, budget, amount)
+					if !ok {
+						if rf.Unavailable || rf.Budget != budget {
+							t.Errorf("refusal %+v", rf)
+							return
+						}
+						refusals++
+						continue
+					}
+					admitted.Add(1)
+					h := held.Add(int64(amount))
+					for {
+						m := maxHeld.Load()
+						if h <= m || maxHeld.CompareAndSwap(m, h) {
+							break
+						}
+					}
+					time.Sleep(time.Duration(rng.Int64N(3)) * time.Millisecond)
+					cost := rng.Int64N(int64(amount) + 1)
+					// Take the request off before settling: the settlement gives room back.
+					held.Add(cost - int64(amount))
+					spent.Add(cost)
+					r.Settle(spend.Micros(cost), time.Now())
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if m := maxHeld.Load(); m > limit {
+		t.Fatalf("the fleet held %d micro-dollars (spent and reserved) at once, over the %d budget", m, limit)
+	}
+	waitFor(t, "Redis to count what was spent", func() bool {
+		h := spendHash(t, rd.Addr(), "never", leds[0], budget)
+		return h["s"] == spent.Load() && h["r"] == 0
+	})
+	h := spendHash(t, rd.Addr(), "never", leds[0], budget)
+	t.Logf("%d admitted, $%.2f spent, %d unused in chunks", admitted.Load(), float64(spent.Load())/1e6, h["k"])
+	if h["s"]+h["k"] > limit {
+		t.Errorf("Redis counts %d spent and %d in chunks: over the %d budget", h["s"], h["k"], limit)
+	}
+}
+
+// warmLeasedSpend reserves and settles small requests on led until this replica's chunk of
+// b's window holds at least want unused.
+func warmLeasedSpend(t *testing.T, led *spend.Ledger, l *Leaser, b spend.Budget, want int64) {
+	t.Helper()
+	waitFor(t, "a chunk of the window", func() bool {
+		for range 20 {
+			r, rf, ok := reserveIn(t, led, b, 10_000)
+			if !ok {
+				t.Fatalf("refused while warming up: %+v", rf)
+			}
+			r.Settle(10_000, time.Now())
+		}
+		for _, s := range l.SpendLeases() {
+			if s.Unused >= want {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// spendUnused is what the replica's chunks hold unused.
+func spendUnused(l *Leaser) int64 {
+	var n int64
+	for _, s := range l.SpendLeases() {
+		n += s.Unused
+	}
+	return n
+}
+
+// spendLocally reserves and settles n requests of cost each on led, which must all be admitted
+// from the replica's chunk.
+func spendLocally(t *testing.T, led *spend.Ledger, b spend.Budget, n int, cost spend.Micros) {
+	t.Helper()
+	for i := range n {
+		r, rf, ok := reserveIn(t, led, b, cost)
+		if !ok {
+			t.Fatalf("request %d refused without Redis: %+v", i, rf)
+		}
+		r.Settle(cost, time.Now())
+	}
+	if fb := led.FellBack(); fb != 0 {
+		t.Fatalf("%d reservations decided outside the chunk: the test must spend from it", fb)
+	}
+}
+
+// TestLeasedSpendOutageAddedBackOnce: a replica spends from its chunk of a spend window while
+// Redis is stopped (SIGSTOP: its reports go unanswered, and may run once Redis continues), or
+// killed and restarted empty. Once Redis answers again, what the replica spent meanwhile is in the
+// fleet's window, exactly once.
+func TestLeasedSpendOutageAddedBackOnce(t *testing.T) {
+	budget := spend.Budget{Name: "feature/chat", Period: spend.Day, Limit: 100_000_000}
+	if now := time.Now().UTC(); now.Add(time.Minute).Day() != now.Day() {
+		t.Skip("too close to midnight UTC: the daily window would reset during the test")
+	}
+	for _, tc := range []struct {
+		name string
+		// restart: Redis is killed and restarted empty; else stopped and continued.
+		restart bool
+	}{{"stopped", false}, {"restarted empty", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			rd := redistest.Standalone(t)
+			prefix := "outage-" + strconv.FormatBool(tc.restart)
+			led, l, st, drive := leasedReplica(t, rd.Addr(), prefix, "a", 100*time.Millisecond)
+			// Between two rounds: what Redis counts, and what this replica spent that it does
+			// not count yet, as Redis stops.
+			var before int64
+			for {
+				warmLeasedSpend(t, led, l, budget, 200_000)
+				drive.Lock()
+				if spendUnused(l) >= 100_000 {
+					break
+				}
+				drive.Unlock()
+			}
+			before = spendHash(t, rd.Addr(), prefix, led, budget)["s"] + l.SpendLeasedPending()
+			if tc.restart {
+				rd.Kill()
+				before = l.SpendLeasedPending()
+			} else {
+				rd.Pause(0)
+			}
+			drive.Unlock()
+			// Reports time out (or fail) meanwhile; the replica spends from its chunk.
+			spendLocally(t, led, budget, 5, 10_000)
+			waitFor(t, "the replica to notice Redis is gone", func() bool { return !st.Available() })
+			spendLocally(t, led, budget, 5, 10_000)
+			if tc.restart {
+				rd.Restart()
+			} else {
+				rd.Resume()
+			}
+			const outage = 10 * 10_000
+			waitFor(t, "the outage's spend in Redis", func() bool {
+				return st.Available() && l.SpendLeasedPending() == 0 && spendHash(t, rd.Addr(), prefix, led, budget)["s"] == before+outage
+			})
+			// Later rounds (and any report Redis ran late) add nothing more.
+			next := l.Next()
+			l.Kick()
+			<-next
+			next = l.Next()
+			l.Kick()
+			<-next
+			if s := spendHash(t, rd.Addr(), prefix, led, budget)["s"]; s != before+outage {
+				t.Fatalf("Redis counts %d spent, want %d: the outage's %d counted %s", s, before+outage, outage,
+					map[bool]string{true: "more than once", false: "partly"}[s > before+outage])
+			}
+		})
+	}
+}
+
+// TestLeasedSpendReportSentTwiceCountsOnce: a round of spend reports whose answer is lost (Redis
+// ran it) is sent again with its number: what it adds counts once.
+func TestLeasedSpendReportSentTwiceCountsOnce(t *testing.T) {
+	rd := redistest.Standalone(t)
+	budget := spend.Budget{Name: "feature/chat", Period: spend.Day, Limit: 100_000_000}
+	if now := time.Now().UTC(); now.Add(time.Minute).Day() != now.Day() {
+		t.Skip("too close to midnight UTC: the daily window would reset during the test")
+	}
+	led, l, _, drive := leasedReplica(t, rd.Addr(), "twice", "a", time.Second)
+	warmLeasedSpend(t, led, l, budget, 100_000)
+	waitFor(t, "the warm-up's spend in Redis", func() bool { return l.SpendLeasedPending() == 0 })
+	before := spendHash(t, rd.Addr(), "twice", led, budget)["s"]
+	// Build and send a round by hand between two of the loop's.
+	drive.Lock()
+	spendLocally(t, led, budget, 1, 40_000)
+	sp := l.spend
+	sp.mu.Lock()
+	for _, a := range sp.wins {
+		a.urgent = true
+	}
+	sp.mu.Unlock()
+	r := sp.build(l.o.Now(), false)
+	if r == nil {
+		t.Fatal("nothing to report")
+	}
+	if err := sp.script.Run(context.Background(), l.st.client, r.keys, r.args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Its answer is lost: the report is sent again at the next round.
+	sp.failed(r)
+	drive.Unlock()
+	next := l.Next()
+	l.Kick()
+	<-next
+	waitFor(t, "the report sent again", func() bool {
+		sp.mu.Lock()
+		defer sp.mu.Unlock()
+		return sp.resend == nil
+	})
+	if s := spendHash(t, rd.Addr(), "twice", led, budget)["s"]; s != before+40_000 {
+		t.Fatalf("Redis counts %d spent, want %d: a report sent twice counted %d", s, before+40_000, s-before)
+	}
+}
