@@ -4,10 +4,13 @@ import (
 	"context"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
@@ -303,5 +306,96 @@ func TestLeasedSpendReportSentTwiceCountsOnce(t *testing.T) {
 	})
 	if s := spendHash(t, rd.Addr(), "twice", led, budget)["s"]; s != before+40_000 {
 		t.Fatalf("Redis counts %d spent, want %d: a report sent twice counted %d", s, before+40_000, s-before)
+	}
+}
+
+// redisCalls returns the commands Redis has run, from INFO commandstats (the INFO calls
+// themselves left out; commands a script runs count), and the scripts among them.
+func redisCalls(b *testing.B, addr string) (cmds, scripts int64) {
+	b.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: addr})
+	defer rc.Close()
+	info, err := rc.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok || name == "cmdstat_info" {
+			continue
+		}
+		calls, _, _ := strings.Cut(rest, ",")
+		v, _ := strconv.ParseInt(calls, 10, 64)
+		cmds += v
+		if name == "cmdstat_evalsha" || name == "cmdstat_eval" {
+			scripts += v
+		}
+	}
+	return cmds, scripts
+}
+
+// BenchmarkSpendReserveSettle: a spend-budgeted request's reservation and settlement, 64 at
+// once on one replica, with exact admission (every reservation a script in Redis, settlements
+// batched) and leased admission (reserved from the replica's chunks, reported every
+// lease_interval). It reports the Redis commands each request costs (redis-cmds/op), every
+// command Redis ran meanwhile counted (heartbeats, settlement batches, lease rounds, and the
+// commands their scripts run), and the scripts among them (redis-scripts/op: round trips).
+func BenchmarkSpendReserveSettle(b *testing.B) {
+	rd := redistest.Standalone(b)
+	budget := spend.Budget{Name: "feature/chat", Period: spend.Month, Limit: 1_000_000_000_000}
+	for _, mode := range []string{"exact", "leased"} {
+		b.Run(mode, func(b *testing.B) {
+			o := options(rd.Addr(), "bench-"+mode, "a")
+			o.Timeout, o.LeaseTTL, o.Heartbeat = 200*time.Millisecond, 10*time.Second, 2500*time.Millisecond
+			st, err := Open(o)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ss := NewSpendStore(st)
+			var l *Leaser
+			if mode == "leased" {
+				l = NewLeaser(st, LeaseOptions{Interval: 200 * time.Millisecond})
+				ss.UseLeases(l)
+			}
+			defer func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if l != nil {
+					l.Close(ctx)
+				}
+				_ = st.Close(ctx)
+			}()
+			for !st.Available() {
+				time.Sleep(5 * time.Millisecond)
+			}
+			led := spend.NewLedger(ss)
+			_, _ = led.Configure(spend.Settings{Currency: "USD", Calendar: spend.NewCalendar(time.UTC)}, time.Now())
+			one := func() {
+				r := &spend.Reservation{}
+				r.Reset(time.Now())
+				r.Add(budget)
+				if _, ok := led.Reserve(context.Background(), r, 20_000, time.Now()); !ok {
+					b.Error("refused")
+					return
+				}
+				r.Settle(15_000, time.Now())
+			}
+			// Warm up: the replica's chunk follows its pace.
+			for range 2000 {
+				one()
+			}
+			cmds, scripts := redisCalls(b, rd.Addr())
+			b.SetParallelism(32)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					one()
+				}
+			})
+			b.StopTimer()
+			cmds2, scripts2 := redisCalls(b, rd.Addr())
+			b.ReportMetric(float64(cmds2-cmds)/float64(b.N), "redis-cmds/op")
+			b.ReportMetric(float64(scripts2-scripts)/float64(b.N), "redis-scripts/op")
+		})
 	}
 }
