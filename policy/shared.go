@@ -205,6 +205,15 @@ func (e *Engine) ClusterAdmission() string {
 	return config.AdmissionExact
 }
 
+// ClusterSpendLeases lists this replica's chunks of spend windows (leased admission; nil
+// otherwise).
+func (e *Engine) ClusterSpendLeases() []cluster.SpendLeaseInfo {
+	if e.cluster == nil || e.cluster.leaser == nil {
+		return nil
+	}
+	return e.cluster.leaser.SpendLeases()
+}
+
 // ClusterLeases lists this replica's leases (leased admission; nil otherwise).
 func (e *Engine) ClusterLeases() []cluster.LeaseInfo {
 	if e.cluster == nil || e.cluster.leaser == nil {

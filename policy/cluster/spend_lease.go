@@ -461,13 +461,12 @@ func spendReply(c *redis.Cmd) ([]int64, error) {
 	return v, nil
 }
 
-// SpendLeaseInfo is one spend window as this replica leases it, for the admin API.
+// SpendLeaseInfo is this replica's chunk of one spend window, in micro-units: unused, reserved by
+// its requests in flight, and settled here but not reported yet.
 type SpendLeaseInfo struct {
-	Window   string `json:"window"`
-	Unused   int64  `json:"unused"`
-	InFlight int64  `json:"in_flight"`
-	Pending  int64  `json:"pending"`
-	Tight    bool   `json:"tight,omitempty"`
+	Window                    string
+	Unused, InFlight, Pending int64
+	Tight                     bool
 }
 
 // SpendLeases lists this replica's parts of spend windows, by window.
