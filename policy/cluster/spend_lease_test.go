@@ -399,3 +399,80 @@ func BenchmarkSpendReserveSettle(b *testing.B) {
 		})
 	}
 }
+
+// TestLeasedSpendTightWindowGivesChunksBack: replica a holds an unused chunk of a $10 window;
+// replica b asks for all that is really left (the budget less what a spent). That does not fit
+// beside a's chunk: the window turns tight, a gives its chunk back at once, and b is admitted,
+// as exact admission would admit it.
+func TestLeasedSpendTightWindowGivesChunksBack(t *testing.T) {
+	rd := redistest.Standalone(t)
+	budget := spend.Budget{Name: "feature/chat", Period: spend.Day, Limit: 10_000_000}
+	if now := time.Now().UTC(); now.Add(time.Minute).Day() != now.Day() {
+		t.Skip("too close to midnight UTC: the daily window would reset during the test")
+	}
+	a, la, _, _ := leasedReplica(t, rd.Addr(), "tight", "a", time.Second)
+	b, lb, _, _ := leasedReplica(t, rd.Addr(), "tight", "b", time.Second)
+	var spentA int64
+	waitFor(t, "a chunk of at least $2 on a", func() bool {
+		for range 10 {
+			r, rf, ok := reserveIn(t, a, budget, 50_000)
+			if !ok {
+				t.Fatalf("refused while warming up: %+v", rf)
+			}
+			r.Settle(50_000, time.Now())
+			spentA += 50_000
+		}
+		return spendUnused(la) >= 2_000_000
+	})
+	if spentA > 6_000_000 {
+		t.Fatalf("a spent $%.2f warming up: too much for the test", float64(spentA)/1e6)
+	}
+	amount := budget.Limit - spend.Micros(spentA) - 10_000
+	r, rf, ok := reserveIn(t, b, budget, amount)
+	if !ok {
+		t.Fatalf("b's $%.2f refused with $%.2f really left (a holds $%.2f unused): %+v",
+			float64(amount)/1e6, float64(budget.Limit-spend.Micros(spentA))/1e6, float64(spendUnused(la))/1e6, rf)
+	}
+	r.Release(time.Now())
+	for _, s := range lb.SpendLeases() {
+		if !s.Tight {
+			t.Errorf("b's part of %s is not tight", s.Window)
+		}
+	}
+}
+
+// TestLeasedSpendWholeBudget: a worst case larger than the whole budget is refused without a
+// call to Redis (the window is not even made), unless a single overrun is allowed: then it runs
+// in the untouched window, and nothing more does, on any replica.
+func TestLeasedSpendWholeBudget(t *testing.T) {
+	rd := redistest.Standalone(t)
+	budget := spend.Budget{Name: "feature/chat", Period: spend.Day, Limit: 1_000_000}
+	if now := time.Now().UTC(); now.Add(time.Minute).Day() != now.Day() {
+		t.Skip("too close to midnight UTC: the daily window would reset during the test")
+	}
+	a, _, _, _ := leasedReplica(t, rd.Addr(), "whole", "a", time.Second)
+	b, _, _, _ := leasedReplica(t, rd.Addr(), "whole", "b", time.Second)
+	if _, rf, ok := reserveIn(t, a, budget, 5_000_000); ok || rf.Budget != budget {
+		t.Fatalf("$5 against a $1 budget: admitted %v, refusal %+v", ok, rf)
+	}
+	if h := spendHash(t, rd.Addr(), "whole", a, budget); len(h) != 0 {
+		t.Fatalf("the refusal made the window in Redis: %v", h)
+	}
+	for _, led := range []*spend.Ledger{a, b} {
+		_, _ = led.Configure(spend.Settings{Currency: "USD", Calendar: spend.NewCalendar(time.UTC), AllowSingleOverrun: true}, time.Now())
+	}
+	r, rf, ok := reserveIn(t, a, budget, 5_000_000)
+	if !ok {
+		t.Fatalf("a single overrun allowed: $5 refused in an untouched window: %+v", rf)
+	}
+	for _, led := range []*spend.Ledger{a, b} {
+		if _, _, ok := reserveIn(t, led, budget, 1); ok {
+			t.Fatal("admitted beside a single overrun")
+		}
+	}
+	r.Settle(4_000_000, time.Now())
+	waitFor(t, "the overrun's cost in Redis", func() bool {
+		h := spendHash(t, rd.Addr(), "whole", a, budget)
+		return h["s"] == 4_000_000 && h["r"] == 0
+	})
+}
