@@ -476,3 +476,33 @@ func TestLeasedSpendWholeBudget(t *testing.T) {
 		return h["s"] == 4_000_000 && h["r"] == 0
 	})
 }
+
+// TestLeasedTokensAddedBackOnce: tokens a replica counted in its own window while its lease could
+// not be used are added to the fleet's window at its next report; a report whose answer was lost
+// (Redis ran it) is sent again under its number, and the tokens count once.
+func TestLeasedTokensAddedBackOnce(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "addback", 1, 5*time.Second)
+	l := f.leasers[0]
+	lim := LeaseLimits{Windows: []Window{{Name: "feature/chat", Kind: "tpm", Length: time.Minute, Capacity: 10_000, Debt: 10_000}}}
+	ls := l.Lease("feature/chat", lim, nil)
+	f.round()
+	if left, _, ok := ls.Remaining(0); !ok || left != 10_000 {
+		t.Fatalf("before: %d left (known %v), want the whole 10000", left, ok)
+	}
+	ls.AddBack(0, 700)
+	ls.mu.Lock()
+	r := ls.build(f.clock.Now(), false)
+	ls.mu.Unlock()
+	if err := l.script.Run(context.Background(), l.st.client, r.keys, r.args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Its answer is lost: the next round sends it again.
+	ls.mu.Lock()
+	ls.failed(r)
+	ls.mu.Unlock()
+	f.round()
+	if left, _, _ := ls.Remaining(0); left != 10_000-700 {
+		t.Fatalf("after the report sent twice: %d left, want %d (the 700 counted once)", left, 10_000-700)
+	}
+}
