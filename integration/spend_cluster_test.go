@@ -431,3 +431,91 @@ func TestClusterSpendRequestLargerThanBudget(t *testing.T) {
 		}
 	})
 }
+
+// spendLeases returns what a replica's chunks of spend windows hold unused, in dollars, from
+// GET /admin/cluster.
+func spendLeases(t *testing.T, r *harness.Replica) float64 {
+	t.Helper()
+	var v struct {
+		SpendLeases []struct {
+			Unused json.Number `json:"unused"`
+		} `json:"spend_leases"`
+	}
+	if err := r.Get("/admin/cluster", &v); err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, s := range v.SpendLeases {
+		f, _ := s.Unused.Float64()
+		sum += f
+	}
+	return sum
+}
+
+// TestClusterLeasedSpendThroughOutage: with leased admission, two replicas hold chunks of chat's
+// hourly spend window when Redis stops (SIGSTOP: their reports go unanswered, and run when it
+// continues). They go on admitting from their chunks, settling each $1 request here; once Redis
+// continues, the window counts every dollar spent, before and during the outage, exactly once,
+// and keeps doing so after further rounds.
+func TestClusterLeasedSpendThroughOutage(t *testing.T) {
+	if now := time.Now(); now.Add(2*time.Minute).Hour() != now.Hour() {
+		t.Skip("too close to the end of the hour: chat's hourly spend budget would reset during the test")
+	}
+	fleet := newSpendFleet(t)
+	rd, up, prefix := fleet.rd, fleet.up, "chunks"
+	cfg := clusterConfig{prefix: prefix, leaseTTL: 10 * time.Second, heartbeat: 250 * time.Millisecond, admission: "leased"}
+	policy := strings.Replace(dollarPolicy, "spend_per_hour: 10", "spend_per_hour: 10000", 1)
+	// Reports wait 200 ms for Redis: the pause below outlasts them, so Redis runs them once it
+	// continues, and the replicas send them again.
+	reps := fleet.start(t, policy, cfg, 200*time.Millisecond, "chunk-a", "chunk-b")
+	admitted := 0
+	send := func(r *harness.Replica) {
+		t.Helper()
+		res, err := r.Do(context.Background(), dollarChat(), up)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status != 200 {
+			t.Fatalf("%s: %d %s", r.Name, res.Status, header(res, "x-bulkhead-reason"))
+		}
+		admitted++
+	}
+	// Requests one after the other on each replica until each holds at least $10 unused.
+	for _, r := range reps {
+		clusterWait(t, r.Name+" to hold a chunk of $10", func() bool {
+			for range 5 {
+				send(r)
+			}
+			return spendLeases(t, r) >= 10
+		})
+	}
+	rd.Pause(0)
+	for range 3 {
+		for _, r := range reps {
+			send(r)
+		}
+	}
+	for _, r := range reps {
+		if v := replicaMetric(t, r, "llm_bulkhead_spend_store_fallbacks_total"); v != 0 {
+			t.Fatalf("%s decided %v reservations outside its chunk: the test must spend from chunks", r.Name, v)
+		}
+		clusterWait(t, r.Name+" to notice Redis does not answer", func() bool { return replicaMetric(t, r, "llm_bulkhead_cluster_available") == 0 })
+	}
+	rd.Resume()
+	key := fmt.Sprintf("{%s}:sp:feature/chat|hour|%d", prefix, time.Now().UTC().Truncate(time.Hour).Unix())
+	want := fmt.Sprint(admitted * 1_000_000)
+	clusterWait(t, fmt.Sprintf("Redis to count the $%d spent", admitted), func() bool {
+		s, _ := rd.Do("HGET", key, "s")
+		return s == want
+	})
+	// Further rounds (the replicas report every 50 ms, a steady chunk every 250 ms) add nothing.
+	time.Sleep(time.Second)
+	if s, _ := rd.Do("HGET", key, "s"); s != want {
+		t.Fatalf("Redis counts %s micro-dollars spent, want %s: the outage's spend counted more than once", s, want)
+	}
+	for _, r := range reps {
+		if v := replicaSpend(t, r, "feature/chat", "hour"); !near(v.Spent, float64(admitted)) {
+			t.Errorf("%s /admin/spend: $%v spent, want $%d", r.Name, v.Spent, admitted)
+		}
+	}
+}
