@@ -454,9 +454,11 @@ func spendLeases(t *testing.T, r *harness.Replica) float64 {
 
 // TestClusterLeasedSpendThroughOutage: with leased admission, two replicas hold chunks of chat's
 // hourly spend window when Redis stops (SIGSTOP: their reports go unanswered, and run when it
-// continues). They go on admitting from their chunks, settling each $1 request here; once Redis
-// continues, the window counts every dollar spent, before and during the outage, exactly once,
-// and keeps doing so after further rounds.
+// continues). They go on admitting from their chunks, settling each $1 request here, until a
+// chunk runs short: its replica then reports at once (the report Redis will run late, carrying
+// what was spent) and decides the request on its own. Once Redis continues, the window counts
+// every dollar spent, before and during the outage, exactly once, and keeps doing so after
+// further rounds.
 func TestClusterLeasedSpendThroughOutage(t *testing.T) {
 	if now := time.Now(); now.Add(2*time.Minute).Hour() != now.Hour() {
 		t.Skip("too close to the end of the hour: chat's hourly spend budget would reset during the test")
@@ -499,6 +501,23 @@ func TestClusterLeasedSpendThroughOutage(t *testing.T) {
 		if v := replicaMetric(t, r, "llm_bulkhead_spend_store_fallbacks_total"); v != 0 {
 			t.Fatalf("%s decided %v reservations outside its chunk: the test must spend from chunks", r.Name, v)
 		}
+	}
+	// a spends on until its chunk runs short. That request waits for the report (for
+	// cluster.timeout) and may then find its lease of chat's slots unusable as well: it may be
+	// refused, and then costs nothing.
+	clusterWait(t, reps[0].Name+"'s chunk to run short", func() bool {
+		res, err := reps[0].Do(context.Background(), dollarChat(), up)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status == 200 {
+			admitted++
+		} else {
+			t.Logf("%s while its chunk ran short: %d %s", reps[0].Name, res.Status, header(res, "x-bulkhead-reason"))
+		}
+		return replicaMetric(t, reps[0], "llm_bulkhead_spend_store_fallbacks_total") > 0
+	})
+	for _, r := range reps {
 		clusterWait(t, r.Name+" to notice Redis does not answer", func() bool { return replicaMetric(t, r, "llm_bulkhead_cluster_available") == 0 })
 	}
 	rd.Resume()
