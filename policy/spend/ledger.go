@@ -74,6 +74,9 @@ type Usage struct {
 	Spent Micros
 	// Reserved is the worst-case cost of admitted requests not settled yet.
 	Reserved Micros
+	// Leased is, with leased cluster admission, what replicas' chunks of the window hold
+	// unused: counted against the limit, as Reserved is.
+	Leased Micros
 	// Local is, with a Shared store, what this process counted in its own memory because the
 	// store did not answer in time (included in Spent and Reserved while Pending says the store
 	// does not have it yet); zero otherwise.
@@ -118,8 +121,8 @@ type Shared interface {
 	PendingTotal() Micros
 }
 
-// Remaining is Limit - Spent - Reserved (negative when settlement overran the limit).
-func (u Usage) Remaining() Micros { return u.Limit - u.Spent - u.Reserved }
+// Remaining is Limit - Spent - Reserved - Leased (negative when settlement overran the limit).
+func (u Usage) Remaining() Micros { return u.Limit - u.Spent - u.Reserved - u.Leased }
 
 // Store keeps the sums of every window. Implementations are safe for concurrent use.
 type Store interface {
@@ -455,7 +458,7 @@ func (s *localStore) share(w Window, now time.Time) Window {
 		return w
 	}
 	seen, _ := s.shared.Seen(w.ID, now)
-	used := seen.Spent + seen.Reserved
+	used := seen.Spent + seen.Reserved + seen.Leased
 	w.Limit = max(w.Limit-used, 0) / Micros(max(s.shared.Replicas(), 1))
 	w.AllowSingleOverrun = w.AllowSingleOverrun && used == 0
 	return w
@@ -527,7 +530,7 @@ func (l *Ledger) Usage(now time.Time) []Usage {
 	}
 	for id, u := range local {
 		if !seen[id] {
-			u.Spent, u.Reserved = 0, 0
+			u.Spent, u.Reserved, u.Leased = 0, 0, 0
 			addLocal(&u, local, pending)
 			out = append(out, u)
 		}
