@@ -762,9 +762,9 @@ return out
 //	      C × (key index, tokens held)
 //
 // Returns {live, seq, epoch id, waiting, wait ms left, lost (1: the epoch was missing), the last
-// wait's number, then the live members' ids (none when there are more than MaxReplicas)}. An id this replica knew that
-// no replica has (one with a space) keeps the wait until its deadline: this replica knew more
-// replicas than it could name.
+// wait's number, then the live members' ids (none when there are more than MaxReplicas)}. An id
+// this replica knew that no replica has (one with a space) keeps the wait until its deadline:
+// this replica knew more replicas than it could name.
 var luaResync = luaCommon + `
 local me, ttl, chan, prefix = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local cutoff, known = ARGV[5] == '1', tonumber(ARGV[6])

@@ -223,7 +223,7 @@ type Store struct {
 	stateMu   sync.Mutex
 	available atomic.Bool
 	synced    atomic.Bool
-	// downs counts the times the store was found unavailable (written under stateMu). An answer
+	// downs counts the store's moves to unavailable (written under stateMu). An answer
 	// from Redis makes the store available, or synced, only if it was asked for since the last:
 	// a heartbeat sent before this replica was cut off, and answered after, says nothing of
 	// what it admitted alone meanwhile.
@@ -800,13 +800,14 @@ func (s *Store) lost(why, cause string) {
 func (s *Store) setUnavailable(why string, err error, gone bool) {
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
-	s.downs.Add(1)
 	if !s.available.Load() {
+		// Already cut off: a call made before that fails late says nothing new.
 		if gone {
 			s.goneLocked()
 		}
 		return
 	}
+	s.downs.Add(1)
 	s.gone.Store(gone)
 	s.setStateLocked(false, false, why, err)
 }
@@ -971,8 +972,7 @@ func (s *Store) heartbeatLoop() {
 			}
 			lastFailure = ""
 			if !s.setAvailable(since, waiting == 0) {
-				// Cut off again while the leases were rewritten (an admission sent before
-				// timed out): what this replica admits alone now is not in what was rewritten.
+				// Closed meanwhile.
 				t.Reset(backoff)
 				continue
 			}
