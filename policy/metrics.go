@@ -17,7 +17,7 @@ import (
 const Namespace = "llm_bulkhead"
 
 // reasons indexes per-reason counters on the hot path.
-var reasons = [...]Reason{ReasonTokenBudget, ReasonRateLimit, ReasonBulkheadFull, ReasonCircuitOpen, ReasonBadRequest, ReasonServerBusy, ReasonCancelled, ReasonSpendBudget, ReasonClusterUnavailable}
+var reasons = [...]Reason{ReasonTokenBudget, ReasonRateLimit, ReasonBulkheadFull, ReasonCircuitOpen, ReasonBadRequest, ReasonServerBusy, ReasonCancelled, ReasonSpendBudget, ReasonUnknownKey, ReasonProviderQuota, ReasonClusterUnavailable}
 
 func reasonIndex(r Reason) int {
 	for i, x := range reasons {
@@ -46,6 +46,8 @@ type metrics struct {
 	queueWait      *prometheus.HistogramVec
 	classifyErrors *prometheus.CounterVec
 	transitions    *prometheus.CounterVec
+	quotaShort     *prometheus.CounterVec
+	quotaInvalid   *prometheus.CounterVec
 	unknownFeature prometheus.Counter
 	// invalidValue counts, per dimension (dimFeature…), requests a rule of which read a value
 	// classification could not use (config.CheckIdentity).
@@ -87,7 +89,7 @@ func newMetrics(e *Engine, reg prometheus.Registerer) *metrics {
 		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "admitted_total",
 			Help: "Requests admitted, by feature."}, []string{"feature"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "rejected_total",
-			Help: "Requests refused, by feature and reason (token_budget, rate_limit, bulkhead_full, circuit_open, bad_request, spend_budget, cancelled)."}, []string{"feature", "reason"}),
+			Help: "Requests refused, by feature and reason (token_budget, rate_limit, bulkhead_full, circuit_open, bad_request, spend_budget, unknown_key, provider_quota, cluster_unavailable, cancelled)."}, []string{"feature", "reason"}),
 		rerouted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "rerouted_total",
 			Help: "Requests re-routed to another provider instead of refused, by feature, from and to provider, and the reason the first provider refused."}, []string{"feature", "from", "to", "reason"}),
 		rerouteNoModel: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "reroute_unmapped_total",
@@ -111,13 +113,15 @@ func newMetrics(e *Engine, reg prometheus.Registerer) *metrics {
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "breaker_transitions_total",
 			Help: "Breaker state transitions, by breaker, from and to state."}, []string{"breaker", "from", "to"}),
 	}
+	m.quotaShort, m.quotaInvalid = newQuotaMetrics()
 	m.unknownFeature = m.classifyErrors.WithLabelValues("unknown_feature")
 	for i, dim := range dimNames {
 		m.invalidValue[i] = m.classifyErrors.WithLabelValues("invalid_" + dim)
 	}
 	if reg != nil {
 		reg.MustRegister(m.admitted, m.rejected, m.rerouted, m.rerouteNoModel, m.tokensReserved, m.tokensSettled, m.usageUnknown,
-			m.usageClamped, m.estimateError, m.queueWait, m.classifyErrors, m.transitions, &stateCollector{m: m})
+			m.usageClamped, m.estimateError, m.queueWait, m.classifyErrors, m.transitions,
+			m.quotaShort, m.quotaInvalid, &stateCollector{m: m}, quotaCollector{e: m.engine})
 	}
 	return m
 }

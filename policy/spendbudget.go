@@ -313,7 +313,7 @@ func (m *spendMetrics) feature(name string) *spendCounters {
 var (
 	descSpendLimit = prometheus.NewDesc(Namespace+"_spend_budget_limit", "A spend budget's limit per window, in units of the policy's currency, by compartment and period (hour, day, month).", []string{"compartment", "period"}, nil)
 	descSpendUsed  = prometheus.NewDesc(Namespace+"_spend_budget_used", "Spend counted in a spend budget's current window (settled plus reserved by requests in flight), in units of the policy's currency, by compartment and period.", []string{"compartment", "period"}, nil)
-	descSpendLeft  = prometheus.NewDesc(Namespace+"_spend_budget_remaining", "What a spend budget has left in its current window (negative when settlement overran it), in units of the policy's currency, by compartment and period.", []string{"compartment", "period"}, nil)
+	descSpendLeft  = prometheus.NewDesc(Namespace+"_spend_budget_remaining", "What a spend budget has left in its current window, less the chunks of it replicas hold unused with leased cluster admission (negative when settlement overran it), in units of the policy's currency, by compartment and period.", []string{"compartment", "period"}, nil)
 	descSpendRatio = prometheus.NewDesc(Namespace+"_spend_budget_used_ratio", "Used divided by limit for a spend budget's current window, by compartment and period; for tenant-keyed compartments without tenant labels (<family>/*), the highest ratio among the family's tenants.", []string{"compartment", "period"}, nil)
 	descSpendReset = prometheus.NewDesc(Namespace+"_spend_budget_reset_timestamp_seconds", "When a spend budget's current window ends and the budget resets (Unix time), by compartment and period.", []string{"compartment", "period"}, nil)
 )
@@ -347,7 +347,7 @@ func (c *spendCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descSpendLimit, b.Limit.Float(), b.Label, b.Period)
 		gauge(descSpendUsed, (b.Spent + b.Reserved).Float(), b.Label, b.Period)
-		gauge(descSpendLeft, (b.Limit - b.Spent - b.Reserved).Float(), b.Label, b.Period)
+		gauge(descSpendLeft, (b.Limit - b.Spent - b.Reserved - b.Leased).Float(), b.Label, b.Period)
 		gauge(descSpendRatio, b.ratio(), b.Label, b.Period)
 		gauge(descSpendReset, float64(b.End.Unix()), b.Label, b.Period)
 	}
@@ -362,6 +362,8 @@ type SpendBudgetView struct {
 	Limit         spend.Micros
 	Spent         spend.Micros
 	Reserved      spend.Micros
+	// Leased is what replicas' chunks of a shared window hold unused (leased admission).
+	Leased spend.Micros
 	// Tenant marks a budget of a tenant-keyed compartment (its overflow compartment aside).
 	Tenant bool
 	// Aggregate marks the line that stands for every tenant of a tenant-keyed family in
@@ -429,7 +431,7 @@ func (s *Snapshot) spendBudgets(now time.Time) []SpendBudgetView {
 		v := SpendBudgetView{Budget: b.Name, Label: label, Period: b.Period.String(), Start: time.Unix(w.ID.Start, 0).In(l.Calendar().Location()),
 			End: w.End, Limit: b.Limit}
 		if u, ok := byID[w.ID]; ok {
-			v.Spent, v.Reserved, v.Local = u.Spent, u.Reserved, u.Local
+			v.Spent, v.Reserved, v.Leased, v.Local = u.Spent, u.Reserved, u.Leased, u.Local
 		}
 		v.LocalLimit, v.Shared = l.LocalLimit(b, now)
 		return v
@@ -483,7 +485,7 @@ func (s *Snapshot) spendBudgets(now time.Time) []SpendBudgetView {
 		}
 		seen[k] = true
 		v := SpendBudgetView{Budget: u.ID.Budget, Label: u.ID.Budget, Period: u.ID.Period.String(), Tenant: true,
-			Start: time.Unix(u.ID.Start, 0).In(cal.Location()), End: u.End, Limit: u.Limit, Spent: u.Spent, Reserved: u.Reserved,
+			Start: time.Unix(u.ID.Start, 0).In(cal.Location()), End: u.End, Limit: u.Limit, Spent: u.Spent, Reserved: u.Reserved, Leased: u.Leased,
 			Local: u.Local}
 		v.LocalLimit, v.Shared = l.LocalLimit(spend.Budget{Name: u.ID.Budget, Period: u.ID.Period, Limit: u.Limit}, now)
 		out = append(out, v)
