@@ -67,9 +67,9 @@ func (f *fleetLease) LeaseChanged(st cluster.LeaseState) {
 	}
 	switch {
 	case st.Valid:
-		f.sched.SetLease(f.c, st.Slots, st.Tokens, true)
+		f.sched.SetLease(f.c, st.Slots, st.Tokens, !st.Available)
 	case st.Available:
-		f.sched.SetLease(f.c, 0, 0, true)
+		f.sched.SetLease(f.c, 0, 0, false)
 	case st.Known:
 		n := f.cs.divisor(f.cs.store.Live())
 		f.sched.SetLease(f.c, st.Granted+st.Free/n, st.GrantedTokens+st.FreeTokens/n, true)

@@ -96,7 +96,8 @@ func (cs *clusterState) nextGen() uint64 {
 // concurrency or in-flight-token limit, or is capped for gen already).
 func (e *Engine) capInstance(in *instance, gen uint64, n int64, forget, tighten, narrow bool, lag [2]int64) {
 	l := in.limits
-	if l.MaxConcurrent <= 0 && l.MaxInflightTokens <= 0 {
+	if in.fleet != nil || (l.MaxConcurrent <= 0 && l.MaxInflightTokens <= 0) {
+		// A leased compartment's part is its lease (fleetLease.LeaseChanged).
 		return
 	}
 	cs := e.cluster
@@ -121,7 +122,7 @@ func (e *Engine) capTicket(t *Ticket) {
 	n := cs.divisor(cs.store.Live())
 	for i := 0; i < t.n; i++ {
 		in := t.insts[i]
-		if e.sched.CapGen(in.c) == gen {
+		if in.fleet != nil || e.sched.CapGen(in.c) == gen {
 			continue
 		}
 		// Under stateMu, so that an episode ending meanwhile (uncapAll) cannot leave it capped.

@@ -62,7 +62,9 @@ type Compartment struct {
 	// leased: the limits are the fleet's, and this replica may hold leaseSlots slots and
 	// leaseTokens in-flight tokens of them (leased cluster admission, SetLease). The configured
 	// limits still predict queue waits: capacity comes back from the whole fleet.
-	leased                  bool
+	// leasePart says the lease is this replica's part of the limits while the fleet's shared
+	// state is unavailable: Stats then shows it as the limits in force.
+	leased, leasePart       bool
 	leaseSlots, leaseTokens int64
 	// capped is set while this replica may hold only its part of the limits (cluster mode,
 	// while the replicas cannot count each other's slots: see Cap): at most capSlots slots and
@@ -656,13 +658,14 @@ func (s *Scheduler) SetAdaptiveLimit(c *Compartment, n int64) {
 }
 
 // SetLease puts a lease of c's limits in force (leased cluster admission): this replica may hold
-// slots of its concurrency limit and tokens of its in-flight-token limit. on false returns to the
-// configured limits (the lease ran out). A smaller lease revokes nothing: requests in flight keep
-// their slots and nothing new is admitted until use drops below it; a larger one admits waiters
-// at once.
-func (s *Scheduler) SetLease(c *Compartment, slots, tokens int64, on bool) {
+// slots of its concurrency limit and tokens of its in-flight-token limit. part says the lease is
+// this replica's part of the limits while the fleet cannot be asked (Stats shows it as the
+// limits); otherwise the limits shown stay the fleet's. A smaller lease revokes nothing: requests
+// in flight keep their slots and nothing new is admitted until use drops below it; a larger one
+// admits waiters at once.
+func (s *Scheduler) SetLease(c *Compartment, slots, tokens int64, part bool) {
 	s.mu.Lock()
-	c.leased, c.leaseSlots, c.leaseTokens = on, max(slots, 0), max(tokens, 0)
+	c.leased, c.leasePart, c.leaseSlots, c.leaseTokens = true, part, max(slots, 0), max(tokens, 0)
 	if c.queue.len() > 0 {
 		s.dispatch(c)
 	}
@@ -926,6 +929,15 @@ func (s *Scheduler) Stats(c *Compartment) Stats {
 		st.Limits.MaxInflightTokens = c.capTokens
 	}
 	st.Capped = c.capped
+	if c.leased && c.leasePart {
+		if c.limits.MaxConcurrent > 0 && c.adaptive == 0 {
+			st.Limits.MaxConcurrent = min(c.leaseSlots, c.limits.MaxConcurrent)
+		}
+		if c.limits.MaxInflightTokens > 0 {
+			st.Limits.MaxInflightTokens = min(c.leaseTokens, c.limits.MaxInflightTokens)
+		}
+		st.Capped = true
+	}
 	s.mu.Unlock()
 	st.Admitted = c.admitted.Load()
 	st.Refused = c.refused.Load()
