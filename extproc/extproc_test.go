@@ -50,6 +50,12 @@ func serve(t *testing.T, yaml string, cfg envoysim.FilterConfig) *server {
 		t.Fatal(err)
 	}
 	go func() { _ = gs.Serve(ln) }()
+	if cfg.MessageTimeout == 0 {
+		// Envoy's 200 ms default is the server's budget in production; a race-detector build
+		// on a loaded test machine can take longer for a first message, which is not what
+		// these tests are about.
+		cfg.MessageTimeout = 5 * time.Second
+	}
 	sim, err := envoysim.New(ln.Addr().String(), cfg)
 	if err != nil {
 		t.Fatal(err)
