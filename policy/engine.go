@@ -3,11 +3,11 @@
 // settlement per outcome. It knows nothing of Envoy or gRPC.
 //
 // The boundary between configuration and runtime is the Snapshot: Engine.Apply compiles a
-// validated config.Policy into plain typed data (Settings, resolved limit sets, compiled
-// classification rules and breaker verdicts, the compartment instances) and the request path
-// reads only that — one Snapshot per request, taken once. Building a snapshot changes no live
-// state: the changes it finds (budgets and breakers reconfigured, compartments re-limited,
-// tenant stores re-bounded) are collected and applied only after every step has succeeded, then
+// validated config.Policy into plain typed data (resolved limit sets, compiled classification
+// rules and breaker verdicts, the compartment instances) and the request path reads only
+// that — one Snapshot per request, taken once. Building a snapshot changes no live state: the
+// changes it finds (budgets and breakers reconfigured, compartments re-limited, tenant stores
+// re-bounded) are collected and applied only after every step has succeeded, then
 // the snapshot is swapped in. State that outlives a reload — compartments, budget windows,
 // breakers, learned estimates — is owned by the Engine and carried over by identity; tenant
 // compartments are owned by their family's store (dynstore.go), which creates, leases and
@@ -62,22 +62,17 @@ type Options struct {
 	Cluster bool
 	// SpendStore keeps the sums of spend budgets. Default: in this process's memory.
 	SpendStore spend.Store
-	// MemoryLimit is the process's memory limit in bytes (GOMEMLIMIT or its cgroup's; 0: none),
-	// from which defaults that size memory are derived (server.max_buffered_body_bytes).
-	MemoryLimit int64
 }
 
 // Engine holds the live policy and all state that outlives a policy reload: compartments,
 // budgets, breakers and estimates. Safe for concurrent use.
 type Engine struct {
-	clock Clock
-	log   *slog.Logger
-	// memLimit is Options.MemoryLimit.
-	memLimit int64
-	sched    *bulkhead.Scheduler
-	metrics  *metrics
-	cur      atomic.Pointer[Snapshot]
-	gen      atomic.Uint64
+	clock   Clock
+	log     *slog.Logger
+	sched   *bulkhead.Scheduler
+	metrics *metrics
+	cur     atomic.Pointer[Snapshot]
+	gen     atomic.Uint64
 	// applyMu serialises Apply.
 	applyMu sync.Mutex
 	// inflight counts admitted requests not yet done.
@@ -115,7 +110,7 @@ func NewEngine(p *config.Policy, o Options) (*Engine, error) {
 		o.Logger = slog.Default()
 	}
 	e := &Engine{clock: o.Clock, log: o.Logger, sched: &bulkhead.Scheduler{Now: o.Clock.Now},
-		retired: map[string]*instance{}, retiredDyn: map[string]*dynStore{}, memLimit: o.MemoryLimit}
+		retired: map[string]*instance{}, retiredDyn: map[string]*dynStore{}}
 	e.est = newEstimator()
 	e.ledger = spend.NewLedger(o.SpendStore)
 	e.metrics = newMetrics(e, o.Registerer)
@@ -350,7 +345,6 @@ type Snapshot struct {
 	// compartment) apply at once.
 	committed bool
 
-	settings Settings
 	// tenantLabel: metrics of tenant-keyed compartments name the tenant (admin.tenant_label).
 	tenantLabel bool
 
@@ -419,6 +413,10 @@ type modelTarget struct {
 // Gen returns the snapshot's generation (1 for the first policy, +1 per reload).
 func (s *Snapshot) Gen() uint64 { return s.gen }
 
+// Policy returns the policy the snapshot was built from, for adapters that compile settings of
+// their own from it (extproc's body modes and stream bounds). Read-only.
+func (s *Snapshot) Policy() *config.Policy { return s.policy }
+
 // Features, Tiers and Providers return how many values each dimension has: indexes of Dims
 // run from 0 to these counts.
 func (s *Snapshot) Features() int { return len(s.features) }
@@ -484,7 +482,6 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 	s.buildModelGroups()
 	s.RewritesModels = p.RewritesModels()
 	s.resolveLimits()
-	s.settings = compileSettings(p, e.memLimit)
 	s.tenantLabel = p.Admin.TenantLabel
 	s.buildClassifier()
 	s.estimation = newEstimationSettings(p.Estimation)

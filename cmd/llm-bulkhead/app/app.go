@@ -189,7 +189,7 @@ func New(o Options) (*App, error) {
 	default:
 		a.memLimitFrom = "none"
 	}
-	eng, err := policy.NewEngine(p, policy.Options{Clock: o.Clock, Registerer: a.registry, Logger: a.log, Cluster: true, MemoryLimit: a.memLimit})
+	eng, err := policy.NewEngine(p, policy.Options{Clock: o.Clock, Registerer: a.registry, Logger: a.log, Cluster: true})
 	if err != nil {
 		return nil, &ConfigError{Err: fmt.Errorf("%s: %w", name, err)}
 	}
@@ -236,7 +236,7 @@ func New(o Options) (*App, error) {
 		}
 		gopts = append(gopts, grpc.Creds(a.tls.credentials()))
 	}
-	a.extproc = extproc.NewServer(eng, extproc.Options{Logger: a.log, Registerer: a.registry, Tracing: tracing})
+	a.extproc = extproc.NewServer(eng, extproc.Options{Logger: a.log, Registerer: a.registry, Tracing: tracing, MemoryLimit: a.memLimit})
 
 	// The gRPC server is made by Start: it starts its stream workers as soon as it exists.
 	a.grpcOpts = gopts
@@ -423,7 +423,7 @@ func (a *App) Start() error {
 		"grpc_addr", a.GRPCAddr(), "grpc_tls", a.tlsMode(), "admin_addr", a.AdminAddr(),
 		"policy", a.policyName, "generation", a.engine.Snapshot().Gen(),
 		"compartments", len(a.engine.Compartments()), "fast_marshal", extproc.FastMarshal(),
-		"max_buffered_body_bytes", a.engine.Snapshot().Settings().MaxBufferedBodyBytes, "memory_limit", a.memLimit, "memory_limit_from", a.memLimitFrom,
+		"max_buffered_body_bytes", a.extproc.Settings().MaxBufferedBodyBytes, "memory_limit", a.memLimit, "memory_limit_from", a.memLimitFrom,
 		"go_memory_limit", goMemoryLimit())
 	return nil
 }
