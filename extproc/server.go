@@ -44,6 +44,11 @@
 //
 // Package llmapi, below it, reads the LLM API traffic itself: request bodies, response usage
 // and errors, paths, retry-after.
+//
+// Imports: package policy (the Engine, Snapshot and Input), policy/config (only in settings.go),
+// policy/observe (the metric namespace), llmapi, go-control-plane, gRPC, OpenTelemetry and
+// Prometheus; the server registers no metric itself (Collectors). Imported by: the app, and
+// tests and benchmarks that serve ext_proc. Package policy never imports it.
 package extproc
 
 import (
@@ -55,7 +60,6 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -66,8 +70,6 @@ import (
 type Options struct {
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// Registerer receives the server's metrics; nil registers nothing.
-	Registerer prometheus.Registerer
 	// Tracing records a span per request; the zero value records none.
 	Tracing Tracing
 	// MemoryLimit is the process's memory limit in bytes (GOMEMLIMIT or its cgroup's; 0: none),
@@ -119,7 +121,7 @@ func NewServer(engine *policy.Engine, o Options) *Server {
 	s := &Server{engine: engine, log: o.Logger, memLimit: o.MemoryLimit, epoch: engine.Now(), systemClock: engine.SystemClock(), refusals: newRefusalLog(o.Logger)}
 	s.idle.srv, s.idle.wake = s, make(chan struct{}, 1)
 	s.tracer = newTracer(o.Tracing)
-	s.metrics = newMetrics(s, o.Registerer)
+	s.metrics = newMetrics(s)
 	return s
 }
 

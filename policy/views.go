@@ -220,9 +220,9 @@ func (e *Engine) Decisions() []FeatureDecisions {
 	s := e.Snapshot()
 	out := make([]FeatureDecisions, 0, len(s.features))
 	for _, f := range s.features {
-		fd := FeatureDecisions{Feature: f.name, Admitted: f.stats.admittedN.Load(), Rejected: map[string]uint64{}}
+		fd := FeatureDecisions{Feature: f.name, Admitted: f.stats.admitted.Load(), Rejected: map[string]uint64{}}
 		for i, r := range reasons {
-			if n := f.stats.rejectedN[i].Load(); n > 0 {
+			if n := f.stats.rejected[i].Load(); n > 0 {
 				fd.Rejected[string(r)] = n
 			}
 		}

@@ -33,6 +33,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
 )
 
@@ -189,10 +190,12 @@ func New(o Options) (*App, error) {
 	default:
 		a.memLimitFrom = "none"
 	}
-	eng, err := policy.NewEngine(p, policy.Options{Clock: o.Clock, Registerer: a.registry, Logger: a.log, Cluster: true})
+	engMetrics := observe.NewMetrics(a.log)
+	eng, err := policy.NewEngine(p, policy.Options{Clock: o.Clock, Recorder: engMetrics, Logger: a.log, Cluster: true})
 	if err != nil {
 		return nil, &ConfigError{Err: fmt.Errorf("%s: %w", name, err)}
 	}
+	a.registry.MustRegister(engMetrics.Collectors(eng)...)
 	a.engine = eng
 	a.current.Store(p)
 	if err := a.openSpendState(p); err != nil {
@@ -236,7 +239,8 @@ func New(o Options) (*App, error) {
 		}
 		gopts = append(gopts, grpc.Creds(a.tls.credentials()))
 	}
-	a.extproc = extproc.NewServer(eng, extproc.Options{Logger: a.log, Registerer: a.registry, Tracing: tracing, MemoryLimit: a.memLimit})
+	a.extproc = extproc.NewServer(eng, extproc.Options{Logger: a.log, Tracing: tracing, MemoryLimit: a.memLimit})
+	a.registry.MustRegister(a.extproc.Collectors()...)
 
 	// The gRPC server is made by Start: it starts its stream workers as soon as it exists.
 	a.grpcOpts = gopts
