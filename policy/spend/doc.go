@@ -15,4 +15,8 @@
 //
 // The package knows nothing of compartments, requests or configuration files; the policy
 // package names the budgets (after its compartments) and decides what a request may cost.
+//
+// Imports: the standard library, money, glob and files, and Prometheus for the state file's
+// Persister. Imported by: package policy, policy/cluster (SpendStore), policy/observe and the
+// app (the state file and /admin/spend).
 package spend
