@@ -125,14 +125,12 @@ func (s *Snapshot) rerouteTarget(d Dims, reason Reason) int {
 }
 
 func (e *Engine) countDecision(s *Snapshot, d *Decision) {
-	f := s.features[d.Dims.Feature].stats
+	f := s.features[d.Dims.Feature].rec
 	if d.Verdict == Admit {
-		f.rec.Admitted()
-		f.admitted.Add(1)
+		f.Admitted()
 		return
 	}
-	f.rec.Rejected(d.Reason)
-	f.rejected[reasonIndex(d.Reason)].Add(1)
+	f.Rejected(d.Reason)
 }
 
 // tryAdmit runs the admission steps for one provider choice: rate limits, the provider's
@@ -368,7 +366,7 @@ func (e *Engine) admit(ctx context.Context, s *Snapshot, r *Request, dims Dims, 
 		e.trackLocal(s, t, tokens)
 	}
 	e.inflight.Add(1)
-	s.features[dims.Feature].stats.rec.TokensReserved(tokens)
+	s.features[dims.Feature].rec.TokensReserved(tokens)
 	*d = Decision{Verdict: Admit, Dims: dims}
 	return false
 }

@@ -52,11 +52,8 @@ type Engine struct {
 	sched *bulkhead.Scheduler
 	// rec hears what the engine does (Options.Recorder).
 	rec Recorder
-	// features keeps each feature's decision counts and recorder across reloads, by name.
-	// Guarded by applyMu.
-	features map[string]*featureStats
-	cur      atomic.Pointer[Snapshot]
-	gen      atomic.Uint64
+	cur atomic.Pointer[Snapshot]
+	gen atomic.Uint64
 	// applyMu serialises Apply.
 	applyMu sync.Mutex
 	// inflight counts admitted requests not yet done.
@@ -91,7 +88,7 @@ func NewEngine(p *config.Policy, o Options) (*Engine, error) {
 		o.Logger = slog.Default()
 	}
 	e := &Engine{clock: o.Clock, log: o.Logger, sched: &bulkhead.Scheduler{Now: o.Clock.Now},
-		retired: map[string]*instance{}, retiredDyn: map[string]*dynStore{}, features: map[string]*featureStats{}}
+		retired: map[string]*instance{}, retiredDyn: map[string]*dynStore{}}
 	e.est = newEstimator()
 	e.ledger = spend.NewLedger(o.SpendStore)
 	e.rec = o.Recorder
@@ -294,7 +291,8 @@ type featureEntry struct {
 	name    string
 	ratio   float64
 	degrade *config.Degrade
-	stats   *featureStats
+	// rec records the feature's requests.
+	rec FeatureRecorder
 	// spend records the feature's spend (nil while the policy has no spend budget).
 	spend SpendRecorder
 }
@@ -353,7 +351,7 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 			}
 			f.degrade = fc.Degrade
 		}
-		s.onCommit(func() { f.stats = e.featureStats(name) })
+		s.onCommit(func() { f.rec = e.rec.Feature(name) })
 		s.features = append(s.features, f)
 		s.featureIdx[name] = i
 	}

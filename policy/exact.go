@@ -173,7 +173,7 @@ func (e *Engine) commitShared(ctx context.Context, s *Snapshot, r *Request, dims
 		t.active = true
 		t.mode = ticketShared
 		e.inflight.Add(1)
-		s.features[dims.Feature].stats.rec.TokensReserved(tokens)
+		s.features[dims.Feature].rec.TokensReserved(tokens)
 		*d = Decision{Verdict: Admit, Dims: dims}
 		return
 	}

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/breaker"
@@ -80,37 +79,8 @@ func Reasons() []Reason { return slices.Clone(reasons[:]) }
 // model).
 func DimensionNames() []string { return slices.Clone(dimNames[:]) }
 
-// reasons indexes per-reason counters on the hot path.
+// reasons are the refusal reasons, in the order the metrics list them.
 var reasons = [...]Reason{ReasonTokenBudget, ReasonRateLimit, ReasonBulkheadFull, ReasonCircuitOpen, ReasonBadRequest, ReasonServerBusy, ReasonCancelled, ReasonSpendBudget, ReasonClusterUnavailable}
-
-func reasonIndex(r Reason) int {
-	for i, x := range reasons {
-		if x == r {
-			return i
-		}
-	}
-	return len(reasons) - 1
-}
-
-// featureStats are one feature's decision counts (for Decisions) and its recorder, kept by name
-// so that they outlive reloads.
-type featureStats struct {
-	name     string
-	admitted atomic.Uint64
-	rejected [len(reasons)]atomic.Uint64
-	rec      FeatureRecorder
-}
-
-// featureStats returns the stats of the named feature, making them on first use. Called while
-// a policy is applied (applyMu held).
-func (e *Engine) featureStats(name string) *featureStats {
-	if f := e.features[name]; f != nil {
-		return f
-	}
-	f := &featureStats{name: name, rec: e.rec.Feature(name)}
-	e.features[name] = f
-	return f
-}
 
 // ClassifyError counts a request classified from headers and defaults because of reason
 // (e.g. "invalid_json", "field_type").

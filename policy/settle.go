@@ -199,7 +199,7 @@ func (t *Ticket) Done(o Outcome) (settled Settled) {
 			}
 		}
 	}
-	f := s.features[t.dims.Feature].stats
+	f := s.features[t.dims.Feature]
 	f.rec.Settled(settled.Prompt, settled.Completion, settled.Clamped)
 	if settled.Clamped {
 		e.logClamp(f.name, t.dims.Model, o.Usage, t.est)

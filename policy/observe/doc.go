@@ -1,7 +1,8 @@
 // Package observe is how llm-bulkhead's runtime is watched: the Prometheus metrics of the
 // policy engine (decisions, settlements, re-routes, queue waits, breaker transitions, spend,
 // and the state of compartments, budgets, adaptive limits, breakers, pools and spend budgets
-// read at scrape time) and the logs of breaker state changes and refusals.
+// read at scrape time), the admissions and refusals per feature that /admin/decisions shows
+// (Decisions), and the logs of breaker state changes and refusals.
 //
 // It reads the runtime and is never read by it. The engine (package policy) records what it
 // does through the small policy.Recorder interface, which Metrics implements, and offers read

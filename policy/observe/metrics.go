@@ -76,8 +76,11 @@ type shadowKey struct {
 	reason      policy.Reason
 }
 
-// featureMetrics are one feature's hot-path counters.
+// featureMetrics are one feature's hot-path counters. admittedN and rejectedN count the same
+// decisions as admitted and rejected, for Decisions.
 type featureMetrics struct {
+	admittedN         atomic.Uint64
+	rejectedN         []atomic.Uint64
 	admitted          prometheus.Counter
 	rejected          []prometheus.Counter
 	tokensReserved    prometheus.Counter
@@ -191,7 +194,7 @@ func (m *Metrics) Feature(name string) policy.FeatureRecorder {
 		usageClamped:      m.usageClamped.WithLabelValues(name),
 		estimateError:     m.estimateError.WithLabelValues(name),
 	}
-	f.rejected = make([]prometheus.Counter, len(reasons))
+	f.rejected, f.rejectedN = make([]prometheus.Counter, len(reasons)), make([]atomic.Uint64, len(reasons))
 	for i, r := range reasons {
 		f.rejected[i] = m.rejected.WithLabelValues(name, string(r))
 	}
@@ -199,8 +202,17 @@ func (m *Metrics) Feature(name string) policy.FeatureRecorder {
 	return f
 }
 
-func (f *featureMetrics) Admitted()                   { f.admitted.Inc() }
-func (f *featureMetrics) Rejected(r policy.Reason)    { f.rejected[reasonIndex(r)].Inc() }
+func (f *featureMetrics) Admitted() {
+	f.admitted.Inc()
+	f.admittedN.Add(1)
+}
+
+func (f *featureMetrics) Rejected(r policy.Reason) {
+	i := reasonIndex(r)
+	f.rejected[i].Inc()
+	f.rejectedN[i].Add(1)
+}
+
 func (f *featureMetrics) TokensReserved(tokens int64) { f.tokensReserved.Add(float64(tokens)) }
 func (f *featureMetrics) UsageUnknown()               { f.usageUnknown.Inc() }
 func (f *featureMetrics) EstimateRatio(ratio float64) { f.estimateError.Observe(ratio) }
@@ -435,4 +447,33 @@ func NewEngine(p *config.Policy, o policy.Options, reg prometheus.Registerer) (*
 	}
 	reg.MustRegister(m.Collectors(e)...)
 	return e, nil
+}
+
+// FeatureDecisions counts one feature's admissions and refusals since the process started.
+type FeatureDecisions struct {
+	Feature  string            `json:"feature"`
+	Admitted uint64            `json:"admitted"`
+	Rejected map[string]uint64 `json:"rejected"`
+}
+
+// Decisions returns the admission counts of every feature of snapshot s, in feature order.
+func (m *Metrics) Decisions(s *policy.Snapshot) []FeatureDecisions {
+	out := make([]FeatureDecisions, 0, s.Features())
+	for i := 0; i < s.Features(); i++ {
+		name := s.FeatureName(i)
+		m.mu.Lock()
+		f := m.features[name]
+		m.mu.Unlock()
+		fd := FeatureDecisions{Feature: name, Rejected: map[string]uint64{}}
+		if f != nil {
+			fd.Admitted = f.admittedN.Load()
+			for j, r := range reasons {
+				if n := f.rejectedN[j].Load(); n > 0 {
+					fd.Rejected[string(r)] = n
+				}
+			}
+		}
+		out = append(out, fd)
+	}
+	return out
 }

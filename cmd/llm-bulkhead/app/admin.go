@@ -99,7 +99,7 @@ func (a *App) adminHandler() http.Handler {
 		})
 	}))
 	mux.HandleFunc("GET /admin/decisions", a.guardRead(func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"features": a.engine.Decisions()})
+		writeJSON(w, http.StatusOK, map[string]any{"features": a.Decisions()})
 	}))
 	mux.HandleFunc("GET /admin/breakers", a.guardRead(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"breakers": a.engine.Breakers()})

@@ -85,14 +85,16 @@ type App struct {
 	level    *slog.LevelVar
 	registry *prometheus.Registry
 	engine   *policy.Engine
-	extproc  *extproc.Server
-	grpc     *grpc.Server
-	grpcOpts []grpc.ServerOption
-	health   *health.Server
-	admin    *http.Server
-	grpcLn   net.Listener
-	adminLn  net.Listener
-	metrics  *appMetrics
+	// engineMetrics are the engine's metrics and decision counts (its Recorder).
+	engineMetrics *observe.Metrics
+	extproc       *extproc.Server
+	grpc          *grpc.Server
+	grpcOpts      []grpc.ServerOption
+	health        *health.Server
+	admin         *http.Server
+	grpcLn        net.Listener
+	adminLn       net.Listener
+	metrics       *appMetrics
 
 	policyName string
 	draining   atomic.Bool
@@ -196,7 +198,7 @@ func New(o Options) (*App, error) {
 		return nil, &ConfigError{Err: fmt.Errorf("%s: %w", name, err)}
 	}
 	a.registry.MustRegister(engMetrics.Collectors(eng)...)
-	a.engine = eng
+	a.engine, a.engineMetrics = eng, engMetrics
 	a.current.Store(p)
 	if err := a.openSpendState(p); err != nil {
 		_ = eng.Close(context.Background())
@@ -339,6 +341,12 @@ func (a *App) tlsMode() string {
 
 // Engine returns the policy engine.
 func (a *App) Engine() *policy.Engine { return a.engine }
+
+// Decisions returns the engine's admissions and refusals per feature of the live policy since
+// the process started.
+func (a *App) Decisions() []observe.FeatureDecisions {
+	return a.engineMetrics.Decisions(a.engine.Snapshot())
+}
 
 // ExtProc returns the ext_proc service.
 func (a *App) ExtProc() *extproc.Server { return a.extproc }
