@@ -18,7 +18,7 @@
 // read it again.
 //
 // The runtime is watched, never watches itself: it tells a Recorder what it does (record.go)
-// and offers read accessors of its live state (state.go, views.go, shared_views.go); package
+// and offers read accessors of its live state (livestate.go, views.go, shared_views.go); package
 // policy/observe turns both into metrics and logs of state changes.
 //
 // Where each thing lives:
@@ -34,7 +34,7 @@
 //     settle.go (outcome and settlement), refusal.go (what a refusal tells the client).
 //   - shared.go, share.go, exact.go, leased.go: cluster mode — the shared store, a replica's
 //     part while it cannot count the others, exact and leased admission.
-//   - record.go: the Recorder the engine tells what it does; state.go, views.go,
+//   - record.go: the Recorder the engine tells what it does; livestate.go, views.go,
 //     shared_views.go: what observers and the admin API read.
 //
 // Imports: the standard library, its domain packages (adaptive, breaker, budget, bulkhead,
