@@ -6,6 +6,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwapiv1a2 "sigs.k8s.io/gateway-api/apis/v1alpha2"
 	"sigs.k8s.io/yaml"
 )
 
@@ -13,8 +14,10 @@ import (
 // (github.com/envoyproxy/ai-gateway) is not available from the module proxy this project
 // builds with, so these are the fields of its api/v1alpha1 types at the levels the example
 // uses, transcribed field for field; every value below them is the Gateway API's own type
-// (ParentReference, HTTPHeaderMatch, HTTPRouteTimeouts, BackendObjectReference), which the
-// AI Gateway types embed. Decoding stays strict: a field neither type knows fails.
+// (ParentReference, HTTPHeaderMatch, HTTPRouteTimeouts, BackendObjectReference,
+// LocalPolicyTargetReference, SecretObjectReference), which the AI Gateway types embed; the
+// parts of a BackendSecurityPolicy the example does not use stay raw JSON. Decoding stays
+// strict: a field neither type knows fails.
 
 type aiGatewayRoute struct {
 	metav1.TypeMeta `json:",inline"`
@@ -54,10 +57,51 @@ type aiServiceBackend struct {
 		APISchema struct {
 			Name    string  `json:"name"`
 			Version *string `json:"version,omitempty"`
+			Prefix  *string `json:"prefix,omitempty"`
 		} `json:"schema"`
 		BackendRef               gwapiv1.BackendObjectReference `json:"backendRef"`
 		BackendSecurityPolicyRef *gwapiv1.LocalObjectReference  `json:"backendSecurityPolicyRef,omitempty"`
 	} `json:"spec"`
+}
+
+type backendSecurityPolicy struct {
+	metav1.TypeMeta `json:",inline"`
+	Metadata        metav1.ObjectMeta `json:"metadata"`
+	Spec            struct {
+		TargetRefs []gwapiv1a2.LocalPolicyTargetReference `json:"targetRefs,omitempty"`
+		Type       string                                 `json:"type"`
+		APIKey     *struct {
+			SecretRef *gwapiv1.SecretObjectReference `json:"secretRef"`
+		} `json:"apiKey,omitempty"`
+		AWSCredentials *struct {
+			Region          string `json:"region"`
+			CredentialsFile *struct {
+				SecretRef *gwapiv1.SecretObjectReference `json:"secretRef"`
+				Profile   string                         `json:"profile,omitempty"`
+			} `json:"credentialsFile,omitempty"`
+			OIDCExchangeToken json.RawMessage `json:"oidcExchangeToken,omitempty"`
+		} `json:"awsCredentials,omitempty"`
+		AzureCredentials json.RawMessage `json:"azureCredentials,omitempty"`
+		GCPCredentials   json.RawMessage `json:"gcpCredentials,omitempty"`
+	} `json:"spec"`
+}
+
+func decodeBackendSecurityPolicy(m manifest) (any, error) {
+	v := new(backendSecurityPolicy)
+	if err := yaml.UnmarshalStrict(m.doc, v); err != nil {
+		return nil, fmt.Errorf("does not decode strictly into BackendSecurityPolicy: %w", err)
+	}
+	set := map[string]bool{"APIKey": v.Spec.APIKey != nil, "AWSCredentials": v.Spec.AWSCredentials != nil,
+		"AzureCredentials": v.Spec.AzureCredentials != nil, "GCPCredentials": v.Spec.GCPCredentials != nil}
+	if _, known := set[v.Spec.Type]; !known {
+		return nil, fmt.Errorf("BackendSecurityPolicy %s: unknown type %q", v.Metadata.Name, v.Spec.Type)
+	}
+	for typ, has := range set {
+		if has != (typ == v.Spec.Type) {
+			return nil, fmt.Errorf("BackendSecurityPolicy %s of type %s: only %s's field may be set", v.Metadata.Name, v.Spec.Type, v.Spec.Type)
+		}
+	}
+	return v, nil
 }
 
 func decodeAIGatewayRoute(m manifest) (any, error) {

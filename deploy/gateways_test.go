@@ -11,9 +11,12 @@ import (
 	"time"
 
 	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	awssigningv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/aws_request_signing/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	istionetworking "istio.io/api/networking/v1alpha3"
@@ -29,6 +32,7 @@ import (
 
 	// The typed_config of every filter a patch inserts must resolve.
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/upstream_codec/v3"
 )
 
 // The chart as the examples assume it installed: release llm-bulkhead in namespace
@@ -107,6 +111,8 @@ func decodeGatewayObject(m manifest) (any, error) {
 		return decodeAIGatewayRoute(m)
 	case "aigateway.envoyproxy.io/v1alpha1 AIServiceBackend":
 		return decodeAIServiceBackend(m)
+	case "aigateway.envoyproxy.io/v1alpha1 BackendSecurityPolicy":
+		return decodeBackendSecurityPolicy(m)
 	default:
 		return nil, fmt.Errorf("no API type known for %s", m.gvk)
 	}
@@ -327,6 +333,46 @@ func TestAIGatewayExample(t *testing.T) {
 	if len(gws) != 1 || string(routes[0].Spec.ParentRefs[0].Name) != gws[0].Name {
 		t.Error("the AIGatewayRoute is not attached to the example's Gateway")
 	}
+
+	// Hosted backends are reached over TLS on 443; AI Gateway signs a Bedrock backend's calls
+	// with the AWS credentials of a BackendSecurityPolicy for the region of its host, which
+	// refers to a Secret instead of holding the credentials.
+	hosts := map[string]string{}
+	for _, b := range ofKind[egv1a1.Backend](objs) {
+		if len(b.Spec.Endpoints) == 1 && b.Spec.Endpoints[0].FQDN != nil && b.Spec.Endpoints[0].FQDN.Port == 443 {
+			hosts[b.Name] = b.Spec.Endpoints[0].FQDN.Hostname
+			if b.Spec.TLS == nil || b.Spec.TLS.WellKnownCACertificates == nil {
+				t.Errorf("Backend %s reaches %s on 443 without TLS to trusted CAs", b.Name, hosts[b.Name])
+			}
+		}
+	}
+	securedBy := map[string]backendSecurityPolicy{}
+	for _, p := range ofKind[backendSecurityPolicy](objs) {
+		for _, ref := range p.Spec.TargetRefs {
+			if ref.Kind != "AIServiceBackend" || !backends[string(ref.Name)] {
+				t.Errorf("BackendSecurityPolicy %s targets %s %s, which the example does not define", p.Metadata.Name, ref.Kind, ref.Name)
+			}
+			securedBy[string(ref.Name)] = p
+		}
+	}
+	bedrock := 0
+	for _, b := range ofKind[aiServiceBackend](objs) {
+		if b.Spec.APISchema.Name != "AWSBedrock" {
+			continue
+		}
+		bedrock++
+		region, _ := strings.CutPrefix(strings.TrimSuffix(hosts[string(b.Spec.BackendRef.Name)], ".amazonaws.com"), "bedrock-runtime.")
+		p, ok := securedBy[b.Metadata.Name]
+		aws := p.Spec.AWSCredentials
+		if !ok || p.Spec.Type != "AWSCredentials" || aws == nil || aws.Region != region || region == "" ||
+			((aws.CredentialsFile == nil || aws.CredentialsFile.SecretRef == nil) && aws.OIDCExchangeToken == nil) {
+			t.Errorf("AIServiceBackend %s (Bedrock at %q) is not signed with AWS credentials for its region from a Secret or OIDC: %+v",
+				b.Metadata.Name, hosts[string(b.Spec.BackendRef.Name)], p.Spec)
+		}
+	}
+	if bedrock == 0 {
+		t.Error("no AIServiceBackend speaks AWSBedrock: the policy's bedrock provider has nowhere to go")
+	}
 }
 
 func hasObject(objs []object, kind, name string) bool {
@@ -429,19 +475,23 @@ func checkEnvoyGatewayExample(t *testing.T, dir string) []object {
 	}
 
 	// max_message_timeout, which EnvoyExtensionPolicy lacks, patched into the generated filter.
-	patches := ofKind[egv1a1.EnvoyPatchPolicy](objs)
-	if len(patches) != 1 || len(patches[0].Spec.JSONPatches) != 1 {
-		t.Fatalf("want one EnvoyPatchPolicy with one patch, got %d", len(patches))
+	var listenerPatches []egv1a1.EnvoyJSONPatchConfig
+	for _, p := range ofKind[egv1a1.EnvoyPatchPolicy](objs) {
+		if string(p.Spec.TargetRef.Name) != gw.Name || p.Namespace != gw.Namespace {
+			t.Errorf("the EnvoyPatchPolicy %s targets %s/%s, not the Gateway", p.Name, p.Namespace, p.Spec.TargetRef.Name)
+		}
+		for _, jp := range p.Spec.JSONPatches {
+			if jp.Type == egv1a1.EnvoyResourceType(protoTypeURL(&listenerv3.Listener{})) {
+				listenerPatches = append(listenerPatches, jp)
+			}
+		}
 	}
-	patch := patches[0].Spec.JSONPatches[0]
-	if string(patches[0].Spec.TargetRef.Name) != gw.Name || patches[0].Namespace != gw.Namespace {
-		t.Errorf("the EnvoyPatchPolicy targets %s/%s, not the Gateway", patches[0].Namespace, patches[0].Spec.TargetRef.Name)
+	if len(listenerPatches) != 1 {
+		t.Fatalf("want one patch of the listener, got %d", len(listenerPatches))
 	}
+	patch := listenerPatches[0]
 	if want := gw.Namespace + "/" + gw.Name + "/" + string(gw.Spec.Listeners[0].Name); patch.Name != want {
 		t.Errorf("the patch names listener %q, Envoy Gateway names the Gateway's %q", patch.Name, want)
-	}
-	if patch.Type != egv1a1.EnvoyResourceType(protoTypeURL(&listenerv3.Listener{})) {
-		t.Errorf("the patch is of %s, not a Listener", patch.Type)
 	}
 	filterName := "envoy.filters.http.ext_proc/envoyextensionpolicy/" + pol.Namespace + "/" + pol.Name + "/extproc/0"
 	if patch.Operation.JSONPath == nil || !strings.Contains(*patch.Operation.JSONPath, "'"+filterName+"'") {
@@ -505,8 +555,99 @@ func checkEnvoyGatewayExample(t *testing.T, dir string) []object {
 		if !slices.Equal(routed, sf.providers) {
 			t.Errorf("HTTPRoute %s routes providers %v, the policy has %v", r.Name, routed, sf.providers)
 		}
+		checkHostedRules(t, objs, r)
 	}
 	return objs
+}
+
+// checkHostedRules: a rule to a hosted provider's Backend (an FQDN on 443) sends that name in
+// Host and talks TLS to it; the bedrock rule drops the client's signature, and its cluster
+// (Envoy Gateway's httproute/<namespace>/<route>/rule/<index>) is patched to sign every
+// attempt with SigV4 for bedrock in the host's region.
+func checkHostedRules(t *testing.T, objs []object, r gwapiv1.HTTPRoute) {
+	t.Helper()
+	backends := map[string]egv1a1.Backend{}
+	for _, b := range ofKind[egv1a1.Backend](objs) {
+		backends[b.Name] = b
+	}
+	for i, rule := range r.Spec.Rules {
+		if len(rule.BackendRefs) != 1 || rule.BackendRefs[0].Kind == nil || *rule.BackendRefs[0].Kind != "Backend" {
+			continue
+		}
+		b, ok := backends[string(rule.BackendRefs[0].Name)]
+		if !ok || len(b.Spec.Endpoints) != 1 || b.Spec.Endpoints[0].FQDN == nil {
+			continue
+		}
+		host := b.Spec.Endpoints[0].FQDN.Hostname
+		if b.Spec.Endpoints[0].FQDN.Port != 443 || b.Spec.TLS == nil || b.Spec.TLS.WellKnownCACertificates == nil {
+			t.Errorf("Backend %s: %s is not reached over TLS on 443 with trusted CAs", b.Name, host)
+		}
+		rewrite, removed := "", map[string]bool{}
+		for _, f := range rule.Filters {
+			if f.URLRewrite != nil && f.URLRewrite.Hostname != nil {
+				rewrite = string(*f.URLRewrite.Hostname)
+			}
+			if f.RequestHeaderModifier != nil {
+				for _, h := range f.RequestHeaderModifier.Remove {
+					removed[strings.ToLower(h)] = true
+				}
+			}
+		}
+		if rewrite != host {
+			t.Errorf("HTTPRoute %s rule %d sends Host %q to Backend %s, which is %s", r.Name, i, rewrite, b.Name, host)
+		}
+		region, isBedrock := strings.CutPrefix(strings.TrimSuffix(host, ".amazonaws.com"), "bedrock-runtime.")
+		if !isBedrock {
+			continue
+		}
+		if !removed["authorization"] || !removed["x-amz-security-token"] {
+			t.Errorf("HTTPRoute %s rule %d keeps the client's signature headers", r.Name, i)
+		}
+		cluster := fmt.Sprintf("httproute/%s/%s/rule/%d", r.Namespace, r.Name, i)
+		patched := map[string]json.RawMessage{}
+		for _, p := range ofKind[egv1a1.EnvoyPatchPolicy](objs) {
+			for _, jp := range p.Spec.JSONPatches {
+				if jp.Type == egv1a1.EnvoyResourceType(protoTypeURL(&clusterv3.Cluster{})) && jp.Name == cluster &&
+					jp.Operation.Op == "add" && jp.Operation.Path != nil && jp.Operation.Value != nil {
+					patched[strings.TrimPrefix(*jp.Operation.Path, "/")] = jp.Operation.Value.Raw
+				}
+			}
+		}
+		js, _ := json.Marshal(patched)
+		var c clusterv3.Cluster
+		if err := protojson.Unmarshal(js, &c); err != nil {
+			t.Errorf("the patches of cluster %s do not decode into Envoy's Cluster: %v", cluster, err)
+			continue
+		}
+		checkBedrockSigning(t, cluster, &c, region)
+	}
+}
+
+// checkBedrockSigning: cluster c signs every request on its way out (an upstream HTTP filter)
+// with SigV4 for service bedrock in region, over the body, which it can buffer as large as the
+// policy's envoy.max_request_body; its credentials are not written inline.
+func checkBedrockSigning(t *testing.T, what string, c *clusterv3.Cluster, region string) {
+	t.Helper()
+	var opts upstreamhttpv3.HttpProtocolOptions
+	if err := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].UnmarshalTo(&opts); err != nil {
+		t.Errorf("%s: no upstream HTTP filters: %v", what, err)
+		return
+	}
+	filters := opts.GetHttpFilters()
+	if len(filters) != 2 || filters[0].GetName() != "envoy.filters.http.aws_request_signing" || filters[1].GetName() != "envoy.filters.http.upstream_codec" {
+		t.Errorf("%s: upstream filters %v, want aws_request_signing then upstream_codec", what, filters)
+		return
+	}
+	var sig awssigningv3.AwsRequestSigning
+	if err := filters[0].GetTypedConfig().UnmarshalTo(&sig); err != nil {
+		t.Fatal(err)
+	}
+	if sig.GetServiceName() != "bedrock" || sig.GetRegion() != region || sig.GetUseUnsignedPayload() || sig.GetCredentialProvider().GetInlineCredential() != nil {
+		t.Errorf("%s signs with %v: want service bedrock, region %s, the body signed, no inline credentials", what, &sig, region)
+	}
+	if got := c.GetPerConnectionBufferLimitBytes().GetValue(); got < 8<<20 {
+		t.Errorf("%s buffers %d bytes to hash a body, below the policy's 8 MiB", what, got)
+	}
 }
 
 func ptrString[T any](p *T) string {
@@ -528,6 +669,7 @@ func TestIstioExample(t *testing.T) {
 	wantCluster := fmt.Sprintf("outbound|%d||%s", svcPort, fqdn)
 
 	var inserted int
+	signed := map[string]bool{} // Bedrock hosts whose cluster signs requests
 	for _, o := range objs {
 		ef, ok := o.value.(*istionetworking.EnvoyFilter)
 		if !ok {
@@ -566,6 +708,19 @@ func TestIstioExample(t *testing.T) {
 				if !proto.Equal(got, want) {
 					t.Errorf("%s differs from the filter envoy-config prints:\n got %v\nwant %v", what, got, want)
 				}
+			case istionetworking.EnvoyFilter_CLUSTER:
+				var c clusterv3.Cluster
+				if err := protojson.Unmarshal(value, &c); err != nil {
+					t.Fatalf("%s does not decode strictly into Envoy's Cluster: %v", what, err)
+				}
+				host := cp.GetMatch().GetCluster().GetService()
+				region, ok := strings.CutPrefix(strings.TrimSuffix(host, ".amazonaws.com"), "bedrock-runtime.")
+				if !ok || cp.GetMatch().GetCluster().GetPortNumber() != 443 {
+					t.Errorf("%s patches cluster %s:%d, not a Bedrock endpoint", what, host, cp.GetMatch().GetCluster().GetPortNumber())
+					continue
+				}
+				signed[host] = true
+				checkBedrockSigning(t, what, &c, region)
 			case istionetworking.EnvoyFilter_LISTENER:
 				var l listenerv3.Listener
 				if err := protojson.Unmarshal(value, &l); err != nil {
@@ -613,6 +768,23 @@ func TestIstioExample(t *testing.T) {
 				for _, m := range h.GetMatch() {
 					routed = append(routed, m.GetHeaders()["x-llm-provider"].GetExact())
 				}
+				// A hosted provider (outside the cluster) gets its own name as the authority;
+				// a Bedrock one is signed by the gateway, without the client's signature.
+				for _, d := range h.GetRoute() {
+					host := d.GetDestination().GetHost()
+					if strings.HasSuffix(host, ".svc.cluster.local") {
+						continue
+					}
+					if h.GetRewrite().GetAuthority() != host {
+						t.Errorf("VirtualService %s sends authority %q to %s", o.name, h.GetRewrite().GetAuthority(), host)
+					}
+					if strings.HasPrefix(host, "bedrock-runtime.") {
+						removed := h.GetHeaders().GetRequest().GetRemove()
+						if !signed[host] || !slices.Contains(removed, "authorization") || !slices.Contains(removed, "x-amz-security-token") {
+							t.Errorf("VirtualService %s: calls to %s are not re-signed by the gateway (cluster patched: %v, removes %v)", o.name, host, signed[host], removed)
+						}
+					}
+				}
 			}
 			slices.Sort(routed)
 			if !slices.Equal(routed, sf.providers) {
@@ -656,10 +828,11 @@ func chartPodLabels(t *testing.T) map[string]string {
 // A field the projects' types do not know fails: the strict decoding is what catches a typo.
 func TestGatewayExamplesRefuseUnknownFields(t *testing.T) {
 	cases := map[string]string{
-		"EnvoyExtensionPolicy": "apiVersion: gateway.envoyproxy.io/v1alpha1\nkind: EnvoyExtensionPolicy\nmetadata: {name: x, namespace: ns}\nspec:\n  extProc:\n    - messageTimout: 200ms\n",
-		"EnvoyFilter spec":     "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata: {name: x, namespace: ns}\nspec:\n  workloadSelectr: {labels: {a: b}}\n",
-		"HTTPRoute":            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: x, namespace: ns}\nspec:\n  rules: [{matchs: []}]\n",
-		"AIGatewayRoute":       "apiVersion: aigateway.envoyproxy.io/v1alpha1\nkind: AIGatewayRoute\nmetadata: {name: x, namespace: ns}\nspec:\n  rules: [{backendRefs: [{name: a, weigth: 1}]}]\n",
+		"EnvoyExtensionPolicy":  "apiVersion: gateway.envoyproxy.io/v1alpha1\nkind: EnvoyExtensionPolicy\nmetadata: {name: x, namespace: ns}\nspec:\n  extProc:\n    - messageTimout: 200ms\n",
+		"EnvoyFilter spec":      "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata: {name: x, namespace: ns}\nspec:\n  workloadSelectr: {labels: {a: b}}\n",
+		"HTTPRoute":             "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: x, namespace: ns}\nspec:\n  rules: [{matchs: []}]\n",
+		"AIGatewayRoute":        "apiVersion: aigateway.envoyproxy.io/v1alpha1\nkind: AIGatewayRoute\nmetadata: {name: x, namespace: ns}\nspec:\n  rules: [{backendRefs: [{name: a, weigth: 1}]}]\n",
+		"BackendSecurityPolicy": "apiVersion: aigateway.envoyproxy.io/v1alpha1\nkind: BackendSecurityPolicy\nmetadata: {name: x, namespace: ns}\nspec:\n  type: AWSCredentials\n  awsCredentials: {region: us-east-1, credentialsFile: {secretRef: {name: s}, profil: p}}\n",
 	}
 	for name, doc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -10,13 +10,16 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
+	awssigningv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/aws_request_signing/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/header_mutation/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/upstream_codec/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	yaml "go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -90,7 +93,7 @@ func TestBootstrapIsValidEnvoyConfig(t *testing.T) {
 	for _, c := range b.GetStaticResources().GetClusters() {
 		clusters[c.GetName()] = c
 	}
-	for _, name := range []string{"llm_bulkhead", "deepseek", "qwen", "local"} {
+	for _, name := range []string{"llm_bulkhead", "deepseek", "qwen", "local", "gemini", "bedrock"} {
 		if clusters[name] == nil {
 			t.Errorf("cluster %s missing", name)
 		}
@@ -169,6 +172,91 @@ func TestProviderRoutesRetry(t *testing.T) {
 		if len(th) == 0 || th[0].GetRetryBudget().GetBudgetPercent().GetValue() <= 0 {
 			t.Errorf("provider cluster %s has no retry budget", c.GetName())
 		}
+	}
+}
+
+// TestHostedProviderClusters: a route to a hosted provider (gemini, bedrock) names the
+// provider's host in Host, and its cluster reaches that host on 443 over TLS with that SNI and
+// the certificate checked against trusted CAs and that name. Bedrock calls are signed on the
+// way out with SigV4 for service bedrock in the host's region, over the body, with credentials
+// from Envoy's environment (none in the file), and the client's own signature is dropped.
+func TestHostedProviderClusters(t *testing.T) {
+	hcm, b := bootstrapFilters(t)
+	clusters := map[string]*clusterv3.Cluster{}
+	for _, c := range b.GetStaticResources().GetClusters() {
+		clusters[c.GetName()] = c
+	}
+	hosts := map[string]string{}
+	var bedrockRoute *routev3.Route
+	for _, r := range hcm.GetRouteConfig().GetVirtualHosts()[0].GetRoutes() {
+		for _, h := range r.GetRequestHeadersToAdd() {
+			if name := strings.ToLower(h.GetHeader().GetKey()); name == "authorization" || name == "x-goog-api-key" || strings.HasPrefix(name, "x-amz-") {
+				t.Errorf("route to %s sets %s: credentials do not belong in the file", r.GetRoute().GetCluster(), name)
+			}
+		}
+		if host := r.GetRoute().GetHostRewriteLiteral(); host != "" {
+			hosts[r.GetRoute().GetCluster()] = host
+		}
+		if r.GetRoute().GetCluster() == "bedrock" {
+			bedrockRoute = r
+		}
+	}
+	for _, name := range []string{"gemini", "bedrock"} {
+		host, c := hosts[name], clusters[name]
+		if host == "" || c == nil {
+			t.Errorf("%s: no route rewriting Host to the provider's, or no cluster", name)
+			continue
+		}
+		eps := c.GetLoadAssignment().GetEndpoints()
+		if len(eps) != 1 || len(eps[0].GetLbEndpoints()) != 1 {
+			t.Fatalf("%s: want one endpoint, got %v", name, eps)
+		}
+		addr := eps[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
+		if addr.GetAddress() != host || addr.GetPortValue() != 443 {
+			t.Errorf("%s: endpoint %s:%d, the route sends Host %s", name, addr.GetAddress(), addr.GetPortValue(), host)
+		}
+		var tls tlsv3.UpstreamTlsContext
+		if err := c.GetTransportSocket().GetTypedConfig().UnmarshalTo(&tls); err != nil {
+			t.Errorf("%s: no upstream TLS: %v", name, err)
+			continue
+		}
+		v := tls.GetCommonTlsContext().GetValidationContext()
+		sans := v.GetMatchTypedSubjectAltNames()
+		if tls.GetSni() != host || v.GetTrustedCa().GetFilename() == "" || len(sans) != 1 ||
+			sans[0].GetSanType() != tlsv3.SubjectAltNameMatcher_DNS || sans[0].GetMatcher().GetExact() != host {
+			t.Errorf("%s: TLS with SNI %q, CA %v, names %v; want SNI and a certificate for %s checked against trusted CAs",
+				name, tls.GetSni(), v.GetTrustedCa(), sans, host)
+		}
+	}
+
+	var opts upstreamhttpv3.HttpProtocolOptions
+	if err := clusters["bedrock"].GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].UnmarshalTo(&opts); err != nil {
+		t.Fatalf("bedrock: no HTTP protocol options: %v", err)
+	}
+	filters := opts.GetHttpFilters()
+	if len(filters) != 2 || filters[0].GetName() != "envoy.filters.http.aws_request_signing" || filters[1].GetName() != "envoy.filters.http.upstream_codec" {
+		t.Fatalf("bedrock's upstream filters %v, want aws_request_signing then upstream_codec", filters)
+	}
+	var sig awssigningv3.AwsRequestSigning
+	if err := filters[0].GetTypedConfig().UnmarshalTo(&sig); err != nil {
+		t.Fatal(err)
+	}
+	region := strings.TrimSuffix(strings.TrimPrefix(hosts["bedrock"], "bedrock-runtime."), ".amazonaws.com")
+	if sig.GetServiceName() != "bedrock" || sig.GetRegion() != region || sig.GetUseUnsignedPayload() || sig.GetHostRewrite() != "" {
+		t.Errorf("signing %v: want service bedrock, region %s (the host's), the body signed, the route's Host", &sig, region)
+	}
+	if sig.GetCredentialProvider().GetInlineCredential() != nil {
+		t.Error("bedrock's AWS credentials are written in the file")
+	}
+	removed := map[string]bool{}
+	for _, h := range bedrockRoute.GetRequestHeadersToRemove() {
+		removed[strings.ToLower(h)] = true
+	}
+	if !removed["authorization"] || !removed["x-amz-security-token"] {
+		t.Errorf("the bedrock route keeps the client's signature headers (removes %v)", bedrockRoute.GetRequestHeadersToRemove())
+	}
+	if got := clusters["bedrock"].GetPerConnectionBufferLimitBytes().GetValue(); got < b.GetStaticResources().GetListeners()[0].GetPerConnectionBufferLimitBytes().GetValue() {
+		t.Errorf("bedrock buffers %d bytes to sign a body, less than the listener takes", got)
 	}
 }
 

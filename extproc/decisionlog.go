@@ -185,7 +185,7 @@ func (p *processor) logRefusal(d policy.Decision, status int) {
 		}
 		attrs = append(attrs, slog.String("provider", n.Provider), slog.String("model", clip(n.Model)))
 	}
-	if d.Reason != policy.ReasonBadRequest {
+	if retryable(d.Reason) {
 		attrs = append(attrs, slog.String("retry_after", d.RetryAfter.Round(time.Millisecond).String()))
 	}
 	attrs = append(attrs, slog.String("request_id", p.req.id))

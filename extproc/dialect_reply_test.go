@@ -14,6 +14,8 @@ func TestRefusalInEachDialect(t *testing.T) {
 	budget := budgetRefusal()
 	full := policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonBulkheadFull, Compartment: "feature/chat", RetryAfter: 250 * time.Millisecond}
 	bad := policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonBadRequest}
+	key := policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonUnknownKey}
+	noRetry := map[string]string{"retry-after": "", "retry-after-ms": "", "x-should-retry": ""}
 	r := refusal{requestID: "req-7", now: refusedAt, rateLimitHeaders: true}
 	tests := []struct {
 		name    string
@@ -39,6 +41,16 @@ func TestRefusalInEachDialect(t *testing.T) {
 			`{"message":"` + full.Message() + `"}`},
 		{"bedrock bad request", bad, llmapi.DialectBedrock, 400, map[string]string{"x-amzn-errortype": "ValidationException"},
 			`{"message":"` + bad.Message() + `"}`},
+		{"openai unknown key", key, llmapi.DialectOpenAI, 401, noRetry,
+			`{"error":{"message":"The API key is missing or not known.","type":"invalid_request_error","code":"unknown_key","param":null,"request_id":"req-7"}}`},
+		{"azure unknown key", key, llmapi.DialectAzure, 401, noRetry,
+			`{"error":{"message":"The API key is missing or not known.","type":"invalid_request_error","code":"401","param":null,"innererror":{"code":"unknown_key"},"request_id":"req-7"}}`},
+		{"anthropic unknown key", key, llmapi.DialectAnthropic, 401, map[string]string{"retry-after": "", "request-id": "req-7"},
+			`{"type":"error","error":{"type":"authentication_error","message":"The API key is missing or not known."},"request_id":"req-7"}`},
+		{"gemini unknown key", key, llmapi.DialectGemini, 401, noRetry,
+			`{"error":{"code":401,"message":"The API key is missing or not known.","status":"UNAUTHENTICATED","details":[{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"unknown_key","domain":"llm-bulkhead","metadata":{"request_id":"req-7"}}]}}`},
+		{"bedrock unknown key", key, llmapi.DialectBedrock, 401, map[string]string{"x-amzn-errortype": "UnrecognizedClientException", "retry-after": ""},
+			`{"message":"The API key is missing or not known."}`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

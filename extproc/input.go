@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/structpb"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/llm-bulkhead/llm-bulkhead/extproc/llmapi"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 )
@@ -24,13 +25,19 @@ const attributesKey = "envoy.filters.http.ext_proc"
 func (p *processor) Header(name string) (string, bool) {
 	for _, h := range p.headers {
 		if h.Key == name {
-			if len(h.RawValue) > 0 {
-				return unsafe.String(unsafe.SliceData(h.RawValue), len(h.RawValue)), true
-			}
-			return h.Value, true
+			return headerValue(h), true
 		}
 	}
 	return "", false
+}
+
+// headerValue is a header's value as Envoy sent it (raw_value, or value from an Envoy that
+// does not send raw values), without a copy: valid while the message is.
+func headerValue(h *corev3.HeaderValue) string {
+	if len(h.RawValue) > 0 {
+		return unsafe.String(unsafe.SliceData(h.RawValue), len(h.RawValue))
+	}
+	return h.Value
 }
 
 func (p *processor) method() string {

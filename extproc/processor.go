@@ -60,6 +60,8 @@ type requestPart struct {
 	route    llmapi.Route
 	metadata *corev3.Metadata
 	attrs    *structpb.Struct
+	// arrived is when the request headers arrived: a client's timeout counts from there.
+	arrived time.Time
 	// body is the buffered request body until the decision is made.
 	body   []byte
 	bodyOK bool

@@ -271,13 +271,15 @@ func (m *headerMem) build(key string, value []byte) *corev3.HeaderValueOption {
 
 // refusalStatus is the HTTP status of a refusal in the dialect of the API the client called:
 // 429 for budgets and rates, 503 when there is no capacity (Anthropic's overloaded is 529), 400
-// for a body that cannot be read.
+// for a body that cannot be read, 401 for an API key that is missing or unknown.
 func refusalStatus(r policy.Reason, d llmapi.Dialect) int {
 	switch r {
-	case policy.ReasonTokenBudget, policy.ReasonRateLimit, policy.ReasonSpendBudget:
+	case policy.ReasonTokenBudget, policy.ReasonRateLimit, policy.ReasonSpendBudget, policy.ReasonProviderQuota:
 		return 429
 	case policy.ReasonBadRequest:
 		return 400
+	case policy.ReasonUnknownKey:
+		return 401
 	}
 	if d == llmapi.DialectAnthropic {
 		return 529
@@ -308,7 +310,7 @@ func refusalBody(d policy.Decision, dialect llmapi.Dialect, requestID string) []
 	msg := d.Message()
 	switch dialect {
 	case llmapi.DialectAnthropic:
-		typ := byKind(d.Reason, "rate_limit_error", "invalid_request_error", "overloaded_error")
+		typ := byKind(d.Reason, "rate_limit_error", "invalid_request_error", "authentication_error", "overloaded_error")
 		b := []byte(`{"type":"error","error":{"type":`)
 		b = strconv.AppendQuote(b, typ)
 		b = append(b, `,"message":`...)
@@ -320,7 +322,7 @@ func refusalBody(d policy.Decision, dialect llmapi.Dialect, requestID string) []
 		}
 		return append(b, '}')
 	case llmapi.DialectGemini:
-		status := byKind(d.Reason, "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT", "UNAVAILABLE")
+		status := byKind(d.Reason, "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT", "UNAUTHENTICATED", "UNAVAILABLE")
 		b := []byte(`{"error":{"code":`)
 		b = strconv.AppendInt(b, int64(refusalStatus(d.Reason, dialect)), 10)
 		b = append(b, `,"message":`...)
@@ -336,7 +338,7 @@ func refusalBody(d policy.Decision, dialect llmapi.Dialect, requestID string) []
 			b = append(b, '}')
 		}
 		b = append(b, '}')
-		if d.Reason != policy.ReasonBadRequest {
+		if retryable(d.Reason) {
 			b = append(b, `,{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"`...)
 			b = appendProtoDuration(b, time.Duration(retryAfterMillis(d))*time.Millisecond)
 			b = append(b, `"}`...)
@@ -349,18 +351,19 @@ func refusalBody(d policy.Decision, dialect llmapi.Dialect, requestID string) []
 	}
 	typ := "server_overloaded"
 	switch d.Reason {
-	case policy.ReasonTokenBudget, policy.ReasonRateLimit:
+	case policy.ReasonTokenBudget, policy.ReasonRateLimit, policy.ReasonProviderQuota:
 		typ = "rate_limit_exceeded"
 	case policy.ReasonSpendBudget:
 		// OpenAI's own error for a spending limit reached.
 		typ = "insufficient_quota"
-	case policy.ReasonBadRequest:
+	case policy.ReasonBadRequest, policy.ReasonUnknownKey:
+		// OpenAI's type for a bad request and for an invalid API key alike.
 		typ = "invalid_request_error"
 	}
 	code := string(d.Reason)
 	if dialect == llmapi.DialectAzure {
 		// Azure OpenAI's codes: "429" for every rate or quota limit, a name otherwise.
-		code = byKind(d.Reason, "429", "BadRequest", "ServiceUnavailable")
+		code = byKind(d.Reason, "429", "BadRequest", "401", "ServiceUnavailable")
 	}
 	b := []byte(`{"error":{"message":`)
 	b = llmapi.AppendJSONString(b, msg)
@@ -399,19 +402,29 @@ func appendProtoDuration(b []byte, d time.Duration) []byte {
 // bedrockException is the AWS exception a Bedrock refusal names in x-amzn-errortype, which
 // the AWS SDKs turn into their error types (ThrottlingException is retried by them).
 func bedrockException(r policy.Reason) string {
-	return byKind(r, "ThrottlingException", "ValidationException", "ServiceUnavailableException")
+	return byKind(r, "ThrottlingException", "ValidationException", "UnrecognizedClientException", "ServiceUnavailableException")
 }
 
 // byKind names a refusal by its kind: limited for a rate or a budget (a 429), bad for a body
-// that cannot be read (a 400), unavailable for no capacity (a 503).
-func byKind(r policy.Reason, limited, bad, unavailable string) string {
+// that cannot be read (a 400), unauthenticated for an API key missing or unknown (a 401),
+// unavailable for no capacity (a 503).
+func byKind(r policy.Reason, limited, bad, unauthenticated, unavailable string) string {
 	switch r {
-	case policy.ReasonTokenBudget, policy.ReasonRateLimit, policy.ReasonSpendBudget:
+	case policy.ReasonTokenBudget, policy.ReasonRateLimit, policy.ReasonSpendBudget, policy.ReasonProviderQuota:
 		return limited
 	case policy.ReasonBadRequest:
 		return bad
+	case policy.ReasonUnknownKey:
+		return unauthenticated
 	}
 	return unavailable
+}
+
+// retryable reports whether a retry of the refused request can succeed later: not for a body
+// that cannot be read, nor for an API key that is missing or unknown, whose refusals say
+// nothing of when to retry.
+func retryable(r policy.Reason) bool {
+	return r != policy.ReasonBadRequest && r != policy.ReasonUnknownKey
 }
 
 // retryAfterMillis is the retry-after-ms of a refusal: its wait in milliseconds, rounded up.
@@ -445,7 +458,7 @@ func immediateReply(d policy.Decision, dialect llmapi.Dialect, r refusal) *extpr
 	if d.Reason == policy.ReasonSpendBudget && !d.SpendReset.IsZero() {
 		headers = append(headers, setHeader(HeaderSpendReset, d.SpendReset.Format(time.RFC3339)))
 	}
-	if d.Reason != policy.ReasonBadRequest {
+	if retryable(d.Reason) {
 		ms := retryAfterMillis(d)
 		headers = append(headers,
 			setHeader(HeaderRetryAfter, strconv.FormatInt(d.RetryAfterSeconds(), 10)),

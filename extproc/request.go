@@ -1,12 +1,16 @@
 package extproc
 
 import (
+	"encoding/json"
 	"errors"
 	"strconv"
 	"strings"
 	"time"
 	"unsafe"
 
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -28,6 +32,10 @@ func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	p.req.id, _ = p.Header(HeaderRequestID)
 	p.req.metadata = req.MetadataContext
 	p.req.attrs = req.Attributes[attributesKey]
+	p.req.arrived = p.clock()
+	if q := p.snap.QuotaPath; q != "" && path == q && p.method() == "GET" {
+		return p.quotaReply()
+	}
 	p.traceStart()
 
 	bodyComing := !h.EndOfStream && p.reqBodyMode != extprocfilterv3.ProcessingMode_NONE
@@ -213,6 +221,9 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 	canRewrite := at == msgRequestBody && p.req.bodyOK && p.req.route.Model == "" && !p.req.api.Multipart()
 	r := policy.Request{Dims: dims, Estimate: p.dec.estimate, PromptBytes: size.PromptBytes,
 		CanRewriteModel: canRewrite, Stream: p.req.api.Streams() || (p.req.bodyOK && p.req.fields.Stream), Now: p.clock()}
+	if timeout, ok := p.requestTimeout(); ok {
+		r.Deadline = p.req.arrived.Add(timeout)
+	}
 	d := &p.dec.decision
 	e.AdmitInto(p.ctx, s, &r, &p.dec.ticket, p.onQueueFn, d)
 	p.traceDecided(d, true)
@@ -267,6 +278,9 @@ func (p *processor) admitReply(at int) *extprocv3.ProcessingResponse {
 		mut.SetHeaders = append(mut.SetHeaders, parts.provHeader[d.Dims.Provider])
 		common.ClearRouteCache = true
 	}
+	// The client's API key stays here when the policy says Envoy sets the provider's key. The
+	// snapshot's slice is shared, and full: an append below copies it.
+	mut.RemoveHeaders = s.StripHeaders()
 	if p.srv.settingsOf(s).StripAcceptEncoding && p.resBodyMode != extprocfilterv3.ProcessingMode_NONE {
 		// The response must be readable to settle usage: ask the upstream not to compress it.
 		mut.RemoveHeaders = append(mut.RemoveHeaders, "accept-encoding")
@@ -313,4 +327,25 @@ func (p *processor) onQueue(maxWait time.Duration) {
 	if err := p.stream.Send(resp); err == nil {
 		p.srv.metrics.overrides.Inc()
 	}
+}
+
+// quotaReply answers a client's question about its own limits (quota_endpoint): the caller is
+// classified as its LLM requests are, and gets its compartments' limits and what is left of
+// them as JSON. The request is answered here and never forwarded; it is not an LLM call, so it
+// counts against nothing.
+func (p *processor) quotaReply() *extprocv3.ProcessingResponse {
+	p.phase = phaseDone
+	q := p.snap.ClientQuota(p.snap.Classify(p), p.clock())
+	body, err := json.Marshal(q)
+	status := typev3.StatusCode_OK
+	if err != nil {
+		body, status = []byte(`{"error":{"message":"the quota could not be written"}}`), typev3.StatusCode_InternalServerError
+	}
+	headers := []*corev3.HeaderValueOption{setHeader("content-type", "application/json"), setHeader("cache-control", "no-store")}
+	if id := refusalRequestID(p.req.id); id != "" {
+		headers = append(headers, setHeader(HeaderRequestID, id))
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
+		Status: &typev3.HttpStatus{Code: status}, Headers: &extprocv3.HeaderMutation{SetHeaders: headers}, Body: body,
+	}}}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/extproc/llmapi"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/quota"
 )
 
 func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.ProcessingResponse {
@@ -25,6 +26,9 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 	p.res.headers = now.Sub(p.dec.admittedAt)
 	if ra, ok := p.Header("retry-after"); ok {
 		p.res.retryAfter = llmapi.ParseRetryAfter(ra, now)
+	}
+	if p.dec.ticket.TracksQuota() {
+		p.observeQuota(now)
 	}
 	var common *extprocv3.CommonResponse
 	out := &p.out
@@ -216,4 +220,17 @@ func streamError(k llmapi.ErrorKind) policy.StreamError {
 		return policy.StreamErrorClient
 	}
 	return policy.StreamErrorNone
+}
+
+// observeQuota reads the provider's rate-limit headers (x-ratelimit-*, anthropic-ratelimit-*)
+// into its quota, for a provider whose policy follows them.
+func (p *processor) observeQuota(now time.Time) {
+	var r quota.Reading
+	invalid := 0
+	for _, h := range p.headers {
+		if known, err := quota.ParseHeader(h.Key, headerValue(h), now, &r); known && err != nil {
+			invalid++
+		}
+	}
+	p.dec.ticket.ObserveQuota(&r, invalid, now)
 }

@@ -278,6 +278,18 @@ func assertNothingHeld(t *testing.T, rd *redistest.Server, prefix string, reps [
 				return false
 			}
 		}
+		// Leased admission: every compartment's leases, idle replicas' included, given back.
+		hashes, err := rd.Do("KEYS", "{"+prefix+"|*}:ls")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range strings.Fields(hashes) {
+			compartment := strings.TrimSuffix(strings.TrimPrefix(k, "{"+prefix+"|"), "}:ls")
+			if n := leasedSlots(t, rd, prefix, compartment); n != 0 {
+				t.Logf("%s: %d slots leased", k, n)
+				return false
+			}
+		}
 		return true
 	})
 }
@@ -755,10 +767,13 @@ func holdSlots(t *testing.T, f *flight, reps []*harness.Replica, i, n int, up *h
 }
 
 // replicaGone reports whether Redis no longer knows replica id: no registration, no lease and
-// no slot in compartment.
+// no slot in compartment, and no lease of it (leased admission).
 func replicaGone(t *testing.T, rd *redistest.Server, prefix, id, compartment string) bool {
 	t.Helper()
 	tag := "{" + prefix + "}"
+	if lease, err := rd.Do("HEXISTS", "{"+prefix+"|"+compartment+"}:ls", "r:"+id); err != nil || lease != "0" {
+		return false
+	}
 	score, err := rd.Do("ZSCORE", tag+":r", id)
 	if err != nil {
 		t.Fatal(err)
@@ -780,6 +795,12 @@ func replicaGone(t *testing.T, rd *redistest.Server, prefix, id, compartment str
 // slots back as it stops, long before its leases would expire (lease_ttl 60 s). Either way the
 // other replicas then admit what they had queued.
 func TestClusterReplicaLeavesOrDies(t *testing.T) {
+	for _, adm := range clusterAdmissions {
+		t.Run(adm, func(t *testing.T) { replicaLeavesOrDies(t, adm) })
+	}
+}
+
+func replicaLeavesOrDies(t *testing.T, adm string) {
 	rd := redistest.Standalone(t)
 	cases := []struct {
 		name     string
@@ -800,7 +821,7 @@ func TestClusterReplicaLeavesOrDies(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			prefix := "leave-" + strings.ToLower(tc.name)
 			path := writePolicy(t, chatCapacityPolicy+"server: {drain_grace: 300ms}\n"+
-				clusterConfig{addrs: []string{rd.Addr()}, prefix: prefix, leaseTTL: tc.leaseTTL, heartbeat: tc.beat}.yaml())
+				clusterConfig{addrs: []string{rd.Addr()}, prefix: prefix, leaseTTL: tc.leaseTTL, heartbeat: tc.beat, admission: adm}.yaml())
 			reps := startReplicas(t, path, prefix+"-a", prefix+"-b", prefix+"-c")
 			ups := []*heldUpstream{newHeldUpstream(nil), newHeldUpstream(nil), newHeldUpstream(nil)}
 			t.Cleanup(func() {
@@ -1079,11 +1100,17 @@ func TestClusterRedisOutage(t *testing.T) {
 // TestClusterSentinel: a replica finding its Redis through a sentinel shares its limits: it
 // registers with the master, admits, and reports the cluster available.
 func TestClusterSentinel(t *testing.T) {
+	for _, adm := range clusterAdmissions {
+		t.Run(adm, func(t *testing.T) { sentinel(t, adm) })
+	}
+}
+
+func sentinel(t *testing.T, adm string) {
 	ss := redistest.Sentinel(t)
 	up := startMockLLM(t, mock.Options{TimeScale: 0.01})
 	const prefix = "sentinel"
 	path := writePolicy(t, chatCapacityPolicy+clusterConfig{mode: "sentinel", addrs: []string{ss.Addr()},
-		masterName: ss.MasterName(), prefix: prefix, leaseTTL: 2 * time.Second, heartbeat: 500 * time.Millisecond}.yaml())
+		masterName: ss.MasterName(), prefix: prefix, leaseTTL: 2 * time.Second, heartbeat: 500 * time.Millisecond, admission: adm}.yaml())
 	reps := startReplicas(t, path, "sentinel-a")
 	res, err := reps[0].Do(context.Background(), chatRequest("chat"), up)
 	if err != nil {

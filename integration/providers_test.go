@@ -3,6 +3,7 @@ package integration_test
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 
@@ -109,5 +110,54 @@ func TestGeminiCountTokensIsFree(t *testing.T) {
 	}
 	if n := metricSum(t, s, "llm_bulkhead_admitted_total"); n != 1 {
 		t.Errorf("admitted %v, want 1", n)
+	}
+}
+
+// TestExamplePolicyRoutesGeminiAndBedrock: the built-in example policy sends Gemini and
+// Bedrock calls, whose model is in the path, to providers of their own — through their own
+// provider compartment to the upstream Envoy routes by x-llm-provider, for Bedrock whether the
+// model id names the model, an inference profile or Amazon's own models, percent-encoded as the
+// AWS SDKs send it — and charges a tenant's spend budget at that model's example price.
+func TestExamplePolicyRoutesGeminiAndBedrock(t *testing.T) {
+	// CheckModels: the mock answers 404 to a model sent to a provider the policy does not map
+	// it to, as a real provider would.
+	s := start(t, harness.Options{CheckModels: true, Mock: mock.Options{TimeScale: 0.001}})
+	tests := []struct {
+		path, body, provider, model string
+		input, cachedInput, output  float64 // the example's prices per million tokens
+	}{
+		{"/v1beta/models/gemini-2.5-flash:generateContent", geminiChat, "gemini", "gemini-2.5-flash", 0.30, 0.075, 2.50},
+		{"/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse", geminiChat, "gemini", "gemini-2.5-pro", 1.25, 0.31, 10.00},
+		{bedrockClaude + "/converse", converseChat, "bedrock", "anthropic.claude-3-5-haiku-20241022-v1:0", 0.80, 0.08, 4.00},
+		{"/model/us.anthropic.claude-sonnet-4-20250514-v1%3A0/converse-stream", converseChat, "bedrock",
+			"us.anthropic.claude-sonnet-4-20250514-v1:0", 3.00, 0.30, 15.00},
+		{"/model/amazon.nova-pro-v1%3A0/converse", converseChat, "bedrock", "amazon.nova-pro-v1:0", 0.80, 0.20, 3.20},
+	}
+	for _, tt := range tests {
+		t.Run(tt.model, func(t *testing.T) {
+			req := providerRequest(tt.path, tt.body, "chat")
+			// initech has a spend budget, so its requests are priced.
+			req.Headers = append(req.Headers, envoysim.Header{Key: "x-tenant-id", Value: "initech"})
+			r, err := s.Do(context.Background(), req)
+			if err != nil || r.Status != 200 {
+				t.Fatalf("%v %v", r, err)
+			}
+			if p := upstreamHeader(r, "x-llm-provider"); p != tt.provider {
+				t.Errorf("went upstream with x-llm-provider %q, want %s", p, tt.provider)
+			}
+			md := r.DynamicMetadata["llm_bulkhead"].GetFields()
+			if md["provider"].GetStringValue() != tt.provider || md["model"].GetStringValue() != tt.model ||
+				!strings.Contains(md["compartment"].GetStringValue(), "provider/"+tt.provider) {
+				t.Errorf("metadata %v", md)
+			}
+			if !md["usage_reported"].GetBoolValue() {
+				t.Fatalf("no usage read: %v", md)
+			}
+			prompt, cached := md["prompt_tokens"].GetNumberValue(), md["cached_tokens"].GetNumberValue()
+			micros := (prompt-cached)*tt.input + cached*tt.cachedInput + md["completion_tokens"].GetNumberValue()*tt.output
+			if want, got := math.Ceil(micros-1e-9)/1e6, md["spend"].GetNumberValue(); math.Abs(got-want) > 1e-12 {
+				t.Errorf("spend %v, want %v at the example's %s prices (metadata %v)", got, want, tt.model, md)
+			}
+		})
 	}
 }

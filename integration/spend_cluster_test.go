@@ -62,22 +62,22 @@ func newSpendFleet(t *testing.T) spendFleet {
 }
 
 // start starts one replica per id serving policy with cfg's cluster section (its address set
-// to the fleet's Redis, and cluster.timeout to timeout unless 0) and the mode's lines.
-func (f spendFleet) start(t *testing.T, policy string, cfg clusterConfig, timeout time.Duration, modeYAML string, ids ...string) []*harness.Replica {
+// to the fleet's Redis, and cluster.timeout to timeout unless 0).
+func (f spendFleet) start(t *testing.T, policy string, cfg clusterConfig, timeout time.Duration, ids ...string) []*harness.Replica {
 	t.Helper()
 	cfg.addrs = []string{f.rd.Addr()}
 	cl := cfg.yaml()
 	if timeout > 0 {
 		cl = strings.Replace(cl, "timeout: 1s", "timeout: "+timeout.String(), 1)
 	}
-	return startReplicas(t, writePolicy(t, policy+cl+modeYAML), ids...)
+	return startReplicas(t, writePolicy(t, policy+cl), ids...)
 }
 
 // startSpendFleet starts a spend fleet and its replicas serving spendClusterPolicy.
-func startSpendFleet(t *testing.T, cfg clusterConfig, modeYAML string, ids ...string) (*redistest.Server, *envoysim.HTTPUpstream, []*harness.Replica) {
+func startSpendFleet(t *testing.T, cfg clusterConfig, ids ...string) (*redistest.Server, *envoysim.HTTPUpstream, []*harness.Replica) {
 	t.Helper()
 	f := newSpendFleet(t)
-	return f.rd, f.up, f.start(t, spendClusterPolicy, cfg, 0, modeYAML, ids...)
+	return f.rd, f.up, f.start(t, spendClusterPolicy, cfg, 0, ids...)
 }
 
 // chatDay is the key of chat's daily spend window in Redis, for the day now falls in (UTC).
@@ -116,9 +116,9 @@ func reservedEach(t *testing.T, r *harness.Replica, admitted int) float64 {
 // spend, and Redis holds it.
 func TestClusterSharedSpendBudget(t *testing.T) {
 	skipNearMidnight(t)
-	eachSpendClusterMode(t, func(t *testing.T, mode, modeYAML string) {
+	eachSpendClusterMode(t, func(t *testing.T, mode string) {
 		prefix := "spend-" + mode
-		rd, up, reps := startSpendFleet(t, clusterConfig{prefix: prefix}, modeYAML, "spend-a", "spend-b")
+		rd, up, reps := startSpendFleet(t, clusterConfig{prefix: prefix, admission: mode}, "spend-a", "spend-b")
 
 		var got []string
 		for i := range 8 {
@@ -171,14 +171,14 @@ func TestClusterSharedSpendBudget(t *testing.T) {
 // other replica counts it too and the budget is not spent twice.
 func TestClusterSpendWithoutRedis(t *testing.T) {
 	skipNearMidnight(t)
-	eachSpendClusterMode(t, func(t *testing.T, mode, modeYAML string) {
+	eachSpendClusterMode(t, func(t *testing.T, mode string) {
 		f := newSpendFleet(t)
 		rd, up := f.rd, f.up
-		cfg := clusterConfig{leaseTTL: 2 * time.Second, heartbeat: 250 * time.Millisecond}
+		cfg := clusterConfig{leaseTTL: 2 * time.Second, heartbeat: 250 * time.Millisecond, admission: mode}
 		cfg.prefix, cfg.onUnavailable = "spend-local-"+mode, "local"
-		local := f.start(t, spendClusterPolicy, cfg, 0, modeYAML, "local-a", "local-b")
+		local := f.start(t, spendClusterPolicy, cfg, 0, "local-a", "local-b")
 		cfg.prefix, cfg.onUnavailable = "spend-closed-"+mode, "closed"
-		closed := f.start(t, spendClusterPolicy, cfg, 0, modeYAML, "closed-a")
+		closed := f.start(t, spendClusterPolicy, cfg, 0, "closed-a")
 
 		rd.Kill()
 		for _, r := range append(local, closed...) {
@@ -236,15 +236,11 @@ func TestClusterSpendWithoutRedis(t *testing.T) {
 	})
 }
 
-// spendClusterModes are the cluster admission modes spend budgets are tested in, each with the
-// lines it adds to a policy's cluster section (exact, the default, adds none).
-var spendClusterModes = []struct{ name, yaml string }{{"exact", ""}}
-
-// eachSpendClusterMode runs f once per cluster admission mode, as a subtest named after it, with
-// the mode's lines for the cluster section.
-func eachSpendClusterMode(t *testing.T, f func(t *testing.T, mode, modeYAML string)) {
-	for _, m := range spendClusterModes {
-		t.Run(m.name, func(t *testing.T) { f(t, m.name, m.yaml) })
+// eachSpendClusterMode runs f once per cluster admission mode (clusterAdmissions), as a subtest
+// named after it.
+func eachSpendClusterMode(t *testing.T, f func(t *testing.T, mode string)) {
+	for _, m := range clusterAdmissions {
+		t.Run(m, func(t *testing.T) { f(t, m) })
 	}
 }
 
@@ -331,12 +327,12 @@ func TestClusterSpendTimeoutsAreNotFreeMoney(t *testing.T) {
 	if now := time.Now(); now.Add(2*time.Minute).Hour() != now.Hour() {
 		t.Skip("too close to the end of the hour: chat's hourly spend budget would reset during the test")
 	}
-	eachSpendClusterMode(t, func(t *testing.T, mode, modeYAML string) {
+	eachSpendClusterMode(t, func(t *testing.T, mode string) {
 		fleet := newSpendFleet(t)
 		rd, up, prefix := fleet.rd, fleet.up, "timeouts-"+mode
-		cfg := clusterConfig{prefix: prefix, leaseTTL: 5 * time.Second, heartbeat: 250 * time.Millisecond}
+		cfg := clusterConfig{prefix: prefix, leaseTTL: 5 * time.Second, heartbeat: 250 * time.Millisecond, admission: mode}
 		// Reservations wait 50 ms for Redis: the pause below is far longer.
-		reps := fleet.start(t, dollarPolicy, cfg, 50*time.Millisecond, modeYAML, "money-a", "money-b", "money-c")
+		reps := fleet.start(t, dollarPolicy, cfg, 50*time.Millisecond, "money-a", "money-b", "money-c")
 
 		if _, err := rd.Do("CLIENT", "PAUSE", "1500", "ALL"); err != nil {
 			t.Fatal(err)
@@ -349,9 +345,14 @@ func TestClusterSpendTimeoutsAreNotFreeMoney(t *testing.T) {
 		}
 		burst := 0
 		for _, o := range f.collect(t) {
-			if o.what() == "200" {
+			switch {
+			case o.what() == "200":
 				burst++
-			} else if o.what() != "429 spend_budget" {
+			case o.what() == "429 spend_budget":
+			case mode == "leased" && o.what() == "503 bulkhead_full":
+				// The replicas hold no lease of chat's slots yet: a request waits for its lease to
+				// grow, which Redis does not answer, then queues for its max_wait.
+			default:
 				t.Errorf("%s answered %s", reps[o.replica].Name, o.what())
 			}
 		}
@@ -411,9 +412,9 @@ func TestClusterSpendTimeoutsAreNotFreeMoney(t *testing.T) {
 // was spent in, whichever replica it reaches, and charges nothing.
 func TestClusterSpendRequestLargerThanBudget(t *testing.T) {
 	skipNearMidnight(t)
-	eachSpendClusterMode(t, func(t *testing.T, mode, modeYAML string) {
+	eachSpendClusterMode(t, func(t *testing.T, mode string) {
 		prefix := "spend-large-" + mode
-		rd, up, reps := startSpendFleet(t, clusterConfig{prefix: prefix}, modeYAML, "large-a", "large-b")
+		rd, up, reps := startSpendFleet(t, clusterConfig{prefix: prefix, admission: mode}, "large-a", "large-b")
 		for _, r := range reps {
 			req := pricedChat()
 			req.Body = []byte(strings.Replace(string(req.Body), `"max_tokens":100`, `"max_tokens":2000`, 1))
@@ -429,4 +430,111 @@ func TestClusterSpendRequestLargerThanBudget(t *testing.T) {
 			t.Errorf("the refused requests created chat's window in Redis (EXISTS %q, %v)", n, err)
 		}
 	})
+}
+
+// spendLeases returns what a replica's chunks of spend windows hold unused, in dollars, from
+// GET /admin/cluster.
+func spendLeases(t *testing.T, r *harness.Replica) float64 {
+	t.Helper()
+	var v struct {
+		SpendLeases []struct {
+			Unused json.Number `json:"unused"`
+		} `json:"spend_leases"`
+	}
+	if err := r.Get("/admin/cluster", &v); err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, s := range v.SpendLeases {
+		f, _ := s.Unused.Float64()
+		sum += f
+	}
+	return sum
+}
+
+// TestClusterLeasedSpendThroughOutage: with leased admission, two replicas hold chunks of chat's
+// hourly spend window when Redis stops (SIGSTOP: their reports go unanswered, and run when it
+// continues). They go on admitting from their chunks, settling each $1 request here, until a
+// chunk runs short: its replica then reports at once (the report Redis will run late, carrying
+// what was spent) and decides the request on its own. Once Redis continues, the window counts
+// every dollar spent, before and during the outage, exactly once, and keeps doing so after
+// further rounds.
+func TestClusterLeasedSpendThroughOutage(t *testing.T) {
+	if now := time.Now(); now.Add(2*time.Minute).Hour() != now.Hour() {
+		t.Skip("too close to the end of the hour: chat's hourly spend budget would reset during the test")
+	}
+	fleet := newSpendFleet(t)
+	rd, up, prefix := fleet.rd, fleet.up, "chunks"
+	cfg := clusterConfig{prefix: prefix, leaseTTL: 10 * time.Second, heartbeat: 250 * time.Millisecond, admission: "leased"}
+	policy := strings.Replace(dollarPolicy, "spend_per_hour: 10", "spend_per_hour: 10000", 1)
+	// Reports wait 200 ms for Redis: the pause below outlasts them, so Redis runs them once it
+	// continues, and the replicas send them again.
+	reps := fleet.start(t, policy, cfg, 200*time.Millisecond, "chunk-a", "chunk-b")
+	admitted := 0
+	send := func(r *harness.Replica) {
+		t.Helper()
+		res, err := r.Do(context.Background(), dollarChat(), up)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status != 200 {
+			t.Fatalf("%s: %d %s", r.Name, res.Status, header(res, "x-bulkhead-reason"))
+		}
+		admitted++
+	}
+	// Requests one after the other on each replica until each holds at least $10 unused.
+	for _, r := range reps {
+		clusterWait(t, r.Name+" to hold a chunk of $10", func() bool {
+			for range 5 {
+				send(r)
+			}
+			return spendLeases(t, r) >= 10
+		})
+	}
+	rd.Pause(0)
+	for range 3 {
+		for _, r := range reps {
+			send(r)
+		}
+	}
+	for _, r := range reps {
+		if v := replicaMetric(t, r, "llm_bulkhead_spend_store_fallbacks_total"); v != 0 {
+			t.Fatalf("%s decided %v reservations outside its chunk: the test must spend from chunks", r.Name, v)
+		}
+	}
+	// a spends on until its chunk runs short. That request waits for the report (for
+	// cluster.timeout) and may then find its lease of chat's slots unusable as well: it may be
+	// refused, and then costs nothing.
+	clusterWait(t, reps[0].Name+"'s chunk to run short", func() bool {
+		res, err := reps[0].Do(context.Background(), dollarChat(), up)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status == 200 {
+			admitted++
+		} else {
+			t.Logf("%s while its chunk ran short: %d %s", reps[0].Name, res.Status, header(res, "x-bulkhead-reason"))
+		}
+		return replicaMetric(t, reps[0], "llm_bulkhead_spend_store_fallbacks_total") > 0
+	})
+	for _, r := range reps {
+		clusterWait(t, r.Name+" to notice Redis does not answer", func() bool { return replicaMetric(t, r, "llm_bulkhead_cluster_available") == 0 })
+	}
+	rd.Resume()
+	key := fmt.Sprintf("{%s}:sp:feature/chat|hour|%d", prefix, time.Now().UTC().Truncate(time.Hour).Unix())
+	want := fmt.Sprint(admitted * 1_000_000)
+	clusterWait(t, fmt.Sprintf("Redis to count the $%d spent", admitted), func() bool {
+		s, _ := rd.Do("HGET", key, "s")
+		return s == want
+	})
+	// Further rounds (the replicas report every 50 ms, a steady chunk every 250 ms) add nothing.
+	time.Sleep(time.Second)
+	if s, _ := rd.Do("HGET", key, "s"); s != want {
+		t.Fatalf("Redis counts %s micro-dollars spent, want %s: the outage's spend counted more than once", s, want)
+	}
+	for _, r := range reps {
+		if v := replicaSpend(t, r, "feature/chat", "hour"); !near(v.Spent, float64(admitted)) {
+			t.Errorf("%s /admin/spend: $%v spent, want $%d", r.Name, v.Spent, admitted)
+		}
+	}
 }

@@ -28,6 +28,11 @@ type Request struct {
 	// process without waiting is granted at Now (Ticket.GrantedAt); one that queued, or goes
 	// through the cluster's shared store, when it got its slots.
 	Now time.Time
+	// Deadline is when the request's client gives up on it (Envoy's
+	// x-envoy-expected-rq-timeout-ms, or gRPC's grpc-timeout, counted from the request's
+	// arrival); zero: it did not say. The request is never queued past it, and is refused at
+	// once when the predicted wait would take it past it.
+	Deadline time.Time
 }
 
 // Admit decides on request r under snapshot s, filling t on admission. It may block up to the
@@ -48,6 +53,12 @@ func (e *Engine) Admit(ctx context.Context, s *Snapshot, r *Request, t *Ticket, 
 // stack is one the goroutine serving the stream has to grow (copying it) first.
 func (e *Engine) AdmitInto(ctx context.Context, s *Snapshot, r *Request, t *Ticket, onQueue func(time.Duration), d *Decision) {
 	dims := r.Dims
+	if dims.keyRefused {
+		// No known API key, and the policy refuses such requests: nothing is charged.
+		refuseInto(d, ReasonUnknownKey, "", 0, &dims)
+		e.countDecision(s, d)
+		return
+	}
 	var visited uint64
 	var firstReason Reason
 	var firstIn string
@@ -109,7 +120,7 @@ func (s *Snapshot) modelFor(p int, r *Request) (model string, ok bool) {
 
 // rerouteTarget returns the provider to try after a refusal for reason, or -1.
 func (s *Snapshot) rerouteTarget(d Dims, reason Reason) int {
-	if reason == ReasonCircuitOpen {
+	if reason == ReasonCircuitOpen || reason == ReasonProviderQuota {
 		return s.providers[d.Provider].fallback
 	}
 	if dg := s.features[d.Feature].degrade; dg != nil {
@@ -144,7 +155,7 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 		dims.modelGroup = s.modelGroup(dims.Model)
 	}
 	t.engine, t.snap, t.dims, t.est, t.bytes = e, s, dims, r.Estimate, r.PromptBytes
-	t.n, t.brk, t.active, t.mode = 0, nil, false, ticketLocal
+	t.n, t.brk, t.active, t.mode, t.quota = 0, nil, false, ticketLocal, nil
 	t.done.Store(false)
 	t.firstToken.Store(false)
 	for _, f := range s.families {
@@ -195,7 +206,7 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 		if again {
 			// Waiting for a slot here, the request saw Redis answer again: it goes through it,
 			// for what is left of its max wait.
-			e.admit(ctx, s, r, dims, t, nil, e.clock.Now(), now.Add(t.want(r.Estimate.Total, dims.Tenant, now).MaxWait), nil, true, d)
+			e.admit(ctx, s, r, dims, t, nil, e.clock.Now(), now.Add(t.want(r, &dims, now).MaxWait), nil, true, d)
 		}
 		return
 	}
@@ -277,8 +288,9 @@ func (e *Engine) admit(ctx context.Context, s *Snapshot, r *Request, dims Dims, 
 		t.rpm[i] = ch
 	}
 
-	// 2. The provider's breaker, and an upstream retry-after holding this tenant back.
-	if e.checkBreaker(s, dims, t, now, d) {
+	// 2. The provider's breaker, and an upstream retry-after holding this tenant back; then
+	// the provider's own quota, as its responses last told it.
+	if e.checkBreaker(s, dims, t, now, d) || e.reserveQuota(s, r, &dims, t, now, d) {
 		t.undo(now)
 		if viaRedis {
 			e.refusedByWindowFirst(ctx, s, t, n, tokens, true, d)
@@ -331,7 +343,7 @@ func (e *Engine) admit(ctx context.Context, s *Snapshot, r *Request, dims Dims, 
 	if e.cluster != nil {
 		e.capTicket(t)
 	}
-	want := t.want(tokens, dims.Tenant, now)
+	want := t.want(r, &dims, now)
 	if !deadline.IsZero() {
 		want.MaxWait = max(min(want.MaxWait, deadline.Sub(now)), 0)
 	}

@@ -4,6 +4,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/llm-bulkhead/llm-bulkhead/policy/apikey"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/glob"
 )
@@ -31,6 +32,13 @@ type Dims struct {
 	Provider int
 	Tenant   string
 	Model    string
+	// Priority is the request's own queue priority (classification.priority), valid when
+	// HasPriority; without one it waits at its compartments' priority.
+	Priority    int64
+	HasPriority bool
+	// keyRefused is set when an api_key rule found no known key, no later one did, and
+	// tenants.unknown_key is reject: admission refuses the request (ReasonUnknownKey).
+	keyRefused bool
 	// modelGroup indexes the snapshot's model groups (Model's first models glob), set by
 	// admission when a family keys or filters by model.
 	modelGroup int
@@ -50,6 +58,7 @@ const (
 	ruleAttribute
 	ruleTenantDirectory
 	ruleModelMap
+	ruleAPIKey
 )
 
 type rule struct {
@@ -73,10 +82,17 @@ type dimension struct {
 // classifier evaluates the compiled rules of one snapshot. Immutable.
 type classifier struct {
 	feature, tenant, tier, provider, model dimension
-	tiers, providers                       []string
-	featureIdx, tierIdx, providerIdx       map[string]int
-	tenantTier                             map[string]int
-	models                                 []modelRule
+	// priority reads a request's own queue priority, a value levels lists.
+	priority                         dimension
+	levels                           map[string]int64
+	tiers, providers                 []string
+	featureIdx, tierIdx, providerIdx map[string]int
+	tenantTier                       map[string]int
+	models                           []modelRule
+	// dirKeys are the API keys of the tenant directory (key_sha256), fileKeys those of
+	// tenants.keys_file; rejectUnknownKey is tenants.unknown_key: reject.
+	dirKeys, fileKeys *apikey.Table
+	rejectUnknownKey  bool
 }
 
 type modelRule struct {
@@ -93,6 +109,8 @@ func compileDimension(d config.Dimension, fold bool) dimension {
 	for _, r := range d.Rules {
 		cr := rule{value: r.Value, mapping: r.Map}
 		switch {
+		case r.APIKey:
+			cr.kind, cr.name = ruleAPIKey, r.Header
 		case r.Header != "":
 			cr.kind, cr.name = ruleHeader, r.Header
 		case r.PathPrefix != "":
@@ -160,6 +178,14 @@ func (d *dimension) eval(in Input, c *classifier, dims *Dims, accept func(string
 			if p := c.providerForModel(dims.Model); p >= 0 {
 				return c.providers[p], unknown, bad
 			}
+		case ruleAPIKey:
+			if t, ok := c.keyTenant(in, r.name); ok {
+				dims.keyRefused = false
+				return t, unknown, bad
+			}
+			// With unknown_key: reject, a request that reached an api_key rule is refused
+			// unless a later api_key rule (reading another header) finds its key.
+			dims.keyRefused = c.rejectUnknownKey
 		}
 		if !found {
 			continue
@@ -216,8 +242,49 @@ func (r *rule) source() string {
 		return "attribute " + r.name
 	case ruleTenantDirectory:
 		return "tenant_directory"
+	case ruleAPIKey:
+		return "api_key"
 	}
 	return "model_map"
+}
+
+// keyTenant returns the tenant of the API key the request presents: in header when the rule
+// names one (its value, or what follows "Bearer "), else in authorization (Bearer) or x-api-key.
+// The key is hashed at once and looked up by its hash; it is not kept.
+func (c *classifier) keyTenant(in Input, header string) (string, bool) {
+	var key string
+	if header != "" {
+		v, _ := in.Header(header)
+		key = bearerToken(v, true)
+	} else {
+		v, _ := in.Header(config.HeaderAuthorization)
+		if key = bearerToken(v, false); key == "" {
+			v, _ = in.Header(config.HeaderAPIKey)
+			key = strings.TrimSpace(v)
+		}
+	}
+	if key == "" {
+		return "", false
+	}
+	h := apikey.Sum(key)
+	if t, ok := c.dirKeys.Lookup(h); ok {
+		return t, true
+	}
+	return c.fileKeys.Lookup(h)
+}
+
+// bearerToken returns the token of an authorization value "Bearer <token>" (the scheme in any
+// case), trimmed; a value in another scheme gives "" unless raw, when it is the token itself.
+func bearerToken(v string, raw bool) string {
+	v = strings.TrimSpace(v)
+	const scheme = "bearer "
+	if len(v) > len(scheme) && strings.EqualFold(v[:len(scheme)], scheme) {
+		return strings.TrimSpace(v[len(scheme):])
+	}
+	if raw {
+		return v
+	}
+	return ""
 }
 
 func (c *classifier) providerForModel(model string) int {

@@ -33,6 +33,13 @@ const (
 	// ReasonSpendBudget: a spend budget (spend_per_hour, spend_per_day, spend_per_month) cannot
 	// cover the request's worst-case cost until its window resets.
 	ReasonSpendBudget Reason = "spend_budget"
+	// ReasonUnknownKey: an api_key tenant rule found no known API key in the request and
+	// tenants.unknown_key is reject.
+	ReasonUnknownKey Reason = "unknown_key"
+	// ReasonProviderQuota: the provider's own rate limits, as its responses last told them,
+	// cannot cover the request before they reset (providers.<name>.quota.mode enforce), and it
+	// has no fallback that can.
+	ReasonProviderQuota Reason = "provider_quota"
 )
 
 // Sentinel errors for each refusal reason; Decision.Err wraps one, for errors.Is.
@@ -47,6 +54,8 @@ var (
 	// ErrClusterUnavailable: the shared state could not be reached and the policy refuses then.
 	ErrClusterUnavailable = errors.New("cluster state unavailable")
 	ErrSpendBudget        = errors.New("spend budget exhausted")
+	ErrUnknownKey         = errors.New("unknown API key")
+	ErrProviderQuota      = errors.New("provider quota exhausted")
 )
 
 // Verdict is what to do with a request.
@@ -113,6 +122,10 @@ func (d Decision) Err() error {
 		base = ErrClusterUnavailable
 	case ReasonSpendBudget:
 		base = ErrSpendBudget
+	case ReasonUnknownKey:
+		base = ErrUnknownKey
+	case ReasonProviderQuota:
+		base = ErrProviderQuota
 	default:
 		base = ErrBulkheadFull
 	}
@@ -143,8 +156,12 @@ func (d Decision) Message() string {
 		return fmt.Sprintf("The server is busy. Retry after %d %s.", secs, unit)
 	case ReasonCancelled:
 		return "The client went away while the request was queued."
+	case ReasonUnknownKey:
+		return "The API key is missing or not known."
 	case ReasonClusterUnavailable:
 		return fmt.Sprintf("The service cannot check its shared limits right now. Retry after %d %s.", secs, unit)
+	case ReasonProviderQuota:
+		return fmt.Sprintf("The upstream provider's rate limit (%s) is used up until it resets. Retry after %d %s.", d.Compartment, secs, unit)
 	case ReasonSpendBudget:
 		if d.SpendOverLimit {
 			return fmt.Sprintf("The worst-case cost of this request is more than the whole spend budget of %s: ask for fewer output tokens (max_tokens).", d.Compartment)

@@ -25,20 +25,23 @@
 //
 //   - engine.go: Options, the Engine, Apply and the Snapshot it builds; diff.go: what a reload
 //     changed.
-//   - classify.go, estimate.go: a request's dimensions and its token estimate.
+//   - classify.go, estimate.go: a request's dimensions (a tenant from its API key too) and its
+//     token estimate.
 //   - family.go, dynstore.go: compartment families, their instances and the stores of
 //     tenant-keyed ones.
-//   - breakers.go, adaptive.go, spendbudget.go: providers' breakers, adaptive limits, spend
-//     budgets and prices.
+//   - breakers.go, adaptive.go, spendbudget.go, providerquota.go: providers' breakers, adaptive
+//     limits, spend budgets and prices, and providers' own quotas (their rate-limit headers).
 //   - decision.go (reasons and the Decision), ticket.go, admit.go (the admission pipeline),
 //     settle.go (outcome and settlement), refusal.go (what a refusal tells the client).
 //   - shared.go, share.go, exact.go, leased.go: cluster mode — the shared store, a replica's
 //     part while it cannot count the others, exact and leased admission.
 //   - record.go: the Recorder the engine tells what it does; livestate.go, views.go,
-//     shared_views.go: what observers and the admin API read.
+//     shared_views.go: what observers and the admin API read; clientquota.go: what a client
+//     may read of its own limits (quota_endpoint).
+//   - state.go: the windows a state file keeps across restarts (the engine is its Source).
 //
 // Imports: the standard library, its domain packages (adaptive, breaker, budget, bulkhead,
-// cluster, spend), config and glob, and internal/throttle; never extproc, observe, Prometheus
+// cluster, quota, spend), config, apikey, glob and statefile, and internal/throttle; never extproc, observe, Prometheus
 // or anything of Envoy. The domain packages import none of policy, extproc or observe, and
 // config is a leaf (see its doc). Imported by: extproc (the Envoy adapter), policy/observe,
 // the app and the commands.

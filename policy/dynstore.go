@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/statefile"
 )
 
 // dynStore holds the instances of one tenant-keyed family, created on demand and evicted when
@@ -30,6 +31,10 @@ type dynStore struct {
 	max        int
 	ttl        time.Duration
 	overflow   *instance
+	// restored holds windows a state file gave tenant compartments that do not exist yet, by
+	// compartment ID (statefile.ID): each is restored when its tenant's compartment is created,
+	// with the limits its first request brings (see claimRestored).
+	restored map[string][]statefile.Window
 	// examined counts entries eviction searches looked at (for tests of its cost).
 	examined int64
 }
@@ -80,6 +85,9 @@ func (st *dynStore) resolve(s *Snapshot, f *family, d *Dims, now time.Time) *ins
 		// The key outlives the request: it must not share memory with the request's message.
 		key.tenant = strings.Clone(key.tenant)
 		e = &dynEntry{key: key, in: s.newDynamic(f, d)}
+		if len(st.restored) > 0 {
+			st.claimRestored(e.in, now)
+		}
 		st.entries[key] = e
 	} else {
 		st.unlink(e)
@@ -91,6 +99,18 @@ func (st *dynStore) resolve(s *Snapshot, f *family, d *Dims, now time.Time) *ins
 	e.in.lease.refs.Add(1)
 	e.in.lease.lastUsed.Store(now.UnixNano())
 	return e.in
+}
+
+// peek returns the instance of family f that d falls in if it exists, creating nothing and
+// taking no reference (a view of it, e.g. for the quota endpoint); nil when there is none.
+func (st *dynStore) peek(f *family, d *Dims) *instance {
+	key := f.dynKeyOf(d)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if e := st.entries[key]; e != nil {
+		return e.in
+	}
+	return nil
 }
 
 // release drops a reference taken by resolve.

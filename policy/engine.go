@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/internal/throttle"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/apikey"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
@@ -219,9 +220,12 @@ type Snapshot struct {
 	spendCarried  int
 	spendCarryErr error
 
-	features    []*featureEntry
-	tiers       []string
-	providers   []*providerEntry
+	features  []*featureEntry
+	tiers     []string
+	providers []*providerEntry
+	// topPriority is the highest queue priority the policy gives (config.Policy.TopPriority):
+	// only such requests use a provider quota's reserve.
+	topPriority int64
 	featureIdx  map[string]int
 	tierIdx     map[string]int
 	providerIdx map[string]int
@@ -251,8 +255,14 @@ type Snapshot struct {
 	// tenantLabel: metrics of tenant-keyed compartments name the tenant (admin.tenant_label).
 	tenantLabel bool
 
+	// stripHeaders are the headers admitted requests go upstream without (strip_client_key).
+	stripHeaders []string
+
 	// NeedsBodyForRules reports whether classification reads the request body.
 	NeedsBodyForRules bool
+	// QuotaPath is quota_endpoint.path when the quota endpoint is enabled, else empty: a GET of
+	// it is answered with the caller's ClientQuota.
+	QuotaPath string
 	// RewritesModels reports whether a provider has a models map: a re-route may have to rewrite
 	// the body's model, so decisions should wait for the body.
 	RewritesModels bool
@@ -302,6 +312,8 @@ type providerEntry struct {
 	name     string
 	fallback int // -1 when none
 	breakers *breakerSet
+	// quota follows the provider's rate-limit headers (nil: quota.mode off).
+	quota *providerQuota
 	// models is the provider's models map (nil: re-routed requests keep their model).
 	models []modelTarget
 }
@@ -313,6 +325,11 @@ type modelTarget struct {
 	// keep sends the request's model unchanged (model "*").
 	keep bool
 }
+
+// StripHeaders returns the request headers an admitted request goes upstream without: those
+// api_key rules with strip_client_key read the client's key from. The caller must not change
+// the slice; its capacity is its length, so an append copies it.
+func (s *Snapshot) StripHeaders() []string { return s.stripHeaders }
 
 // Gen returns the snapshot's generation (1 for the first policy, +1 per reload).
 func (s *Snapshot) Gen() uint64 { return s.gen }
@@ -385,6 +402,9 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 	}
 	s.buildModelGroups()
 	s.RewritesModels = p.RewritesModels()
+	if p.QuotaEndpoint.Enabled {
+		s.QuotaPath = p.QuotaEndpoint.Path
+	}
 	s.resolveLimits()
 	s.tenantLabel = p.Admin.TenantLabel
 	s.buildClassifier()
@@ -405,6 +425,7 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 	if err := e.buildStep("pools"); err != nil {
 		return nil, err
 	}
+	s.buildQuotas(prev)
 	if err := s.buildBreakers(prev); err != nil {
 		return nil, err
 	}
@@ -422,15 +443,27 @@ func (s *Snapshot) buildClassifier() {
 	c.tier = compileDimension(p.Classification.Tier, true)
 	c.provider = compileDimension(p.Classification.Provider, true)
 	c.model = compileDimension(p.Classification.Model, true)
+	c.priority, c.levels = compileDimension(config.Dimension{Rules: p.Classification.Priority.Rules}, true), p.Classification.Priority.Levels
 	c.featureIdx, c.tierIdx, c.providerIdx = s.featureIdx, s.tierIdx, s.providerIdx
 	c.tiers = s.tiers
 	for _, pr := range s.providers {
 		c.providers = append(c.providers, pr.name)
 	}
 	c.tenantTier = map[string]int{}
-	for _, t := range p.Tenants.Directory {
+	var keys apikey.Builder
+	for i, t := range p.Tenants.Directory {
 		c.tenantTier[t.ID] = s.tierIdx[t.Tier]
+		for _, hx := range t.KeySHA256 {
+			if h, err := apikey.ParseHash(strings.TrimSpace(hx)); err == nil {
+				keys.Add(h, t.ID, i+1)
+			}
+		}
 	}
+	// Validation refused a key listed twice.
+	c.dirKeys, _ = keys.Table()
+	c.fileKeys = p.Tenants.KeysFromFile()
+	c.rejectUnknownKey = p.Tenants.UnknownKey == config.UnknownKeyReject
+	s.stripHeaders = slices.Clip(p.StripHeaders())
 	for _, m := range p.Models {
 		mr := modelRule{glob: strings.ToLower(m.Match), provider: -1, bpt: m.BytesPerToken, maxOut: m.DefaultMaxTokens, context: m.ContextTokens}
 		if m.Provider != "" {
@@ -520,6 +553,13 @@ func (s *Snapshot) Classify(in Input) Dims {
 	pv, _, bad := c.provider.eval(in, c, &d, func(v string) bool { _, ok := c.providerIdx[v]; return ok })
 	s.invalidValue(dimProvider, bad)
 	d.Provider = c.providerIdx[pv]
+	if len(c.levels) > 0 {
+		// A value that is not a level, or cannot be a value at all, gives no priority of its
+		// own: the request waits at its compartments'.
+		if v, _, _ := c.priority.eval(in, c, &d, func(v string) bool { _, ok := c.levels[v]; return ok }); v != "" {
+			d.Priority, d.HasPriority = c.levels[v], true
+		}
+	}
 	return d
 }
 

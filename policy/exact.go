@@ -59,7 +59,7 @@ func (e *Engine) commitShared(ctx context.Context, s *Snapshot, r *Request, dims
 
 	// Until Redis counts every replica's slots again, this replica keeps to its part.
 	e.capTicket(t)
-	want := t.want(tokens, dims.Tenant, now)
+	want := t.want(r, &dims, now)
 	want.Pending = true
 	if deadline.IsZero() {
 		deadline = now.Add(want.MaxWait)

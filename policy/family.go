@@ -42,7 +42,10 @@ func parseDim(s string) dim {
 // instance is one compartment of a family with the limits and budgets that go with it.
 // Immutable once built, apart from the state inside its compartment and windows.
 type instance struct {
-	name   string
+	name string
+	// values are the instance's value of each dimension of its family's key, in key order (none
+	// for a tenant-keyed family's overflow compartment): what a state file knows it by.
+	values []string
 	family *family
 	c      *bulkhead.Compartment
 	limits config.Resolved
@@ -193,7 +196,15 @@ func (s *Snapshot) keyValues(f *family, d *Dims) []string {
 }
 
 func (s *Snapshot) newDynamic(f *family, d *Dims) *instance {
-	in := &instance{name: instanceName(f.name, s.keyValues(f, d)), family: f, dynamic: true, gen: s.gen, lease: &lease{}}
+	vals := s.keyValues(f, d)
+	for i, k := range f.key {
+		if k == dimTenant {
+			// The instance outlives the request: its tenant must not share memory with the
+			// request's message.
+			vals[i] = strings.Clone(vals[i])
+		}
+	}
+	in := &instance{name: instanceName(f.name, vals), values: vals, family: f, dynamic: true, gen: s.gen, lease: &lease{}}
 	s.setLimits(in, s.limitsFor(f, d))
 	in.c = bulkhead.NewCompartment(in.name, compartmentLimits(in.limits))
 	s.attachBudgets(in, nil)
@@ -206,7 +217,7 @@ func (s *Snapshot) newDynamic(f *family, d *Dims) *instance {
 // published (requests in flight read them without locks); the compartment and budget windows
 // carry over and are reconfigured in place, under their own locks.
 func (s *Snapshot) refreshDynamic(f *family, in *instance, d *Dims) *instance {
-	fresh := &instance{name: in.name, family: f, c: in.c, dynamic: true, gen: s.gen, lease: in.lease}
+	fresh := &instance{name: in.name, values: in.values, family: f, c: in.c, dynamic: true, gen: s.gen, lease: in.lease}
 	s.setLimits(fresh, s.limitsFor(f, d))
 	s.engine.sched.SetLimits(fresh.c, compartmentLimits(fresh.limits)) // s is live: apply now
 	s.attachBudgets(fresh, in)
@@ -464,7 +475,8 @@ func (s *Snapshot) buildStatic(f *family, old map[string]*instance) {
 		if !f.matches(&d, true) {
 			continue
 		}
-		in := &instance{name: instanceName(f.name, s.keyValues(f, &d)), family: f, gen: s.gen}
+		vals := s.keyValues(f, &d)
+		in := &instance{name: instanceName(f.name, vals), values: vals, family: f, gen: s.gen}
 		s.setLimits(in, s.limitsFor(f, &d))
 		s.adopt(in, old[in.name])
 		f.instances[idx] = in

@@ -31,7 +31,7 @@ compartments:
 func tenant(id string) input { return input{headers: map[string]string{"x-tenant-id": id}} }
 
 // spend admits tokens for in and settles exactly that much.
-func spend(t *testing.T, e *policy.Engine, in input, tokens int64) policy.Decision {
+func spend(t testing.TB, e *policy.Engine, in input, tokens int64) policy.Decision {
 	t.Helper()
 	d, tk := admit(t, e, in, tokens)
 	if d.Verdict == policy.Admit {

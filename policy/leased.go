@@ -233,23 +233,7 @@ func (e *Engine) reserveWindow(ctx context.Context, t *Ticket, i, k int, n int64
 // awaitLease asks for a round of lease reports now and waits for it to end, until deadline, and
 // reports whether it ended in time. kind names what the request lacks, for the metric.
 func (e *Engine) awaitLease(ctx context.Context, kind string, deadline time.Time) bool {
-	l := e.cluster.leaser
-	left := deadline.Sub(e.clock.Now())
-	if left <= 0 {
-		return false
-	}
-	l.CountWait(kind)
-	next := l.Next()
-	l.Kick()
-	t := time.NewTimer(left)
-	defer t.Stop()
-	select {
-	case <-next:
-		return true
-	case <-t.C:
-	case <-ctx.Done():
-	}
-	return false
+	return e.cluster.leaser.Await(ctx, kind, deadline.Sub(e.clock.Now()))
 }
 
 // leaseGrew asks the ticket's leases to grow by the request, which found no room, and tries

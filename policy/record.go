@@ -45,6 +45,14 @@ type Recorder interface {
 	// ClusterUnavailable hears of an admission decided while the shared state was
 	// unavailable: "local" (this replica's share enforced here) or "refused".
 	ClusterUnavailable(action string)
+	// QuotaShort hears of a request the named provider's quota (as its rate-limit headers last
+	// told it, less the requests in flight) could not cover: quota is the quota's kind
+	// (requests, tokens, input_tokens, output_tokens), mode the provider's quota mode (enforce:
+	// the request was re-routed or refused provider_quota; shadow: it went as before).
+	QuotaShort(provider, quota, mode string)
+	// QuotaHeadersInvalid hears of n rate-limit headers of the named provider's response whose
+	// value was malformed or absurd and changed nothing.
+	QuotaHeadersInvalid(provider string, n int)
 }
 
 // FeatureRecorder hears of one feature's requests.
@@ -80,7 +88,7 @@ func Reasons() []Reason { return slices.Clone(reasons[:]) }
 func DimensionNames() []string { return slices.Clone(dimNames[:]) }
 
 // reasons are the refusal reasons, in the order the metrics list them.
-var reasons = [...]Reason{ReasonTokenBudget, ReasonRateLimit, ReasonBulkheadFull, ReasonCircuitOpen, ReasonBadRequest, ReasonServerBusy, ReasonCancelled, ReasonSpendBudget, ReasonClusterUnavailable}
+var reasons = [...]Reason{ReasonTokenBudget, ReasonRateLimit, ReasonBulkheadFull, ReasonCircuitOpen, ReasonBadRequest, ReasonServerBusy, ReasonCancelled, ReasonSpendBudget, ReasonUnknownKey, ReasonProviderQuota, ReasonClusterUnavailable}
 
 // ClassifyError counts a request classified from headers and defaults because of reason
 // (e.g. "invalid_json", "field_type").
@@ -104,6 +112,8 @@ func (nopRecorder) ClassifyErrors(string, int)                                  
 func (nopRecorder) BreakerEvent(breaker.Event, bool, time.Time)                       {}
 func (nopRecorder) BreakerRefused(*breaker.Breaker, time.Duration, string, time.Time) {}
 func (nopRecorder) ClusterUnavailable(string)                                         {}
+func (nopRecorder) QuotaShort(string, string, string)                                 {}
+func (nopRecorder) QuotaHeadersInvalid(string, int)                                   {}
 func (nopFeature) Admitted()                                                          {}
 func (nopFeature) Rejected(Reason)                                                    {}
 func (nopFeature) TokensReserved(int64)                                               {}

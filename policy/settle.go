@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/breaker"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/quota"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
 )
 
@@ -175,6 +176,7 @@ func (t *Ticket) Done(o Outcome) (settled Settled) {
 	}
 	settled = t.Settle(o)
 	settled.Cost, settled.HasCost = t.settleSpend(o, settled, now)
+	t.settleQuota(quota.Need{Prompt: settled.Prompt, Completion: settled.Completion}, now)
 	switch t.mode {
 	case ticketShared:
 		e.cluster.store.Settle(t.shared.lease, settled.Total, t.shared.windows)

@@ -150,7 +150,12 @@ func (e *Engine) openCluster(p *config.Policy) error {
 	if _, ok := e.ledger.Store().(*spend.MemoryStore); ok {
 		// Spend budgets are shared too, unless the caller gave a store of its own. No request
 		// has been served yet: nothing is in the memory store.
-		e.ledger.UseStore(cluster.NewSpendStore(st), cs.closed)
+		ss := cluster.NewSpendStore(st)
+		if cs.leaser != nil {
+			// Spend windows are leased in chunks like token windows.
+			ss.UseLeases(cs.leaser)
+		}
+		e.ledger.UseStore(ss, cs.closed)
 		if st.Available() {
 			// Reached before the ledger used Redis: carry what sharedState could not.
 			e.carryForeignSpend()
@@ -188,6 +193,15 @@ func (e *Engine) ClusterAdmission() string {
 		return config.AdmissionLeased
 	}
 	return config.AdmissionExact
+}
+
+// ClusterSpendLeases lists this replica's chunks of spend windows (leased admission; nil
+// otherwise).
+func (e *Engine) ClusterSpendLeases() []cluster.SpendLeaseInfo {
+	if e.cluster == nil || e.cluster.leaser == nil {
+		return nil
+	}
+	return e.cluster.leaser.SpendLeases()
 }
 
 // ClusterLeases lists this replica's leases (leased admission; nil otherwise).

@@ -266,6 +266,8 @@ type SpendBudgetView struct {
 	Limit         spend.Micros
 	Spent         spend.Micros
 	Reserved      spend.Micros
+	// Leased is what replicas' chunks of a shared window hold unused (leased admission).
+	Leased spend.Micros
 	// Tenant marks a budget of a tenant-keyed compartment (its overflow compartment aside).
 	Tenant bool
 	// Aggregate marks the line that stands for every tenant of a tenant-keyed family in
@@ -334,7 +336,7 @@ func (s *Snapshot) SpendBudgets(now time.Time) []SpendBudgetView {
 		v := SpendBudgetView{Budget: b.Name, Label: label, Period: b.Period.String(), Start: time.Unix(w.ID.Start, 0).In(l.Calendar().Location()),
 			End: w.End, Limit: b.Limit}
 		if u, ok := byID[w.ID]; ok {
-			v.Spent, v.Reserved, v.Local = u.Spent, u.Reserved, u.Local
+			v.Spent, v.Reserved, v.Leased, v.Local = u.Spent, u.Reserved, u.Leased, u.Local
 		}
 		v.LocalLimit, v.Shared = l.LocalLimit(b, now)
 		return v
@@ -388,7 +390,7 @@ func (s *Snapshot) SpendBudgets(now time.Time) []SpendBudgetView {
 		}
 		seen[k] = true
 		v := SpendBudgetView{Budget: u.ID.Budget, Label: u.ID.Budget, Period: u.ID.Period.String(), Tenant: true,
-			Start: time.Unix(u.ID.Start, 0).In(cal.Location()), End: u.End, Limit: u.Limit, Spent: u.Spent, Reserved: u.Reserved,
+			Start: time.Unix(u.ID.Start, 0).In(cal.Location()), End: u.End, Limit: u.Limit, Spent: u.Spent, Reserved: u.Reserved, Leased: u.Leased,
 			Local: u.Local}
 		v.LocalLimit, v.Shared = l.LocalLimit(spend.Budget{Name: u.ID.Budget, Period: u.ID.Period, Limit: u.Limit}, now)
 		out = append(out, v)

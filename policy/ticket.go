@@ -10,6 +10,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/quota"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
 )
 
@@ -56,6 +57,10 @@ type Ticket struct {
 	// spend holds the reservation in spend budgets (allocated on first use, only by requests
 	// that a spend budget applies to).
 	spend *spend.Reservation
+	// quota is the tracker of the provider's quota the request holds quotaRes of (nil: the
+	// provider's quota is not followed).
+	quota    *quota.Tracker
+	quotaRes quota.Reservation
 }
 
 // ticketMode says where an admission's limits were enforced.
@@ -136,10 +141,12 @@ func (t *Ticket) Remaining(now time.Time) (tokens int64, reset time.Duration, ok
 	return tokens, reset, ok
 }
 
-// want is what the request asks of the scheduler: the highest priority and the shortest
-// max_wait among its enforced compartments.
-func (t *Ticket) want(tokens int64, tenant string, now time.Time) bulkhead.Want {
-	w := bulkhead.Want{Tokens: tokens, Tenant: tenant, Now: now}
+// want is what request r, classified as dims, asks of the scheduler: its own priority when
+// classification gave it one (classification.priority), else the highest of its enforced
+// compartments'; the shortest max_wait among them, cut to what is left before the request's
+// own deadline (Request.Deadline): it is never queued past the time its client gives up.
+func (t *Ticket) want(r *Request, dims *Dims, now time.Time) bulkhead.Want {
+	w := bulkhead.Want{Tokens: r.Estimate.Total, Tenant: dims.Tenant, Now: now}
 	first := true
 	for i := 0; i < t.n; i++ {
 		l := t.insts[i].limits
@@ -150,6 +157,12 @@ func (t *Ticket) want(tokens int64, tenant string, now time.Time) bulkhead.Want 
 		if l.HasMaxWait && (first || l.MaxWait < w.MaxWait) {
 			w.MaxWait, first = l.MaxWait, false
 		}
+	}
+	if dims.HasPriority {
+		w.Priority = dims.Priority
+	}
+	if !r.Deadline.IsZero() {
+		w.MaxWait = max(min(w.MaxWait, r.Deadline.Sub(now)), 0)
 	}
 	return w
 }
@@ -189,4 +202,5 @@ func (t *Ticket) undoLocal(now time.Time) {
 		t.brk.Release(t.permit)
 		t.brk = nil
 	}
+	t.releaseQuota()
 }

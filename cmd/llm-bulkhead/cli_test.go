@@ -67,7 +67,7 @@ func TestHelp(t *testing.T) {
 		}
 	}
 	withFlags := map[string][]string{
-		"serve":        {"-config", "-grpc-addr", "-tls-cert", "-tls-key", "-tls-client-ca", "-admin-addr", "-admin-insecure", "-admin-allowed-hosts", "-log-level", "-watch", "-spend-state", "-gc-heap-floor"},
+		"serve":        {"-config", "-grpc-addr", "-tls-cert", "-tls-key", "-tls-client-ca", "-admin-addr", "-admin-insecure", "-admin-allowed-hosts", "-log-level", "-watch", "-state-file", "-spend-state", "-gc-heap-floor"},
 		"validate":     {"-config", "-explain"},
 		"envoy-config": {"-config", "-cluster", "-address", "-tls-ca", "-tls-client-cert", "-tls-client-key", "-tls-server-name"},
 		"health":       {"-addr", "-service", "-timeout", "-tls-ca", "-tls-client-cert", "-tls-client-key", "-tls-server-name"},

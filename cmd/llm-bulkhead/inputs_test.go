@@ -77,20 +77,20 @@ func TestInputsThatAreNotFilesAreRefusedAtOnce(t *testing.T) {
 	}
 }
 
-// TestSpendStateFIFODoesNotHangTheStart: a FIFO as the spend state file used to hang the start
-// with no log line. It is reported as unreadable, naming the file, and the server starts with
-// empty spend (and stops on SIGTERM).
-func TestSpendStateFIFODoesNotHangTheStart(t *testing.T) {
+// TestStateFileFIFODoesNotHangTheStart: a FIFO as the state file used to hang the start with no
+// log line. It is reported as unreadable, naming the file, and the server starts with every
+// budget empty (and stops on SIGTERM).
+func TestStateFileFIFODoesNotHangTheStart(t *testing.T) {
 	f := fifo(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	logs := &syncBuffer{}
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"serve", "--spend-state", f, "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"},
+		done <- run(ctx, []string{"serve", "--state-file", f, "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"},
 			[]string{}, &bytes.Buffer{}, logs, nil)
 	}()
 	waitUntil(t, func() bool { return strings.Contains(logs.String(), "llm-bulkhead listening") })
-	if l := logs.String(); !strings.Contains(l, "spend state not restored") || !strings.Contains(l, f) || !strings.Contains(l, "not a regular file") {
+	if l := logs.String(); !strings.Contains(l, "state not restored") || !strings.Contains(l, f) || !strings.Contains(l, "not a regular file") {
 		t.Errorf("the start log does not say the state file %s is not a regular file:\n%s", f, l)
 	}
 	cancel()

@@ -3,7 +3,7 @@
 //
 // Usage:
 //
-//	llm-bulkhead [serve] [--config FILE] [--grpc-addr ADDR] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--admin-addr ADDR] [--admin-insecure] [--admin-allowed-hosts NAMES] [--log-level LEVEL] [--watch=true] [--spend-state FILE] [--gc-heap-floor SIZE]
+//	llm-bulkhead [serve] [--config FILE] [--grpc-addr ADDR] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--admin-addr ADDR] [--admin-insecure] [--admin-allowed-hosts NAMES] [--log-level LEVEL] [--watch=true] [--state-file FILE] [--gc-heap-floor SIZE]
 //	llm-bulkhead validate [--config FILE] [--explain] [FILE]
 //	llm-bulkhead envoy-config [--config FILE] [--cluster NAME] [--address ADDR] [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE] [--tls-server-name NAME]
 //	llm-bulkhead health [--addr ADDR] [--service NAME] [--timeout DURATION] [--tls-ca FILE] [--tls-client-cert FILE --tls-client-key FILE] [--tls-server-name NAME]
@@ -16,8 +16,8 @@
 // then guards /admin/* and the dashboard too, or --admin-insecure to serve it without one.
 // Exit status: 0 on success and after a graceful shutdown (a signal during the start
 // included), 2 for an invalid policy or bad usage (an unguarded admin address, a file that is
-// not a regular one or is too large, and a spend state file that cannot be used with
-// spend.on_state_error: refuse included), 1 when the server cannot run (e.g. an address
+// not a regular one or is too large, and a state file that cannot be used with
+// state.on_error: refuse included), 1 when the server cannot run (e.g. an address
 // in use). health exits 0 only when the server answers SERVING, 1 otherwise, 2 for bad usage.
 package main
 
@@ -62,7 +62,7 @@ var commands []*command
 
 func init() {
 	commands = []*command{
-		{"serve", "[--config FILE] [--grpc-addr ADDR] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--admin-addr ADDR] [--admin-insecure] [--admin-allowed-hosts NAMES] [--log-level LEVEL] [--watch=BOOL] [--spend-state FILE] [--gc-heap-floor SIZE]",
+		{"serve", "[--config FILE] [--grpc-addr ADDR] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]] [--admin-addr ADDR] [--admin-insecure] [--admin-allowed-hosts NAMES] [--log-level LEVEL] [--watch=BOOL] [--state-file FILE] [--gc-heap-floor SIZE]",
 			"run the ext_proc server and the admin listener (the default command)", serve},
 		{"validate", "[--config FILE] [--explain] [FILE]",
 			"check a policy file and print every problem, or a summary of the effective policy", validate},
@@ -233,7 +233,9 @@ func serve(c *command, ctx context.Context, args, env []string, stdout, stderr i
 	})
 	fs.StringVar(&o.LogLevel, "log-level", "", "debug, info, warn or error (default: the policy's server.log_level, info)")
 	fs.BoolVar(&o.Watch, "watch", true, "reload the policy file when it changes (SIGHUP always reloads)")
-	fs.StringVar(&o.SpendState, "spend-state", "", "file keeping spend budgets' spend across restarts (default: the policy's spend.state_file; none: memory only)")
+	fs.StringVar(&o.StateFile, "state-file", "", "file keeping every budget's windows (tokens, requests, spend) across restarts of a single process (default: the policy's state.file; none: memory only)")
+	var formerState string
+	fs.StringVar(&formerState, "spend-state", "", "former name of --state-file, still read")
 	floor := app.DefaultHeapFloor
 	fs.TextVar(&floor, "gc-heap-floor", app.DefaultHeapFloor, "heap the garbage collector counts as live before it starts a cycle (512KiB, 32MiB…; 0: Go's default pacing); fewer collections per stream, up to about this much more memory held")
 	if code, ok := c.parse(fs, args, stdout, stderr); !ok {
@@ -242,6 +244,13 @@ func serve(c *command, ctx context.Context, args, env []string, stdout, stderr i
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "serve: unexpected arguments %q\n", fs.Args())
 		return 2
+	}
+	if formerState != "" {
+		if o.StateFile != "" && o.StateFile != formerState {
+			fmt.Fprintf(stderr, "serve: --spend-state %s and --state-file %s name different files: give --state-file only (--spend-state is its former name)\n", formerState, o.StateFile)
+			return 2
+		}
+		o.StateFile = formerState
 	}
 	ballast := app.HeapFloor(floor)
 	defer runtime.KeepAlive(ballast)
@@ -264,7 +273,7 @@ func serve(c *command, ctx context.Context, args, env []string, stdout, stderr i
 		}
 		var exposed *app.ExposedAdminError
 		var listener *app.ListenerError
-		var state *app.SpendStateError
+		var state *app.StateFileError
 		if errors.As(err, &exposed) || errors.As(err, &listener) || errors.As(err, &state) {
 			fmt.Fprintln(stderr, "llm-bulkhead: not starting:", err)
 			return 2

@@ -211,26 +211,61 @@ func TestServeInvalidPolicyExits2(t *testing.T) {
 	}
 }
 
-// TestServeUnusableSpendStateExits2: with spend.on_state_error: refuse, a state file that
-// exists but cannot be used stops the start with status 2 and a message naming the file.
-func TestServeUnusableSpendStateExits2(t *testing.T) {
-	state := write(t, `{"format":"llm-bulkhead-spend-state","version":1,"sha2`)
-	pol := write(t, `classification: {feature: {default: chat}, provider: {default: p}}
+// TestBrokenKeysFileExits2: a keys file with a line that cannot be read stops validate and the
+// start, like a broken policy, with status 2 and a message naming the file and the line.
+func TestBrokenKeysFileExits2(t *testing.T) {
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte("# keys\n"+strings.Repeat("ab", 32)+" acme\n"+strings.Repeat("ab", 31)+" globex\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pol := write(t, "classification: {tenant: {rules: [{api_key: true, trusted: true}]}}\ntenants: {keys_file: "+keys+
+		"}\nfeatures: {default: {max_concurrent: 3}}\ncompartments: [{name: f, key: [feature], limits_from: feature}]\n")
+	for _, args := range [][]string{{"validate", pol}, {"serve", "--config", pol, "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"}} {
+		var errOut bytes.Buffer
+		if code := run(context.Background(), args, []string{}, &bytes.Buffer{}, &errOut, nil); code != 2 {
+			t.Fatalf("%s: exit %d, want 2; stderr:\n%s", args[0], code, errOut.String())
+		}
+		if want := keys + ":3: tenants.keys_file: a SHA-256 is 64 hexadecimal digits, this is 62 characters"; !strings.Contains(errOut.String(), want) {
+			t.Errorf("%s: stderr\n%s\nwant it to say\n%s", args[0], errOut.String(), want)
+		}
+	}
+}
+
+// TestServeUnusableStateFileExits2: with state.on_error: refuse, a state file that exists but
+// cannot be used stops the start with status 2 and a message naming the file; so does the
+// former name of the key, spend.on_state_error, with the former name of the flag.
+func TestServeUnusableStateFileExits2(t *testing.T) {
+	state := write(t, `{"format":"llm-bulkhead-state","version":1,"sha2`)
+	const pol = `classification: {feature: {default: chat}, provider: {default: p}}
 models: [{match: "*", provider: p}]
 prices: [{match: default, input_per_mtok: 1, output_per_mtok: 2}]
-features: {chat: {max_concurrent: 4, spend_per_day: 5}}
+features: {chat: {max_concurrent: 4, spend_per_day: 5, tokens_per_day: 1000}}
 providers: {p: {}}
 compartments: [{name: feature, key: [feature], limits_from: feature}]
-spend: {on_state_error: refuse}
-`)
-	var errOut bytes.Buffer
-	code := run(context.Background(), []string{"serve", "--config", pol, "--spend-state", state, "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"},
-		nil, &bytes.Buffer{}, &errOut, nil)
-	if code != 2 {
-		t.Fatalf("exit %d, want 2; stderr:\n%s", code, errOut.String())
+`
+	for _, tc := range []struct{ flag, key string }{
+		{"--state-file", "state: {on_error: refuse}"},
+		{"--spend-state", "spend: {on_state_error: refuse}"},
+	} {
+		var errOut bytes.Buffer
+		code := run(context.Background(), []string{"serve", "--config", write(t, pol+tc.key+"\n"), tc.flag, state, "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"},
+			nil, &bytes.Buffer{}, &errOut, nil)
+		if code != 2 {
+			t.Fatalf("%s, %s: exit %d, want 2; stderr:\n%s", tc.flag, tc.key, code, errOut.String())
+		}
+		if !strings.Contains(errOut.String(), "not starting: state file "+state) {
+			t.Errorf("%s, %s: stderr does not name the state file:\n%s", tc.flag, tc.key, errOut.String())
+		}
 	}
-	if !strings.Contains(errOut.String(), "not starting: spend state file "+state) {
-		t.Errorf("stderr does not name the state file:\n%s", errOut.String())
+}
+
+// TestServeStateFileFlagsDisagree: the flag and its former name naming two files is bad usage.
+func TestServeStateFileFlagsDisagree(t *testing.T) {
+	var errOut bytes.Buffer
+	code := run(context.Background(), []string{"serve", "--state-file", "a.json", "--spend-state", "b.json", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"},
+		nil, &bytes.Buffer{}, &errOut, nil)
+	if code != 2 || !strings.Contains(errOut.String(), "--spend-state b.json and --state-file a.json name different files") {
+		t.Fatalf("exit %d, stderr:\n%s", code, errOut.String())
 	}
 }
 

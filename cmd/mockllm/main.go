@@ -98,6 +98,26 @@ Flags:
 		cfg.opts.ProviderCapacity[name] = c
 		return nil
 	})
+	fs.Func("provider-quota", "`name=N/window`: x-llm-provider value name may send N requests per window (simulated time, e.g. deepseek=60/1m); its responses say what is left in x-ratelimit-* (anthropic-ratelimit-* for /v1/messages) headers and requests beyond it get 429 (repeatable)", func(v string) error {
+		name, spec, ok := strings.Cut(v, "=")
+		n, window, ok2 := strings.Cut(spec, "/")
+		if !ok || !ok2 || name == "" {
+			return errors.New("want name=N/window, e.g. deepseek=60/1m")
+		}
+		limit, err := strconv.Atoi(n)
+		if err != nil {
+			return err
+		}
+		w, err := time.ParseDuration(window)
+		if err != nil {
+			return err
+		}
+		if cfg.opts.Quotas == nil {
+			cfg.opts.Quotas = map[string]mock.RequestQuota{}
+		}
+		cfg.opts.Quotas[name] = mock.RequestQuota{Limit: limit, Window: w}
+		return nil
+	})
 	fs.Int64Var(&cfg.opts.DefaultCompletionTokens, "default-completion-tokens", mock.DefaultCompletionTokens, "completion tokens when the request gives no max_tokens/max_completion_tokens/max_output_tokens")
 	fs.DurationVar(&cfg.opts.Latency.Base, "base-latency", mock.DefaultBaseLatency, "fixed part of each request's latency")
 	fs.Float64Var(&cfg.opts.Latency.TokensPerSecond, "tokens-per-second", mock.DefaultTokensPerSecond, "latency grows by tokens/this seconds (tokens = prompt + completion)")
@@ -109,7 +129,7 @@ Flags:
 	fs.IntVar(&cfg.opts.EmbeddingDimensions, "embedding-dimensions", mock.DefaultEmbeddingDimensions, "embedding vector length when the request gives no dimensions")
 	fs.IntVar(&cfg.opts.RequestLogSize, "request-log", mock.DefaultRequestLogSize, "how many recent requests GET /mockllm/requests keeps")
 	var checkModels bool
-	fs.BoolVar(&checkModels, "check-model-provider", false, "answer 404 model_not_found when x-llm-provider names a provider that does not serve the body's model, per llm-bulkhead's example policy (deepseek-* on deepseek, qwen-* on qwen, anything else on local) unless -model-provider rules are given")
+	fs.BoolVar(&checkModels, "check-model-provider", false, "answer 404 model_not_found when x-llm-provider names a provider that does not serve the body's model, per llm-bulkhead's example policy (deepseek-* on deepseek, qwen-* on qwen, gemini-* on gemini, *anthropic.claude-* and *amazon.nova-* on bedrock, anything else on local) unless -model-provider rules are given")
 	fs.Func("model-provider", "`glob=provider`: the provider serving the models glob matches, for the model check (repeatable; the first matching rule wins; implies -check-model-provider)", func(v string) error {
 		glob, provider, ok := strings.Cut(v, "=")
 		if !ok || glob == "" || provider == "" {

@@ -8,17 +8,38 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/mockllm/mock"
+	"github.com/llm-bulkhead/llm-bulkhead/examples"
+	policyconfig "github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
+}
+
+// TestExampleModelTableIsThePolicys: -check-model-provider's table is the example policy's
+// models list, so the demo's mock serves each provider the models the policy sends it.
+func TestExampleModelTableIsThePolicys(t *testing.T) {
+	p, err := policyconfig.Load("policy.yaml", examples.DefaultPolicy, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table []mock.ModelProvider
+	for _, m := range p.Models {
+		if m.Provider != "" {
+			table = append(table, mock.ModelProvider{Match: m.Match, Provider: m.Provider})
+		}
+	}
+	if !slices.Equal(table, mock.ExampleModelProviders) {
+		t.Errorf("mock.ExampleModelProviders is\n%+v\nexamples/policy.yaml maps\n%+v", mock.ExampleModelProviders, table)
+	}
 }
 
 func TestParseFlags(t *testing.T) {
@@ -45,7 +66,7 @@ func TestParseFlags(t *testing.T) {
 				"-capacity", "8", "-provider-capacity", "deepseek=2", "-provider-capacity", "openai=5",
 				"-default-completion-tokens", "64", "-base-latency", "50ms", "-tokens-per-second", "2000",
 				"-jitter-min", "1", "-jitter-max", "1", "-ttfb-fraction", "0.5", "-decode-slowdown", "0.25", "-chunk-tokens", "4",
-				"-embedding-dimensions", "16", "-request-log", "10",
+				"-embedding-dimensions", "16", "-request-log", "10", "-provider-quota", "deepseek=60/1m",
 				"-fail", "provider=deepseek,rate=0.6,status=503", "-fail", "model=gpt-4*,no-usage=1",
 			},
 			check: func(t *testing.T, c config) {
@@ -54,7 +75,7 @@ func TestParseFlags(t *testing.T) {
 					o.Seed != 9 || o.Capacity != 8 || o.ProviderCapacity["deepseek"] != 2 || o.ProviderCapacity["openai"] != 5 ||
 					o.DefaultCompletionTokens != 64 || o.Latency.Base != 50*time.Millisecond || o.Latency.TokensPerSecond != 2000 ||
 					o.Latency.JitterMin != 1 || o.Latency.JitterMax != 1 || o.Latency.TTFBFraction != 0.5 || o.Latency.DecodeSlowdown != 0.25 || o.ChunkTokens != 4 ||
-					o.EmbeddingDimensions != 16 || o.RequestLogSize != 10 {
+					o.EmbeddingDimensions != 16 || o.RequestLogSize != 10 || o.Quotas["deepseek"] != (mock.RequestQuota{Limit: 60, Window: time.Minute}) {
 					t.Fatalf("config = %+v", c)
 				}
 				want := []mock.FaultRule{
@@ -70,7 +91,7 @@ func TestParseFlags(t *testing.T) {
 			name: "model check with the example's table",
 			args: []string{"-check-model-provider"},
 			check: func(t *testing.T, c config) {
-				if len(c.opts.ModelProviders) != 3 || c.opts.ModelProviders[0] != (mock.ModelProvider{Match: "deepseek-*", Provider: "deepseek"}) {
+				if !slices.Equal(c.opts.ModelProviders, mock.ExampleModelProviders) {
 					t.Fatalf("model providers = %+v", c.opts.ModelProviders)
 				}
 			},

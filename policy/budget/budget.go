@@ -15,6 +15,7 @@
 package budget
 
 import (
+	"math"
 	"sync"
 	"time"
 )
@@ -238,4 +239,66 @@ func (w *Window) State(now time.Time) State {
 		}
 	}
 	return st
+}
+
+// maxRestored bounds the sum a window restores: sums stay far from overflowing.
+const maxRestored = math.MaxInt64 / 4
+
+// SlotCharge is what one slot of a window counts, at its place in time: slot Index of a window
+// whose slots are Length long spans [Index×Length, (Index+1)×Length) since the Unix epoch.
+type SlotCharge struct {
+	Index  int64
+	Amount int64
+}
+
+// Save returns the window's slot length and every slot that counts against it at now, oldest
+// first, with its absolute place in time: what a state file keeps, so that a window restored
+// later resumes exactly, and what aged out meanwhile is gone.
+func (w *Window) Save(now time.Time) (time.Duration, []SlotCharge) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.advance(now)
+	var out []SlotCharge
+	for k := w.last - Slots + 1; k <= w.last; k++ {
+		if n := w.ring[((k%Slots)+Slots)%Slots]; n != 0 {
+			out = append(out, SlotCharge{Index: k, Amount: n})
+		}
+	}
+	return w.slot, out
+}
+
+// Restore replaces what the window counts with charges that Save gave a window whose slots were
+// slot long, and returns the sum it kept. Each charge counts as made at the last instant of its
+// slot, in the slot of this window that holds that instant: with the slot length unchanged it
+// lands where it was; under another length it ages out as a charge made then would, never
+// later. A charge whose slot has aged out of the window by now is dropped; one later than now (a
+// clock that was ahead when it was saved) counts in the current slot, for one whole window from
+// now. Capacity and debt bound stay this window's: a restored sum above a lowered capacity is
+// debt, which ages out as charged.
+func (w *Window) Restore(slot time.Duration, charges []SlotCharge, now time.Time) int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.advance(now)
+	w.ring = [Slots]int64{}
+	w.sum = 0
+	if slot <= 0 {
+		return 0
+	}
+	for _, c := range charges {
+		if c.Amount <= 0 || c.Index < 0 || c.Index >= math.MaxInt64/int64(slot) {
+			continue
+		}
+		k := ((c.Index+1)*int64(slot) - 1) / int64(w.slot)
+		if k <= w.last-Slots {
+			continue // aged out
+		}
+		// The sum saturates far below overflow, whatever the charges.
+		n := min(c.Amount, maxRestored-w.sum)
+		if n <= 0 {
+			break
+		}
+		w.ring[min(k, w.last)%Slots] += n
+		w.sum += n
+	}
+	return w.sum
 }

@@ -270,3 +270,155 @@ func TestReservationClippedAtTheDebtBoundIsForgivenOnce(t *testing.T) {
 		t.Fatalf("after settling 400: used %d, forgiven %d; want 150 and 250", st.Used, st.Forgiven)
 	}
 }
+
+// TestSaveRestoreResumesExactly: a window restored from what Save gave counts, at every later
+// instant, exactly what the window it was saved from counts: charges age out at the same
+// instants, and what aged out while the process was down is gone.
+func TestSaveRestoreResumesExactly(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		length time.Duration
+		down   time.Duration
+	}{
+		{"minute window, down 5s", time.Minute, 5 * time.Second},
+		{"minute window, down 45s", time.Minute, 45 * time.Second},
+		{"day window, down 3h", 24 * time.Hour, 3 * time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			step := tc.length / 60
+			orig := budget.New(1_000_000, tc.length, 1, t0)
+			for i, n := range []int64{5000, 700, 12_000, 40, 9000} {
+				orig.Take(n, t0.Add(time.Duration(i*7)*step+step/3))
+			}
+			saved := t0.Add(40 * step)
+			slot, charges := orig.Save(saved)
+			if slot != step || len(charges) != 5 {
+				t.Fatalf("Save gave slot %v and %d charges, want %v and 5: %v", slot, len(charges), step, charges)
+			}
+			start := saved.Add(tc.down)
+			restored := budget.New(1_000_000, tc.length, 1, start)
+			if got, want := restored.Restore(slot, charges, start), orig.State(start).Used; got != want {
+				t.Fatalf("Restore kept %d, the saved window counts %d at the restart", got, want)
+			}
+			for at := start; at.Before(start.Add(tc.length + 2*step)); at = at.Add(step / 2) {
+				if got, want := restored.State(at), orig.State(at); got.Used != want.Used || got.ResetIn != want.ResetIn {
+					t.Fatalf("at +%v the restored window counts %d (reset in %v), the saved one %d (reset in %v)",
+						at.Sub(t0), got.Used, got.ResetIn, want.Used, want.ResetIn)
+				}
+			}
+		})
+	}
+}
+
+// TestRestoreAfterTheWindowIsEmpty: a process down for longer than the window restores nothing.
+func TestRestoreAfterTheWindowIsEmpty(t *testing.T) {
+	orig := budget.New(100, time.Minute, 1, t0)
+	orig.Take(80, t0)
+	slot, charges := orig.Save(at(30 * time.Second))
+	w := budget.New(100, time.Minute, 1, at(2*time.Minute))
+	if kept := w.Restore(slot, charges, at(2*time.Minute)); kept != 0 || !w.Empty(at(2*time.Minute)) {
+		t.Fatalf("restored %d two minutes later, want nothing", kept)
+	}
+}
+
+// TestRestoreReplaces: restoring the same charges again counts them once.
+func TestRestoreReplaces(t *testing.T) {
+	orig := budget.New(100, time.Minute, 1, t0)
+	orig.Take(30, t0)
+	slot, charges := orig.Save(at(time.Second))
+	w := budget.New(100, time.Minute, 1, at(time.Second))
+	w.Take(5, at(time.Second))
+	w.Restore(slot, charges, at(time.Second))
+	w.Restore(slot, charges, at(2*time.Second))
+	if got := w.State(at(2 * time.Second)).Used; got != 30 {
+		t.Fatalf("used %d after restoring 30 twice, want 30", got)
+	}
+}
+
+// TestRestoreUnderANewCapacity: a lowered capacity keeps everything charged, which is debt
+// until it ages out at the instant it would have; a raised one admits at once what now fits.
+func TestRestoreUnderANewCapacity(t *testing.T) {
+	orig := budget.New(1000, time.Minute, 1, t0)
+	orig.Take(600, at(10*time.Second))
+	orig.Take(300, at(20*time.Second))
+	slot, charges := orig.Save(at(30 * time.Second))
+
+	lower := budget.New(500, time.Minute, 1, at(35*time.Second))
+	lower.Restore(slot, charges, at(35*time.Second))
+	if st := lower.State(at(35 * time.Second)); st.Used != 900 || st.Remaining != -400 {
+		t.Fatalf("under capacity 500: used %d remaining %d, want 900 and -400", st.Used, st.Remaining)
+	}
+	// 600 ages out at 70s, leaving 300: 200 fits then, and not a moment before.
+	if _, ok, wait := lower.Reserve(200, at(35*time.Second)); ok || wait != 35*time.Second {
+		t.Fatalf("reserve 200 at 35s: ok %v wait %v, want refused for 35s", ok, wait)
+	}
+	if _, ok, _ := lower.Reserve(200, at(70*time.Second)); !ok {
+		t.Fatal("reserve 200 at 70s refused, want admitted once the 600 aged out")
+	}
+
+	higher := budget.New(2000, time.Minute, 1, at(35*time.Second))
+	higher.Restore(slot, charges, at(35*time.Second))
+	if _, ok, _ := higher.Reserve(1100, at(35*time.Second)); !ok {
+		t.Fatal("reserve 1100 under capacity 2000 with 900 restored: refused")
+	}
+	if _, ok, _ := higher.Reserve(1, at(35*time.Second)); ok {
+		t.Fatal("reserve 1 beyond capacity 2000: admitted")
+	}
+}
+
+// TestRestoreUnderANewLength: charges saved by a window of another length count for the new
+// length from the end of the slot they were made in — a shorter window drops those already
+// older than it, a longer one keeps them until they are that old — and never longer.
+func TestRestoreUnderANewLength(t *testing.T) {
+	orig := budget.New(1000, time.Hour, 1, t0)
+	orig.Take(100, at(time.Minute))                // slot [0, 1m): its end is 1m
+	orig.Take(10, at(30*time.Minute))              // slot [30m, 31m)
+	orig.Take(1, at(58*time.Minute+5*time.Second)) // slot [58m, 59m)
+	slot, charges := orig.Save(at(58*time.Minute + 30*time.Second))
+
+	// Into a minute window at 59m30s: only the charge whose slot ended at 59m is less than a
+	// minute old. Its last possible instant, just before 59m, is in the new slot [58m59s, 59m):
+	// it ages out with that slot, at 59m59s, as a charge made then would.
+	short := budget.New(1000, time.Minute, 1, at(59*time.Minute+30*time.Second))
+	if kept := short.Restore(slot, charges, at(59*time.Minute+30*time.Second)); kept != 1 {
+		t.Fatalf("into a minute window kept %d, want 1 (the older charges are more than a minute old)", kept)
+	}
+	if st := short.State(at(59*time.Minute + 30*time.Second)); st.ResetIn != 29*time.Second {
+		t.Fatalf("the restored charge resets in %v, want 29s (at 59m59s)", st.ResetIn)
+	}
+
+	// Into a day window, whose slots are 24 minutes long: everything counts, each charge until
+	// the slot it lands in leaves the window, as a charge made then would — the one made in
+	// [0, 1m) sits in [0, 24m) and ages out at 24h, those of 30m and 58m sit in [24m, 48m) and
+	// [48m, 72m) and age out at 24h24m and 24h48m.
+	day := budget.New(1000, 24*time.Hour, 1, at(time.Hour))
+	if kept := day.Restore(slot, charges, at(time.Hour)); kept != 111 {
+		t.Fatalf("into a day window kept %d, want 111", kept)
+	}
+	for _, c := range []struct {
+		at   time.Duration
+		used int64
+	}{{24*time.Hour - time.Second, 111}, {24 * time.Hour, 11}, {24*time.Hour + 24*time.Minute, 1}, {24*time.Hour + 48*time.Minute, 0}} {
+		if got := day.State(at(c.at)).Used; got != c.used {
+			t.Fatalf("a day window counts %d at %v, want %d", got, c.at, c.used)
+		}
+	}
+}
+
+// TestRestoreFromAClockAhead: a charge saved at an instant later than now (the clock was ahead
+// when it was saved) counts in the current slot, for one window from now, and no longer.
+func TestRestoreFromAClockAhead(t *testing.T) {
+	orig := budget.New(1000, time.Minute, 1, at(time.Hour))
+	orig.Take(70, at(time.Hour))
+	slot, charges := orig.Save(at(time.Hour))
+	w := budget.New(1000, time.Minute, 1, t0)
+	if kept := w.Restore(slot, charges, t0); kept != 70 {
+		t.Fatalf("kept %d, want 70", kept)
+	}
+	if got := w.State(at(59 * time.Second)).Used; got != 70 {
+		t.Fatalf("used %d at 59s, want 70", got)
+	}
+	if !w.Empty(at(time.Minute)) {
+		t.Fatal("a charge from the future still counts a minute later")
+	}
+}

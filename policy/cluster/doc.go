@@ -6,7 +6,9 @@
 // drops the leases of replicas that stopped beating. Changes to slot counts are published, so a
 // replica's queued requests wake when a slot frees anywhere. Spend budgets (money, in calendar
 // windows the caller names) are reserved all or nothing by a script of their own and settled in
-// the same batches; SpendStore keeps a spend.Ledger's sums there.
+// the same batches; SpendStore keeps a spend.Ledger's sums there. With leased admission a Leaser
+// instead holds, per compartment, a lease of its limits and chunks of its windows, spend windows
+// included (spend_lease.go), renewed every lease interval, so that admissions ask Redis nothing.
 //
 // The Store knows nothing of policies: the caller names compartments and windows and gives their
 // limits with every call, so replicas on different policy versions apply their own limits to the

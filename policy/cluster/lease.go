@@ -129,6 +129,8 @@ type Leaser struct {
 	inc string
 	// manual: no loop runs (the listener does); tests call Round themselves.
 	manual bool
+	// spend holds this replica's parts of spend windows.
+	spend *spendLeases
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -155,6 +157,7 @@ func newLeaser(s *Store, o LeaseOptions, manual bool) *Leaser {
 	l.recovery = l.renew + o.Interval + s.o.Timeout
 	l.channel = s.tag + ":lease"
 	l.inc = strconv.FormatUint(uint64(time.Now().UnixNano())&(1<<52-1), 10)
+	l.spend = newSpendLeases(l)
 	s.onAvailability(l.availability)
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.wg.Add(1)
@@ -186,6 +189,13 @@ func (l *Leaser) listen() {
 			case msg, ok := <-ch:
 				if !ok {
 					break read
+				}
+				if key, ok := strings.CutPrefix(msg.Payload, "sp:"); ok {
+					// A spend window is tight: give back its unused chunk at once.
+					if l.spend.tighten(key) {
+						l.Kick()
+					}
+					continue
 				}
 				l.mu.Lock()
 				ls := l.leases[msg.Payload]
@@ -241,7 +251,7 @@ func (l *Leaser) Close(ctx context.Context) {
 	l.cancel()
 	l.wg.Wait()
 	if l.st.Available() {
-		l.report(ctx, all, true)
+		l.report(ctx, all, l.spend.build(l.o.Now(), true), true)
 	}
 }
 
@@ -452,9 +462,13 @@ func (l *Leaser) Round() {
 		}
 	}
 	l.mu.Unlock()
-	if len(due) > 0 && available {
+	var sr *spendReport
+	if available {
+		sr = l.spend.build(now, false)
+	}
+	if (len(due) > 0 || sr != nil) && available {
 		ctx, cancel := context.WithTimeout(l.ctx, l.st.o.Timeout)
-		l.report(ctx, due, false)
+		l.report(ctx, due, sr, false)
 		cancel()
 	} else {
 		idle = append(idle, due...)
@@ -487,18 +501,23 @@ func (l *Leaser) availability(available bool) {
 	}
 }
 
-// report sends one report per lease, pipelined (one round trip per Redis node), and applies the
-// answers. final gives everything back.
-func (l *Leaser) report(ctx context.Context, due []*Lease, final bool) {
+// report sends one report per lease, and sr (the spend windows' report, when not nil),
+// pipelined (one round trip per Redis node), and applies the answers. final gives everything
+// back.
+func (l *Leaser) report(ctx context.Context, due []*Lease, sr *spendReport, final bool) {
 	now := l.o.Now()
 	pipe := l.st.client.Pipeline()
 	reps := make([]*leaseReport, len(due))
 	cmds := make([]*redis.Cmd, len(due))
+	var scmd *redis.Cmd
 	for i, ls := range due {
 		ls.mu.Lock()
 		reps[i] = ls.build(now, final)
 		ls.mu.Unlock()
 		cmds[i] = l.script.EvalSha(ctx, pipe, reps[i].keys, reps[i].args...)
+	}
+	if sr != nil {
+		scmd = l.spend.script.EvalSha(ctx, pipe, sr.keys, sr.args...)
 	}
 	start := time.Now()
 	_, err := pipe.Exec(ctx)
@@ -507,10 +526,21 @@ func (l *Leaser) report(ctx context.Context, due []*Lease, final bool) {
 		for i := range due {
 			cmds[i] = l.script.Eval(ctx, pipe, reps[i].keys, reps[i].args...)
 		}
+		if sr != nil {
+			scmd = l.spend.script.Eval(ctx, pipe, sr.keys, sr.args...)
+		}
 		_, err = pipe.Exec(ctx)
 	}
 	l.st.met.observe("lease", start, err)
 	l.st.met.leaseReports.Add(float64(len(due)))
+	if sr != nil {
+		l.st.met.leaseReports.Add(1)
+		if res, serr := spendReply(scmd); serr != nil {
+			l.spend.failed(sr)
+		} else {
+			l.spend.apply(sr, res, now)
+		}
+	}
 	for i, ls := range due {
 		res, cerr := leaseReply(cmds[i])
 		ls.mu.Lock()

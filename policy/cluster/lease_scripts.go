@@ -282,6 +282,10 @@ for i = 1, nw do
   local df = 'd' .. kind
   mine[df] = want
   if want > 0 or need > 0 then idle = false end
+  -- A report that gives back or charges something keeps this replica's entry, and with it the
+  -- report's number, until the next report: sent again after a lost answer, it applies nothing
+  -- twice.
+  if nret > 0 or extra > 0 then idle = false end
   -- Chunks come out of the window's capacity, never its debt bound (settlements' only).
   local room = math.max(cap - w.sum, 0)
   local g = 0

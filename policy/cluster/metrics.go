@@ -63,12 +63,13 @@ func newMetrics() *metrics {
 			[]string{"cause"}),
 	}
 	m.leaseWaits = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "cluster_lease_waits_total",
-		Help: "Requests that waited for this replica's lease to grow (leased admission), by what they lacked: slot (concurrency or in-flight tokens) or window (a request-rate or token chunk)."},
+		Help: "Requests that waited for this replica's lease to grow (leased admission), by what they lacked: slot (concurrency or in-flight tokens), window (a request-rate or token chunk) or spend (a spend window's chunk)."},
 		[]string{"kind"})
 	m.leaseWaits.WithLabelValues("slot")
 	m.leaseWaits.WithLabelValues("window")
+	m.leaseWaits.WithLabelValues("spend")
 	m.leaseReports = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "cluster_lease_reports_total",
-		Help: "Lease reports sent to Redis (leased admission): one per compartment in use, every lease_interval while its use changes, every fifth while steady."})
+		Help: "Lease reports sent to Redis (leased admission): one per compartment in use, every lease_interval while its use changes, every fifth while steady, and one per round for the spend windows in use."})
 	m.all = []prometheus.Collector{m.latency, m.errors, m.available, m.live, m.leases, m.queue, m.dropped, m.resyncs, m.updates, m.clockOffset, m.synced, m.lost,
 		m.leaseWaits, m.leaseReports}
 	for _, c := range []string{causeLost, causeExpired, causeReplaced, causeCorrupt} {

@@ -61,6 +61,8 @@ type SpendUsage struct {
 	End             time.Time
 	Shadow          bool
 	Spent, Reserved int64
+	// Leased is what replicas' chunks of the window hold unused (leased admission).
+	Leased int64
 }
 
 // spendShared is a Store's state for spend added from this process's memory (see AddSpend).
@@ -95,7 +97,8 @@ const tokenTTL = 35 * 24 * time.Hour
 //	ARGV: 1 amount, 2 grace ms, 3 token, 4 token table ttl ms, then per window: limit, end ms,
 //	      shadow, allow a single overrun
 //
-// A window has room when spent + reserved + amount ≤ limit, or, when it allows a single
+// A window has room when spent + reserved + amount ≤ limit (reserved counting the chunks
+// leased admission's replicas hold, "k"), or, when it allows a single
 // overrun, when it holds nothing yet. Returns {over, refused, now ms, then per window its spent
 // and reserved sums after the call}: over has bit i-1 set for each window i without room;
 // refused is 1 when an enforced one had none, and then nothing changed.
@@ -104,12 +107,14 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local amount, grace = tonumber(ARGV[1]), tonumber(ARGV[2])
 local over, refused = 0, 0
-local sums = {}
+local sums, leased = {}, {}
 for i = 3, #KEYS do
   local a = 5 + (i - 3) * 4
   local limit, shadow, overrun = tonumber(ARGV[a]), ARGV[a + 2] == '1', ARGV[a + 3] == '1'
-  local h = redis.call('HMGET', KEYS[i], 's', 'r', 'c')
-  local s, r = (tonumber(h[1]) or 0) + (tonumber(h[3]) or 0), tonumber(h[2]) or 0
+  local h = redis.call('HMGET', KEYS[i], 's', 'r', 'c', 'k')
+  -- Leased admission's replicas hold chunks of the window ("k"): counted as reserved.
+  leased[i] = tonumber(h[4]) or 0
+  local s, r = (tonumber(h[1]) or 0) + (tonumber(h[3]) or 0), (tonumber(h[2]) or 0) + leased[i]
   sums[#sums + 1], sums[#sums + 2] = s, r
   local used = s + r
   if used > limit - amount and not (overrun and used == 0) then
@@ -124,7 +129,7 @@ if refused == 0 then
   for i = 3, #KEYS do
     local a = 5 + (i - 3) * 4
     local e = tonumber(ARGV[a + 1])
-    sums[(i - 3) * 2 + 2] = redis.call('HINCRBY', KEYS[i], 'r', amount)
+    sums[(i - 3) * 2 + 2] = redis.call('HINCRBY', KEYS[i], 'r', amount) + leased[i]
     redis.call('HSET', KEYS[i], 'l', ARGV[a], 'e', ARGV[a + 1], 'h', ARGV[a + 2])
     redis.call('PEXPIREAT', KEYS[i], e + grace)
     redis.call('ZADD', KEYS[1], e, KEYS[i])
@@ -612,7 +617,7 @@ func (s *Store) spendGet(ctx context.Context, keys []string, now time.Time) ([]S
 	}
 	cmds := make([]*redis.SliceCmd, len(keys))
 	for i, k := range keys {
-		cmds[i] = pipe.HMGet(ctx, k, "s", "r", "l", "e", "h", "c")
+		cmds[i] = pipe.HMGet(ctx, k, "s", "r", "l", "e", "h", "c", "k")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return nil, err
@@ -624,7 +629,7 @@ func (s *Store) spendGet(ctx context.Context, keys []string, now time.Time) ([]S
 	out := make([]SpendUsage, 0, len(keys))
 	for i, c := range cmds {
 		v, err := c.Result()
-		if err != nil || len(v) != 6 || v[3] == nil {
+		if err != nil || len(v) != 7 || v[3] == nil {
 			continue
 		}
 		num := func(x any) int64 {
@@ -637,7 +642,7 @@ func (s *Store) spendGet(ctx context.Context, keys []string, now time.Time) ([]S
 			continue
 		}
 		out = append(out, SpendUsage{Key: strings.TrimPrefix(keys[i], prefix), Spent: num(v[0]) + num(v[5]), Reserved: num(v[1]),
-			Limit: num(v[2]), End: end, Shadow: num(v[4]) == 1})
+			Limit: num(v[2]), End: end, Shadow: num(v[4]) == 1, Leased: num(v[6])})
 	}
 	return out, nil
 }

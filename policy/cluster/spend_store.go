@@ -19,6 +19,9 @@ import (
 // it.
 type SpendStore struct {
 	st *Store
+	// leases, with leased admission, reserve enforced windows from this replica's chunks of
+	// them (see UseLeases); nil with exact admission.
+	leases *Leaser
 
 	mu sync.Mutex
 	// tokens holds the Redis tokens of reservations not settled yet, by what they reserved
@@ -42,6 +45,35 @@ const spendSweepEvery = time.Minute
 // NewSpendStore returns a store keeping its sums through st.
 func NewSpendStore(st *Store) *SpendStore {
 	return &SpendStore{st: st, tokens: map[string][]uint64{}, seen: map[spend.WindowID]spend.Usage{}}
+}
+
+// UseLeases makes the store reserve from this replica's chunks of each window, leased by l
+// (cluster.admission: leased), with no call to Redis while the chunks cover the reservations. A
+// reservation in a shadow budget's window is still made in Redis, per request. Call it before the
+// store serves any reservation.
+func (r *SpendStore) UseLeases(l *Leaser) {
+	r.leases = l
+	l.spend.mu.Lock()
+	l.spend.seen = func(u SpendUsage) {
+		if x, ok := fromShared(u); ok {
+			r.see([]spend.Usage{x}, l.o.Now())
+		}
+	}
+	l.spend.mu.Unlock()
+}
+
+// leased reports whether a reservation in ws is made from leased chunks: with leased admission,
+// when no window is a shadow budget's (those are counted per request in Redis).
+func (r *SpendStore) leased(ws []spend.Window) bool {
+	if r.leases == nil {
+		return false
+	}
+	for i := range ws {
+		if ws[i].Shadow {
+			return false
+		}
+	}
+	return true
 }
 
 // kind names what a reservation holds: its windows and amount.
@@ -106,6 +138,9 @@ func windowKeys(ws []spend.Window) []string {
 
 // Reserve implements spend.Store.
 func (r *SpendStore) Reserve(ctx context.Context, ws []spend.Window, amount spend.Micros, now time.Time) (uint64, error) {
+	if r.leased(ws) {
+		return r.leases.ReserveSpendLeased(ctx, spendWindows(ws), int64(amount))
+	}
 	sums := make([]int64, 2*len(ws))
 	token, over, refused, err := r.st.ReserveSpend(ctx, spendWindows(ws), int64(amount), sums)
 	if err != nil {
@@ -124,6 +159,10 @@ func (r *SpendStore) Reserve(ctx context.Context, ws []spend.Window, amount spen
 
 // Settle implements spend.Store; it never blocks.
 func (r *SpendStore) Settle(ws []spend.Window, reserved, actual spend.Micros, _ time.Time) {
+	if r.leased(ws) {
+		r.leases.SettleSpendLeased(spendWindows(ws), int64(reserved), int64(actual))
+		return
+	}
 	keys := windowKeys(ws)
 	if token, ok := r.pop(kind(keys, reserved)); ok {
 		r.st.SettleSpend(token, keys, int64(reserved), int64(actual))
@@ -163,7 +202,14 @@ func (r *SpendStore) Usage(now time.Time) []spend.Usage {
 }
 
 // Get implements spend.Store; while Redis cannot be asked it answers what Redis last reported.
+// With leased admission it answers what the last lease report found, when it found the window:
+// a refusal asks Redis nothing more.
 func (r *SpendStore) Get(id spend.WindowID, now time.Time) (spend.Usage, bool) {
+	if r.leases != nil {
+		if u, ok := r.Seen(id, now); ok {
+			return u, true
+		}
+	}
 	u, ok, err := r.st.SpendGet(context.Background(), id.Key())
 	if err != nil {
 		return r.Seen(id, now)
@@ -229,6 +275,6 @@ func fromShared(u SpendUsage) (spend.Usage, bool) {
 	}
 	return spend.Usage{
 		Window: spend.Window{ID: id, Limit: spend.Micros(u.Limit), End: u.End, Shadow: u.Shadow},
-		Spent:  spend.Micros(u.Spent), Reserved: spend.Micros(u.Reserved),
+		Spent:  spend.Micros(u.Spent), Reserved: spend.Micros(u.Reserved), Leased: spend.Micros(u.Leased),
 	}, true
 }

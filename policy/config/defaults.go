@@ -55,6 +55,16 @@ const (
 // MaxReplicaIDBytes bounds cluster.replica_id: it is part of Redis keys and of every lease.
 const MaxReplicaIDBytes = 128
 
+// DefaultQuotaPath is quota_endpoint.path's default.
+const DefaultQuotaPath = "/v1/bulkhead/quota"
+
+// Provider quota modes (providers.<name>.quota.mode).
+const (
+	QuotaOff     = "off"
+	QuotaShadow  = "shadow"
+	QuotaEnforce = "enforce"
+)
+
 // Dimension names as used in compartment keys and classification.
 const (
 	DimFeature  = "feature"
@@ -62,9 +72,13 @@ const (
 	DimTier     = "tier"
 	DimProvider = "provider"
 	DimModel    = "model"
+	// DimPriority names the priority rules (classification.priority); it is not a compartment
+	// key.
+	DimPriority = "priority"
 )
 
 func (p *Policy) applyDefaults() {
+	p.QuotaEndpoint.Path = orString(p.QuotaEndpoint.Path, DefaultQuotaPath)
 	s := &p.Server
 	s.GRPCAddr = orString(s.GRPCAddr, DefaultGRPCAddr)
 	s.AdminAddr = orString(s.AdminAddr, DefaultAdminAddr)
@@ -113,6 +127,7 @@ func (p *Policy) applyDefaults() {
 			}
 		}
 	}
+	p.Tenants.UnknownKey = orString(p.Tenants.UnknownKey, UnknownKeyDefault)
 	c := &p.Classification
 	c.Feature.Default = orString(c.Feature.Default, DefaultFeature)
 	c.Tenant.Default = orString(c.Tenant.Default, DefaultTenant)
@@ -164,7 +179,7 @@ func (p *Policy) applyDefaults() {
 		}
 	}
 	p.Cluster.applyDefaults()
-	p.Spend.applyDefaults()
+	p.State.applyDefaults(p.Spend)
 	p.Refusals.applyDefaults()
 	p.Tracing.applyDefaults()
 }
@@ -525,6 +540,19 @@ func (p *Policy) AnyTokenLimits() bool {
 		}
 	})
 	return found
+}
+
+// TopPriority returns the highest queue priority the policy gives any request: of its limit
+// sets and of classification.priority's levels.
+func (p *Policy) TopPriority() int64 {
+	var top int64
+	p.eachLimitSet(func(_ string, l Limits) {
+		top = max(top, p.Resolve(l).Priority)
+	})
+	for _, lvl := range p.Classification.Priority.Levels {
+		top = max(top, lvl)
+	}
+	return top
 }
 
 // BufferedBodyBytes returns server.max_buffered_body_bytes, or, when the policy does not set it,

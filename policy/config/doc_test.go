@@ -119,6 +119,8 @@ func typeName(e ast.Expr) (name string, elem ast.Expr, kind string) {
 			return "amount", nil, "scalar"
 		case "Concurrency":
 			return "integer or adaptive", nil, "scalar"
+		case "KeyHashes":
+			return "list of strings", nil, "scalar"
 		}
 		return x.Name, nil, "struct"
 	case *ast.ArrayType:

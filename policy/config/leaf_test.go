@@ -11,6 +11,7 @@ import (
 // themselves import only the standard library (breaker's Config and its rules, which validation
 // reports at their keys).
 var leafImports = []string{
+	"github.com/llm-bulkhead/llm-bulkhead/policy/apikey",
 	"github.com/llm-bulkhead/llm-bulkhead/policy/breaker",
 	"github.com/llm-bulkhead/llm-bulkhead/policy/files",
 	"github.com/llm-bulkhead/llm-bulkhead/policy/glob",

@@ -95,6 +95,7 @@ func Load(name string, data []byte, env []string) (*Policy, error) {
 	p.Tracing.fromEnv(ps, env)
 	p.applyDefaults()
 	validate(ps, &p)
+	readKeys(ps, &p)
 	ps.dropInside(decoded, d.holes, d.failed)
 	if err := ps.err(); err != nil {
 		return nil, err

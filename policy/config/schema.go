@@ -12,6 +12,12 @@
 // runtime's side.
 package config
 
+import (
+	"encoding/json"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/apikey"
+)
+
 // Policy is the whole policy file. A loaded Policy is immutable: reload builds a new one.
 type Policy struct {
 	// Server holds listener and process settings.
@@ -89,21 +95,26 @@ type Policy struct {
 	// what was spent, changing back counts nothing twice, and the reload's log line lists the
 	// change. Default UTC.
 	TimeZone string `koanf:"time_zone" json:"time_zone,omitempty"`
-	// Spend sets how spend budgets' spend outlives the process. A single process keeps it in a
-	// state file (state_file): read once at start before any request is served, written
-	// atomically every state_interval and once more at shutdown after the streams drained, so
-	// that a restart with SIGTERM continues exactly where it stopped and a crash (SIGKILL, OOM)
-	// loses at most the settlements of one state_interval. The file holds only windows still
-	// current (an ended window is not restored: its budget has reset); each restored amount
-	// replaces what that window held, so restoring never counts anything twice; spend reserved
-	// by requests in flight when it was written is restored as spent (their settlement never
-	// comes after a crash; their reservation is the most they can have cost). A policy reload
-	// keeps every budget's spend (a budget is known by its compartment and period). With a
-	// cluster backend Redis keeps spend instead, shared by every replica (docs/cluster.md). Default
-	// memory only: spend starts empty at every start. It also says what a start does with a state
-	// file it cannot use (on_state_error) and whether a single request may overrun a budget
-	// (allow_single_overrun).
+	// Spend sets whether a single request may overrun a spend budget (allow_single_overrun).
+	// It also holds the former names of the state file's keys (state_file, state_interval,
+	// on_state_error), from when the file kept spend only; state.file and the rest replace them.
 	Spend SpendState `koanf:"spend" json:"spend,omitempty"`
+	// State sets how what the budgets count outlives the process. A single process keeps every
+	// window — tokens_per_minute, tokens_per_day, requests_per_minute and the spend of spend
+	// budgets — in one state file (file): read once at start before any request is served,
+	// written atomically every interval and once more at shutdown after the streams drained, so
+	// that a restart with SIGTERM continues exactly where it stopped and a crash (SIGKILL, OOM)
+	// loses at most one interval of what was counted. The file holds only what still counts (a
+	// charge that has aged out of its window, an ended spend window, is not restored); each
+	// restored window replaces what that window held, so restoring never counts anything twice;
+	// what requests in flight when it was written reserved is restored as spent (their
+	// settlement never comes after a crash; their reservation is the most they can have cost). A
+	// policy reload keeps every window (a compartment is known by its name, a spend budget by its
+	// compartment and period). With a cluster backend Redis keeps every window instead, shared by
+	// every replica, and no file is written (docs/cluster.md). Default memory only: every budget
+	// starts empty at every start. It also says what a start does with a state file it cannot use
+	// (on_error).
+	State State `koanf:"state" json:"state,omitempty"`
 	// Body sets how request bodies are read and rewritten.
 	Body Body `koanf:"body" json:"body,omitempty"`
 	// Templates are named limit sets that features, tiers, providers and tenants inherit from.
@@ -129,6 +140,9 @@ type Policy struct {
 	// any compartment and no breaker). Default false: such a policy is refused, so that an empty
 	// or truncated file cannot silently turn every limit off.
 	AllowEmpty bool `koanf:"allow_empty" json:"allow_empty,omitempty"`
+	// QuotaEndpoint lets a client ask how much of its limits is left before it starts a big job:
+	// a GET of its path is answered by llm-bulkhead itself, never forwarded. Default off.
+	QuotaEndpoint QuotaEndpoint `koanf:"quota_endpoint" json:"quota_endpoint,omitempty"`
 	// Cluster shares limits across replicas through Redis. Default off.
 	Cluster Cluster `koanf:"cluster" json:"cluster,omitempty"`
 	// Tracing exports an OpenTelemetry span per request (docs/tracing.md). Default off.
@@ -252,7 +266,8 @@ type Envoy struct {
 type Classification struct {
 	// Feature rules. Values must name an entry of features; anything else falls to the default.
 	Feature Dimension `koanf:"feature" json:"feature,omitempty"`
-	// Tenant rules. Only trusted sources count (metadata, attributes, headers marked trusted).
+	// Tenant rules. Only trusted sources count (metadata, attributes, headers and api_key rules
+	// marked trusted).
 	Tenant Dimension `koanf:"tenant" json:"tenant,omitempty"`
 	// Tier rules. Only trusted sources count; usually `tenant_directory: true`.
 	Tier Dimension `koanf:"tier" json:"tier,omitempty"`
@@ -263,6 +278,23 @@ type Classification struct {
 	// by model is keyed by the `models` glob the value matches (or other), never by the value
 	// itself.
 	Model Dimension `koanf:"model" json:"model,omitempty"`
+	// Priority gives a request its own place in the queues it waits in: rules read a value as
+	// for the other dimensions (header and body rules need trusted: true, or a client could
+	// jump the queue by sending a header), and levels turn it into a priority that replaces its
+	// compartments' priority while it waits (higher waits less). A request no rule gives a
+	// listed value queues at its compartments' priority. Example: rules [{header:
+	// x-llm-priority, trusted: true}], levels {interactive: 10, batch: 1}.
+	Priority PriorityRules `koanf:"priority" json:"priority,omitempty"`
+}
+
+// PriorityRules classify a request's own queue priority.
+type PriorityRules struct {
+	// Rules are tried in order; the first value levels lists wins. Values are trimmed and
+	// lower-cased, then mapped (map), like a feature's.
+	Rules []Rule `koanf:"rules" json:"rules,omitempty"`
+	// Levels maps a value to the priority a request with it waits at, e.g. {interactive: 10,
+	// batch: 1}, on the scale of the limits' priority (higher first).
+	Levels map[string]int64 `koanf:"levels" json:"levels,omitempty"`
 }
 
 // Dimension is an ordered rule list: the first rule that yields a value wins, else Default.
@@ -280,8 +312,23 @@ type Dimension struct {
 
 // Rule is one classification source. Exactly one source key is set.
 type Rule struct {
-	// Header reads a request header (lower-case name).
+	// Header reads a request header (lower-case name). With api_key, it names the header the
+	// key is read from instead of authorization and x-api-key.
 	Header string `koanf:"header" json:"header,omitempty"`
+	// APIKey gives the tenant whose API key the request presents (tenant rules only): the key is
+	// read from `authorization: Bearer …`, else from x-api-key (Anthropic's header), or from the
+	// header named by header (its value as is, or after "Bearer "), hashed with SHA-256 and
+	// looked up in the keys of tenants.directory (key_sha256) and tenants.keys_file. A known key
+	// gives its tenant, whatever later rules or headers such as x-tenant-id say; an unknown or
+	// missing key is handled as tenants.unknown_key says. Like a header rule, it needs trusted:
+	// true. The key itself is never logged, counted, traced, written to Envoy's metadata, shown
+	// by the admin API or sent back in an error: only the tenant it gives.
+	APIKey bool `koanf:"api_key" json:"api_key,omitempty"`
+	// StripClientKey (with api_key) removes the header the key is read from (authorization and
+	// x-api-key, or the header named by header) from an admitted request before it goes
+	// upstream, so that Envoy can set the provider's own key (a request_headers_to_add of the
+	// route, after the ext_proc filter). Default false: the client's key goes upstream as sent.
+	StripClientKey bool `koanf:"strip_client_key" json:"strip_client_key,omitempty"`
 	// PathPrefix matches the request :path (query excluded) by prefix; Value is assigned.
 	PathPrefix string `koanf:"path_prefix" json:"path_prefix,omitempty"`
 	// PathRegex matches the :path by a regular expression; Value is assigned ($1… expand groups).
@@ -305,8 +352,9 @@ type Rule struct {
 	// Map translates read values (after normalisation) to dimension values; unmapped values pass
 	// through unchanged.
 	Map map[string]string `koanf:"map" json:"map,omitempty"`
-	// Trusted marks a header or body rule as trusted for tenant and tier. Client-supplied headers
-	// are untrusted by default: a free tenant must not claim enterprise by sending a header.
+	// Trusted marks a header, body or api_key rule as trusted for tenant, tier and priority.
+	// Client-supplied headers are untrusted by default: a free tenant must not claim enterprise,
+	// nor a batch job interactive, by sending a header.
 	Trusted bool `koanf:"trusted" json:"trusted,omitempty"`
 }
 
@@ -325,7 +373,39 @@ type Tenants struct {
 	DefaultTier string `koanf:"default_tier" json:"default_tier,omitempty"`
 	// Directory lists known tenants.
 	Directory []Tenant `koanf:"directory" json:"directory,omitempty"`
+	// KeysFile is a file of API keys for api_key tenant rules, for more keys than the directory
+	// should hold: one key per line, the SHA-256 of the key in hexadecimal, white space, and the
+	// tenant id (without white space); blank lines and lines starting with # are skipped. Make
+	// a line with `printf %s "$KEY" | sha256sum | cut -d' ' -f1`. Every policy load and reload
+	// reads it again, and the server watches it like the policy file (with --watch, or SIGHUP):
+	// a Kubernetes Secret mounted as a file is picked up when the Secret changes. A line that
+	// cannot be read is an error naming the file and the line: at start the server does not
+	// start, on a reload the running policy and its keys stay. A key may also be in the
+	// directory only for the same tenant. At most 64 MiB (about 800 000 keys); 100 000 keys load
+	// in a fraction of a second and keep about 4 MiB. A relative path is relative to the
+	// working directory. Which file only changes on restart. Default: none.
+	KeysFile string `koanf:"keys_file" json:"keys_file,omitempty"`
+	// UnknownKey says what an api_key rule does with a request whose key is unknown or
+	// missing: default (the rule gives nothing: later rules, then classification.tenant.default
+	// decide) or reject (a request that reaches an api_key rule is refused unless that rule or
+	// a later api_key rule finds its key: with 401 in the error format of the API called,
+	// reason unknown_key, counted in llm_bulkhead_rejected_total{reason="unknown_key"}). A
+	// request whose tenant an earlier rule gives (a JWT claim) never reaches it. Default
+	// default.
+	UnknownKey string `koanf:"unknown_key" json:"unknown_key,omitempty"`
+
+	// keys are the keys of KeysFile, read by Load.
+	keys *apikey.Table
 }
+
+// Unknown key answers (Tenants.UnknownKey).
+const (
+	UnknownKeyDefault = "default"
+	UnknownKeyReject  = "reject"
+)
+
+// KeysFromFile returns the keys read from tenants.keys_file (nil without one).
+func (t *Tenants) KeysFromFile() *apikey.Table { return t.keys }
 
 // Tenant is one tenant directory entry.
 type Tenant struct {
@@ -335,6 +415,22 @@ type Tenant struct {
 	Tier string `koanf:"tier" json:"tier,omitempty"`
 	// Limits override the tier template for this tenant's own compartments.
 	Limits *Limits `koanf:"limits" json:"limits,omitempty"`
+	// KeySHA256 lists the SHA-256 (64 hexadecimal digits) of each API key of the tenant, for
+	// api_key tenant rules. The admin API shows only their first 8 digits.
+	KeySHA256 KeyHashes `koanf:"key_sha256" json:"key_sha256,omitempty"`
+}
+
+// KeyHashes are API key hashes in hexadecimal. They encode to JSON as their first 8 digits
+// and an ellipsis: enough to tell them apart, not to copy them elsewhere.
+type KeyHashes []string
+
+// MarshalJSON writes each hash's prefix.
+func (k KeyHashes) MarshalJSON() ([]byte, error) {
+	out := make([]string, len(k))
+	for i, h := range k {
+		out[i] = h[:min(len(h), 8)] + "…"
+	}
+	return json.Marshal(out)
 }
 
 // ModelRule maps a model glob to a provider and estimation overrides.
@@ -508,8 +604,13 @@ type Provider struct {
 	// match no glob share the provider-wide breaker: model names come from clients, so they never
 	// create breakers or metric series themselves.
 	BreakerPerModel bool `koanf:"breaker_per_model" json:"breaker_per_model,omitempty"`
-	// Fallback is the provider to re-route to while this provider's breaker is open.
+	// Fallback is the provider to re-route to while this provider's breaker is open, or while
+	// its quota cannot cover a request (quota.mode enforce).
 	Fallback string `koanf:"fallback" json:"fallback,omitempty"`
+	// Quota follows what the provider's responses say is left of the account's rate limits
+	// (OpenAI's and Azure's x-ratelimit-*, Anthropic's anthropic-ratelimit-* headers), so that
+	// a request the provider would refuse with 429 is not sent.
+	Quota ProviderQuota `koanf:"quota" json:"quota,omitempty"`
 	// Models says which model to send this provider when a request is re-routed to it (a
 	// breaker's fallback or a feature's degrade rule): the first entry, in file order, whose
 	// match fits the request's model gives the model the body is rewritten to. A list rather
@@ -520,6 +621,22 @@ type Provider struct {
 	// allows only when the `models` list assigns no models to the providers they come from.
 	// Rewriting needs the buffered body (envoy.request_body_mode BUFFERED).
 	Models []ModelMapping `koanf:"models" json:"models,omitempty"`
+}
+
+// ProviderQuota is how admission uses a provider's rate-limit headers.
+type ProviderQuota struct {
+	// Mode: off ignores the headers; shadow tracks them and counts the requests the quota could
+	// not cover (llm_bulkhead_provider_quota_short_total) without changing any decision;
+	// enforce re-routes such a request along fallback (with the model rewrite) or refuses it
+	// with 429, reason provider_quota, retry-after the provider's reset. Requests in flight
+	// count against what is left (held at their estimate until their response says how much
+	// is left, charged at their real use when it does not say). Default off.
+	Mode string `koanf:"mode" json:"mode,omitempty"`
+	// Reserve is the share of each quota's limit kept for the requests of the highest priority
+	// the policy gives (limits' and classification.priority's): the others find the quota short
+	// while less than that is left, so interactive traffic keeps the last of it. 0 to 0.9.
+	// Default 0.
+	Reserve float64 `koanf:"reserve" json:"reserve,omitempty"`
 }
 
 // ModelMapping maps a model glob to the model a provider is sent instead.
@@ -674,6 +791,19 @@ type Responses struct {
 	// RateLimitHeaders adds x-ratelimit-remaining-tokens and x-ratelimit-reset-tokens for the
 	// tightest token budget of the request's compartments. Default false.
 	RateLimitHeaders bool `koanf:"ratelimit_headers" json:"ratelimit_headers,omitempty"`
+}
+
+// QuotaEndpoint is the path clients ask their remaining limits at. The caller is classified
+// exactly as its LLM requests are (its tenant from the same trusted sources, its feature from
+// the same rules, e.g. x-llm-feature), and the answer is JSON about its own compartments: for
+// a compartment keyed by tenant, its limits, what is left of each token and request window and
+// spend budget with their reset times, and its requests in flight; for a compartment other
+// tenants share, its limits only (what others use is not theirs to see).
+type QuotaEndpoint struct {
+	// Enabled answers GET requests for Path. Default false.
+	Enabled bool `koanf:"enabled" json:"enabled,omitempty"`
+	// Path is the request path (query ignored) answered. Default /v1/bulkhead/quota.
+	Path string `koanf:"path" json:"path,omitempty"`
 }
 
 // Cluster makes every replica enforce one shared policy: token budgets, request rates and

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"reflect"
 	"regexp"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/apikey"
 )
 
 var (
@@ -45,7 +48,7 @@ func validate(ps *problems, p *Policy) {
 	v.templates()
 	v.limitSets()
 	v.spend()
-	v.spendState()
+	v.state()
 	v.providers()
 	v.reroutes()
 	v.breakers()
@@ -200,12 +203,59 @@ func (v *validator) valueSet(dim string) []string {
 		return v.p.TierNames()
 	case DimProvider:
 		return v.p.ProviderNames()
+	case DimPriority:
+		return sortedKeys(v.p.Classification.Priority.Levels)
 	}
 	return nil
 }
 
+// trustedOnly reports whether dimension dim takes values only from trusted sources: a request
+// must not choose its own tenant, tier or queue priority.
+func trustedOnly(dim string) bool {
+	return dim == DimTenant || dim == DimTier || dim == DimPriority
+}
+
+// priority checks classification.priority: levels name values a rule can yield, and rules have
+// levels to yield.
+func (v *validator) priority() {
+	pr := v.p.Classification.Priority
+	for i, r := range pr.Rules {
+		v.rule(fmt.Sprintf("classification.priority.rules[%d]", i), DimPriority, r)
+	}
+	if len(pr.Rules) > 0 && len(pr.Levels) == 0 {
+		v.add("classification.priority.levels", "priority rules need levels: the priority each value they read gives a request, e.g. {interactive: 10, batch: 1}")
+	}
+	if len(pr.Levels) > 0 && len(pr.Rules) == 0 {
+		v.add("classification.priority.rules", "priority levels need rules that read a request's value, e.g. [{header: x-llm-priority, trusted: true}]")
+	}
+	for _, name := range sortedKeys(pr.Levels) {
+		if err := CheckIdentity(name); err != nil {
+			v.add("classification.priority.levels."+name, "%q can never match: classification skips values with %v", name, err)
+		} else if name != strings.ToLower(strings.TrimSpace(name)) {
+			v.add("classification.priority.levels."+name, "%q can never match: values are trimmed and lower-cased before they are looked up", name)
+		}
+	}
+}
+
+// quotaEndpoint checks quota_endpoint.path: an absolute path without a query, which no LLM API
+// of the server's uses (a client's LLM request must never be answered with its quota).
+func (v *validator) quotaEndpoint() {
+	q := v.p.QuotaEndpoint
+	if !q.Enabled {
+		return
+	}
+	switch {
+	case !strings.HasPrefix(q.Path, "/") || strings.ContainsAny(q.Path, "?#") || strings.ContainsFunc(q.Path, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+		v.add("quota_endpoint.path", "%q is not an absolute request path (starting with /, without query, spaces or control characters)", q.Path)
+	case reservedAPIPath(q.Path):
+		v.add("quota_endpoint.path", "%q is the path of an LLM API the server meters: its requests would be answered with the quota", q.Path)
+	}
+}
+
 func (v *validator) classification() {
 	c := v.p.Classification
+	v.priority()
+	v.quotaEndpoint()
 	dims := []struct {
 		name string
 		d    Dimension
@@ -228,7 +278,10 @@ func (v *validator) classification() {
 
 func (v *validator) rule(path, dim string, r Rule) {
 	var sources []string
-	if r.Header != "" {
+	if r.APIKey {
+		sources = append(sources, "api_key")
+	}
+	if r.Header != "" && !r.APIKey {
 		sources = append(sources, "header")
 	}
 	if r.PathPrefix != "" {
@@ -254,7 +307,7 @@ func (v *validator) rule(path, dim string, r Rule) {
 	}
 	switch len(sources) {
 	case 0:
-		v.add(path, "a rule needs exactly one source: header, path_prefix, path_regex, body, metadata, attribute, tenant_directory or model_map")
+		v.add(path, "a rule needs exactly one source: header, path_prefix, path_regex, body, metadata, attribute, api_key, tenant_directory or model_map")
 		return
 	case 1:
 	default:
@@ -267,8 +320,12 @@ func (v *validator) rule(path, dim string, r Rule) {
 		if !headerPattern.MatchString(r.Header) {
 			v.add(path+".header", "%q is not a lower-case header name (Envoy sends header names in lower case)", r.Header)
 		}
-		if (dim == DimTenant || dim == DimTier) && !r.Trusted {
-			v.add(path+".header", "header %q is supplied by the client, so a %s taken from it can be forged; take %s from trusted metadata or the tenant directory, or set trusted: true only if Envoy strips the client's copy (see envoy/identity.yaml)", r.Header, dim, dim)
+		if trustedOnly(dim) && !r.Trusted {
+			from := "trusted metadata or the tenant directory"
+			if dim == DimPriority {
+				from = "trusted metadata"
+			}
+			v.add(path+".header", "header %q is supplied by the client, so a %s taken from it can be forged; take %s from %s, or set trusted: true only if Envoy strips the client's copy (see envoy/identity.yaml)", r.Header, dim, dim, from)
 		}
 	case "path_prefix":
 		if !strings.HasPrefix(r.PathPrefix, "/") {
@@ -288,13 +345,15 @@ func (v *validator) rule(path, dim string, r Rule) {
 		if strings.HasPrefix(r.Body, ".") || strings.HasSuffix(r.Body, ".") || strings.Contains(r.Body, "..") {
 			v.add(path+".body", "%q is not a dotted path like metadata.feature", r.Body)
 		}
-		if (dim == DimTenant || dim == DimTier) && !r.Trusted {
+		if trustedOnly(dim) && !r.Trusted {
 			v.add(path+".body", "the request body is written by the client, so a %s taken from it can be forged; set trusted: true only if a trusted party writes this field", dim)
 		}
 	case "metadata":
 		if r.Metadata.Namespace == "" || r.Metadata.Key == "" {
 			v.add(path+".metadata", "needs both namespace and key")
 		}
+	case "api_key":
+		v.apiKeyRule(path, dim, r)
 	case "tenant_directory":
 		if dim != DimTier {
 			v.add(path+".tenant_directory", "only tier rules can read the tenant directory")
@@ -304,8 +363,11 @@ func (v *validator) rule(path, dim string, r Rule) {
 			v.add(path+".model_map", "only provider rules can use the model map")
 		}
 	}
-	if r.Trusted && src != "header" && src != "body" {
-		v.add(path+".trusted", "only header and body rules take trusted; %s is trusted already", src)
+	if r.Trusted && src != "header" && src != "body" && src != "api_key" {
+		v.add(path+".trusted", "only header, body and api_key rules take trusted; %s is trusted already", src)
+	}
+	if r.StripClientKey && src != "api_key" {
+		v.add(path+".strip_client_key", "only api_key rules take strip_client_key")
 	}
 	if r.Value != "" && src != "path_prefix" && src != "path_regex" {
 		v.add(path+".value", "value is only for path_prefix and path_regex rules (use map to translate values)")
@@ -338,7 +400,94 @@ func (v *validator) rule(path, dim string, r Rule) {
 	}
 }
 
+// apiKeyRule checks a rule that gives the tenant of the request's API key.
+func (v *validator) apiKeyRule(path, dim string, r Rule) {
+	if dim != DimTenant {
+		v.add(path+".api_key", "only tenant rules can read API keys")
+		return
+	}
+	if r.Header != "" && !headerPattern.MatchString(r.Header) {
+		v.add(path+".header", "%q is not a lower-case header name (Envoy sends header names in lower case)", r.Header)
+	}
+	if !r.Trusted {
+		v.add(path+".api_key", "a tenant taken from a header is trusted only when the policy says so: set trusted: true to take tenants from API keys")
+	}
+	if len(r.Map) > 0 {
+		v.add(path+".map", "an api_key rule gives the tenant its key belongs to; there is nothing to map")
+	}
+}
+
+// readsAPIKeys reports whether a tenant rule reads API keys.
+func (p *Policy) readsAPIKeys() bool {
+	return slices.ContainsFunc(p.Classification.Tenant.Rules, func(r Rule) bool { return r.APIKey })
+}
+
+// StripHeaders returns the headers the api_key rules with strip_client_key remove from
+// admitted requests, each once.
+func (p *Policy) StripHeaders() []string {
+	var out []string
+	for _, r := range p.Classification.Tenant.Rules {
+		if !r.APIKey || !r.StripClientKey {
+			continue
+		}
+		names := []string{HeaderAuthorization, HeaderAPIKey}
+		if r.Header != "" {
+			names = []string{r.Header}
+		}
+		for _, n := range names {
+			if !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// The headers an api_key rule reads a key from when it names none.
+const (
+	HeaderAuthorization = "authorization"
+	HeaderAPIKey        = "x-api-key"
+)
+
+// keys checks the API key settings of the tenant directory.
+func (v *validator) keys() {
+	t := v.p.Tenants
+	if !slices.Contains([]string{UnknownKeyDefault, UnknownKeyReject}, t.UnknownKey) {
+		v.own("tenants.unknown_key", "%q is not one of default, reject", t.UnknownKey)
+	}
+	seen := map[apikey.Hash]string{}
+	listed := false
+	for i, tn := range t.Directory {
+		for j, hx := range tn.KeySHA256 {
+			listed = true
+			path := fmt.Sprintf("tenants.directory[%d].key_sha256[%d]", i, j)
+			h, err := apikey.ParseHash(strings.TrimSpace(hx))
+			if err != nil {
+				v.add(path, "%v: write the key's hash (printf %%s \"$KEY\" | sha256sum), never the key", err)
+				continue
+			}
+			if at, dup := seen[h]; dup {
+				v.add(path, "key %s… is listed already, at %s: a key belongs to one tenant, once", h.Prefix(), at)
+				continue
+			}
+			seen[h] = path
+		}
+	}
+	if v.p.readsAPIKeys() {
+		return
+	}
+	switch {
+	case t.KeysFile != "":
+		v.add("tenants.keys_file", "no classification.tenant rule reads API keys: add `- {api_key: true, trusted: true}` to its rules, or remove keys_file")
+	case listed:
+		v.add("tenants.directory", "tenants have key_sha256 but no classification.tenant rule reads API keys: add `- {api_key: true, trusted: true}` to its rules")
+	case t.UnknownKey == UnknownKeyReject:
+		v.add("tenants.unknown_key", "reject applies to api_key rules, and no classification.tenant rule reads API keys")
+	}
+}
+
 func (v *validator) tenants() {
+	v.keys()
 	seen := map[string]int{}
 	for i, t := range v.p.Tenants.Directory {
 		path := fmt.Sprintf("tenants.directory[%d]", i)
@@ -517,6 +666,14 @@ func (v *validator) providers() {
 			v.add(path+".breaker_per_model", "needs a breaker")
 		}
 		v.providerModels(path, name, pr)
+		switch pr.Quota.Mode {
+		case "", QuotaOff, QuotaShadow, QuotaEnforce:
+		default:
+			v.add(path+".quota.mode", "%q is not off, shadow or enforce", pr.Quota.Mode)
+		}
+		if pr.Quota.Reserve < 0 || pr.Quota.Reserve > 0.9 || math.IsNaN(pr.Quota.Reserve) {
+			v.add(path+".quota.reserve", "must be between 0 and 0.9 (a share of each quota's limit), got %v", pr.Quota.Reserve)
+		}
 		if pr.Fallback == "" {
 			continue
 		}
@@ -524,8 +681,8 @@ func (v *validator) providers() {
 			v.add(path+".fallback", "provider %q is not in providers%s", pr.Fallback, knownList(sortedKeys(v.p.Providers)))
 			continue
 		}
-		if pr.Breaker == "" {
-			v.add(path+".fallback", "a fallback is used while the breaker is open, but %s has no breaker", name)
+		if pr.Breaker == "" && pr.Quota.Mode != QuotaEnforce {
+			v.add(path+".fallback", "a fallback is used while the breaker is open or the quota is short, but %s has no breaker and no quota in enforce mode", name)
 		}
 		chain := []string{name}
 		for cur := pr.Fallback; cur != ""; cur = v.p.Providers[cur].Fallback {
@@ -1105,4 +1262,18 @@ func knownList(names []string) string {
 		return " (none are defined)"
 	}
 	return " (" + strings.Join(names, ", ") + ")"
+}
+
+// apiPathPrefixes are the paths of the LLM APIs the server meters (extproc/llmapi knows them
+// in full); quota_endpoint.path must not be one of them.
+var apiPathPrefixes = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages",
+	"/v1/audio/", "/v1/images/", "/openai/", "/v1beta/models/", "/v1/models/", "/model/"}
+
+func reservedAPIPath(path string) bool {
+	for _, p := range apiPathPrefixes {
+		if strings.HasPrefix(path, p) {
+			return true
+		}
+	}
+	return false
 }

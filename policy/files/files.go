@@ -1,5 +1,5 @@
 // Package files reads the files llm-bulkhead is pointed at — the policy, TLS certificates and
-// keys, the spend state, the container's memory limit — so that no path can hold or exhaust
+// keys, the state file, the container's memory limit — so that no path can hold or exhaust
 // the process: only a regular file is read, never more than a bound, and opening it never
 // waits. A path naming /dev/zero, a FIFO with no writer, a directory or a device is refused
 // at once with an error that says what it is; a file above the bound is refused without
@@ -21,6 +21,8 @@ const (
 	// MaxPolicy bounds a policy file (a tenant directory of tens of thousands of entries is a
 	// few MiB).
 	MaxPolicy = 16 << 20
+	// MaxKeys bounds a file of API key hashes (tenants.keys_file): about 800 000 keys.
+	MaxKeys = 64 << 20
 	// MaxPEM bounds a certificate chain, a key or a CA bundle (a public CA bundle is about
 	// 200 KiB).
 	MaxPEM = 4 << 20

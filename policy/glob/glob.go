@@ -7,7 +7,10 @@
 // It imports only the standard library.
 package glob
 
-import "unicode/utf8"
+import (
+	"strings"
+	"unicode/utf8"
+)
 
 // Match reports whether s matches pattern. It is linear in practice and never exponential
 // (iterative, with one backtrack point), and does not allocate.
@@ -18,6 +21,9 @@ func Match(pattern, s string) bool {
 		switch {
 		case p < len(pattern) && pattern[p] == '*':
 			// Tried first: a `*` in the pattern is a wildcard even where s has a `*`.
+			if p == len(pattern)-1 {
+				return true // a trailing star takes the rest
+			}
 			star, mark = p, i
 			p++
 		case p < len(pattern) && pattern[p] == '?':
@@ -28,8 +34,19 @@ func Match(pattern, s string) bool {
 			p++
 			i++
 		case star >= 0:
+			// The star takes one more byte, and then every byte up to the next one that can
+			// start what follows it, when that is a literal: a name that does not contain it
+			// costs one IndexByte, not a comparison at every position (`*anthropic.claude-*`
+			// against each model falling through to a catch-all).
 			p = star + 1
 			mark++
+			if p < len(pattern) && pattern[p] != '*' && pattern[p] != '?' {
+				j := strings.IndexByte(s[mark:], pattern[p])
+				if j < 0 {
+					return false
+				}
+				mark += j
+			}
 			i = mark
 		default:
 			return false

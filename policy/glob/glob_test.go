@@ -22,6 +22,10 @@ func TestGlob(t *testing.T) {
 		// prices the models glob *-mini read as a name.
 		{"*", "*-mini", true}, {"*-*", "*-mini", true}, {"a*", "a*b", true},
 		{"?", "é", true}, {"??", "é", false}, {"?", "\xff", true},
+		// A literal after a star is looked for ahead: found late, found only as a prefix of
+		// what follows, not found at all.
+		{"*anthropic.claude-*", "us.anthropic.claude-3-5-haiku", true}, {"*anthropic.claude-*", "local-llama-3.1-8b", false},
+		{"*ab", "aab", true}, {"*ab", "aaa", false}, {"*a?", "xxaé", true}, {"*a", "", false}, {"x*ba*", "xbbbab", true},
 	} {
 		if got := glob.Match(tt.pattern, tt.s); got != tt.want {
 			t.Errorf("Match(%q, %q) = %v, want %v", tt.pattern, tt.s, got, tt.want)
@@ -32,6 +36,19 @@ func TestGlob(t *testing.T) {
 func TestMatchDoesNotAllocate(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { glob.Match("deepseek-*-?b", "deepseek-r1-7b") }); n != 0 {
 		t.Fatalf("Match allocated %v times", n)
+	}
+}
+
+// BenchmarkMatchLeadingStar: globs starting with a star, as the example policy's Bedrock
+// models, against a name they do not match and one they do.
+func BenchmarkMatchLeadingStar(b *testing.B) {
+	for _, s := range []string{"local-llama-3.1-8b-instruct-q4", "us.anthropic.claude-3-5-haiku-20241022-v1:0"} {
+		b.Run(s, func(b *testing.B) {
+			for b.Loop() {
+				glob.Match("*anthropic.claude-*", s)
+				glob.Match("*amazon.nova-*", s)
+			}
+		})
 	}
 }
 

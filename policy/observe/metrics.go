@@ -34,8 +34,8 @@ func reasonIndex(r policy.Reason) int {
 // Metrics are the runtime's Prometheus metrics and its logs of state changes. As the Engine's
 // Recorder they count what admission, settlement and the breakers do — counters the hot path
 // touches are resolved per feature once — and their collectors read compartments, budgets,
-// breakers, pools and spend budgets from the engine's live state at scrape time, so admission
-// pays nothing for those. Safe for concurrent use.
+// breakers, pools, spend budgets and provider quotas from the engine's live state at scrape
+// time, so admission pays nothing for those. Safe for concurrent use.
 type Metrics struct {
 	log *slog.Logger
 
@@ -57,6 +57,7 @@ type Metrics struct {
 	classifyKnown map[string]prometheus.Counter
 
 	spend spendMetrics
+	quota quotaMetrics
 
 	mu       sync.Mutex
 	features map[string]*featureMetrics
@@ -104,7 +105,7 @@ func NewMetrics(log *slog.Logger) *Metrics {
 		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "admitted_total",
 			Help: "Requests admitted, by feature."}, []string{"feature"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "rejected_total",
-			Help: "Requests refused, by feature and reason (token_budget, rate_limit, bulkhead_full, circuit_open, bad_request, spend_budget, cancelled)."}, []string{"feature", "reason"}),
+			Help: "Requests refused, by feature and reason (token_budget, rate_limit, bulkhead_full, circuit_open, bad_request, spend_budget, unknown_key, provider_quota, cluster_unavailable, cancelled)."}, []string{"feature", "reason"}),
 		rerouted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "rerouted_total",
 			Help: "Requests re-routed to another provider instead of refused, by feature, from and to provider, and the reason the first provider refused."}, []string{"feature", "from", "to", "reason"}),
 		rerouteNoModel: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "reroute_unmapped_total",
@@ -137,16 +138,18 @@ func NewMetrics(log *slog.Logger) *Metrics {
 		m.classifyKnown["invalid_"+dim] = m.classifyErrors.WithLabelValues("invalid_" + dim)
 	}
 	m.spend.init()
+	m.quota.init()
 	return m
 }
 
 // Collectors returns the collectors of engine e's metrics, for the process's registry: the
-// counters above, the spend counters, the state read at scrape time, and the metrics of the
-// engine's cluster store when it has one.
+// counters above, the spend and provider quota counters, the state read at scrape time, and
+// the metrics of the engine's cluster store when it has one.
 func (m *Metrics) Collectors(e *policy.Engine) []prometheus.Collector {
 	out := []prometheus.Collector{m.admitted, m.rejected, m.rerouted, m.rerouteNoModel, m.tokensReserved, m.tokensSettled, m.usageUnknown,
 		m.usageClamped, m.estimateError, m.queueWait, m.classifyErrors, m.transitions, &stateCollector{m: m, e: e}}
 	out = append(out, m.spend.collectors(e)...)
+	out = append(out, m.quota.collectors(e)...)
 	if st := e.Cluster(); st != nil {
 		out = append(out, m.unavailable)
 		out = append(out, st.Collectors()...)

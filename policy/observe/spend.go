@@ -70,7 +70,7 @@ func (m *spendMetrics) feature(name string) *spendCounters {
 var (
 	descSpendLimit = prometheus.NewDesc(Namespace+"_spend_budget_limit", "A spend budget's limit per window, in units of the policy's currency, by compartment and period (hour, day, month).", []string{"compartment", "period"}, nil)
 	descSpendUsed  = prometheus.NewDesc(Namespace+"_spend_budget_used", "Spend counted in a spend budget's current window (settled plus reserved by requests in flight), in units of the policy's currency, by compartment and period.", []string{"compartment", "period"}, nil)
-	descSpendLeft  = prometheus.NewDesc(Namespace+"_spend_budget_remaining", "What a spend budget has left in its current window (negative when settlement overran it), in units of the policy's currency, by compartment and period.", []string{"compartment", "period"}, nil)
+	descSpendLeft  = prometheus.NewDesc(Namespace+"_spend_budget_remaining", "What a spend budget has left in its current window, less the chunks of it replicas hold unused with leased cluster admission (negative when settlement overran it), in units of the policy's currency, by compartment and period.", []string{"compartment", "period"}, nil)
 	descSpendRatio = prometheus.NewDesc(Namespace+"_spend_budget_used_ratio", "Used divided by limit for a spend budget's current window, by compartment and period; for tenant-keyed compartments without tenant labels (<family>/*), the highest ratio among the family's tenants.", []string{"compartment", "period"}, nil)
 	descSpendReset = prometheus.NewDesc(Namespace+"_spend_budget_reset_timestamp_seconds", "When a spend budget's current window ends and the budget resets (Unix time), by compartment and period.", []string{"compartment", "period"}, nil)
 )
@@ -104,7 +104,7 @@ func (c *spendCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descSpendLimit, b.Limit.Float(), b.Label, b.Period)
 		gauge(descSpendUsed, (b.Spent + b.Reserved).Float(), b.Label, b.Period)
-		gauge(descSpendLeft, (b.Limit - b.Spent - b.Reserved).Float(), b.Label, b.Period)
+		gauge(descSpendLeft, (b.Limit - b.Spent - b.Reserved - b.Leased).Float(), b.Label, b.Period)
 		gauge(descSpendRatio, b.UsedRatio(), b.Label, b.Period)
 		gauge(descSpendReset, float64(b.End.Unix()), b.Label, b.Period)
 	}

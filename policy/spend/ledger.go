@@ -74,6 +74,9 @@ type Usage struct {
 	Spent Micros
 	// Reserved is the worst-case cost of admitted requests not settled yet.
 	Reserved Micros
+	// Leased is, with leased cluster admission, what replicas' chunks of the window hold
+	// unused: counted against the limit, as Reserved is.
+	Leased Micros
 	// Local is, with a Shared store, what this process counted in its own memory because the
 	// store did not answer in time (included in Spent and Reserved while Pending says the store
 	// does not have it yet); zero otherwise.
@@ -118,8 +121,8 @@ type Shared interface {
 	PendingTotal() Micros
 }
 
-// Remaining is Limit - Spent - Reserved (negative when settlement overran the limit).
-func (u Usage) Remaining() Micros { return u.Limit - u.Spent - u.Reserved }
+// Remaining is Limit - Spent - Reserved - Leased (negative when settlement overran the limit).
+func (u Usage) Remaining() Micros { return u.Limit - u.Spent - u.Reserved - u.Leased }
 
 // Store keeps the sums of every window. Implementations are safe for concurrent use.
 type Store interface {
@@ -455,7 +458,7 @@ func (s *localStore) share(w Window, now time.Time) Window {
 		return w
 	}
 	seen, _ := s.shared.Seen(w.ID, now)
-	used := seen.Spent + seen.Reserved
+	used := seen.Spent + seen.Reserved + seen.Leased
 	w.Limit = max(w.Limit-used, 0) / Micros(max(s.shared.Replicas(), 1))
 	w.AllowSingleOverrun = w.AllowSingleOverrun && used == 0
 	return w
@@ -527,7 +530,7 @@ func (l *Ledger) Usage(now time.Time) []Usage {
 	}
 	for id, u := range local {
 		if !seen[id] {
-			u.Spent, u.Reserved = 0, 0
+			u.Spent, u.Reserved, u.Leased = 0, 0, 0
 			addLocal(&u, local, pending)
 			out = append(out, u)
 		}
@@ -571,8 +574,8 @@ func (l *Ledger) PendingTotal() Micros {
 // Shared reports whether the ledger keeps its sums in a shared store.
 func (l *Ledger) Shared() bool { return l.st.Load().shared != nil }
 
-// SaveState implements Source: the store's windows with the ledger's currency. A store that
-// keeps its own state (not Persistent) gives none.
+// SaveState returns the store's windows with the ledger's currency, for a state file. A store
+// that keeps its own state (not Persistent) gives none.
 func (l *Ledger) SaveState(now time.Time) SavedState {
 	st := SavedState{Currency: l.Currency(), Windows: []SavedWindow{}}
 	if p, ok := l.Store().(Persistent); ok {
@@ -581,11 +584,13 @@ func (l *Ledger) SaveState(now time.Time) SavedState {
 	return st
 }
 
-// RestoreState implements Source. A state counted in another currency than the ledger's is
-// refused whole (its amounts would mean something else), as is one the store cannot take.
+// RestoreState replaces (never adds to) the spend of each budget whose current window at now is
+// one of st's, and returns how many windows it restored. A state counted in another currency
+// than the ledger's is refused whole (its amounts would mean something else) with an error
+// wrapping ErrOtherCurrency, as is one the store cannot take.
 func (l *Ledger) RestoreState(st SavedState, now time.Time) (int, error) {
 	if st.Currency != l.Currency() {
-		return 0, &StateError{Reason: ReasonCurrency, Err: fmt.Errorf("the state is counted in %q, the policy in %q", st.Currency, l.Currency())}
+		return 0, fmt.Errorf("the state is counted in %q, the policy in %q: %w", st.Currency, l.Currency(), ErrOtherCurrency)
 	}
 	p, ok := l.Store().(Persistent)
 	if !ok {
@@ -593,7 +598,7 @@ func (l *Ledger) RestoreState(st SavedState, now time.Time) (int, error) {
 	}
 	n, err := p.Load(st.Windows, now)
 	if err != nil {
-		return 0, &StateError{Reason: ReasonCorrupt, Err: err}
+		return 0, err
 	}
 	// A file written under another time_zone holds windows the policy's zone does not make
 	// current: their spend carries into the current ones.

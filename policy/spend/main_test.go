@@ -6,5 +6,5 @@ import (
 	"go.uber.org/goleak"
 )
 
-// TestMain fails the run if a test leaves a goroutine behind (a Persister writes from one).
+// TestMain fails the run if a test leaves a goroutine behind.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

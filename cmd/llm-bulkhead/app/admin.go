@@ -104,6 +104,9 @@ func (a *App) adminHandler() http.Handler {
 	mux.HandleFunc("GET /admin/breakers", a.guardRead(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"breakers": a.engine.Breakers()})
 	}))
+	mux.HandleFunc("GET /admin/quotas", a.guardRead(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"providers": a.engine.ProviderQuotas()})
+	}))
 	mux.HandleFunc("POST /admin/breakers/{name...}", a.forceBreaker)
 	// Breaker names contain slashes (per-model breakers such as deepseek/deepseek-r*), and a
 	// wildcard must end a pattern, so the /events suffix is cut here.

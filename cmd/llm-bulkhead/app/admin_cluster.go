@@ -1,11 +1,13 @@
 package app
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
 )
 
 // Cluster states reported by GET /admin/cluster.
@@ -39,6 +41,18 @@ type clusterView struct {
 	Admission string `json:"admission"`
 	// Leases are this replica's leases of its compartments' limits (leased admission).
 	Leases []cluster.LeaseInfo `json:"leases,omitempty"`
+	// SpendLeases are this replica's chunks of spend windows (leased admission).
+	SpendLeases []spendLeaseJSON `json:"spend_leases,omitempty"`
+}
+
+// spendLeaseJSON is this replica's chunk of one spend window, in the policy's currency: unused,
+// reserved by its requests in flight, and settled here but not yet reported to Redis.
+type spendLeaseJSON struct {
+	Window   string      `json:"window"`
+	Unused   json.Number `json:"unused"`
+	InFlight json.Number `json:"in_flight"`
+	Pending  json.Number `json:"pending"`
+	Tight    bool        `json:"tight,omitempty"`
 }
 
 // clusterInfo handles GET /admin/cluster: whether limits are shared across replicas, through
@@ -52,6 +66,10 @@ func (a *App) clusterInfo(w http.ResponseWriter, r *http.Request) {
 	}
 	v := clusterView{Info: st.Info(r.Context()), OnUnavailable: a.engine.ClusterOnUnavailable(), Share: a.engine.ClusterShare(),
 		Admission: a.engine.ClusterAdmission(), Leases: a.engine.ClusterLeases()}
+	for _, s := range a.engine.ClusterSpendLeases() {
+		v.SpendLeases = append(v.SpendLeases, spendLeaseJSON{Window: s.Window, Unused: amount(spend.Micros(s.Unused)),
+			InFlight: amount(spend.Micros(s.InFlight)), Pending: amount(spend.Micros(s.Pending)), Tight: s.Tight})
+	}
 	switch {
 	case v.Available && v.Synced:
 		v.State = clusterShared

@@ -34,7 +34,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
-	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/statefile"
 )
 
 // Options configure an App. Zero values take the policy's settings.
@@ -62,13 +62,13 @@ type Options struct {
 	Env []string
 	// LogOutput receives JSON logs; nil means os.Stderr.
 	LogOutput io.Writer
-	// Clock defaults to the system clock. The engine, the spend state and the check of the
+	// Clock defaults to the system clock. The engine, the state file and the check of the
 	// ext_proc listener's certificates (one not valid now is not rotated in) read it.
 	Clock policy.Clock
 	// Watch reloads the policy file when it changes on disk (and on SIGHUP, see Run).
 	Watch bool
-	// SpendState overrides the policy's spend.state_file.
-	SpendState string
+	// StateFile overrides the policy's state.file (the --state-file flag).
+	StateFile string
 	// Build describes the binary for llm_bulkhead_build_info and the start log line; the zero
 	// value reads it from the Go build record (ReadBuildInfo("")).
 	Build BuildInfo
@@ -115,10 +115,12 @@ type App struct {
 	serveErr chan error
 	stopOnce sync.Once
 	watcher  *watcher
+	// keysWatcher reloads the policy when tenants.keys_file changes; nil without one.
+	keysWatcher *watcher
 	// tracing exports requests' spans; nil when the policy does not trace.
 	tracing *tracingPipeline
-	// spendState keeps spend in the state file; nil without one.
-	spendState *spend.Persister
+	// state keeps every budget's windows in the state file; nil without one.
+	state *statefile.Persister
 	// tls is the ext_proc listener's TLS material; nil for plaintext.
 	tls *listenerTLS
 	// memLimit is the memory limit the server sized its defaults from (0: none), found in
@@ -200,7 +202,7 @@ func New(o Options) (*App, error) {
 	a.registry.MustRegister(engMetrics.Collectors(eng)...)
 	a.engine, a.engineMetrics = eng, engMetrics
 	a.current.Store(p)
-	if err := a.openSpendState(p); err != nil {
+	if err := a.openState(p); err != nil {
 		_ = eng.Close(context.Background())
 		return nil, err
 	}
@@ -403,12 +405,22 @@ func (a *App) Start() error {
 		} else {
 			a.watcher = w
 		}
+		if keys := a.current.Load().Tenants.KeysFile; keys != "" {
+			// A reload reads the keys again with the policy: a new key is taken, a file with a
+			// line that cannot be read keeps the running policy and its keys.
+			w, err := newWatcher(keys, 250*time.Millisecond, a.log, func() { a.Reload("keys file changed") })
+			if err != nil {
+				a.log.Error("cannot watch the keys file; reload with SIGHUP instead", "file", keys, "err", err)
+			} else {
+				a.keysWatcher = w
+			}
+		}
 	}
 	if a.tls != nil {
 		a.tls.watch(tlsPollInterval)
 	}
-	if a.spendState != nil {
-		a.spendState.Start()
+	if a.state != nil {
+		a.state.Start()
 	}
 	if st := a.engine.Cluster(); st != nil {
 		// Give the first registration in Redis a moment, so that the first requests share
@@ -484,7 +496,11 @@ func (a *App) Reload(why string) error {
 	}
 	a.metrics.reloads.WithLabelValues("success").Inc()
 	a.metrics.lastReload.SetToCurrentTime()
-	a.log.Info("policy reloaded", "why", why, "policy", name, "generation", a.engine.Snapshot().Gen(), "diff", diff.String())
+	attrs := []any{"why", why, "policy", name, "generation", a.engine.Snapshot().Gen(), "diff", diff.String()}
+	if f := p.Tenants.KeysFile; f != "" {
+		attrs = append(attrs, "keys_file", f, "keys_from_file", p.Tenants.KeysFromFile().Len())
+	}
+	a.log.Info("policy reloaded", attrs...)
 	return nil
 }
 
@@ -508,6 +524,10 @@ func (a *App) checkFixed(p *config.Policy) error {
 			problems = append(problems, k.key)
 		}
 	}
+	if p.Tenants.KeysFile != cur.Tenants.KeysFile {
+		// Its contents are read on every reload; which file is watched, only on restart.
+		problems = append(problems, "tenants.keys_file")
+	}
 	if p.Envoy.MaxRequestBody != cur.Envoy.MaxRequestBody {
 		problems = append(problems, "envoy.max_request_body")
 	}
@@ -523,7 +543,7 @@ func (a *App) checkFixed(p *config.Policy) error {
 	if p.Server.KeepaliveTimeout != cur.Server.KeepaliveTimeout {
 		problems = append(problems, "server.keepalive_timeout")
 	}
-	problems = append(problems, a.spendStateFixed(p, cur)...)
+	problems = append(problems, a.stateFixed(p, cur)...)
 	if !reflect.DeepEqual(p.Cluster, cur.Cluster) {
 		problems = append(problems, "cluster")
 	}
@@ -546,6 +566,9 @@ func (a *App) Shutdown(ctx context.Context) {
 		a.health.Shutdown()
 		if a.watcher != nil {
 			a.watcher.Close()
+		}
+		if a.keysWatcher != nil {
+			a.keysWatcher.Close()
 		}
 		if a.tls != nil {
 			a.tls.close()
@@ -580,7 +603,7 @@ func (a *App) Shutdown(ctx context.Context) {
 		if err := a.engine.Close(shut); err != nil {
 			a.log.Warn("could not give this replica's shared slots back; they free when its leases expire", "error", err)
 		}
-		a.closeSpendState()
+		a.closeState()
 		a.stopTracing(shut)
 		if err := a.admin.Shutdown(shut); err != nil {
 			a.admin.Close()

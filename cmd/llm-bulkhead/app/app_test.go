@@ -484,7 +484,7 @@ func TestAdminHostIsChecked(t *testing.T) {
 	refused := []string{"evil.example", "evil.example:9090", "127.0.0.1.nip.io:9090", "localhost.evil.example", "bulkhead.internal.evil.example",
 		"2130706433:9090", "llm-bulkhead.llm.svc:9090", "127.0.0.1:9090.evil.example", "[::1].evil.example"}
 	for _, base := range []string{"http://" + loopback.AdminAddr(), insecure} {
-		for _, path := range []string{"/", "/admin/compartments", "/admin/config", "/admin/spend", "/admin/breakers", "/admin/decisions", "/admin/cluster"} {
+		for _, path := range []string{"/", "/admin/compartments", "/admin/config", "/admin/spend", "/admin/breakers", "/admin/decisions", "/admin/cluster", "/admin/quotas"} {
 			for _, host := range refused {
 				code, _, body := do(t, "GET", base+path, http.Header{"Host": {host}})
 				if code != http.StatusForbidden || strings.Contains(string(body), "compartments\"") || !strings.Contains(string(body), "--admin-allowed-hosts") {

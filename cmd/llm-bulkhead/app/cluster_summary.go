@@ -46,7 +46,7 @@ func explainCluster(w io.Writer, c config.Cluster) {
 	line("replica id", "%s", c.ReplicaID)
 	switch c.Admission {
 	case config.AdmissionLeased:
-		line("admission", "leased: each replica admits against its lease of every compartment's limits, renewed every %s (lease_interval); no call to Redis on a request's path unless a lease runs short", c.LeaseInterval)
+		line("admission", "leased: each replica admits against its lease of every compartment's limits and chunks of its token, rate and spend windows, renewed every %s (lease_interval); no call to Redis on a request's path unless a lease runs short", c.LeaseInterval)
 		line("timeout", "%s (the longest a request waits for its lease to grow, and a report for Redis)", c.Timeout)
 	default:
 		line("admission", "exact: every admission runs one script in Redis")

@@ -20,7 +20,9 @@ type spendBudgetJSON struct {
 	Limit       json.Number `json:"limit"`
 	Spent       json.Number `json:"spent"`
 	Reserved    json.Number `json:"reserved"`
-	Remaining   json.Number `json:"remaining"`
+	// Leased is, with leased cluster admission, what replicas' chunks of the window hold unused.
+	Leased    json.Number `json:"leased,omitempty"`
+	Remaining json.Number `json:"remaining"`
 	// Local is set in cluster mode: what this replica counted on its own while Redis did not
 	// answer.
 	Local *spendLocalJSON `json:"local,omitempty"`
@@ -51,7 +53,10 @@ func (a *App) spendInfo(w http.ResponseWriter, _ *http.Request) {
 			ResetIn:  int64(math.Ceil(max(b.End.Sub(now), 0).Seconds())),
 			Limit:    amount(b.Limit),
 			Spent:    amount(b.Spent),
-			Reserved: amount(b.Reserved), Remaining: amount(b.Limit - b.Spent - b.Reserved),
+			Reserved: amount(b.Reserved), Remaining: amount(b.Limit - b.Spent - b.Reserved - b.Leased),
+		}
+		if b.Leased != 0 {
+			j.Leased = amount(b.Leased)
 		}
 		if b.Shared {
 			j.Local = &spendLocalJSON{Limit: amount(b.LocalLimit), Spent: amount(b.Local.Spent), Reserved: amount(b.Local.Reserved),

@@ -50,7 +50,7 @@ func (s *Summary) Explain(w io.Writer) {
 	}{{"feature", c.Feature}, {"tenant", c.Tenant}, {"tier", c.Tier}, {"provider", c.Provider}, {"model", c.Model}} {
 		var rules []string
 		for _, r := range d.dim.Rules {
-			rules = append(rules, describeRule(r))
+			rules = append(rules, describeRule(p, r))
 		}
 		rules = append(rules, fmt.Sprintf("default %q", d.dim.Default))
 		fmt.Fprintf(w, "  %-9s %s\n", d.name+":", strings.Join(rules, " → "))
@@ -270,9 +270,30 @@ func orDash(s string) string {
 	return s
 }
 
-func describeRule(r config.Rule) string {
+func describeRule(p *config.Policy, r config.Rule) string {
 	var s string
 	switch {
+	case r.APIKey:
+		s = "API key in authorization (Bearer) or x-api-key"
+		if r.Header != "" {
+			s = "API key in " + r.Header
+		}
+		if r.Trusted {
+			s += " (trusted)"
+		}
+		dir := 0
+		for _, t := range p.Tenants.Directory {
+			dir += len(t.KeySHA256)
+		}
+		s += fmt.Sprintf(" [keys: %d in the directory", dir)
+		if f := p.Tenants.KeysFile; f != "" {
+			s += fmt.Sprintf(", %d in %s", p.Tenants.KeysFromFile().Len(), f)
+		}
+		s += "; unknown or missing key: " + p.Tenants.UnknownKey
+		if r.StripClientKey {
+			s += "; the client's key is removed before the upstream"
+		}
+		s += "]"
 	case r.Header != "":
 		s = "header " + r.Header
 		if r.Trusted {

@@ -62,8 +62,12 @@ func newWatcher(path string, debounce time.Duration, log *slog.Logger, onChange 
 	return w, nil
 }
 
+// maxWatched bounds the files a watcher reads: the largest any watched path may be (a policy,
+// a keys file, a TLS file). A larger one reads as deleted until it is fixed.
+const maxWatched = max(files.MaxPolicy, files.MaxKeys, files.MaxPEM)
+
 func (w *watcher) hash() [sha256.Size]byte {
-	b, err := files.Read(w.path, files.MaxPolicy)
+	b, err := files.Read(w.path, maxWatched)
 	if err != nil {
 		return [sha256.Size]byte{}
 	}
@@ -138,7 +142,7 @@ func (w *watcher) loop() {
 			if !ok {
 				return
 			}
-			w.log.Error("policy file watch error", "err", err)
+			w.log.Error("file watch error", "file", w.path, "err", err)
 		case <-fire:
 			fire = nil
 			h := w.hash()

@@ -21,11 +21,15 @@ type ModelProvider struct {
 
 // ExampleModelProviders is the model table of llm-bulkhead's example policy
 // (examples/policy.yaml's models list): deepseek-* on deepseek, qwen-* on
-// qwen, everything else on local. The mockllm command's
-// -check-model-provider flag uses it.
+// qwen, gemini-* on gemini, Anthropic's and Amazon's Nova models (and their
+// inference profiles) on bedrock, everything else on local. The mockllm
+// command's -check-model-provider flag uses it.
 var ExampleModelProviders = []ModelProvider{
 	{Match: "deepseek-*", Provider: "deepseek"},
 	{Match: "qwen-*", Provider: "qwen"},
+	{Match: "gemini-*", Provider: "gemini"},
+	{Match: "*anthropic.claude-*", Provider: "bedrock"},
+	{Match: "*amazon.nova-*", Provider: "bedrock"},
 	{Match: "*", Provider: "local"},
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -158,6 +159,11 @@ type Options struct {
 	// ProviderCapacity limits concurrent requests per x-llm-provider header
 	// value, on top of Capacity. Providers not listed are unlimited.
 	ProviderCapacity map[string]int
+	// Quotas gives providers (by x-llm-provider header value; "" for requests
+	// without it) a request rate limit, reported in every response's
+	// rate-limit headers and enforced with 429 (see RequestQuota). Providers
+	// not listed have none and send no such headers.
+	Quotas map[string]RequestQuota
 	// DefaultCompletionTokens is the completion size when the request gives no
 	// max_tokens, max_completion_tokens or max_output_tokens. Zero means 256.
 	DefaultCompletionTokens int64
@@ -221,6 +227,7 @@ func (o Options) withDefaults() Options {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	o.ModelProviders = slices.Clone(o.ModelProviders)
+	o.Quotas = maps.Clone(o.Quotas)
 	o.CapacitySchedule = slices.Clone(o.CapacitySchedule)
 	return o
 }
@@ -252,6 +259,14 @@ func (o Options) validate() error {
 		if c < 0 {
 			errs = append(errs, fmt.Errorf("capacity %d of provider %q must not be negative", c, name))
 		}
+	}
+	for name, q := range o.Quotas {
+		if q.Limit < 1 || q.Window <= 0 {
+			errs = append(errs, fmt.Errorf("quota of provider %q needs a limit of at least 1 and a positive window, got %d per %s", name, q.Limit, q.Window))
+		}
+	}
+	if len(o.Quotas) > maxTrackedProviders {
+		errs = append(errs, fmt.Errorf("at most %d providers may have a quota, got %d", maxTrackedProviders, len(o.Quotas)))
 	}
 	if len(o.ProviderCapacity) > maxTrackedProviders {
 		errs = append(errs, fmt.Errorf("at most %d providers may have a capacity, got %d", maxTrackedProviders, len(o.ProviderCapacity)))

@@ -91,6 +91,7 @@ type Server struct {
 	rec    *recorder
 	pools  *pools
 	sched  *scheduler // nil without a capacity schedule
+	quotas *quotas
 	seq    atomic.Uint64
 
 	rngMu sync.Mutex
@@ -106,11 +107,12 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("mockllm options: %w", err)
 	}
 	s := &Server{
-		opts:  opts,
-		log:   opts.Logger,
-		rec:   newRecorder(opts.RequestLogSize, opts.MaxLoggedBodyBytes),
-		pools: newPools(opts.Capacity, opts.ProviderCapacity),
-		rng:   rand.New(rand.NewPCG(opts.Seed, 0x6d6f636b6c6c6d)),
+		opts:   opts,
+		log:    opts.Logger,
+		rec:    newRecorder(opts.RequestLogSize, opts.MaxLoggedBodyBytes),
+		pools:  newPools(opts.Capacity, opts.ProviderCapacity),
+		quotas: newQuotas(opts.Quotas, opts.TimeScale),
+		rng:    rand.New(rand.NewPCG(opts.Seed, 0x6d6f636b6c6c6d)),
 	}
 	rules := cloneRules(opts.Faults)
 	s.faults.Store(&rules)
@@ -394,6 +396,14 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, rt route) {
 	ctx := r.Context()
 	delay := s.scale(time.Duration(f.DelayHeaders))
 
+	if has, ok, limit, left, reset := s.quotas.take(provider, time.Now()); has {
+		// The reset is in real time: it is when the quota really refills.
+		e.setQuotaHeaders(limit, left, reset, r.Header.Get(HeaderRateLimitMalformed) == "true")
+		if !ok {
+			e.quotaRefusal(out, reset)
+			return
+		}
+	}
 	if status := f.failStatus(failRoll); status != 0 {
 		// A failing provider answers fast and without queueing, as real
 		// overloaded providers do; only an injected header delay applies.

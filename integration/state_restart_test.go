@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +14,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/mockllm/mock"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
-	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/statefile"
 )
 
 // spendStatePolicy prices deepseek at $1 000 per million tokens ($0.001 a token) and gives the
@@ -114,12 +115,12 @@ func (p *spendProcess) saved(path string) float64 {
 	want := p.used()
 	var got float64
 	clusterWait(p.t, fmt.Sprintf("the state file to hold $%.2f", want), func() bool {
-		st, err := spend.ReadState(path)
+		st, err := statefile.Read(path)
 		if err != nil {
 			return false
 		}
 		got = 0
-		for _, w := range st.Windows {
+		for _, w := range st.Spend {
 			if w.Budget == "feature/chat" && w.Period == "day" {
 				got = float64(w.Settled+w.InFlight) / 1e6
 			}
@@ -163,7 +164,7 @@ func TestSpendSurvivesRestart(t *testing.T) {
 	if got := p.used(); !near(got, 4*chatCost) {
 		t.Fatalf("after SIGTERM and restart chat used $%v, want $%.2f", got, 4*chatCost)
 	}
-	if v := replicaMetric(t, p.r, "llm_bulkhead_spend_state_restored_windows"); v != 1 {
+	if v := replicaMetric(t, p.r, "llm_bulkhead_spend_state_restored_windows", "kind", "spend"); v != 1 {
 		t.Errorf("restored windows %v, want 1", v)
 	}
 	p.spend(3)
@@ -190,8 +191,8 @@ func TestSpendSurvivesRestart(t *testing.T) {
 	}
 	// Restoring never double-counts: the restored spend is what the file held, whatever
 	// restarted how often.
-	if st, err := spend.ReadState(state); err == nil {
-		for _, w := range st.Windows {
+	if st, err := statefile.Read(state); err == nil {
+		for _, w := range st.Spend {
 			if w.Budget == "feature/chat" && float64(w.Settled+w.InFlight)/1e6 > before+2*chatCost+1e-9 {
 				t.Errorf("state file holds $%v for chat, more than was ever spent", float64(w.Settled+w.InFlight)/1e6)
 			}
@@ -251,7 +252,7 @@ func TestSpendCorruptStateFile(t *testing.T) {
 	if v := replicaMetric(t, p.r, "llm_bulkhead_spend_state_restore_failures_total", "reason", "corrupt"); v != 1 {
 		t.Errorf("restore failures (corrupt): %v", v)
 	}
-	if !strings.Contains(p.r.Tail(), `"level":"ERROR","msg":"spend state not restored`) || !strings.Contains(p.r.Tail(), state) {
+	if !strings.Contains(p.r.Tail(), `"level":"ERROR","msg":"state not restored: every budget starts empty`) || !strings.Contains(p.r.Tail(), state) {
 		t.Errorf("no error line naming the file:\n%s", p.r.Tail())
 	}
 	aside, _ := filepath.Glob(state + ".bad-*")
@@ -265,5 +266,127 @@ func TestSpendCorruptStateFile(t *testing.T) {
 	p.spend(1)
 	if got := p.used(); !near(got, chatCost) {
 		t.Errorf("chat used $%v after one request, want $%.2f", got, chatCost)
+	}
+}
+
+// tokenStatePolicy gives every tenant 900 tokens a day in a compartment of its own, kept in the
+// state file at path, written every second.
+const tokenStatePolicy = `
+envoy: {max_message_timeout: 30s}
+classification:
+  tenant:
+    rules: [{header: x-tenant-id, trusted: true}]
+  provider:
+    default: deepseek
+    rules: [{model_map: true}]
+  model:
+    rules: [{body: model}]
+models:
+  - {match: "deepseek-*", provider: deepseek}
+tiers:
+  free: {max_concurrent: 20, tokens_per_day: 900}
+providers:
+  deepseek: {}
+compartments:
+  - {name: tenant, key: [tenant], limits_from: tenant, max_instances: 100}
+state:
+  file: %s
+  interval: 1s
+`
+
+// tenantChat is pricedChat for tenant: 150 tokens once settled.
+func tenantChat(tenant string) *envoysim.Request {
+	r := pricedChat()
+	r.Headers = append(r.Headers, envoysim.Header{Key: "x-tenant-id", Value: tenant})
+	return r
+}
+
+// tokensToday is what tenant's compartment counts of its tokens_per_day in p.
+func (p *spendProcess) tokensToday(tenant string) int64 {
+	p.t.Helper()
+	c := mustCompartment(p.t, p.r, "tenant/"+tenant)
+	for _, b := range c.Budgets {
+		if b.Kind == "tokens_per_day" {
+			return b.Used
+		}
+	}
+	p.t.Fatalf("%s: tenant/%s has no tokens_per_day", p.name, tenant)
+	return 0
+}
+
+// do sends tenant's chat request and returns the result.
+func (p *spendProcess) do(tenant string) *envoysim.Result {
+	p.t.Helper()
+	res, err := p.r.Do(context.Background(), tenantChat(tenant), p.up)
+	if err != nil {
+		p.t.Fatalf("%s: %v", p.name, err)
+	}
+	return res
+}
+
+// TestTokenBudgetSurvivesRestart: the tokens a tenant used of its tokens_per_day still count
+// after the process restarts on the same state file — after SIGTERM exactly, after SIGKILL as of
+// the file's last write — so the request that would have been refused before the restart is
+// refused after it, while a tenant the file does not know has its whole budget.
+func TestTokenBudgetSurvivesRestart(t *testing.T) {
+	up := startMockLLM(t, mock.Options{TimeScale: 0.01})
+	state := filepath.Join(t.TempDir(), "state.json")
+	policy := writePolicy(t, fmt.Sprintf(tokenStatePolicy, state))
+
+	p := startSpendProcess(t, "first", policy, up)
+	for i := range 5 {
+		if res := p.do("acme"); res.Status != 200 {
+			t.Fatalf("acme's request %d: %d %s", i+1, res.Status, header(res, "x-bulkhead-reason"))
+		}
+	}
+	if got := p.tokensToday("acme"); got != 5*150 {
+		t.Fatalf("acme used %d tokens today, want 750", got)
+	}
+	// 750 of 900 used: the next request's estimate does not fit.
+	if res := p.do("acme"); res.Status != 429 || header(res, "x-bulkhead-reason") != "token_budget" {
+		t.Fatalf("acme's 6th request before the restart: %d %s, want 429 token_budget", res.Status, header(res, "x-bulkhead-reason"))
+	}
+
+	if err := p.r.Stop(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	p = startSpendProcess(t, "after SIGTERM", policy, up)
+	if v := replicaMetric(t, p.r, "llm_bulkhead_spend_state_restored_windows", "kind", "tokens_per_day"); v != 1 {
+		t.Errorf("restored tokens_per_day windows %v, want acme's", v)
+	}
+	if res := p.do("acme"); res.Status != 429 || header(res, "x-bulkhead-reason") != "token_budget" || header(res, "x-bulkhead-compartment") != "tenant/acme" {
+		t.Fatalf("acme after the restart: %d %s in %s, want 429 token_budget in tenant/acme (750 of 900 tokens used today)",
+			res.Status, header(res, "x-bulkhead-reason"), header(res, "x-bulkhead-compartment"))
+	}
+	if got := p.tokensToday("acme"); got != 750 {
+		t.Fatalf("acme used %d tokens today after the restart, want 750", got)
+	}
+	if res := p.do("initech"); res.Status != 200 {
+		t.Fatalf("initech, unknown to the state file: %d %s", res.Status, header(res, "x-bulkhead-reason"))
+	}
+
+	// SIGKILL once the interval wrote initech's tokens: they count after the restart too.
+	clusterWait(t, "the state file to hold initech's 150 tokens", func() bool {
+		st, err := statefile.Read(state)
+		if err != nil {
+			return false
+		}
+		for _, w := range st.Windows {
+			if slices.Equal(w.Values, []string{"initech"}) && w.Kind == statefile.KindTokensPerDay {
+				return len(w.Slots) > 0 && w.Slots[len(w.Slots)-1].Amount == 150
+			}
+		}
+		return false
+	})
+	p.r.Kill()
+	p = startSpendProcess(t, "after SIGKILL", policy, up)
+	if res := p.do("initech"); res.Status != 200 {
+		t.Fatalf("initech after SIGKILL: %d %s", res.Status, header(res, "x-bulkhead-reason"))
+	}
+	if got := p.tokensToday("initech"); got != 300 {
+		t.Fatalf("initech used %d tokens today after SIGKILL and one more request, want 300", got)
+	}
+	if res := p.do("acme"); res.Status != 429 || header(res, "x-bulkhead-reason") != "token_budget" {
+		t.Fatalf("acme after two restarts: %d %s, want 429 token_budget", res.Status, header(res, "x-bulkhead-reason"))
 	}
 }

@@ -1,0 +1,213 @@
+package quota
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+
+func read(t *testing.T, now time.Time, kv ...string) Reading {
+	t.Helper()
+	var r Reading
+	for i := 0; i+1 < len(kv); i += 2 {
+		if known, err := ParseHeader(kv[i], kv[i+1], now, &r); !known || err != nil {
+			t.Fatalf("%s: %q: known %v, %v", kv[i], kv[i+1], known, err)
+		}
+	}
+	return r
+}
+
+func TestParseOpenAIHeaders(t *testing.T) {
+	r := read(t, t0,
+		"x-ratelimit-limit-requests", "60",
+		"x-ratelimit-remaining-requests", "59",
+		"x-ratelimit-reset-requests", "1s",
+		"x-ratelimit-limit-tokens", "150000",
+		"x-ratelimit-remaining-tokens", "149984",
+		"x-ratelimit-reset-tokens", "6m0s")
+	if w := r.Windows[Requests]; w.Limit != 60 || w.Remaining != 59 || !w.Reset.Equal(t0.Add(time.Second)) || w.Has != HasLimit|HasRemaining|HasReset {
+		t.Errorf("requests %+v", w)
+	}
+	if w := r.Windows[Tokens]; w.Limit != 150000 || w.Remaining != 149984 || !w.Reset.Equal(t0.Add(6*time.Minute)) {
+		t.Errorf("tokens %+v", w)
+	}
+	for v, want := range map[string]time.Duration{"1.5s": 1500 * time.Millisecond, "20ms": 20 * time.Millisecond, "2m59.56s": 2*time.Minute + 59560*time.Millisecond, "7": 7 * time.Second, "0.25": 250 * time.Millisecond} {
+		r := read(t, t0, "x-ratelimit-reset-tokens", v)
+		if got := r.Windows[Tokens].Reset.Sub(t0); got != want {
+			t.Errorf("reset %q: %s, want %s", v, got, want)
+		}
+	}
+}
+
+func TestParseAnthropicHeaders(t *testing.T) {
+	r := read(t, t0,
+		"anthropic-ratelimit-requests-limit", "50",
+		"anthropic-ratelimit-requests-remaining", "49",
+		"anthropic-ratelimit-requests-reset", "2026-12-07T10:00:01Z",
+		"anthropic-ratelimit-input-tokens-limit", "40000",
+		"anthropic-ratelimit-input-tokens-remaining", "39000",
+		"anthropic-ratelimit-input-tokens-reset", "2026-12-07T10:00:02.5Z",
+		"anthropic-ratelimit-output-tokens-remaining", "7000",
+		"anthropic-ratelimit-tokens-remaining", "46000",
+		"anthropic-ratelimit-tokens-reset", "2026-12-07T09:59:00Z") // past: now
+	if w := r.Windows[Requests]; w.Limit != 50 || w.Remaining != 49 || !w.Reset.Equal(t0.Add(time.Second)) {
+		t.Errorf("requests %+v", w)
+	}
+	if w := r.Windows[InputTokens]; w.Remaining != 39000 || !w.Reset.Equal(t0.Add(2500*time.Millisecond)) {
+		t.Errorf("input tokens %+v", w)
+	}
+	if w := r.Windows[OutputTokens]; w.Remaining != 7000 || w.Has != HasRemaining {
+		t.Errorf("output tokens %+v", w)
+	}
+	if w := r.Windows[Tokens]; !w.Reset.Equal(t0) {
+		t.Errorf("a reset in the past: %+v, want now", w)
+	}
+}
+
+func TestParseRejectsWhatCannotBeTrue(t *testing.T) {
+	for _, tc := range []struct {
+		name, value string
+		want        error
+	}{
+		{"x-ratelimit-remaining-requests", "many", ErrMalformed},
+		{"x-ratelimit-remaining-requests", "-1", ErrAbsurd},
+		{"x-ratelimit-limit-tokens", "99999999999999999", ErrAbsurd},
+		{"x-ratelimit-limit-tokens", "1.5", ErrMalformed},
+		{"x-ratelimit-reset-tokens", "", ErrMalformed},
+		{"x-ratelimit-reset-tokens", "soon", ErrMalformed},
+		{"x-ratelimit-reset-tokens", "-3s", ErrMalformed},
+		{"x-ratelimit-reset-tokens", "9000h", ErrAbsurd},
+		{"x-ratelimit-reset-tokens", "1e9", ErrAbsurd},
+		{"x-ratelimit-reset-tokens", "NaN", ErrMalformed},
+		{"anthropic-ratelimit-requests-reset", "2027-12-07T10:00:00Z", ErrAbsurd},
+		{"anthropic-ratelimit-requests-reset", "2026-13-07T10:00:00Z", ErrMalformed},
+	} {
+		var r Reading
+		known, err := ParseHeader(tc.name, tc.value, t0, &r)
+		if !known || !errors.Is(err, tc.want) {
+			t.Errorf("%s: %q: known %v, %v, want %v", tc.name, tc.value, known, err, tc.want)
+		}
+		if !r.Empty() {
+			t.Errorf("%s: %q changed the reading: %+v", tc.name, tc.value, r)
+		}
+	}
+	for _, name := range []string{"x-ratelimit-limit", "x-ratelimit-used-requests", "x-ratelimit-limit-images", "anthropic-ratelimit-tokens", "anthropic-ratelimit-images-limit", "retry-after", "x-request-id"} {
+		var r Reading
+		if known, err := ParseHeader(name, "5", t0, &r); known || err != nil {
+			t.Errorf("%s: known %v, %v; want an unknown header", name, known, err)
+		}
+	}
+}
+
+// TestTrackerKeepsABurstWithinTheQuota: with 3 requests left, 3 requests are admitted before
+// any answers, the 4th is refused until a response says more are left or the reset passes;
+// tokens likewise, and the reserve is kept for the highest priority.
+func TestTrackerKeepsABurstWithinTheQuota(t *testing.T) {
+	var tr Tracker
+	need := Need{Prompt: 100, Completion: 400}
+	// Unknown quotas refuse nothing.
+	first, _, ok := tr.Reserve(need, 0, false, t0)
+	if !ok {
+		t.Fatal("an unknown quota refused a request")
+	}
+	// Its response is the first reading.
+	tr.Observe(&first, &Reading{Windows: [numKinds]Window{
+		Requests: {Limit: 10, Remaining: 3, Reset: t0.Add(2 * time.Second), Has: HasLimit | HasRemaining | HasReset},
+		Tokens:   {Limit: 100000, Remaining: 90000, Reset: t0.Add(time.Minute), Has: HasLimit | HasRemaining | HasReset},
+	}}, t0)
+	var held []Reservation
+	for i := range 3 {
+		res, _, ok := tr.Reserve(need, 0, false, t0)
+		if !ok {
+			t.Fatalf("request %d of the 3 left refused", i+1)
+		}
+		held = append(held, res)
+	}
+	_, v, ok := tr.Reserve(need, 0, false, t0)
+	if ok || v.Kind != Requests || v.Left != 0 || v.ResetIn != 2*time.Second {
+		t.Fatalf("the 4th request: ok %v, %+v; want refused on requests, reset in 2s", ok, v)
+	}
+	// The first response says 5 are left now (the provider counted it and one more): the 4th
+	// fits again, counting the two still in flight.
+	tr.Observe(&held[0], &Reading{Windows: [numKinds]Window{Requests: {Remaining: 5, Has: HasRemaining}}}, t0.Add(100*time.Millisecond))
+	for i := range 3 {
+		if _, _, ok := tr.Reserve(need, 0, false, t0.Add(100*time.Millisecond)); !ok {
+			t.Fatalf("request %d after the reading refused (5 left, 2 in flight)", i+1)
+		}
+	}
+	if _, _, ok := tr.Reserve(need, 0, false, t0.Add(100*time.Millisecond)); ok {
+		t.Fatal("a 6th request admitted against 5 left")
+	}
+	// The reading kept the reset: at it the quota is full again.
+	if _, _, ok := tr.Reserve(need, 0, false, t0.Add(2*time.Second)); !ok {
+		t.Fatal("refused after the reset")
+	}
+
+	// Tokens: 1 000 left, a reserve of 10 % of 100 000 for the top priority.
+	var tt Tracker
+	tt.Observe(&Reservation{}, &Reading{Windows: [numKinds]Window{Tokens: {Limit: 100000, Remaining: 10500, Has: HasLimit | HasRemaining}}}, t0)
+	if _, v, ok := tt.Reserve(Need{Prompt: 100, Completion: 500}, 0.1, false, t0); ok || v.Kind != Tokens || v.Left != 500 {
+		t.Fatalf("600 tokens below the reserve: ok %v %+v; want refused with 500 left", ok, v)
+	}
+	res, _, ok := tt.Reserve(Need{Prompt: 100, Completion: 500}, 0.1, true, t0)
+	if !ok {
+		t.Fatal("the top priority could not use the reserve")
+	}
+	// The request ends without a reading: its real use (300) is charged, its hold (600) freed.
+	tt.Settle(&res, Need{Prompt: 100, Completion: 200}, t0)
+	if st := tt.States(t0); len(st) != 1 || st[0].Remaining != 10200 || st[0].Pending != 0 {
+		t.Fatalf("after settling: %+v, want 10200 left and nothing pending", st)
+	}
+	// Settling twice, or releasing after, changes nothing.
+	tt.Settle(&res, Need{Prompt: 100, Completion: 200}, t0)
+	tt.Release(&res)
+	if st := tt.States(t0); st[0].Remaining != 10200 || st[0].Pending != 0 {
+		t.Fatalf("a second settle changed the quota: %+v", st)
+	}
+}
+
+// TestTrackerForgetsAQuotaWithoutLimitAtItsReset: a reading with remaining and reset but no
+// limit cannot say how full the quota is after the reset: the quota is unknown again.
+func TestTrackerForgetsAQuotaWithoutLimitAtItsReset(t *testing.T) {
+	var tr Tracker
+	tr.Observe(&Reservation{}, &Reading{Windows: [numKinds]Window{Requests: {Remaining: 0, Reset: t0.Add(time.Second), Has: HasRemaining | HasReset}}}, t0)
+	if _, _, ok := tr.Reserve(Need{}, 0, false, t0); ok {
+		t.Fatal("admitted with 0 requests left")
+	}
+	if _, _, ok := tr.Reserve(Need{}, 0, false, t0.Add(time.Second)); !ok {
+		t.Fatal("refused after the reset")
+	}
+	if st := tr.States(t0.Add(time.Second)); len(st) != 0 {
+		t.Fatalf("states %+v after the reset of a quota without limit", st)
+	}
+}
+
+func FuzzParseHeader(f *testing.F) {
+	for _, s := range [][2]string{
+		{"x-ratelimit-remaining-tokens", "149984"}, {"x-ratelimit-reset-tokens", "6m0s"}, {"x-ratelimit-reset-requests", "1.5s"},
+		{"anthropic-ratelimit-requests-reset", "2026-12-07T10:00:01Z"}, {"anthropic-ratelimit-input-tokens-limit", "40000"},
+		{"x-ratelimit-reset-tokens", "1e3"}, {"x-ratelimit-limit-requests", "-0"},
+	} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, name, value string) {
+		var r Reading
+		known, err := ParseHeader(name, value, t0, &r)
+		if !known && (err != nil || !r.Empty()) {
+			t.Fatalf("an unknown header %q changed the reading or failed: %v", name, err)
+		}
+		if err != nil && !r.Empty() {
+			t.Fatalf("%q: %q failed (%v) but changed the reading", name, value, err)
+		}
+		for _, w := range r.Windows {
+			if w.Limit < 0 || w.Limit > MaxAmount || w.Remaining < 0 || w.Remaining > MaxAmount {
+				t.Fatalf("%q: %q read as %+v", name, value, w)
+			}
+			if !w.Reset.IsZero() && (w.Reset.Before(t0) || w.Reset.Sub(t0) > MaxReset) {
+				t.Fatalf("%q: %q reset at %s", name, value, w.Reset)
+			}
+		}
+	})
+}
