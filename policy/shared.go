@@ -28,8 +28,9 @@ type clusterState struct {
 	// divided by while each enforces its part.
 	expected int
 
-	// available is the store's availability as last reported to the engine.
-	available atomic.Bool
+	// available is the store's availability as last reported to the engine; gone says, while
+	// it is unavailable, that Redis is gone, not just slow for this replica (cluster.State.Gone).
+	available, gone atomic.Bool
 	// capGen names the episode during which every compartment keeps to this replica's part of
 	// its limits (bulkhead.Share): from the moment this replica is cut off from Redis (or
 	// learns that Redis lost what it held) until Redis counts every replica's slots again. 0
@@ -117,6 +118,7 @@ func (e *Engine) openCluster(p *config.Policy) error {
 	// Until it first registers, this replica knows nothing of the others: it keeps to its part
 	// of each limit (the limit divided by expected_replicas, when set) from the first request.
 	cs.capGen.Store(1)
+	cs.gone.Store(true)
 	cs.followBack(false)
 	if cs.expected > 1 && !cs.closed {
 		e.share.Store(int64(cs.expected))

@@ -66,7 +66,7 @@ cluster: backend redis, mode sentinel (master mymaster)
   connection:     password from $REDIS_PASSWORD, tls on, dial_timeout 1s, write_timeout 1s
   key prefix:     llm-bulkhead
   replica id:     pod-7
-  admission:      leased: each replica admits against its lease of every compartment's limits, renewed every 200ms (lease_interval); no call to Redis on a request's path unless a lease runs short
+  admission:      leased: each replica admits against its lease of every compartment's limits and chunks of its token, rate and spend windows, renewed every 200ms (lease_interval); no call to Redis on a request's path unless a lease runs short
   timeout:        20ms (the longest a request waits for its lease to grow, and a report for Redis)
   on_unavailable: closed (requests refused with 503, reason cluster_unavailable)
   replicas:       expected_replicas not set (a replica that has not reached Redis yet enforces the whole limits)
