@@ -18,6 +18,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -38,11 +39,12 @@ func serve(t *testing.T, yaml string, cfg envoysim.FilterConfig) *server {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg := prometheus.NewRegistry()
-	eng, err := policy.NewEngine(p, policy.Options{Logger: log, Registerer: reg})
+	eng, err := observe.NewEngine(p, policy.Options{Logger: log}, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := extproc.NewServer(eng, extproc.Options{Logger: log, Registerer: reg})
+	srv := extproc.NewServer(eng, extproc.Options{Logger: log})
+	reg.MustRegister(srv.Collectors()...)
 	gs := grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(gs, srv)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -218,7 +218,7 @@ func (e *Engine) reserveWindow(ctx context.Context, t *Ticket, i, k int, n int64
 		if cs.closed {
 			return budget.Charge{}, false, 0, true
 		}
-		cs.unavailable.WithLabelValues("local").Inc()
+		e.rec.ClusterUnavailable("local")
 		t.charged[i][k] = chargedOutage
 	} else {
 		t.charged[i][k] = chargedLocal

@@ -8,8 +8,6 @@ import (
 	"time"
 	"weak"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
@@ -56,8 +54,6 @@ type clusterState struct {
 	shareCh chan struct{}
 	stop    chan struct{}
 	done    chan struct{}
-
-	unavailable *prometheus.CounterVec
 }
 
 // backState is a context done once the shared state answers again.
@@ -101,7 +97,7 @@ const maxHeard = 100000
 func (cs *clusterState) retryAfter() time.Duration { return max(cs.timeout, time.Second) }
 
 // openCluster connects the engine to the shared store the policy names.
-func (e *Engine) openCluster(p *config.Policy, reg prometheus.Registerer) error {
+func (e *Engine) openCluster(p *config.Policy) error {
 	c := p.Cluster
 	if c.Backend != "redis" {
 		return nil
@@ -117,12 +113,6 @@ func (e *Engine) openCluster(p *config.Policy, reg prometheus.Registerer) error 
 	cs := &clusterState{
 		closed: c.OnUnavailable == "closed", timeout: c.Timeout.D(), expected: c.ExpectedReplicas, watch: map[string]*watched{},
 		shareCh: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
-		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "cluster_unavailable_admissions_total",
-			Help: "Admissions decided while the shared state was unavailable: local (this replica's share enforced here) or refused (cluster_unavailable)."},
-			[]string{"action"}),
-	}
-	if reg != nil {
-		reg.MustRegister(cs.unavailable)
 	}
 	e.cluster = cs
 	// Until it first registers, this replica knows nothing of the others: it keeps to its part
@@ -141,7 +131,7 @@ func (e *Engine) openCluster(p *config.Policy, reg prometheus.Registerer) error 
 		Password: password, TLS: tlsCfg, KeyPrefix: c.KeyPrefix, ReplicaID: c.ReplicaID,
 		Timeout: c.Timeout.D(), DialTimeout: c.DialTimeout.D(), WriteTimeout: c.WriteTimeout.D(),
 		LeaseTTL: c.LeaseTTL.D(), Heartbeat: c.Heartbeat.D(), SettleInterval: c.SettleInterval.D(),
-		MaxPending: c.MaxPendingSettlements, Logger: e.log, Registerer: reg,
+		MaxPending: c.MaxPendingSettlements, Logger: e.log,
 		OnCounts: e.sharedCounts, OnReset: e.sharedReset, OnState: e.sharedState, Watched: e.sharedWatched,
 	})
 	if err != nil {

@@ -7,6 +7,9 @@
 // deadlock; a request never holds a slot while it waits for another. A waiting request sits in
 // the queue of the compartment that blocks it; when that compartment frees capacity, its queue is
 // served fairly, and a waiter then blocked by another compartment moves to that one's queue.
+//
+// Imports: only the standard library. Imported by: package policy (which composes the
+// compartments) and policy/observe (which reads their Stats).
 package bulkhead
 
 import (

@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -55,8 +54,7 @@ type Options struct {
 	// MaxPending bounds queued settlements.
 	MaxPending int
 
-	Logger     *slog.Logger
-	Registerer prometheus.Registerer
+	Logger *slog.Logger
 
 	// OnCounts receives a compartment's shared totals (slots and in-flight tokens over live
 	// replicas) whenever they change anywhere, with the sequence number ordering such reports
@@ -371,7 +369,7 @@ func Open(o Options) (*Store, error) {
 	s.keys.seq = s.tag + ":seq"
 	s.keys.epoch = s.tag + ":e"
 	s.keys.channel = s.tag + ":free"
-	s.met = newMetrics(o.Registerer, s)
+	s.met = newMetrics()
 	s.met.onError = func(op string, err error) { s.noteError(op, err.Error()) }
 	s.live.Store(1)
 	s.gone.Store(true)
@@ -1556,7 +1554,6 @@ func (s *Store) Close(ctx context.Context) error {
 	s.cancel()
 	cerr := s.client.Close()
 	s.wg.Wait()
-	s.met.unregister()
 	return errors.Join(err, cerr)
 }
 

@@ -21,6 +21,10 @@
 // 1: a state of currency and spend windows only) is read as well, so that an upgrade keeps the
 // spend it holds. A file that fails any check (truncated, corrupt, another version) is renamed
 // aside, never overwritten, and every budget starts empty.
+//
+// Imports: the standard library, budget and spend (the windows it keeps), files, and
+// Prometheus for the Persister's metrics. Imported by: package policy (the engine is a Source)
+// and the app (which runs the Persister).
 package statefile
 
 import (
