@@ -245,9 +245,10 @@ type Store struct {
 	members []string
 	// cause is why this replica must rewrite its state, counted when it has (guarded by epochMu).
 	cause string
-	// heard is the number of the epoch's last wait this replica heard of (heartbeat loop only):
-	// a heartbeat confirms only waits that started before it took its view (see luaHeartbeat).
-	heard int64
+	// heard is the number of the epoch's last wait this replica heard of, written by the
+	// heartbeat loop: a heartbeat confirms only waits that started before it took its view (see
+	// luaHeartbeat).
+	heard atomic.Int64
 	// admitting and admittingTokens count the admissions sent whose outcome this replica has not
 	// recorded yet (Redis may hold them already); sent, sentTokens, applied and appliedTokens
 	// count admissions sent and queued operations applied, ever. The heartbeat's check of this
@@ -1085,7 +1086,7 @@ func (s *Store) holding() holdings {
 // beat runs one heartbeat.
 func (s *Store) beat() (beatResult, error) {
 	// Read before the view: the view confirms the waits heard of so far, and no later one.
-	heard := s.heard
+	heard := s.heard.Load()
 	h := s.holding()
 	s.epochMu.Lock()
 	epoch := s.epoch
@@ -1133,7 +1134,8 @@ func (s *Store) beat() (beatResult, error) {
 	if g := ints(6); g > heard {
 		// A wait this view could not confirm (one this replica had not heard of) may be under
 		// way: confirm again at once.
-		s.heard, out.again = g, confirm && out.waiting > 0
+		s.heard.Store(g)
+		out.again = confirm && out.waiting > 0
 	}
 	if n := ints(1); n < 0 {
 		s.noteMembership(-1)
@@ -1289,7 +1291,8 @@ func (s *Store) rewriteLeases(cut bool) (waiting int64, err error) {
 	epoch, _ := res[2].(string)
 	waiting, _ = res[3].(int64)
 	lost, _ := res[5].(int64)
-	s.heard, _ = res[6].(int64)
+	heard, _ := res[6].(int64)
+	s.heard.Store(heard)
 	s.epochMu.Lock()
 	cause := s.cause
 	switch {
