@@ -318,11 +318,12 @@ func replicaSpend(t *testing.T, r *harness.Replica, budget, period string) spend
 
 // TestClusterSpendTimeoutsAreNotFreeMoney: three replicas share chat's $10 an hour while Redis
 // answers, but too slowly for cluster.timeout (a CLIENT PAUSE as 60 requests arrive at once, 20
-// on each replica). A reservation that times out is decided on its replica only within its
-// share of what Redis last showed left ($10 ÷ 3: three $1 requests each), and everything spent
-// so reaches Redis once it answers: the fleet never admits more than the $10, every replica's
-// /admin/spend and Redis count every dollar, and the budget then refuses exactly as if every
-// reservation had been answered.
+// on each replica). A reservation that times out while Redis is not found gone is refused
+// (503 cluster_unavailable: Redis may be answering the others); once a replica finds it gone,
+// it decides only within its share of what Redis last showed left ($10 ÷ 3: three $1 requests
+// each), and everything spent so reaches Redis once it answers: the fleet never admits more
+// than the $10, every replica's /admin/spend and Redis count every dollar, and the budget then
+// refuses exactly as if every reservation had been answered.
 func TestClusterSpendTimeoutsAreNotFreeMoney(t *testing.T) {
 	if now := time.Now(); now.Add(2*time.Minute).Hour() != now.Hour() {
 		t.Skip("too close to the end of the hour: chat's hourly spend budget would reset during the test")
@@ -347,11 +348,15 @@ func TestClusterSpendTimeoutsAreNotFreeMoney(t *testing.T) {
 				f.send(reps, i, "burst", dollarChat(), up)
 			}
 		}
-		burst := 0
+		burst, unanswered := 0, 0
 		for _, o := range f.collect(t) {
 			switch {
 			case o.what() == "200":
 				burst++
+			case o.what() == "503 cluster_unavailable":
+				// Redis did not answer in time and is not found gone: it may be answering the
+				// other replicas, whose reservations this one's share cannot see.
+				unanswered++
 			case o.what() == "429 spend_budget":
 			default:
 				t.Errorf("%s answered %s", reps[o.replica].Name, o.what())
@@ -361,10 +366,10 @@ func TestClusterSpendTimeoutsAreNotFreeMoney(t *testing.T) {
 		for _, r := range reps {
 			fellBack += replicaMetric(t, r, "llm_bulkhead_spend_store_fallbacks_total")
 		}
-		if fellBack == 0 {
-			t.Fatal("no reservation timed out: the test did not exercise the fallback")
+		if fellBack == 0 && unanswered == 0 {
+			t.Fatal("no reservation timed out: the test did not exercise the timeouts")
 		}
-		t.Logf("%d of 60 admitted while Redis was paused, %v reservations decided locally", burst, fellBack)
+		t.Logf("%d of 60 admitted while Redis was paused, %d refused unanswered, %v reservations decided locally", burst, unanswered, fellBack)
 		if burst > 9 {
 			t.Errorf("%d admitted while Redis did not answer: each replica's share is three $1 requests of $10", burst)
 		}
@@ -378,7 +383,8 @@ func TestClusterSpendTimeoutsAreNotFreeMoney(t *testing.T) {
 		clusterWait(t, "Redis to count every dollar spent", func() bool {
 			s, _ := rd.Do("HGET", key, "s")
 			r, _ := rd.Do("HGET", key, "r")
-			return s == fmt.Sprint(burst*1_000_000) && (r == "0" || r == "")
+			none := func(v string) bool { return v == "" || v == "(nil)" || v == "0" }
+			return (s == fmt.Sprint(burst*1_000_000) || burst == 0 && none(s)) && none(r)
 		})
 		local := 0.0
 		for _, r := range reps {

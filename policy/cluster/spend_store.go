@@ -223,6 +223,10 @@ func (r *SpendStore) Get(id spend.WindowID, now time.Time) (spend.Usage, bool) {
 // Replicas implements spend.Shared: the live replicas last seen.
 func (r *SpendStore) Replicas() int { return r.st.Live() }
 
+// Gone implements spend.Shared: the store is unavailable and found Redis gone, not just slow
+// for this replica (see State.Gone).
+func (r *SpendStore) Gone() bool { return r.st.Gone() }
+
 // Seen implements spend.Shared.
 func (r *SpendStore) Seen(id spend.WindowID, now time.Time) (spend.Usage, bool) {
 	r.mu.Lock()

@@ -83,9 +83,9 @@ func TestSpendStoreAddsLocalSpendBack(t *testing.T) {
 		t.Fatal("refused in an empty budget")
 	}
 	rd.Pause(time.Hour)
-	waitFor(t, "the store to notice Redis is gone", func() bool {
+	waitFor(t, "the store to find Redis gone", func() bool {
 		_, _, _ = reserveIn(t, l, spend.Budget{Name: "probe", Period: spend.Hour, Limit: 1}, 0)
-		return !st.Available()
+		return st.Gone()
 	})
 	before := l.FellBack()
 	if _, _, ok := reserveIn(t, l, budget, 400_000); ok {

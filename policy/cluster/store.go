@@ -811,6 +811,10 @@ func (s *Store) setUnavailable(why string, err error, gone bool) {
 	s.setStateLocked(false, false, why, err)
 }
 
+// Gone reports that the store is unavailable and found Redis gone, not just slow for this
+// replica (see State.Gone).
+func (s *Store) Gone() bool { return !s.available.Load() && s.gone.Load() }
+
 // setGone says Redis did not answer a call given the write timeout while the store is
 // unavailable (see State.Gone).
 func (s *Store) setGone() {

@@ -44,7 +44,7 @@ func (m *spendMetrics) init() {
 func (m *spendMetrics) collectors(e *policy.Engine) []prometheus.Collector {
 	l := e.Ledger()
 	fellBack := prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: Namespace, Name: "spend_store_fallbacks_total",
-		Help: "Spend reservations decided in this replica's memory because the shared spend store (Redis) did not answer in time or was unavailable: each against this replica's share of what Redis last showed left, and added to Redis once it answers."},
+		Help: "Spend reservations decided in this replica's memory because the shared spend store (Redis) was found gone: each against this replica's share of what Redis last showed left, and added to Redis once it answers."},
 		func() float64 { return float64(l.FellBack()) })
 	pending := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: Namespace, Name: "spend_local_pending",
 		Help: "Spend this replica counted in its own memory while Redis did not answer that Redis has not applied yet (settled spend and reservations in flight, net of reservations that ended), in units of the policy's currency, each request once whatever its budgets; 0 without a cluster."},

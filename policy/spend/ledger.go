@@ -107,6 +107,10 @@ type Shared interface {
 	Store
 	// Replicas returns the live replicas the budgets are shared among, at least 1.
 	Replicas() int
+	// Gone reports that the store found its backend gone, not merely slow for this process:
+	// only then may a reservation it could not take be decided in this process's memory (see
+	// Ledger.Reserve). While it is only slow, others may still reserve there.
+	Gone() bool
 	// Seen returns the window's sums as the store last reported them; ok is false when it never
 	// did (or the window has ended).
 	Seen(id WindowID, now time.Time) (u Usage, ok bool)
@@ -405,12 +409,14 @@ func (cfg *Settings) window(b Budget, now time.Time) Window {
 // Reserve reserves amount in the current window of every budget added to r, all or nothing.
 // On a refusal r holds nothing and the Refusal names the first enforced budget without room.
 //
-// If the store cannot be reached (a shared store that is gone, or did not answer in time), the
-// reservation is decided in the ledger's own memory instead, against this process's share of
-// each budget: what the shared store last showed left in the window (the whole limit if it never
-// showed the window) divided by the live replicas, less what this process already counted there
-// on its own. What it reserves there, and later settles, is added to the shared store (see
-// Shared.AddLocal). A ledger whose shared store is closed refuses instead (Refusal.Unavailable).
+// If the store cannot be reached, the reservation is decided in the ledger's own memory instead,
+// against this process's share of each budget: what the shared store last showed left in the
+// window (the whole limit if it never showed the window) divided by the live replicas, less
+// what this process already counted there on its own. What it reserves there, and later
+// settles, is added to the shared store (see Shared.AddLocal). A shared store that did not
+// answer in time but is not found gone (Shared.Gone: it may be answering the other replicas,
+// whose reservations the share cannot see) refuses instead, as a ledger whose shared store is
+// closed does (Refusal.Unavailable): a timeout never becomes money the fleet cannot count.
 func (l *Ledger) Reserve(ctx context.Context, r *Reservation, amount Micros, now time.Time) (Refusal, bool) {
 	amount = max(amount, 0)
 	cfg := l.cfg.Load()
@@ -422,7 +428,7 @@ func (l *Ledger) Reserve(ctx context.Context, r *Reservation, amount Micros, now
 	store := st.store
 	over, err := store.Reserve(ctx, ws, amount, now)
 	if err != nil {
-		if st.closed {
+		if st.closed || (st.shared != nil && !st.shared.Gone()) {
 			return Refusal{Unavailable: true}, false
 		}
 		l.fellBack.Add(1)
