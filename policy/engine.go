@@ -36,6 +36,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/usage"
 )
 
 // Clock tells the time. Policy code asks a Clock instead of calling time.Now, so tests can
@@ -105,6 +106,8 @@ type Engine struct {
 	// ledger keeps spend budgets' windows; spendMetrics count what they reserve and settle.
 	ledger       *spend.Ledger
 	spendMetrics *spendMetrics
+	// usage counts what tenants and models use (usage section).
+	usage *usage.Tracker
 }
 
 // NewEngine builds an engine running policy p.
@@ -119,6 +122,7 @@ func NewEngine(p *config.Policy, o Options) (*Engine, error) {
 		retired: map[string]*instance{}, retiredDyn: map[string]*dynStore{}, memLimit: o.MemoryLimit}
 	e.est = newEstimator()
 	e.ledger = spend.NewLedger(o.SpendStore)
+	e.usage = usage.New(usageReasons)
 	e.metrics = newMetrics(e, o.Registerer)
 	e.spendMetrics = newSpendMetrics(e, o.Registerer)
 	e.sched.OnWait = e.metrics.observeWait
@@ -376,6 +380,9 @@ type Snapshot struct {
 	SpendLimits bool
 	// prices is the compiled prices list.
 	prices *spend.Prices
+	// usageOn: usage is counted; usagePrices: the policy has prices, so every request's cost
+	// is counted, spend budget or not.
+	usageOn, usagePrices bool
 }
 
 // buildSteps names the steps of building a snapshot, in order.
@@ -515,6 +522,7 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 	s.buildFamilies(prev)
 	s.TokenLimits = p.AnyTokenLimits()
 	s.buildSpend()
+	s.buildUsage()
 	if err := e.buildStep("families"); err != nil {
 		return nil, err
 	}

@@ -230,6 +230,19 @@ func (t *Ticket) settleSpend(o Outcome, settled Settled, now time.Time) (spend.M
 		}
 		return 0, true
 	}
+	cost := t.price(o, settled, served)
+	res.Settle(cost, now)
+	if c != nil {
+		c.settled.Add(cost.Float())
+	}
+	return cost, true
+}
+
+// price is what the ticket's request costs at outcome o settled as settled (served: the
+// provider served it, a 2xx), priced by the model that answered when the prices list names it,
+// else by the model it was sent as.
+func (t *Ticket) price(o Outcome, settled Settled, served bool) spend.Micros {
+	s := t.snap
 	price, ok := s.prices.LookupRule(o.Model)
 	if o.Model == "" || !ok {
 		price, _ = s.prices.Lookup(t.dims.Model)
@@ -252,12 +265,7 @@ func (t *Ticket) settleSpend(o Outcome, settled Settled, now time.Time) (spend.M
 			tok.AudioMillis = t.est.AudioMillis
 		}
 	}
-	cost := price.Cost(tok)
-	res.Settle(cost, now)
-	if c != nil {
-		c.settled.Add(cost.Float())
-	}
-	return cost, true
+	return price.Cost(tok)
 }
 
 // spendCounters are one feature's spend counters.
