@@ -196,6 +196,7 @@ func New(o Options) (*App, error) {
 		return nil, &ConfigError{Err: fmt.Errorf("%s: %w", name, err)}
 	}
 	a.engine = eng
+	a.registry.MustRegister(usageCollector{engine: eng})
 	a.current.Store(p)
 	if err := a.openState(p); err != nil {
 		_ = eng.Close(context.Background())
