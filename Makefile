@@ -2,6 +2,10 @@
 GO       ?= go
 PKGS     ?= ./...
 FUZZTIME ?= 5s
+# How long `make test` fuzzes each of its ~60 targets: enough to take every target past its seed
+# corpus on every run, short enough to keep the whole command in minutes. `make fuzz` fuzzes
+# each for FUZZTIME; `make fuzz FUZZTIME=10m PKGS=./extproc/llmapi` goes deep on one package.
+TEST_FUZZTIME ?= 2s
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The version stamped into llm-bulkhead (`llm-bulkhead version`, llm_bulkhead_build_info): git
 # describe in a checkout; without git or outside a checkout, nothing is stamped and the binary
@@ -39,12 +43,15 @@ image: ## Build the container image from examples/Dockerfile, version stamped (n
 run: ## Run the server with the built-in policy (ext_proc on 127.0.0.1:9002, admin on 127.0.0.1:9090)
 	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/llm-bulkhead serve
 
+# vet builds what it checks as the race-detector tests do (-race), so that every dependency is
+# compiled once for both, not twice; vet then reads the files of a race build (only two files,
+# tagged race and !race, differ).
 .PHONY: test
-test: ## Run every test with the race detector, then each fuzz target for FUZZTIME
-	$(GO) vet $(PKGS)
+test: ## go vet, every test with the race detector, the deploy module's tests, each fuzz target for TEST_FUZZTIME
+	$(GO) vet -race $(PKGS)
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	$(MAKE) --no-print-directory test-deploy
-	$(MAKE) --no-print-directory fuzz
+	$(MAKE) --no-print-directory fuzz FUZZTIME=$(TEST_FUZZTIME)
 
 .PHONY: test-deploy
 test-deploy: ## Validate the Helm chart and the gateway examples in deploy/ (a module of its own)
@@ -55,8 +62,8 @@ test-race: ## Run every test with the race detector (no fuzzing)
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 
 .PHONY: fuzz
-fuzz: ## Run each fuzz target for FUZZTIME (default 5s)
-	GO="$(GO)" FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
+fuzz: ## Run each fuzz target of PKGS for FUZZTIME (default 5s)
+	GO="$(GO)" FUZZTIME=$(FUZZTIME) scripts/fuzz.sh $(PKGS)
 
 .PHONY: lint
 lint: ## go vet and staticcheck

@@ -6,27 +6,28 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 )
 
-// replyParts are reply pieces that depend only on the policy, built once per snapshot and
-// shared by every stream's replies. Protobuf messages may be marshalled concurrently as long as
+// policyParts are the settings and reply pieces that depend only on the policy, built once per
+// snapshot and shared by every stream. Protobuf messages may be marshalled concurrently as long as
 // nobody changes them, and nobody does: they are never modified after build.
-type replyParts struct {
+type policyParts struct {
 	snap          *policy.Snapshot
+	settings      Settings
 	featureHeader []*corev3.HeaderValueOption
 	provHeader    []*corev3.HeaderValueOption
 }
 
-// parts returns the reply pieces of snapshot s, building them on its first use.
-func (srv *Server) parts(s *policy.Snapshot) *replyParts {
-	if c := srv.replyParts.Load(); c != nil && c.snap == s {
+// parts returns the settings and reply pieces of snapshot s, building them on its first use.
+func (srv *Server) parts(s *policy.Snapshot) *policyParts {
+	if c := srv.policyParts.Load(); c != nil && c.snap == s {
 		return c
 	}
-	c := &replyParts{snap: s}
+	c := &policyParts{snap: s, settings: compileSettings(s.Policy(), srv.memLimit)}
 	for i := 0; i < s.Features(); i++ {
 		c.featureHeader = append(c.featureHeader, setHeader(HeaderFeature, s.FeatureName(i)))
 	}
 	for i := 0; i < s.Providers(); i++ {
 		c.provHeader = append(c.provHeader, setHeader(HeaderProvider, s.ProviderName(i)))
 	}
-	srv.replyParts.Store(c)
+	srv.policyParts.Store(c)
 	return c
 }

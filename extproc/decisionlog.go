@@ -113,9 +113,11 @@ func (l *refusalLog) run() {
 func (l *refusalLog) flush() bool {
 	l.mu.Lock()
 	quiet := l.lines == 0 && len(l.suppressed) == 0
-	held := l.suppressed
-	if len(held) > 0 {
-		l.suppressed = map[refusalKey]int64{}
+	// held leaves with the counts, or is nil: the map stays the request path's, which may
+	// write it as soon as the lock is released.
+	var held map[refusalKey]int64
+	if len(l.suppressed) > 0 {
+		held, l.suppressed = l.suppressed, map[refusalKey]int64{}
 	}
 	clear(l.logged)
 	l.lines = 0

@@ -18,6 +18,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -38,11 +39,12 @@ func serve(t *testing.T, yaml string, cfg envoysim.FilterConfig) *server {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg := prometheus.NewRegistry()
-	eng, err := policy.NewEngine(p, policy.Options{Logger: log, Registerer: reg})
+	eng, err := observe.NewEngine(p, policy.Options{Logger: log}, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := extproc.NewServer(eng, extproc.Options{Logger: log, Registerer: reg})
+	srv := extproc.NewServer(eng, extproc.Options{Logger: log})
+	reg.MustRegister(srv.Collectors()...)
 	gs := grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(gs, srv)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -50,6 +52,12 @@ func serve(t *testing.T, yaml string, cfg envoysim.FilterConfig) *server {
 		t.Fatal(err)
 	}
 	go func() { _ = gs.Serve(ln) }()
+	if cfg.MessageTimeout == 0 {
+		// Envoy's 200 ms default is the server's budget in production; a race-detector build
+		// on a loaded test machine can take longer for a first message, which is not what
+		// these tests are about.
+		cfg.MessageTimeout = 5 * time.Second
+	}
 	sim, err := envoysim.New(ln.Addr().String(), cfg)
 	if err != nil {
 		t.Fatal(err)

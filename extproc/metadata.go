@@ -141,7 +141,7 @@ func (p *processor) metadataBytes() []byte {
 	// lengths depend on them, and the fields into one buffer of the exact size.
 	var scratch [512]byte
 	inner := p.appendMetadataFields(scratch[:0])
-	ns := p.snap.Settings().MetadataNamespace
+	ns := p.srv.settingsOf(p.snap).MetadataNamespace
 	nsValue := protowire.SizeTag(fieldValueStruct) + protowire.SizeBytes(len(inner))
 	nsEntry := protowire.SizeTag(fieldEntryKey) + protowire.SizeBytes(len(ns)) +
 		protowire.SizeTag(fieldEntryValue) + protowire.SizeBytes(nsValue)

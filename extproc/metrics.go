@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 // Message kinds, indexing the per-kind latency histograms.
@@ -40,6 +41,8 @@ var violNames = [violKinds]string{"repeated_request_headers", "repeated_response
 
 // metrics are the adapter's own metrics: streams, per-message handling time, panics.
 type metrics struct {
+	// all lists every collector, for Server.Collectors; the server registers none itself.
+	all         []prometheus.Collector
 	streams     prometheus.Counter
 	passthrough prometheus.Counter
 	panics      prometheus.Counter
@@ -141,8 +144,8 @@ func (m *metrics) observeUpstream(provider string, o policy.Outcome, firstToken 
 	u.total.Observe(o.Duration.Seconds())
 }
 
-func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
-	ns := policy.Namespace
+func newMetrics(s *Server) *metrics {
+	ns := observe.Namespace
 	m := &metrics{
 		streams: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "extproc_streams_total",
 			Help: "ext_proc streams opened by Envoy (one per HTTP request)."}),
@@ -196,13 +199,14 @@ func newMetrics(s *Server, reg prometheus.Registerer) *metrics {
 	m.upResponses = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "upstream_responses_total",
 		Help: "Admitted calls by provider and response status class (2xx, 4xx, 5xx, other, none: no response headers)."}, []string{"provider", "class"})
 	m.up = map[string]*upstreamObs{}
-	if reg != nil {
-		reg.MustRegister(m.upHeaders, m.upFirstToken, m.upTotal, m.upResponses)
-		reg.MustRegister(m.streams, m.passthrough, m.panics, m.overrides, m.endedEarly, m.admissionsEnded, m.admissionsReleased, hist, active,
-			protocol, refused, m.idleReleased, m.bodiesRefused, buffered, timedOut)
-	}
+	m.all = []prometheus.Collector{m.upHeaders, m.upFirstToken, m.upTotal, m.upResponses,
+		m.streams, m.passthrough, m.panics, m.overrides, m.endedEarly, m.admissionsEnded, m.admissionsReleased, hist, active,
+		protocol, refused, m.idleReleased, m.bodiesRefused, buffered, timedOut}
 	return m
 }
+
+// Collectors returns the server's metrics, for the process's registry.
+func (s *Server) Collectors() []prometheus.Collector { return s.metrics.all }
 
 func (m *metrics) observe(kind int, d time.Duration) { m.handle[kind].Observe(d.Seconds()) }
 

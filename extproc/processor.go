@@ -326,22 +326,8 @@ func (p *processor) modes(pc *extprocv3.ProtocolConfiguration) {
 		p.reqBodyMode, p.resBodyMode = pc.RequestBodyMode, pc.ResponseBodyMode
 		return
 	}
-	st := p.srv.engine.Snapshot().Settings()
-	p.reqBodyMode = envoyBodyMode(st.RequestBodyMode)
-	p.resBodyMode = envoyBodyMode(st.ResponseBodyMode)
-}
-
-// envoyBodyMode is Envoy's name for a policy body mode.
-func envoyBodyMode(m policy.BodyMode) bodyMode {
-	switch m {
-	case policy.BodyStreamed:
-		return extprocfilterv3.ProcessingMode_STREAMED
-	case policy.BodyBuffered:
-		return extprocfilterv3.ProcessingMode_BUFFERED
-	case policy.BodyBufferedPartial:
-		return extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL
-	}
-	return extprocfilterv3.ProcessingMode_NONE
+	st := p.srv.Settings()
+	p.reqBodyMode, p.resBodyMode = st.RequestBodyMode, st.ResponseBodyMode
 }
 
 // override is a mode_override with both body modes given (Envoy applies body modes as they

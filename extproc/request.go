@@ -51,7 +51,7 @@ func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	if resp == nil {
 		return resp
 	}
-	if bodyComing && p.snap.Settings().AllowModeOverride && p.reqBodyMode == extprocfilterv3.ProcessingMode_BUFFERED {
+	if bodyComing && p.srv.settingsOf(p.snap).AllowModeOverride && p.reqBodyMode == extprocfilterv3.ProcessingMode_BUFFERED {
 		// Decided without the body: tell Envoy not to buffer and send it. Both body modes must be
 		// given, or Envoy would take the response body mode as NONE.
 		resp.ModeOverride = p.override(extprocfilterv3.ProcessingMode_NONE, p.resBodyMode)
@@ -73,7 +73,7 @@ func (p *processor) wantBody() bool {
 		// the buffered body can do.
 		return true
 	}
-	if s.Settings().InjectIncludeUsage && p.req.api.IncludeUsage() {
+	if p.srv.settingsOf(s).InjectIncludeUsage && p.req.api.IncludeUsage() {
 		return true
 	}
 	return p.requiresValidJSON()
@@ -83,7 +83,7 @@ func (p *processor) requiresValidJSON() bool {
 	if p.req.api.Multipart() {
 		return false // an audio upload is multipart/form-data, never JSON
 	}
-	for _, prefix := range p.snap.Settings().RequireValidJSON {
+	for _, prefix := range p.srv.settingsOf(p.snap).RequireValidJSON {
 		if strings.HasPrefix(p.req.path, prefix) {
 			return true
 		}
@@ -111,7 +111,7 @@ func (p *processor) onRequestBody(b *extprocv3.HttpBody) *extprocv3.ProcessingRe
 // that holding them would pass it. Envoy has already sent the body, but a refused one is dropped
 // at once instead of waiting, perhaps for seconds in a queue, with the others.
 func (p *processor) holdBody(n int) bool {
-	limit := p.snap.Settings().MaxBufferedBodyBytes
+	limit := p.srv.settingsOf(p.snap).MaxBufferedBodyBytes
 	if limit <= 0 {
 		return true
 	}
@@ -255,7 +255,7 @@ func (p *processor) refuse(d *policy.Decision) *extprocv3.ProcessingResponse {
 	p.traceDecided(d, false)
 	p.dec.decision, p.phase = *d, phaseDone
 	p.req.id = refusalRequestID(p.req.id)
-	st := p.snap.Settings()
+	st := p.srv.settingsOf(p.snap)
 	r := refusal{requestID: p.req.id, now: p.clock(), noRetryAbove: st.NoRetryAbove, rateLimitHeaders: st.RefusalRateLimitHeaders}
 	p.logRefusal(*d, refusalStatus(d.Reason, p.req.route.Dialect))
 	return p.withMetadata(immediateReply(*d, p.req.route.Dialect, r))
@@ -281,7 +281,7 @@ func (p *processor) admitReply(at int) *extprocv3.ProcessingResponse {
 	// The client's API key stays here when the policy says Envoy sets the provider's key. The
 	// snapshot's slice is shared, and full: an append below copies it.
 	mut.RemoveHeaders = s.StripHeaders()
-	if s.Settings().StripAcceptEncoding && p.resBodyMode != extprocfilterv3.ProcessingMode_NONE {
+	if p.srv.settingsOf(s).StripAcceptEncoding && p.resBodyMode != extprocfilterv3.ProcessingMode_NONE {
 		// The response must be readable to settle usage: ask the upstream not to compress it.
 		mut.RemoveHeaders = append(mut.RemoveHeaders, "accept-encoding")
 	}
@@ -293,7 +293,7 @@ func (p *processor) admitReply(at int) *extprocv3.ProcessingResponse {
 		if d.OriginalModel != "" {
 			model = d.Dims.Model
 		}
-		body, changed := llmapi.EditBody(p.req.api, p.req.body, &p.req.fields, model, s.Settings().InjectIncludeUsage)
+		body, changed := llmapi.EditBody(p.req.api, p.req.body, &p.req.fields, model, p.srv.settingsOf(s).InjectIncludeUsage)
 		if changed {
 			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
 			p.holdReplyBody(body)
@@ -313,7 +313,7 @@ func (p *processor) admitReply(at int) *extprocv3.ProcessingResponse {
 // max_message_timeout.
 func (p *processor) onQueue(maxWait time.Duration) {
 	p.traceQueued()
-	st := p.snap.Settings()
+	st := p.srv.settingsOf(p.snap)
 	limit := st.MaxMessageTimeout
 	if limit <= 0 || p.overrideFor == p.messages {
 		return

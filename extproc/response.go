@@ -38,7 +38,7 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 		}
 		common.HeaderMutation.SetHeaders = append(common.HeaderMutation.SetHeaders, h)
 	}
-	pol := p.snap.Settings()
+	pol := p.srv.settingsOf(p.snap)
 	if pol.CompartmentHeader {
 		add(out.setString(HeaderCompartment, p.dec.compartments))
 	}
@@ -61,7 +61,7 @@ func (p *processor) onResponseHeaders(h *extprocv3.HttpHeaders) *extprocv3.Proce
 			// Spend is priced by the model that answered.
 			p.res.scanner.SniffModel()
 		}
-	} else if bodyComing && p.snap.Settings().AllowModeOverride {
+	} else if bodyComing && p.srv.settingsOf(p.snap).AllowModeOverride {
 		// Nothing to read in an error response: ask Envoy not to send its body at all.
 		resp.ModeOverride = p.override(p.reqBodyMode, extprocfilterv3.ProcessingMode_NONE)
 		bodyComing = false

@@ -1,7 +1,8 @@
 // Package extproc is llm-bulkhead's Envoy adapter: the gRPC ext_proc service, one processor per
 // stream, translating Envoy's messages into policy calls and policy decisions back into
-// replies. It holds no policy of its own: it reads the policy Snapshot's accessors and compiled
-// Settings, never the policy file's structs.
+// replies. It holds no policy of its own: it reads the policy Snapshot's accessors, and
+// compiles the settings it needs of the policy file (Settings: body modes, mode_override,
+// include_usage, stream bounds) once per snapshot.
 //
 // A processor moves through one explicit phase — new, request, admitted, responding, done, or
 // passthrough — and keeps what the request said, what was decided and what the response showed
@@ -36,12 +37,18 @@
 //     replies that carry it.
 //   - idle.go: silent streams and the reaper that ends them (EndableStreams).
 //   - codec.go, decode.go: the gRPC codec (ServerOption) and its decoder of Envoy's requests.
-//   - cache.go: reply pieces built once per policy snapshot.
+//   - settings.go: the policy settings the adapter reads, compiled once per snapshot.
+//   - cache.go: settings and reply pieces built once per policy snapshot.
 //   - decisionlog.go: the rate-limited log of refusals.
 //   - metrics.go, tracing.go: the adapter's metrics and spans.
 //
 // Package llmapi, below it, reads the LLM API traffic itself: request bodies, response usage
 // and errors, paths, retry-after.
+//
+// Imports: package policy (the Engine, Snapshot and Input), policy/config (only in settings.go),
+// policy/observe (the metric namespace), llmapi, go-control-plane, gRPC, OpenTelemetry and
+// Prometheus; the server registers no metric itself (Collectors). Imported by: the app, and
+// tests and benchmarks that serve ext_proc. Package policy never imports it.
 package extproc
 
 import (
@@ -53,7 +60,6 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -64,10 +70,11 @@ import (
 type Options struct {
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// Registerer receives the server's metrics; nil registers nothing.
-	Registerer prometheus.Registerer
 	// Tracing records a span per request; the zero value records none.
 	Tracing Tracing
+	// MemoryLimit is the process's memory limit in bytes (GOMEMLIMIT or its cgroup's; 0: none),
+	// from which defaults that size memory are derived (server.max_buffered_body_bytes).
+	MemoryLimit int64
 }
 
 // Server implements Envoy's ExternalProcessor service over a policy Engine. Safe for
@@ -91,8 +98,10 @@ type Server struct {
 	systemClock bool
 	// idle releases admitted requests whose streams went silent.
 	idle idleReaper
-	// replyParts caches reply pieces of the live policy snapshot.
-	replyParts atomic.Pointer[replyParts]
+	// memLimit is Options.MemoryLimit.
+	memLimit int64
+	// policyParts caches the settings and reply pieces of the live policy snapshot.
+	policyParts atomic.Pointer[policyParts]
 	// refusals limits the refusals' log lines.
 	refusals *refusalLog
 	// tracer records requests' spans; nil when tracing is off.
@@ -109,10 +118,10 @@ func NewServer(engine *policy.Engine, o Options) *Server {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	s := &Server{engine: engine, log: o.Logger, epoch: engine.Now(), systemClock: engine.SystemClock(), refusals: newRefusalLog(o.Logger)}
+	s := &Server{engine: engine, log: o.Logger, memLimit: o.MemoryLimit, epoch: engine.Now(), systemClock: engine.SystemClock(), refusals: newRefusalLog(o.Logger)}
 	s.idle.srv, s.idle.wake = s, make(chan struct{}, 1)
 	s.tracer = newTracer(o.Tracing)
-	s.metrics = newMetrics(s, o.Registerer)
+	s.metrics = newMetrics(s)
 	return s
 }
 
@@ -146,7 +155,7 @@ func (s *Server) ActiveStreams() int64 { return s.active.Load() }
 // request twice.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	s.metrics.streams.Inc()
-	st := s.engine.Snapshot().Settings()
+	st := s.Settings()
 	limit := int64(st.MaxStreams)
 	if n := s.active.Add(1); limit > 0 && n > limit {
 		s.active.Add(-1)
@@ -198,7 +207,7 @@ func (p *processor) endStatus() error {
 	if why == silenceNone {
 		return nil
 	}
-	st := p.srv.engine.Snapshot().Settings()
+	st := p.srv.Settings()
 	if why == silenceFirst {
 		return status.Errorf(codes.DeadlineExceeded, "no message within server.first_message_timeout (%s) of the stream opening", st.FirstMessageTimeout)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 // memServer is a Server over a real engine, driven in memory without gRPC: tests call Process
@@ -40,11 +41,12 @@ func newMemServer(t testing.TB, yaml string, clock policy.Clock) *memServer {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg := prometheus.NewRegistry()
-	eng, err := policy.NewEngine(p, policy.Options{Logger: log, Registerer: reg, Clock: clock})
+	eng, err := observe.NewEngine(p, policy.Options{Logger: log, Clock: clock}, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := extproc.NewServer(eng, extproc.Options{Logger: log, Registerer: reg})
+	srv := extproc.NewServer(eng, extproc.Options{Logger: log})
+	reg.MustRegister(srv.Collectors()...)
 	t.Cleanup(srv.Close)
 	return &memServer{t: t, srv: srv, eng: eng, reg: reg}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 // tracedPolicy has a chat feature of one slot (a second request queues), a batch feature whose
@@ -75,7 +76,7 @@ func serveTraced(t *testing.T, tr func(*sdktrace.TracerProvider) extproc.Tracing
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg := prometheus.NewRegistry()
-	eng, err := policy.NewEngine(p, policy.Options{Logger: log, Registerer: reg})
+	eng, err := observe.NewEngine(p, policy.Options{Logger: log}, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +86,8 @@ func serveTraced(t *testing.T, tr func(*sdktrace.TracerProvider) extproc.Tracing
 	if tr != nil {
 		tracing = tr(tp)
 	}
-	srv := extproc.NewServer(eng, extproc.Options{Logger: log, Registerer: reg, Tracing: tracing})
+	srv := extproc.NewServer(eng, extproc.Options{Logger: log, Tracing: tracing})
+	reg.MustRegister(srv.Collectors()...)
 	gs := grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(gs, srv)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -977,9 +977,15 @@ func (l *outageLoad) outcomes(replica int, phase int32) map[string]int {
 // or kept waiting on Redis. Both recover by themselves when Redis is back, and at the end nothing
 // is held anywhere, in the replicas or in Redis.
 func TestClusterRedisOutage(t *testing.T) {
+	for _, adm := range clusterAdmissions {
+		t.Run(adm, func(t *testing.T) { redisOutage(t, adm) })
+	}
+}
+
+func redisOutage(t *testing.T, adm string) {
 	rd := redistest.Standalone(t)
 	up := startMockLLM(t, mock.Options{TimeScale: 0.25})
-	cfg := clusterConfig{addrs: []string{rd.Addr()}, leaseTTL: 2 * time.Second, heartbeat: 500 * time.Millisecond}
+	cfg := clusterConfig{addrs: []string{rd.Addr()}, leaseTTL: 2 * time.Second, heartbeat: 500 * time.Millisecond, admission: adm}
 	cfg.prefix, cfg.onUnavailable = "outage-local", "local"
 	local := startReplicas(t, writePolicy(t, outagePolicy+cfg.yaml()), "local-a", "local-b", "local-c")
 	cfg.prefix, cfg.onUnavailable = "outage-closed", "closed"
@@ -1031,7 +1037,18 @@ func TestClusterRedisOutage(t *testing.T) {
 		})
 	}
 	if sum := parts(); sum > 20 {
+		for _, r := range local {
+			c := mustCompartment(t, r, "feature/chat")
+			t.Logf("%s: part %d, in flight %d", r.Name, c.MaxConcurrent, c.InFlight)
+		}
 		t.Errorf("the local replicas' parts of chat's 20 slots add up to %d", sum)
+	}
+	if adm == "leased" {
+		// A leased replica keeps admitting within its lease until the lease runs out, then
+		// does as on_unavailable says.
+		for i, r := range closed {
+			clusterWait(t, r.Name+"'s lease to run out", func() bool { return cl.count(i, phaseKilled, "503 cluster_unavailable") > 0 })
+		}
 	}
 	ll.phase.Store(phaseDown)
 	cl.phase.Store(phaseDown)

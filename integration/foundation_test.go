@@ -337,8 +337,12 @@ func TestInflightBackToZeroAfterRandomEndings(t *testing.T) {
 	if testing.Short() {
 		n = 1000
 	}
+	// A minute of work for the processor under -race, on stacks of their own: it runs beside the
+	// other parallel tests, and its halves beside each other.
+	t.Parallel()
 	for _, graceful := range []bool{false, true} {
 		t.Run(fmt.Sprintf("graceful_close=%v", graceful), func(t *testing.T) {
+			t.Parallel()
 			s := start(t, harness.Options{PolicyPath: writePolicy(t, endingsPolicy), NoMock: true,
 				Filter: func(f *envoysim.FilterConfig) { f.GracefulClose = graceful }})
 			rng := rand.New(rand.NewPCG(uint64(n), 3))

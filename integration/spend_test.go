@@ -117,7 +117,10 @@ func checkSpendRefusal(t *testing.T, h http.Header, tenant string) {
 // most of their max_tokens, so their real cost is close to it.)
 func TestSpendBudgetWithSDKs(t *testing.T) {
 	clk := newManualClock()
-	s := start(t, harness.Options{Clock: clk, PolicyPath: writePolicy(t, spendSDKPolicy), Mock: mock.Options{TimeScale: 0.001}})
+	// The streams carry 8 000 completion tokens each, 100 to an event: what is settled comes
+	// from the usage event at the end, and 80 events a stream cross ext_proc as a streamed body
+	// does, where one event a token (8 000) made this the slowest test of the suite.
+	s := start(t, harness.Options{Clock: clk, PolicyPath: writePolicy(t, spendSDKPolicy), Mock: mock.Options{TimeScale: 0.001, ChunkTokens: 100}})
 	url, err := s.ProxyURL()
 	if err != nil {
 		t.Fatal(err)

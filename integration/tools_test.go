@@ -66,7 +66,7 @@ var (
 func definedMetrics(t *testing.T) []string {
 	t.Helper()
 	var files []string
-	for _, dir := range []string{"../policy", "../policy/cluster", "../policy/spend", "../policy/statefile", "../extproc", "../cmd/llm-bulkhead/app"} {
+	for _, dir := range []string{"../policy", "../policy/observe", "../policy/cluster", "../policy/spend", "../policy/statefile", "../extproc", "../cmd/llm-bulkhead/app"} {
 		fs, _ := filepath.Glob(filepath.Join(dir, "*.go"))
 		files = append(files, fs...)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 const adaptivePolicy = `
@@ -223,7 +224,7 @@ func TestAdaptiveMetrics(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	clk := newClock()
-	e, err := policy.NewEngine(p, policy.Options{Clock: clk, Registerer: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	e, err := observe.NewEngine(p, policy.Options{Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,7 +71,7 @@ func (e *Engine) AdmitInto(ctx context.Context, s *Snapshot, r *Request, t *Tick
 		if attempt > 0 && d.Verdict == Admit {
 			d.Rerouted, d.Reason, d.Compartment = true, firstReason, firstIn
 			f := s.features[dims.Feature]
-			e.metrics.rerouted.WithLabelValues(f.name, s.providers[r.Dims.Provider].name, s.providers[dims.Provider].name, string(firstReason)).Inc()
+			e.rec.Rerouted(f.name, s.providers[r.Dims.Provider].name, s.providers[dims.Provider].name, firstReason)
 		}
 		if d.Verdict == Admit || d.Reason == ReasonCancelled {
 			break
@@ -86,7 +86,7 @@ func (e *Engine) AdmitInto(ctx context.Context, s *Snapshot, r *Request, t *Tick
 		model, ok := s.modelFor(next, r)
 		if !ok {
 			// The target may not serve this model: refuse as the provider did rather than send it.
-			e.metrics.rerouteNoModel.WithLabelValues(s.features[dims.Feature].name, s.providers[dims.Provider].name, s.providers[next].name).Inc()
+			e.rec.RerouteUnmapped(s.features[dims.Feature].name, s.providers[dims.Provider].name, s.providers[next].name)
 			break
 		}
 		dims.Provider, dims.Model = next, model
@@ -138,15 +138,12 @@ func (s *Snapshot) rerouteTarget(d Dims, reason Reason) int {
 }
 
 func (e *Engine) countDecision(s *Snapshot, d *Decision) {
-	f := s.features[d.Dims.Feature].stats
+	f := s.features[d.Dims.Feature].rec
 	if d.Verdict == Admit {
-		f.admitted.Inc()
-		f.admittedN.Add(1)
+		f.Admitted()
 		return
 	}
-	i := reasonIndex(d.Reason)
-	f.rejected[i].Inc()
-	f.rejectedN[i].Add(1)
+	f.Rejected(d.Reason)
 }
 
 // tryAdmit runs the admission steps for one provider choice: rate limits, the provider's
@@ -184,7 +181,7 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 	if cs := e.cluster; cs != nil && cs.leaser != nil {
 		if cs.closed && !cs.store.Available() && !t.leasesValid(now) {
 			// Redis is gone and the leases ran out: on_unavailable closed refuses.
-			cs.unavailable.WithLabelValues("refused").Inc()
+			e.rec.ClusterUnavailable("refused")
 			t.undo(now)
 			refuseInto(d, ReasonClusterUnavailable, "cluster", cs.retryAfter(), &dims)
 			return
@@ -195,7 +192,7 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 			return
 		}
 		if cs.closed {
-			cs.unavailable.WithLabelValues("refused").Inc()
+			e.rec.ClusterUnavailable("refused")
 			t.undo(now)
 			refuseInto(d, ReasonClusterUnavailable, "cluster", cs.retryAfter(), &dims)
 			return
@@ -205,7 +202,7 @@ func (e *Engine) tryAdmit(ctx context.Context, s *Snapshot, r *Request, dims Dim
 			e.admit(ctx, s, r, dims, t, onQueue, now, time.Time{}, nil, true, d)
 			return
 		}
-		cs.unavailable.WithLabelValues("local").Inc()
+		e.rec.ClusterUnavailable("local")
 		again := e.admit(ctx, s, r, dims, t, onQueue, now, time.Time{}, cs.backContext(), false, d)
 		cs.store.LocalEnded()
 		if again {
@@ -267,7 +264,7 @@ func (e *Engine) admit(ctx context.Context, s *Snapshot, r *Request, dims Dims, 
 	tokens, n := r.Estimate.Total, t.n
 
 	unavailable := func() {
-		e.cluster.unavailable.WithLabelValues("refused").Inc()
+		e.rec.ClusterUnavailable("refused")
 		refuse(ReasonClusterUnavailable, "cluster", e.cluster.retryAfter())
 	}
 
@@ -288,7 +285,7 @@ func (e *Engine) admit(ctx context.Context, s *Snapshot, r *Request, dims Dims, 
 				d.Limits.refusedByWindow(t, i, winRPM, true, now)
 				return false
 			}
-			e.metrics.countShadow(s.label(in), ReasonRateLimit)
+			e.rec.ShadowRefusal(s.label(in), ReasonRateLimit)
 		}
 		t.rpm[i] = ch
 	}
@@ -325,7 +322,7 @@ func (e *Engine) admit(ctx context.Context, s *Snapshot, r *Request, dims Dims, 
 					d.Limits.refusedByWindow(t, i, wb.k, false, now)
 					return false
 				}
-				e.metrics.countShadow(s.label(in), ReasonTokenBudget)
+				e.rec.ShadowRefusal(s.label(in), ReasonTokenBudget)
 			}
 			*wb.ch = ch
 		}
@@ -383,7 +380,7 @@ func (e *Engine) admit(ctx context.Context, s *Snapshot, r *Request, dims Dims, 
 		e.trackLocal(s, t, tokens)
 	}
 	e.inflight.Add(1)
-	s.features[dims.Feature].stats.tokensReserved.Add(float64(tokens))
+	s.features[dims.Feature].rec.TokensReserved(tokens)
 	*d = Decision{Verdict: Admit, Dims: dims}
 	return false
 }
@@ -405,12 +402,12 @@ func (e *Engine) checkBreaker(s *Snapshot, dims Dims, t *Ticket, now time.Time, 
 			if !bs.shadow {
 				return refuse(ReasonRateLimit, "provider/"+s.providers[dims.Provider].name, wait)
 			}
-			e.metrics.countShadow(bs.label, ReasonRateLimit)
+			e.rec.ShadowRefusal(bs.label, ReasonRateLimit)
 		}
 		b := bs.For(dims.Model)
 		p, err := b.Acquire(now)
 		if err != nil && bs.shadow {
-			e.metrics.countShadow(bs.label, ReasonCircuitOpen)
+			e.rec.ShadowRefusal(bs.label, ReasonCircuitOpen)
 		} else if err != nil {
 			retry := b.RemainingOpen(now)
 			// OPEN refuses up to and including the instant its wait ends, where RemainingOpen
@@ -423,7 +420,7 @@ func (e *Engine) checkBreaker(s *Snapshot, dims Dims, t *Ticket, now time.Time, 
 			if fb := s.providers[dims.Provider].fallback; fb >= 0 {
 				fallback = s.providers[fb].name
 			}
-			e.logBreakerRefusal(b, retry, fallback, now)
+			e.rec.BreakerRefused(b, retry, fallback, now)
 			return refuse(ReasonCircuitOpen, "provider/"+s.providers[dims.Provider].name, retry)
 		} else {
 			t.brk, t.permit = b, p

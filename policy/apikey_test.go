@@ -16,6 +16,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 func keyHex(key string) string { return fmt.Sprintf("%x", sha256.Sum256([]byte(key))) }
@@ -60,7 +61,7 @@ func keysEngine(t *testing.T, unknownKey string) (*policy.Engine, *prometheus.Re
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	e, err := policy.NewEngine(p, policy.Options{Clock: newClock(), Registerer: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	e, err := observe.NewEngine(p, policy.Options{Clock: newClock(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -169,11 +169,8 @@ func (e *Engine) newBreaker(name string, s config.BreakerSettings, c breaker.Con
 }
 
 func (e *Engine) onBreakerEvent(ev breaker.Event) {
-	e.metrics.breakerEvent(ev)
-	if ev.Kind == breaker.EventTransition && ev.To == breaker.Open && ev.Reason != breaker.ReasonForced && e.breakerShadowed(ev.Name) {
-		e.metrics.shadowOpening(ev.Name)
-	}
-	e.logBreakerEvent(ev)
+	shadowed := ev.Kind == breaker.EventTransition && ev.To == breaker.Open && ev.Reason != breaker.ReasonForced && e.breakerShadowed(ev.Name)
+	e.rec.BreakerEvent(ev, shadowed, e.clock.Now())
 }
 
 // breakerShadowed reports whether the named breaker belongs to a provider whose limits run in

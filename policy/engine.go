@@ -1,21 +1,3 @@
-// Package policy is llm-bulkhead's domain: classification, token estimates, compartments,
-// budgets and breakers, combined by an Engine into one admission decision per request and one
-// settlement per outcome. It knows nothing of Envoy or gRPC.
-//
-// The boundary between configuration and runtime is the Snapshot: Engine.Apply compiles a
-// validated config.Policy into plain typed data (Settings, resolved limit sets, compiled
-// classification rules and breaker verdicts, the compartment instances) and the request path
-// reads only that — one Snapshot per request, taken once. Building a snapshot changes no live
-// state: the changes it finds (budgets and breakers reconfigured, compartments re-limited,
-// tenant stores re-bounded) are collected and applied only after every step has succeeded, then
-// the snapshot is swapped in. State that outlives a reload — compartments, budget windows,
-// breakers, learned estimates — is owned by the Engine and carried over by identity; tenant
-// compartments are owned by their family's store (dynstore.go), which creates, leases and
-// evicts them. Admission (admit.go) takes a Ticket whose Done releases everything once; views
-// and metrics (views.go, metrics.go) only observe. The Engine owns the clock: budget windows and
-// breakers take the time as a parameter, and the scheduler reads the engine's clock. A caller
-// that has read the clock for a message hands the reading down (Request.Now, Outcome.At,
-// Ticket.Remaining's now) instead of having admission and settlement read it again.
 package policy
 
 import (
@@ -23,13 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llm-bulkhead/llm-bulkhead/internal/throttle"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/apikey"
@@ -55,8 +34,9 @@ func (SystemClock) Now() time.Time { return time.Now() }
 type Options struct {
 	// Clock defaults to SystemClock.
 	Clock Clock
-	// Registerer receives the engine's metrics; nil registers nothing.
-	Registerer prometheus.Registerer
+	// Recorder hears what admission, settlement and the breakers do (package policy/observe
+	// counts and logs it); nil records nothing.
+	Recorder Recorder
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Cluster connects to the shared state the policy's cluster section names (the server does;
@@ -64,9 +44,6 @@ type Options struct {
 	Cluster bool
 	// SpendStore keeps the sums of spend budgets. Default: in this process's memory.
 	SpendStore spend.Store
-	// MemoryLimit is the process's memory limit in bytes (GOMEMLIMIT or its cgroup's; 0: none),
-	// from which defaults that size memory are derived (server.max_buffered_body_bytes).
-	MemoryLimit int64
 }
 
 // Engine holds the live policy and all state that outlives a policy reload: compartments,
@@ -74,12 +51,11 @@ type Options struct {
 type Engine struct {
 	clock Clock
 	log   *slog.Logger
-	// memLimit is Options.MemoryLimit.
-	memLimit int64
-	sched    *bulkhead.Scheduler
-	metrics  *metrics
-	cur      atomic.Pointer[Snapshot]
-	gen      atomic.Uint64
+	sched *bulkhead.Scheduler
+	// rec hears what the engine does (Options.Recorder).
+	rec Recorder
+	cur atomic.Pointer[Snapshot]
+	gen atomic.Uint64
 	// applyMu serialises Apply.
 	applyMu sync.Mutex
 	// inflight counts admitted requests not yet done.
@@ -96,16 +72,13 @@ type Engine struct {
 	clampLog throttle.Gate
 	// invalidLog lets a classification value that cannot be used be logged once a minute.
 	invalidLog throttle.Gate
-	// breakerLogs rate-limits each breaker's log lines.
-	breakerLogs breakerLogs
 	// cluster is the shared state of cluster mode (nil without one).
 	cluster *clusterState
 	// share divides every limit while the shared state is unavailable (1 otherwise); snapshots
 	// are built with it.
 	share atomic.Int64
-	// ledger keeps spend budgets' windows; spendMetrics count what they reserve and settle.
-	ledger       *spend.Ledger
-	spendMetrics *spendMetrics
+	// ledger keeps spend budgets' windows.
+	ledger *spend.Ledger
 	// usage counts what tenants and models use (usage section).
 	usage *usage.Tracker
 }
@@ -119,19 +92,23 @@ func NewEngine(p *config.Policy, o Options) (*Engine, error) {
 		o.Logger = slog.Default()
 	}
 	e := &Engine{clock: o.Clock, log: o.Logger, sched: &bulkhead.Scheduler{Now: o.Clock.Now},
-		retired: map[string]*instance{}, retiredDyn: map[string]*dynStore{}, memLimit: o.MemoryLimit}
+		retired: map[string]*instance{}, retiredDyn: map[string]*dynStore{}}
 	e.est = newEstimator()
 	e.ledger = spend.NewLedger(o.SpendStore)
 	e.usage = usage.New(usageReasons)
-	e.metrics = newMetrics(e, o.Registerer)
-	e.spendMetrics = newSpendMetrics(e, o.Registerer)
-	e.sched.OnWait = e.metrics.observeWait
+	e.rec = o.Recorder
+	if e.rec == nil {
+		e.rec = nopRecorder{}
+	}
+	e.sched.OnWait = func(c *bulkhead.Compartment, waited time.Duration, admitted bool) {
+		e.rec.QueueWait(c.Name(), waited, admitted)
+	}
 	e.share.Store(1)
 	if _, err := e.Apply(p); err != nil {
 		return nil, err
 	}
 	if o.Cluster {
-		if err := e.openCluster(p, o.Registerer); err != nil {
+		if err := e.openCluster(p); err != nil {
 			return nil, err
 		}
 	}
@@ -163,30 +140,6 @@ func (e *Engine) Now() time.Time { return e.clock.Now() }
 func (e *Engine) SystemClock() bool {
 	_, ok := e.clock.(SystemClock)
 	return ok
-}
-
-// Diff summarises what a reload changed, by compartment instance name, and the policy-wide
-// settings of spend budgets that changed (time_zone, currency, spend.allow_single_overrun).
-type Diff struct {
-	Added, Removed, Changed []string
-	// Settings describes each policy-wide setting that changed, e.g. "time_zone UTC →
-	// Asia/Kathmandu (spend carried into 2 windows of the new zone)".
-	Settings []string
-}
-
-// String formats the diff as one log-friendly line.
-func (d Diff) String() string {
-	part := func(label string, names []string) string {
-		if len(names) == 0 {
-			return label + ": none"
-		}
-		return label + ": " + strings.Join(names, ", ")
-	}
-	out := part("added", d.Added) + "; " + part("removed", d.Removed) + "; " + part("changed", d.Changed)
-	if len(d.Settings) > 0 {
-		out += "; " + part("settings", d.Settings)
-	}
-	return out
 }
 
 // Apply builds a snapshot for p aside and swaps it in atomically. State (in-flight counts,
@@ -256,61 +209,6 @@ func (e *Engine) retire(prev, next *Snapshot) {
 	}
 }
 
-func diffSnapshots(prev, next *Snapshot) Diff {
-	var d Diff
-	if prev == nil {
-		for _, in := range next.staticInstances() {
-			d.Added = append(d.Added, in.name)
-		}
-		return d
-	}
-	old := map[string]*instance{}
-	for _, in := range prev.staticInstances() {
-		old[in.name] = in
-	}
-	for _, in := range next.staticInstances() {
-		o, ok := old[in.name]
-		switch {
-		case !ok:
-			d.Added = append(d.Added, in.name)
-		case o.limits != in.limits:
-			d.Changed = append(d.Changed, in.name)
-		}
-		delete(old, in.name)
-	}
-	for name := range old {
-		d.Removed = append(d.Removed, name)
-	}
-	sort.Strings(d.Removed)
-	d.Settings = settingsDiff(prev, next)
-	return d
-}
-
-// settingsDiff describes the policy-wide spend settings next changed from prev.
-func settingsDiff(prev, next *Snapshot) []string {
-	a, b := prev.policy, next.policy
-	var out []string
-	if a.TimeZone != b.TimeZone {
-		what := fmt.Sprintf("time_zone %s → %s", a.TimeZone, b.TimeZone)
-		switch {
-		case !b.AnySpendLimits():
-		case next.spendCarryErr != nil:
-			what += " (the spend of the current windows is carried into the new zone's once the spend store answers)"
-		default:
-			// Another replica may have carried the shared windows already: none changed then.
-			what += fmt.Sprintf(" (spend of the current windows carried into the new zone's: %d windows changed)", next.spendCarried)
-		}
-		out = append(out, what)
-	}
-	if a.Currency != b.Currency {
-		out = append(out, fmt.Sprintf("currency %s → %s (amounts already counted are kept as they are)", a.Currency, b.Currency))
-	}
-	if a.Spend.AllowSingleOverrun != b.Spend.AllowSingleOverrun {
-		out = append(out, fmt.Sprintf("spend.allow_single_overrun %t → %t", a.Spend.AllowSingleOverrun, b.Spend.AllowSingleOverrun))
-	}
-	return out
-}
-
 // Snapshot is one immutable, compiled policy plus references to the live state it uses.
 // Safe for concurrent use.
 type Snapshot struct {
@@ -358,7 +256,6 @@ type Snapshot struct {
 	// compartment) apply at once.
 	committed bool
 
-	settings Settings
 	// tenantLabel: metrics of tenant-keyed compartments name the tenant (admin.tenant_label).
 	tenantLabel bool
 
@@ -411,9 +308,10 @@ type featureEntry struct {
 	name    string
 	ratio   float64
 	degrade *config.Degrade
-	stats   *featureMetrics
-	// spend counts the feature's spend (nil while the policy has no spend budget).
-	spend *spendCounters
+	// rec records the feature's requests.
+	rec FeatureRecorder
+	// spend records the feature's spend (nil while the policy has no spend budget).
+	spend SpendRecorder
 }
 
 // providerEntry is everything per provider the hot path needs.
@@ -442,6 +340,10 @@ func (s *Snapshot) StripHeaders() []string { return s.stripHeaders }
 
 // Gen returns the snapshot's generation (1 for the first policy, +1 per reload).
 func (s *Snapshot) Gen() uint64 { return s.gen }
+
+// Policy returns the policy the snapshot was built from, for adapters that compile settings of
+// their own from it (extproc's body modes and stream bounds). Read-only.
+func (s *Snapshot) Policy() *config.Policy { return s.policy }
 
 // Features, Tiers and Providers return how many values each dimension has: indexes of Dims
 // run from 0 to these counts.
@@ -473,7 +375,7 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 			}
 			f.degrade = fc.Degrade
 		}
-		s.onCommit(func() { f.stats = e.metrics.feature(name) })
+		s.onCommit(func() { f.rec = e.rec.Feature(name) })
 		s.features = append(s.features, f)
 		s.featureIdx[name] = i
 	}
@@ -511,7 +413,6 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 		s.QuotaPath = p.QuotaEndpoint.Path
 	}
 	s.resolveLimits()
-	s.settings = compileSettings(p, e.memLimit)
 	s.tenantLabel = p.Admin.TenantLabel
 	s.buildClassifier()
 	s.estimation = newEstimationSettings(p.Estimation)
@@ -646,7 +547,7 @@ func (s *Snapshot) Classify(in Input) Dims {
 	var d Dims
 	fv, unknown, bad := c.feature.eval(in, c, &d, func(v string) bool { _, ok := c.featureIdx[v]; return ok })
 	if unknown > 0 {
-		s.engine.metrics.unknownFeature.Add(float64(unknown))
+		s.engine.rec.ClassifyErrors("unknown_feature", unknown)
 	}
 	s.invalidValue(dimFeature, bad)
 	d.Feature = c.featureIdx[fv]
@@ -678,7 +579,7 @@ func (s *Snapshot) invalidValue(d dim, bad invalidValue) {
 		return
 	}
 	e := s.engine
-	e.metrics.invalidValue[d].Inc()
+	e.rec.ClassifyErrors("invalid_"+dimNames[d], 1)
 	if !e.logDue(&e.invalidLog) {
 		return
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -63,7 +64,10 @@ func engine(t testing.TB, yaml string) (*policy.Engine, *clock) {
 		t.Fatalf("policy:\n%v", err)
 	}
 	c := newClock()
-	e, err := policy.NewEngine(p, policy.Options{Clock: c, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	// The engine records into the metrics a server has (unregistered), so that tests and
+	// benchmarks go through the recording the server's admissions pay for.
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	e, err := policy.NewEngine(p, policy.Options{Clock: c, Logger: log, Recorder: observe.NewMetrics(log)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -90,7 +90,7 @@ func (e *Engine) commitShared(ctx context.Context, s *Snapshot, r *Request, dims
 				return
 			}
 			if cs.closed {
-				cs.unavailable.WithLabelValues("refused").Inc()
+				e.rec.ClusterUnavailable("refused")
 				refuse(ReasonClusterUnavailable, "cluster", cs.retryAfter())
 				return
 			}
@@ -101,7 +101,7 @@ func (e *Engine) commitShared(ctx context.Context, s *Snapshot, r *Request, dims
 			if cs.store.Available() || !cs.store.LocalStarted() {
 				left := deadline.Sub(e.clock.Now())
 				if left <= 0 {
-					cs.unavailable.WithLabelValues("refused").Inc()
+					e.rec.ClusterUnavailable("refused")
 					refuse(ReasonClusterUnavailable, "cluster", cs.retryAfter())
 					return
 				}
@@ -110,7 +110,7 @@ func (e *Engine) commitShared(ctx context.Context, s *Snapshot, r *Request, dims
 				want.MaxWait = left
 				continue
 			}
-			cs.unavailable.WithLabelValues("local").Inc()
+			e.rec.ClusterUnavailable("local")
 			// Give the breaker permit back: the local path takes its own.
 			if t.brk != nil {
 				t.brk.Release(t.permit)
@@ -173,7 +173,7 @@ func (e *Engine) commitShared(ctx context.Context, s *Snapshot, r *Request, dims
 		t.active = true
 		t.mode = ticketShared
 		e.inflight.Add(1)
-		s.features[dims.Feature].stats.tokensReserved.Add(float64(tokens))
+		s.features[dims.Feature].rec.TokensReserved(tokens)
 		*d = Decision{Verdict: Admit, Dims: dims}
 		return
 	}
@@ -275,7 +275,7 @@ func (e *Engine) sharedShadow(s *Snapshot, t *Ticket, sh *sharedTicket, bits uin
 			if w.Kind == "rpm" {
 				reason = ReasonRateLimit
 			}
-			e.metrics.countShadow(s.label(t.insts[sh.owners[i]]), reason)
+			e.rec.ShadowRefusal(s.label(t.insts[sh.owners[i]]), reason)
 		}
 	}
 	for i := range sh.slots {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 // Regression tests for ways a client or a provider could leak a slot, mint budget or take the
@@ -221,7 +222,7 @@ features:
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	e, err := policy.NewEngine(p, policy.Options{Clock: newClock(), Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
+	e, err := observe.NewEngine(p, policy.Options{Clock: newClock(), Logger: slog.New(slog.DiscardHandler)}, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

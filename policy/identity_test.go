@@ -12,6 +12,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 const identityPolicy = `
@@ -60,7 +61,7 @@ func TestValuesThatCannotBeHeaderValuesAreSkipped(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	var logs bytes.Buffer
 	clk := newClock()
-	e, err := policy.NewEngine(p, policy.Options{Clock: clk, Registerer: reg, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	e, err := observe.NewEngine(p, policy.Options{Clock: clk, Logger: slog.New(slog.NewJSONHandler(&logs, nil))}, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

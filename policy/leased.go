@@ -67,9 +67,9 @@ func (f *fleetLease) LeaseChanged(st cluster.LeaseState) {
 	}
 	switch {
 	case st.Valid:
-		f.sched.SetLease(f.c, st.Slots, st.Tokens, true)
+		f.sched.SetLease(f.c, st.Slots, st.Tokens, !st.Available)
 	case st.Available:
-		f.sched.SetLease(f.c, 0, 0, true)
+		f.sched.SetLease(f.c, 0, 0, false)
 	case st.Known:
 		n := f.cs.divisor(f.cs.store.Live())
 		f.sched.SetLease(f.c, st.Granted+st.Free/n, st.GrantedTokens+st.FreeTokens/n, true)
@@ -218,7 +218,7 @@ func (e *Engine) reserveWindow(ctx context.Context, t *Ticket, i, k int, n int64
 		if cs.closed {
 			return budget.Charge{}, false, 0, true
 		}
-		cs.unavailable.WithLabelValues("local").Inc()
+		e.rec.ClusterUnavailable("local")
 		t.charged[i][k] = chargedOutage
 	} else {
 		t.charged[i][k] = chargedLocal

@@ -3,8 +3,6 @@ package policy
 import (
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/quota"
 )
@@ -62,7 +60,7 @@ func (e *Engine) reserveQuota(s *Snapshot, r *Request, dims *Dims, t *Ticket, no
 		return false
 	}
 	name := s.providers[dims.Provider].name
-	e.metrics.quotaShort.WithLabelValues(name, v.Kind.String(), pq.mode).Inc()
+	e.rec.QuotaShort(name, v.Kind.String(), pq.mode)
 	if !pq.enforce {
 		return false
 	}
@@ -83,7 +81,7 @@ func (t *Ticket) ObserveQuota(r *quota.Reading, invalid int, now time.Time) {
 		return
 	}
 	if invalid > 0 {
-		t.engine.metrics.quotaInvalid.WithLabelValues(t.snap.providers[t.dims.Provider].name).Add(float64(invalid))
+		t.engine.rec.QuotaHeadersInvalid(t.snap.providers[t.dims.Provider].name, invalid)
 	}
 	if r.Empty() {
 		// Nothing said: the request keeps its hold until it ends (settleQuota).
@@ -136,41 +134,4 @@ func (e *Engine) ProviderQuotas() []ProviderQuotaView {
 		}
 	}
 	return out
-}
-
-var (
-	descQuotaLeft  = prometheus.NewDesc(Namespace+"_provider_quota_remaining", "What a provider's rate-limit headers last said is left of a quota (after its reset: its limit), by provider and quota (requests, tokens, input_tokens, output_tokens).", []string{"provider", "quota"}, nil)
-	descQuotaLimit = prometheus.NewDesc(Namespace+"_provider_quota_limit", "A provider's quota limit as its rate-limit headers said it (0: not said).", []string{"provider", "quota"}, nil)
-	descQuotaHeld  = prometheus.NewDesc(Namespace+"_provider_quota_held", "What the requests in flight to a provider hold of its quota, not yet counted in what its headers said is left.", []string{"provider", "quota"}, nil)
-)
-
-// quotaCollector reports the followed providers' quotas at scrape time.
-type quotaCollector struct{ e *Engine }
-
-func (c quotaCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- descQuotaLeft
-	ch <- descQuotaLimit
-	ch <- descQuotaHeld
-}
-
-func (c quotaCollector) Collect(ch chan<- prometheus.Metric) {
-	if c.e.Snapshot() == nil {
-		return
-	}
-	for _, v := range c.e.ProviderQuotas() {
-		for _, q := range v.Quotas {
-			ch <- prometheus.MustNewConstMetric(descQuotaLeft, prometheus.GaugeValue, float64(q.Remaining), v.Provider, q.Kind)
-			ch <- prometheus.MustNewConstMetric(descQuotaLimit, prometheus.GaugeValue, float64(q.Limit), v.Provider, q.Kind)
-			ch <- prometheus.MustNewConstMetric(descQuotaHeld, prometheus.GaugeValue, float64(q.Pending), v.Provider, q.Kind)
-		}
-	}
-}
-
-// newQuotaMetrics makes the provider quota's counters.
-func newQuotaMetrics() (short, invalid *prometheus.CounterVec) {
-	short = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "provider_quota_short_total",
-		Help: "Requests a provider's quota (as its rate-limit headers last told it, less the requests in flight) could not cover, by provider, quota (requests, tokens, input_tokens, output_tokens) and mode: in enforce they were re-routed along the fallback or refused provider_quota, in shadow they went as before."}, []string{"provider", "quota", "mode"})
-	invalid = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "provider_quota_headers_invalid_total",
-		Help: "Rate-limit headers of a provider's responses whose value was malformed or absurd (negative, beyond a million billion, a reset more than 31 days ahead) and changed nothing, by provider."}, []string{"provider"})
-	return short, invalid
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/quota"
 )
 
@@ -41,7 +42,7 @@ func quotaEngine(t *testing.T) (*policy.Engine, *clock, *prometheus.Registry) {
 	}
 	c := newClock()
 	reg := prometheus.NewRegistry()
-	e, err := policy.NewEngine(p, policy.Options{Clock: c, Registerer: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	e, err := observe.NewEngine(p, policy.Options{Clock: c, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -202,23 +202,21 @@ func (t *Ticket) Done(o Outcome) (settled Settled) {
 			}
 		}
 	}
-	f := s.features[t.dims.Feature].stats
-	f.promptSettled.Add(float64(settled.Prompt))
-	f.completionSettled.Add(float64(settled.Completion))
+	f := s.features[t.dims.Feature]
+	f.rec.Settled(settled.Prompt, settled.Completion, settled.Clamped)
 	if settled.Clamped {
-		f.usageClamped.Inc()
 		e.logClamp(f.name, t.dims.Model, o.Usage, t.est)
 	}
 	if o.Usage.Known {
 		if t.est.Total > 0 {
-			f.estimateError.Observe(float64(settled.Total) / float64(t.est.Total))
+			f.rec.EstimateRatio(float64(settled.Total) / float64(t.est.Total))
 		}
 		// Learn from the text part only: media items have fixed costs of their own.
 		if text := settled.Prompt - t.est.Media; t.bytes > 0 && text > 0 && !settled.Clamped && s.estimation.learn {
 			e.est.learn(t.dims.Model, float64(t.bytes)/float64(text), s.startRatio(t.dims.Model), s.estimation)
 		}
 	} else if o.Status != 0 {
-		f.usageUnknown.Inc()
+		f.rec.UsageUnknown()
 	}
 	return settled
 }

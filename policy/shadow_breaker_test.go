@@ -11,6 +11,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 // metricValue returns the value of the series of name whose labels include want, or -1.
@@ -59,7 +60,7 @@ func TestShadowProviderBreaker(t *testing.T) {
 		t.Fatalf("policy:\n%v", err)
 	}
 	reg := prometheus.NewRegistry()
-	e, err := policy.NewEngine(p, policy.Options{Clock: newClock(), Registerer: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	e, err := observe.NewEngine(p, policy.Options{Clock: newClock(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, reg)
 	if err != nil {
 		t.Fatal(err)
 	}

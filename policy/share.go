@@ -14,17 +14,24 @@ func (cs *clusterState) divisor(live int) int64 { return int64(max(live, cs.expe
 // learns that Redis lost what it held) until Redis counts every replica's slots again, each
 // compartment keeps to this replica's part of its concurrency and in-flight-token limits
 // (bulkhead.Share): its own slots, as Redis counted them, plus an equal part of the room free
-// when the episode began. The store reports the change before any admission sees it, so no
-// request is admitted meanwhile against the whole limit. While the store is unavailable and
-// on_unavailable is local, budgets and rates are divided too.
+// when the episode began. The part is narrow (its own slots alone) while Redis may only be slow
+// for this replica and answer the others, who would take that room too, and widened once the
+// store finds Redis gone (cluster.State.Gone). The store reports the change before any admission
+// sees it, so no request is admitted meanwhile against the whole limit. While the store is
+// unavailable and on_unavailable is local, budgets and rates are divided too.
 func (e *Engine) sharedState(st cluster.State) {
 	cs := e.cluster
 	cs.stateMu.Lock()
-	cs.available.Store(st.Available)
+	was := cs.available.Swap(st.Available)
+	cs.gone.Store(st.Gone)
 	cs.followBack(st.Available)
-	if st.Synced {
+	switch {
+	case st.Synced:
 		e.uncapAll()
-	} else {
+	case !st.Available && !was:
+		// Still cut off, and Redis found gone: every replica is cut off too.
+		e.widenAll()
+	default:
 		e.capAll(st)
 	}
 	cs.stateMu.Unlock()
@@ -45,17 +52,19 @@ func (e *Engine) sharedState(st cluster.State) {
 }
 
 // capAll starts an episode of caps (see sharedState), capping every compartment this replica
-// has from what it and the others held as last known; in one already begun it only forgets
-// what the others held once the store is unavailable. Called with cs.stateMu held.
+// has from what it and the others held as last known. In one already begun, a new cut (the
+// store unavailable again) lowers each part to the one computed from what is known now, if
+// smaller, and forgets what the others held. Called with cs.stateMu held.
 func (e *Engine) capAll(st cluster.State) {
 	cs := e.cluster
-	if cs.capGen.Load() != 0 {
-		if !st.Available {
-			e.sharedReset()
-		}
+	gen := cs.capGen.Load()
+	again := gen != 0
+	if again && st.Available {
 		return
 	}
-	gen := cs.nextGen()
+	if !again {
+		gen = cs.nextGen()
+	}
 	s := e.cur.Load()
 	if s == nil {
 		cs.capGen.Store(gen)
@@ -64,7 +73,10 @@ func (e *Engine) capAll(st cluster.State) {
 	n := cs.divisor(st.Live)
 	lag := cs.store.Unsent()
 	for _, in := range append(s.staticInstances(), s.dynamicInstances()...) {
-		e.capInstance(in, gen, n, !st.Available, lag[in.name])
+		// Cut off again before the episode ended (it had rewritten its slots, and may have
+		// confirmed them: the others may count on Redis alone by now): its part is no more
+		// than what Redis counts for it now plus its share of what is free now.
+		e.capInstance(in, gen, n, !st.Available, again, !st.Available && !st.Gone, lag[in.name])
 	}
 	// Published only now: an admission that sees the episode finds its compartments capped,
 	// or caps them itself (capTicket) from the same counts.
@@ -82,9 +94,10 @@ func (cs *clusterState) nextGen() uint64 {
 
 // capInstance caps in's compartment for episode gen (a no-op when it has no shared
 // concurrency or in-flight-token limit, or is capped for gen already).
-func (e *Engine) capInstance(in *instance, gen uint64, n int64, forget bool, lag [2]int64) {
+func (e *Engine) capInstance(in *instance, gen uint64, n int64, forget, tighten, narrow bool, lag [2]int64) {
 	l := in.limits
-	if l.MaxConcurrent <= 0 && l.MaxInflightTokens <= 0 {
+	if in.fleet != nil || (l.MaxConcurrent <= 0 && l.MaxInflightTokens <= 0) {
+		// A leased compartment's part is its lease (fleetLease.LeaseChanged).
 		return
 	}
 	cs := e.cluster
@@ -95,7 +108,7 @@ func (e *Engine) capInstance(in *instance, gen uint64, n int64, forget bool, lag
 	}
 	cs.mu.Unlock()
 	e.sched.Cap(in.c, bulkhead.Share{Gen: gen, Replicas: n, Slots: !l.Adaptive.On(),
-		Totals: slots, TotalTokens: tokens, Lag: lag[0], LagTokens: lag[1], ForgetRemote: forget})
+		Totals: slots, TotalTokens: tokens, Lag: lag[0], LagTokens: lag[1], ForgetRemote: forget, Tighten: tighten, Narrow: narrow})
 }
 
 // capTicket caps, for the episode under way, the compartments of t that are not yet: those
@@ -109,18 +122,33 @@ func (e *Engine) capTicket(t *Ticket) {
 	n := cs.divisor(cs.store.Live())
 	for i := 0; i < t.n; i++ {
 		in := t.insts[i]
-		if e.sched.CapGen(in.c) == gen {
+		if in.fleet != nil || e.sched.CapGen(in.c) == gen {
 			continue
 		}
 		// Under stateMu, so that an episode ending meanwhile (uncapAll) cannot leave it capped.
 		cs.stateMu.Lock()
 		if gen = cs.capGen.Load(); gen != 0 {
-			e.capInstance(in, gen, n, !cs.available.Load(), cs.store.Unsent()[in.name])
+			cut := !cs.available.Load()
+			e.capInstance(in, gen, n, cut, false, cut && !cs.gone.Load(), cs.store.Unsent()[in.name])
 		}
 		cs.stateMu.Unlock()
 		if gen == 0 {
 			return
 		}
+	}
+}
+
+// widenAll gives every compartment of the episode under way its share of the room that was free
+// when this replica was cut off: Redis is gone, not just slow for this replica. Called with
+// cs.stateMu held.
+func (e *Engine) widenAll() {
+	cs := e.cluster
+	gen := cs.capGen.Load()
+	if gen == 0 {
+		return
+	}
+	for _, c := range e.clusterCompartments() {
+		e.sched.Widen(c, gen)
 	}
 }
 
@@ -131,25 +159,29 @@ func (e *Engine) uncapAll() {
 	if cs.capGen.Swap(0) == 0 {
 		return
 	}
-	s := e.cur.Load()
-	if s == nil {
-		return
+	for _, c := range e.clusterCompartments() {
+		e.sched.Uncap(c)
 	}
-	for _, in := range append(s.staticInstances(), s.dynamicInstances()...) {
-		e.sched.Uncap(in.c)
+}
+
+// clusterCompartments lists the compartments of the snapshot and those no longer in it but
+// still in use by requests in flight.
+func (e *Engine) clusterCompartments() []*bulkhead.Compartment {
+	var out []*bulkhead.Compartment
+	if s := e.cur.Load(); s != nil {
+		for _, in := range append(s.staticInstances(), s.dynamicInstances()...) {
+			out = append(out, in.c)
+		}
 	}
-	// Compartments no longer in the snapshot but still in use by requests in flight.
+	cs := e.cluster
 	cs.mu.Lock()
-	var rest []*bulkhead.Compartment
 	for _, w := range cs.watch {
 		if c := w.c.Value(); c != nil {
-			rest = append(rest, c)
+			out = append(out, c)
 		}
 	}
 	cs.mu.Unlock()
-	for _, c := range rest {
-		e.sched.Uncap(c)
-	}
+	return out
 }
 
 // shareWorker rebuilds the snapshot with the current share whenever it changes.

@@ -8,8 +8,6 @@ import (
 	"time"
 	"weak"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
@@ -30,8 +28,9 @@ type clusterState struct {
 	// divided by while each enforces its part.
 	expected int
 
-	// available is the store's availability as last reported to the engine.
-	available atomic.Bool
+	// available is the store's availability as last reported to the engine; gone says, while
+	// it is unavailable, that Redis is gone, not just slow for this replica (cluster.State.Gone).
+	available, gone atomic.Bool
 	// capGen names the episode during which every compartment keeps to this replica's part of
 	// its limits (bulkhead.Share): from the moment this replica is cut off from Redis (or
 	// learns that Redis lost what it held) until Redis counts every replica's slots again. 0
@@ -55,8 +54,6 @@ type clusterState struct {
 	shareCh chan struct{}
 	stop    chan struct{}
 	done    chan struct{}
-
-	unavailable *prometheus.CounterVec
 }
 
 // backState is a context done once the shared state answers again.
@@ -100,7 +97,7 @@ const maxHeard = 100000
 func (cs *clusterState) retryAfter() time.Duration { return max(cs.timeout, time.Second) }
 
 // openCluster connects the engine to the shared store the policy names.
-func (e *Engine) openCluster(p *config.Policy, reg prometheus.Registerer) error {
+func (e *Engine) openCluster(p *config.Policy) error {
 	c := p.Cluster
 	if c.Backend != "redis" {
 		return nil
@@ -116,17 +113,12 @@ func (e *Engine) openCluster(p *config.Policy, reg prometheus.Registerer) error 
 	cs := &clusterState{
 		closed: c.OnUnavailable == "closed", timeout: c.Timeout.D(), expected: c.ExpectedReplicas, watch: map[string]*watched{},
 		shareCh: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
-		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "cluster_unavailable_admissions_total",
-			Help: "Admissions decided while the shared state was unavailable: local (this replica's share enforced here) or refused (cluster_unavailable)."},
-			[]string{"action"}),
-	}
-	if reg != nil {
-		reg.MustRegister(cs.unavailable)
 	}
 	e.cluster = cs
 	// Until it first registers, this replica knows nothing of the others: it keeps to its part
 	// of each limit (the limit divided by expected_replicas, when set) from the first request.
 	cs.capGen.Store(1)
+	cs.gone.Store(true)
 	cs.followBack(false)
 	if cs.expected > 1 && !cs.closed {
 		e.share.Store(int64(cs.expected))
@@ -139,7 +131,7 @@ func (e *Engine) openCluster(p *config.Policy, reg prometheus.Registerer) error 
 		Password: password, TLS: tlsCfg, KeyPrefix: c.KeyPrefix, ReplicaID: c.ReplicaID,
 		Timeout: c.Timeout.D(), DialTimeout: c.DialTimeout.D(), WriteTimeout: c.WriteTimeout.D(),
 		LeaseTTL: c.LeaseTTL.D(), Heartbeat: c.Heartbeat.D(), SettleInterval: c.SettleInterval.D(),
-		MaxPending: c.MaxPendingSettlements, Logger: e.log, Registerer: reg,
+		MaxPending: c.MaxPendingSettlements, Logger: e.log,
 		OnCounts: e.sharedCounts, OnReset: e.sharedReset, OnState: e.sharedState, Watched: e.sharedWatched,
 	})
 	if err != nil {

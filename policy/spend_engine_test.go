@@ -12,6 +12,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 	spendpkg "github.com/llm-bulkhead/llm-bulkhead/policy/spend"
 )
 
@@ -69,7 +70,13 @@ func spendEngine(t *testing.T, yaml string, reg prometheus.Registerer) (*policy.
 		t.Fatalf("policy:\n%v", err)
 	}
 	c := newClock()
-	e, err := policy.NewEngine(p, policy.Options{Clock: c, Registerer: reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	o := policy.Options{Clock: c, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	var e *policy.Engine
+	if reg != nil {
+		e, err = observe.NewEngine(p, o, reg)
+	} else {
+		e, err = policy.NewEngine(p, o)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

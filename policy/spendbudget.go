@@ -3,10 +3,7 @@ package policy
 import (
 	"context"
 	"strings"
-	"sync"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
@@ -41,7 +38,7 @@ func (s *Snapshot) buildSpend() {
 		}
 	})
 	for _, f := range s.features {
-		s.onCommit(func() { f.spend = e.spendMetrics.feature(f.name) })
+		s.onCommit(func() { f.spend = e.rec.Spend(f.name) })
 	}
 }
 
@@ -171,7 +168,7 @@ func (e *Engine) reserveSpend(ctx context.Context, s *Snapshot, r *Request, dims
 	if !ok && rf.Unavailable {
 		// Redis did not answer and on_unavailable is closed.
 		t.undo(now)
-		e.cluster.unavailable.WithLabelValues("refused").Inc()
+		e.rec.ClusterUnavailable("refused")
 		refuseInto(d, ReasonClusterUnavailable, "cluster", e.cluster.retryAfter(), &dims)
 		return true
 	}
@@ -186,14 +183,14 @@ func (e *Engine) reserveSpend(ctx context.Context, s *Snapshot, r *Request, dims
 		for i := 0; i < t.n; i++ {
 			for range t.insts[i].spend {
 				if over&(1<<uint(k)) != 0 {
-					e.metrics.countShadow(s.label(t.insts[i]), ReasonSpendBudget)
+					e.rec.ShadowRefusal(s.label(t.insts[i]), ReasonSpendBudget)
 				}
 				k++
 			}
 		}
 	}
 	if c := s.features[dims.Feature].spend; c != nil {
-		c.reserved.Add(amount.Float())
+		c.Reserved(amount)
 	}
 	return false
 }
@@ -226,14 +223,14 @@ func (t *Ticket) settleSpend(o Outcome, settled Settled, now time.Time) (spend.M
 	if settled.Total == 0 && !o.Usage.Known && !served {
 		res.Release(now)
 		if c != nil {
-			c.refunded.Add(res.Amount().Float())
+			c.Refunded(res.Amount())
 		}
 		return 0, true
 	}
 	cost := t.price(o, settled, served)
 	res.Settle(cost, now)
 	if c != nil {
-		c.settled.Add(cost.Float())
+		c.Settled(cost)
 	}
 	return cost, true
 }
@@ -268,99 +265,6 @@ func (t *Ticket) price(o Outcome, settled Settled, served bool) spend.Micros {
 	return price.Cost(tok)
 }
 
-// spendCounters are one feature's spend counters.
-type spendCounters struct {
-	reserved, settled, refunded prometheus.Counter
-}
-
-// spendMetrics are the spend counters, resolved per feature only once a policy with spend
-// budgets is live (a policy without them adds no series).
-type spendMetrics struct {
-	reserved, settled, refunded *prometheus.CounterVec
-	fellBack                    prometheus.CounterFunc
-	pending                     prometheus.GaugeFunc
-
-	mu        sync.Mutex
-	byFeature map[string]*spendCounters
-}
-
-func newSpendMetrics(e *Engine, reg prometheus.Registerer) *spendMetrics {
-	m := &spendMetrics{
-		byFeature: map[string]*spendCounters{},
-		reserved: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "spend_reserved_total",
-			Help: "Worst-case cost reserved in spend budgets by admitted requests, in units of the policy's currency, by feature."}, []string{"feature"}),
-		settled: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "spend_settled_total",
-			Help: "Real cost of finished requests settled in spend budgets, in units of the policy's currency, by feature."}, []string{"feature"}),
-		refunded: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "spend_refunded_total",
-			Help: "Reservations given back whole because the request never reached the provider, in units of the policy's currency, by feature."}, []string{"feature"}),
-	}
-	m.fellBack = prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: Namespace, Name: "spend_store_fallbacks_total",
-		Help: "Spend reservations decided in this replica's memory because the shared spend store (Redis) did not answer in time or was unavailable: each against this replica's share of what Redis last showed left, and added to Redis once it answers."},
-		func() float64 { return float64(e.ledger.FellBack()) })
-	m.pending = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: Namespace, Name: "spend_local_pending",
-		Help: "Spend this replica counted in its own memory while Redis did not answer that Redis has not applied yet (settled spend and reservations in flight, net of reservations that ended), in units of the policy's currency, each request once whatever its budgets; 0 without a cluster."},
-		func() float64 { return e.ledger.PendingTotal().Float() })
-	if reg != nil {
-		reg.MustRegister(m.reserved, m.settled, m.refunded, m.fellBack, m.pending, &spendCollector{e: e})
-	}
-	return m
-}
-
-func (m *spendMetrics) feature(name string) *spendCounters {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	c := m.byFeature[name]
-	if c == nil {
-		c = &spendCounters{reserved: m.reserved.WithLabelValues(name), settled: m.settled.WithLabelValues(name),
-			refunded: m.refunded.WithLabelValues(name)}
-		m.byFeature[name] = c
-	}
-	return c
-}
-
-var (
-	descSpendLimit = prometheus.NewDesc(Namespace+"_spend_budget_limit", "A spend budget's limit per window, in units of the policy's currency, by compartment and period (hour, day, month).", []string{"compartment", "period"}, nil)
-	descSpendUsed  = prometheus.NewDesc(Namespace+"_spend_budget_used", "Spend counted in a spend budget's current window (settled plus reserved by requests in flight), in units of the policy's currency, by compartment and period.", []string{"compartment", "period"}, nil)
-	descSpendLeft  = prometheus.NewDesc(Namespace+"_spend_budget_remaining", "What a spend budget has left in its current window, less the chunks of it replicas hold unused with leased cluster admission (negative when settlement overran it), in units of the policy's currency, by compartment and period.", []string{"compartment", "period"}, nil)
-	descSpendRatio = prometheus.NewDesc(Namespace+"_spend_budget_used_ratio", "Used divided by limit for a spend budget's current window, by compartment and period; for tenant-keyed compartments without tenant labels (<family>/*), the highest ratio among the family's tenants.", []string{"compartment", "period"}, nil)
-	descSpendReset = prometheus.NewDesc(Namespace+"_spend_budget_reset_timestamp_seconds", "When a spend budget's current window ends and the budget resets (Unix time), by compartment and period.", []string{"compartment", "period"}, nil)
-)
-
-// spendCollector reports the spend budgets' windows at scrape time.
-type spendCollector struct{ e *Engine }
-
-func (c *spendCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSpendLimit, descSpendUsed, descSpendLeft, descSpendRatio, descSpendReset} {
-		ch <- d
-	}
-}
-
-func (c *spendCollector) Collect(ch chan<- prometheus.Metric) {
-	e := c.e
-	s := e.Snapshot()
-	if s == nil || !s.SpendLimits {
-		return
-	}
-	now := e.clock.Now()
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
-	for _, b := range s.spendBudgets(now) {
-		switch {
-		case b.Aggregate:
-			gauge(descSpendRatio, b.ratio(), b.Label, b.Period)
-			continue
-		case b.Tenant && !s.tenantLabel:
-			continue // counted in the family's aggregate: tenants are unbounded
-		}
-		gauge(descSpendLimit, b.Limit.Float(), b.Label, b.Period)
-		gauge(descSpendUsed, (b.Spent + b.Reserved).Float(), b.Label, b.Period)
-		gauge(descSpendLeft, (b.Limit - b.Spent - b.Reserved - b.Leased).Float(), b.Label, b.Period)
-		gauge(descSpendRatio, b.ratio(), b.Label, b.Period)
-		gauge(descSpendReset, float64(b.End.Unix()), b.Label, b.Period)
-	}
-}
-
 // SpendBudgetView is one spend budget's current window.
 type SpendBudgetView struct {
 	// Budget is the compartment the budget belongs to; Label its metrics label.
@@ -388,7 +292,8 @@ type SpendBudgetView struct {
 	Local      spend.Local
 }
 
-func (b SpendBudgetView) ratio() float64 {
+// UsedRatio is used (spent and reserved) divided by the limit; 0 without a limit.
+func (b SpendBudgetView) UsedRatio() float64 {
 	if b.Limit <= 0 {
 		return 0
 	}
@@ -411,7 +316,7 @@ func (s *Snapshot) Spend(now time.Time) SpendView {
 	if !s.SpendLimits {
 		return v
 	}
-	for _, b := range s.spendBudgets(now) {
+	for _, b := range s.SpendBudgets(now) {
 		if !b.Aggregate {
 			v.Budgets = append(v.Budgets, b)
 		}
@@ -419,10 +324,10 @@ func (s *Snapshot) Spend(now time.Time) SpendView {
 	return v
 }
 
-// spendBudgets lists the current windows of every spend budget: static instances' from their
+// SpendBudgets lists the current windows of every spend budget: static instances' from their
 // limits, tenant instances' from the ledger (an evicted tenant keeps its spend there), plus one
 // aggregate per tenant-keyed family and period for metrics without tenant labels.
-func (s *Snapshot) spendBudgets(now time.Time) []SpendBudgetView {
+func (s *Snapshot) SpendBudgets(now time.Time) []SpendBudgetView {
 	e := s.engine
 	l := e.ledger
 	type key struct{ name, period string }
@@ -516,7 +421,7 @@ func (s *Snapshot) spendBudgets(now time.Time) []SpendBudgetView {
 				agg[k] = len(out) - 1
 				continue
 			}
-			if b.ratio() > out[j].ratio() {
+			if b.UsedRatio() > out[j].UsedRatio() {
 				a := b
 				a.Budget, a.Label, a.Aggregate = fam+"/*", fam+"/*", true
 				out[j] = a

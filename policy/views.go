@@ -207,26 +207,3 @@ func (e *Engine) BreakerEvents(name string) ([]breaker.HistoryEntry, error) {
 	}
 	return b.History(), nil
 }
-
-// FeatureDecisions counts one feature's admissions and refusals since the process started.
-type FeatureDecisions struct {
-	Feature  string            `json:"feature"`
-	Admitted uint64            `json:"admitted"`
-	Rejected map[string]uint64 `json:"rejected"`
-}
-
-// Decisions returns admission counts per feature of the live policy, in feature order.
-func (e *Engine) Decisions() []FeatureDecisions {
-	s := e.Snapshot()
-	out := make([]FeatureDecisions, 0, len(s.features))
-	for _, f := range s.features {
-		fd := FeatureDecisions{Feature: f.name, Admitted: f.stats.admittedN.Load(), Rejected: map[string]uint64{}}
-		for i, r := range reasons {
-			if n := f.stats.rejectedN[i].Load(); n > 0 {
-				fd.Rejected[string(r)] = n
-			}
-		}
-		out = append(out, fd)
-	}
-	return out
-}

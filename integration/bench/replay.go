@@ -20,6 +20,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 // Replay is the benchmark's third server. It answers each message with the reply llm-bulkhead
@@ -48,7 +49,7 @@ func NewReplay(ctx context.Context) (*Replay, error) {
 	}
 	log := slog.New(slog.DiscardHandler)
 	reg := prometheus.NewRegistry()
-	eng, err := policy.NewEngine(p, policy.Options{Registerer: reg, Logger: log})
+	eng, err := observe.NewEngine(p, policy.Options{Logger: log}, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +58,8 @@ func NewReplay(ctx context.Context) (*Replay, error) {
 		return nil, err
 	}
 	gs := grpc.NewServer(grpc.MaxRecvMsgSize(noopMaxMessage))
-	srv := extproc.NewServer(eng, extproc.Options{Logger: log, Registerer: reg})
+	srv := extproc.NewServer(eng, extproc.Options{Logger: log})
+	reg.MustRegister(srv.Collectors()...)
 	extprocv3.RegisterExternalProcessorServer(gs, srv)
 	done := make(chan struct{})
 	go func() {

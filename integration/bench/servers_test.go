@@ -20,6 +20,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 // newBulkhead builds llm-bulkhead's ext_proc service for the example policy with
@@ -32,11 +33,12 @@ func newBulkhead(tb testing.TB) *extproc.Server {
 	}
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.DiscardHandler)
-	eng, err := policy.NewEngine(p, policy.Options{Registerer: reg, Logger: log})
+	eng, err := observe.NewEngine(p, policy.Options{Logger: log}, reg)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	srv := extproc.NewServer(eng, extproc.Options{Logger: log, Registerer: reg})
+	srv := extproc.NewServer(eng, extproc.Options{Logger: log})
+	reg.MustRegister(srv.Collectors()...)
 	tb.Cleanup(srv.Close)
 	return srv
 }

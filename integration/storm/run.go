@@ -22,6 +22,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 // Options configure Run. The zero value of each field is documented on it.
@@ -145,7 +146,7 @@ type Sample struct {
 // EngineCounts is what llm-bulkhead itself counted during a run.
 type EngineCounts struct {
 	// Decisions are the engine's admissions and refusals per feature.
-	Decisions []policy.FeatureDecisions `json:"decisions"`
+	Decisions []observe.FeatureDecisions `json:"decisions"`
 	// ShadowRejections counts what shadow-mode compartments would have refused, per compartment
 	// and reason; a request over the limit of two compartments counts in both.
 	ShadowRejections map[string]map[string]int `json:"shadow_rejections,omitempty"`
@@ -922,7 +923,7 @@ func (r *run) takeTick(g mock.PoolStats) *Tick {
 
 // engineCounts reads the server's own decisions and metrics.
 func engineCounts(st *harness.Stack) *EngineCounts {
-	ec := &EngineCounts{Decisions: st.App.Engine().Decisions(), ShadowRejections: map[string]map[string]int{}}
+	ec := &EngineCounts{Decisions: st.App.Decisions(), ShadowRejections: map[string]map[string]int{}}
 	mfs, err := st.App.Registry().Gather()
 	if err != nil {
 		return ec

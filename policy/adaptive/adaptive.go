@@ -48,6 +48,9 @@
 //
 // The package is pure: it starts no goroutines and reads no clock. Every method takes the
 // current time, so tests drive it with a simulated provider.
+//
+// Imports: only the standard library. Imported by: package policy (which runs one controller
+// per adaptive compartment) and policy/observe (which reads its State).
 package adaptive
 
 import (

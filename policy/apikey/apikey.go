@@ -5,7 +5,8 @@
 // the last comparison of a lookup, of the stored hash with the presented one, takes the same
 // time whatever the bytes (crypto/subtle).
 //
-// It imports only the standard library.
+// It imports only the standard library. Imported by: policy/config (the keys file and the
+// directory's key hashes) and package policy (the lookup of a request's key).
 package apikey
 
 import (

@@ -16,4 +16,8 @@
 // HALF_OPEN when the wait has elapsed, HALF_OPEN to OPEN when probes take too long) are applied
 // lazily by the next call that observes the breaker. A clock that jumps backwards is treated as
 // if no time had passed.
+//
+// Imports: only the standard library. Imported by: package policy (the providers' breakers),
+// policy/config (the breaker's own rules, to validate a policy) and policy/observe and the app
+// (which read snapshots and histories).
 package breaker

@@ -9,6 +9,9 @@
 // settlement adds beyond estimates. Settlement charges the excess (the window may go into
 // bounded debt, which delays later admissions) or refunds the unused part to the slot it was
 // charged in, so over time the real spend matches the budget.
+//
+// Imports: only the standard library. Imported by: package policy (a compartment's token and
+// request windows) and policy/cluster (the same windows kept in Redis).
 package budget
 
 import (

@@ -7,6 +7,9 @@
 // deadlock; a request never holds a slot while it waits for another. A waiting request sits in
 // the queue of the compartment that blocks it; when that compartment frees capacity, its queue is
 // served fairly, and a waiter then blocked by another compartment moves to that one's queue.
+//
+// Imports: only the standard library. Imported by: package policy (which composes the
+// compartments) and policy/observe (which reads their Stats).
 package bulkhead
 
 import (
@@ -62,15 +65,19 @@ type Compartment struct {
 	// leased: the limits are the fleet's, and this replica may hold leaseSlots slots and
 	// leaseTokens in-flight tokens of them (leased cluster admission, SetLease). The configured
 	// limits still predict queue waits: capacity comes back from the whole fleet.
-	leased                  bool
+	// leasePart says the lease is this replica's part of the limits while the fleet's shared
+	// state is unavailable: Stats then shows it as the limits in force.
+	leased, leasePart       bool
 	leaseSlots, leaseTokens int64
 	// capped is set while this replica may hold only its part of the limits (cluster mode,
 	// while the replicas cannot count each other's slots: see Cap): at most capSlots slots and
 	// capTokens in-flight tokens (negative: that limit is not capped). capGen names the episode
-	// the cap was computed for.
-	capped              bool
-	capSlots, capTokens int64
-	capGen              uint64
+	// the cap was computed for. wideSlots and wideTokens are the part with its share of the room
+	// that was free, which a narrow cap holds back until Widen.
+	capped                bool
+	capSlots, capTokens   int64
+	wideSlots, wideTokens int64
+	capGen                uint64
 
 	admitted       atomic.Uint64
 	saturations    atomic.Uint64
@@ -654,13 +661,14 @@ func (s *Scheduler) SetAdaptiveLimit(c *Compartment, n int64) {
 }
 
 // SetLease puts a lease of c's limits in force (leased cluster admission): this replica may hold
-// slots of its concurrency limit and tokens of its in-flight-token limit. on false returns to the
-// configured limits (the lease ran out). A smaller lease revokes nothing: requests in flight keep
-// their slots and nothing new is admitted until use drops below it; a larger one admits waiters
-// at once.
-func (s *Scheduler) SetLease(c *Compartment, slots, tokens int64, on bool) {
+// slots of its concurrency limit and tokens of its in-flight-token limit. part says the lease is
+// this replica's part of the limits while the fleet cannot be asked (Stats shows it as the
+// limits); otherwise the limits shown stay the fleet's. A smaller lease revokes nothing: requests
+// in flight keep their slots and nothing new is admitted until use drops below it; a larger one
+// admits waiters at once.
+func (s *Scheduler) SetLease(c *Compartment, slots, tokens int64, part bool) {
 	s.mu.Lock()
-	c.leased, c.leaseSlots, c.leaseTokens = on, max(slots, 0), max(tokens, 0)
+	c.leased, c.leasePart, c.leaseSlots, c.leaseTokens = true, part, max(slots, 0), max(tokens, 0)
 	if c.queue.len() > 0 {
 		s.dispatch(c)
 	}
@@ -731,6 +739,11 @@ func (s *Scheduler) setRemote(c *Compartment, slots, tokens int64) {
 // notices (its slots only end meanwhile), so none ever holds more than its part: the parts add
 // up to the limit at most, whatever each replica does alone, as long as the replicas had heard
 // the shared state's last counts and each divides by at least the number of replicas.
+//
+// The share of the free room is safe only when every replica is cut off: one cut off alone (the
+// others still reach the shared state) would take room the others take too. A narrow part is
+// the replica's own slots alone, which the others go on counting whatever happens; Widen gives
+// it its share of the free room once the shared state is known to be gone, not just slow.
 type Share struct {
 	// Gen names the episode: Cap leaves a compartment already capped for Gen as it is.
 	Gen uint64
@@ -750,6 +763,12 @@ type Share struct {
 	// ForgetRemote resets the remote counts: while the replicas do not reach each other through
 	// the shared state, only the cap accounts for what the others hold.
 	ForgetRemote bool
+	// Tighten lowers the part of a compartment already capped for Gen to the part computed now,
+	// when that is smaller: the replica was cut off again before the episode ended, and the
+	// others may have taken what its first part left them since.
+	Tighten bool
+	// Narrow holds the part to what the others count for this replica until Widen.
+	Narrow bool
 }
 
 // Cap puts c under its part of its limits for the episode sh describes, unless it already is,
@@ -758,13 +777,16 @@ type Share struct {
 func (s *Scheduler) Cap(c *Compartment, sh Share) (slots, tokens int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if c.capped && c.capGen == sh.Gen {
+	again := c.capped && c.capGen == sh.Gen
+	if again && !sh.Tighten {
 		return c.capSlots, c.capTokens
 	}
 	n := max(sh.Replicas, 1)
-	part := func(limit, held, pending, lag, remote, total int64) int64 {
+	// part returns this replica's own slots as the others count them, and its part with its
+	// share of the free room.
+	part := func(limit, held, pending, lag, remote, total int64) (own, wide int64) {
 		if limit <= 0 {
-			return -1
+			return -1, -1
 		}
 		// What the others know of this replica: they count it as holding seen (its slots that
 		// ended since, their releases not sent, included; its slots admitted without Redis
@@ -773,18 +795,52 @@ func (s *Scheduler) Cap(c *Compartment, sh Share) (slots, tokens int64) {
 		seen := max(held-pending+lag, 0)
 		others := max(remote, total-seen, 0)
 		free := max(limit-seen-others, 0)
-		return seen + free/n
+		return seen, seen + free/n
 	}
-	c.capSlots = -1
+	ownSlots, wideSlots := int64(-1), int64(-1)
 	if sh.Slots {
-		c.capSlots = part(c.limits.MaxConcurrent, c.inflight, c.pending, sh.Lag, c.remote, sh.Totals)
+		ownSlots, wideSlots = part(c.limits.MaxConcurrent, c.inflight, c.pending, sh.Lag, c.remote, sh.Totals)
 	}
-	c.capTokens = part(c.limits.MaxInflightTokens, c.tokens, c.pendingTokens, sh.LagTokens, c.remoteTokens, sh.TotalTokens)
+	ownTokens, wideTokens := part(c.limits.MaxInflightTokens, c.tokens, c.pendingTokens, sh.LagTokens, c.remoteTokens, sh.TotalTokens)
+	if again {
+		// Never beyond the part of the episode's start: the others' parts were computed with it.
+		wideSlots, wideTokens = lowerCap(c.wideSlots, wideSlots), lowerCap(c.wideTokens, wideTokens)
+		ownSlots, ownTokens = lowerCap(wideSlots, ownSlots), lowerCap(wideTokens, ownTokens)
+	}
+	c.wideSlots, c.wideTokens = wideSlots, wideTokens
+	c.capSlots, c.capTokens = wideSlots, wideTokens
+	if sh.Narrow {
+		c.capSlots, c.capTokens = ownSlots, ownTokens
+	}
 	c.capped, c.capGen = true, sh.Gen
 	if sh.ForgetRemote {
 		c.remote, c.remoteTokens = 0, 0
 	}
 	return c.capSlots, c.capTokens
+}
+
+// Widen gives c, capped for episode gen, its share of the room that was free (see Share.Narrow).
+// Waiters go at once if there is room.
+func (s *Scheduler) Widen(c *Compartment, gen uint64) {
+	s.mu.Lock()
+	if c.capped && c.capGen == gen && (c.capSlots != c.wideSlots || c.capTokens != c.wideTokens) {
+		c.capSlots, c.capTokens = c.wideSlots, c.wideTokens
+		if c.queue.len() > 0 {
+			s.dispatch(c)
+		}
+	}
+	s.mu.Unlock()
+}
+
+// lowerCap returns the lower of two caps, where a negative one is no cap.
+func lowerCap(a, b int64) int64 {
+	switch {
+	case a < 0:
+		return b
+	case b < 0:
+		return a
+	}
+	return min(a, b)
 }
 
 // Uncap lifts c's cap: the replicas count each other's slots again. Waiters the cap held back go
@@ -876,6 +932,15 @@ func (s *Scheduler) Stats(c *Compartment) Stats {
 		st.Limits.MaxInflightTokens = c.capTokens
 	}
 	st.Capped = c.capped
+	if c.leased && c.leasePart {
+		if c.limits.MaxConcurrent > 0 && c.adaptive == 0 {
+			st.Limits.MaxConcurrent = min(c.leaseSlots, c.limits.MaxConcurrent)
+		}
+		if c.limits.MaxInflightTokens > 0 {
+			st.Limits.MaxInflightTokens = min(c.leaseTokens, c.limits.MaxInflightTokens)
+		}
+		st.Capped = true
+	}
 	s.mu.Unlock()
 	st.Admitted = c.admitted.Load()
 	st.Refused = c.refused.Load()

@@ -16,4 +16,9 @@
 // differently. When Redis is slow or gone the Store reports itself unavailable and the caller
 // decides (enforce a share locally, or refuse); it reconnects, rewrites its leases from its own
 // record of them and reports itself available again by itself.
+//
+// Imports: the standard library, budget and spend (the windows it keeps), go-redis, and
+// Prometheus for what the Store counts (registered by whoever runs it, through Collectors).
+// Imported by: package policy (cluster mode), the app (its admin view) and the cluster demo;
+// never by config, which stays free of Redis.
 package cluster

@@ -301,7 +301,7 @@ func FuzzPublication(f *testing.F) {
 				t.Fatalf("%q: compartment %q handed on", payload, name)
 			}
 		}}}
-		s.met = newMetrics(nil, s)
+		s.met = newMetrics()
 		s.apply(payload)
 	})
 }

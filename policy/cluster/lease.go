@@ -80,10 +80,12 @@ type LeaseState struct {
 	// Learned is the fleet's learned concurrency limit, as of the last report (0: the
 	// compartment's limit is not learned, or no report yet).
 	Learned int64
-	// Granted and GrantedTokens are what Redis recorded for this replica at the last report,
-	// and Free and FreeTokens what no replica's lease held then: while Redis is unavailable
-	// and the lease has run out, this replica's part of the limits is its grant and an equal
-	// part of what was free (cluster.on_unavailable: local).
+	// Granted and GrantedTokens are what Redis recorded for this replica at the last report
+	// (no more than the report said was held, when its answer was lost), and Free and
+	// FreeTokens what no replica's lease held nor another replica waited for then: while
+	// Redis is unavailable and the lease has run out, this
+	// replica's part of the limits is its grant and an equal part of what was free
+	// (cluster.on_unavailable: local).
 	Granted, GrantedTokens, Free, FreeTokens int64
 	// Known reports that a report got through at least once (the fields above are Redis's).
 	Known bool
@@ -975,8 +977,15 @@ func (ls *Lease) state(now time.Time) (LeaseState, bool) {
 }
 
 func (ls *Lease) stateAt(now time.Time, available bool) LeaseState {
-	return LeaseState{Slots: ls.target, Tokens: ls.ttarget, Valid: ls.Valid(now), Available: available, Learned: ls.learned,
+	st := LeaseState{Slots: ls.target, Tokens: ls.ttarget, Valid: ls.Valid(now), Available: available, Learned: ls.learned,
 		Granted: ls.grant, GrantedTokens: ls.tgrant, Free: ls.free, FreeTokens: ls.tfree, Known: !ls.sent.IsZero()}
+	if r := ls.resend; r != nil {
+		// The last report got no answer: Redis may have applied it, shrinking the grant to what
+		// it said was held, and passed the rest on to others. Count on no more than is true
+		// either way.
+		st.Granted, st.GrantedTokens = min(st.Granted, r.held), min(st.GrantedTokens, r.heldTokens)
+	}
+	return st
 }
 
 // due says whether the lease should be reported at this round, and drop whether it holds
@@ -1025,6 +1034,9 @@ type leaseReport struct {
 	seq     int64
 	returns [][]chunk
 	debt    []int64
+	// held and heldTokens are what the report says this replica holds: Redis's grant is never
+	// below them once it applies the report.
+	held, heldTokens int64
 }
 
 // build makes the report of the lease's use, taking the returns and debt it sends (failed keeps
@@ -1089,6 +1101,7 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 	if ls.lim.MaxTokens <= 0 {
 		ht, wt = 0, 0
 	}
+	r.held, r.heldTokens = hs, ht
 	ttl := ls.l.st.o.LeaseTTL.Milliseconds()
 	maxSlots := ls.lim.MaxConcurrent
 	if ls.lim.Learned.Max > 0 {

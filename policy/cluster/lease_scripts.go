@@ -207,12 +207,15 @@ end
 -- the others' leases leave (a limit lowered below the leases admits nothing new until they drain).
 local function lease(f, fw, cap, held)
   if cap <= 0 then return held, held, false, 0 end
-  local others, pressure = 0, false
+  local others, unmet, pressure = 0, 0, false
   for r, e in pairs(reps) do
     if r ~= me then
       local v = math.min(e[f] or 0, cap)
       others = others + v
-      if (e[fw] or 0) > v then pressure = true end
+      if (e[fw] or 0) > v then
+        pressure = true
+        unmet = unmet + math.min(e[fw], cap) - v
+      end
     end
   end
   local fair = fairshare(fw, cap)
@@ -228,7 +231,10 @@ local function lease(f, fw, cap, held)
   -- The target may be below what the replica uses: it then admits nothing new until its
   -- requests drain below it (a lease shrinks only as its own holdings drain).
   local target = math.max(math.min(fair, grant, room), 0)
-  return grant, target, pressure, math.max(room - grant, 0)
+  -- Free: what no lease holds and no other replica waits for. A replica's part while Redis is
+  -- unavailable is its grant plus an equal share of it, so room another replica wanted at its
+  -- last report, and may have been granted since, is not counted twice.
+  return grant, target, pressure, math.max(room - grant - unmet, 0)
 end
 
 if amax > 0 then

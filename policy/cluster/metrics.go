@@ -6,8 +6,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// metrics are what the store counts: its calls to Redis, its state and leased admission's
+// waits and reports. The store registers none of them: whoever runs it registers Collectors.
 type metrics struct {
-	reg       prometheus.Registerer
 	all       []prometheus.Collector
 	latency   *prometheus.HistogramVec
 	errors    *prometheus.CounterVec
@@ -32,9 +33,8 @@ type metrics struct {
 
 const ns = "llm_bulkhead"
 
-func newMetrics(reg prometheus.Registerer, s *Store) *metrics {
+func newMetrics() *metrics {
 	m := &metrics{
-		reg: reg,
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "cluster_redis_seconds",
 			Help:    "Round-trip time of calls to Redis, by operation (admit, peek, settle, heartbeat, resync, leave, repair, spend_reserve, spend_settle, spend_add, spend_carry, lease).",
 			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .02, .05, .1, .25, 1}}, []string{"op"}),
@@ -76,11 +76,6 @@ func newMetrics(reg prometheus.Registerer, s *Store) *metrics {
 		m.lost.WithLabelValues(c)
 	}
 	m.live.Set(1)
-	if reg != nil {
-		for _, c := range m.all {
-			reg.MustRegister(c)
-		}
-	}
 	return m
 }
 
@@ -94,11 +89,5 @@ func (m *metrics) observe(op string, start time.Time, err error) {
 	}
 }
 
-func (m *metrics) unregister() {
-	if m.reg == nil {
-		return
-	}
-	for _, c := range m.all {
-		m.reg.Unregister(c)
-	}
-}
+// Collectors returns the store's metrics, for the process's registry.
+func (s *Store) Collectors() []prometheus.Collector { return s.met.all }

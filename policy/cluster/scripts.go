@@ -22,7 +22,8 @@ import (
 //	                  found the key missing: the state was lost, or never written), "p" → the
 //	                  replicas still to rewrite or confirm their slots after an outage or a loss
 //	                  (0: none), "u" → the time (ms, Redis time) at which they no longer count,
-//	                  "x:<replica>" → 1 for each of them
+//	                  "g" → the number of the last wait started, "x:<replica>" → for each of
+//	                  them, the number of the wait that first listed it
 //
 // and the channel "{P}:free", on which every change to slots publishes the compartments' new
 // totals over live replicas, and every change of the epoch's waiting replicas publishes
@@ -444,19 +445,22 @@ local function unexpect(ekey, id, r, chan)
 end
 
 -- expect waits (also) for every replica of list but me, until deadline at least, and returns how
--- many are waited for. Replicas already waited for stay so: a wait that starts again while one
--- is under way adds to it.
+-- many are waited for, the deadline and the wait's number. Replicas already waited for stay so:
+-- a wait that starts again while one is under way adds to it. Each replica it lists is marked
+-- with the wait's number: only a heartbeat sent once its replica had heard of that wait
+-- confirms it (one sent before, and run late, says nothing of what that replica admitted
+-- since it was sent).
 local function expect(ekey, id, me, list, now, deadline, chan)
-  local e = redis.call('HMGET', ekey, 'p', 'u')
-  local p, u = count(e[1]) or 0, count(e[2]) or 0
+  local e = redis.call('HMGET', ekey, 'p', 'u', 'g')
+  local p, u, g = count(e[1]) or 0, count(e[2]) or 0, (count(e[3]) or 0) + 1
   if p == 0 then u = 0 end
   for _, r in ipairs(list) do
-    if r ~= me and p < MAXR and redis.call('HSETNX', ekey, 'x:' .. r, 1) == 1 then p = p + 1 end
+    if r ~= me and p < MAXR and redis.call('HSETNX', ekey, 'x:' .. r, g) == 1 then p = p + 1 end
   end
   u = math.max(u, deadline)
-  redis.call('HSET', ekey, 'p', p, 'u', u)
+  redis.call('HSET', ekey, 'p', p, 'u', u, 'g', g)
   redis.call('PUBLISH', chan, 'e\t' .. id .. '\t' .. p)
-  return p, u
+  return p, u, g
 end
 
 -- tidy removes members registered further ahead than any lease lasts (no replica registered
@@ -665,17 +669,18 @@ return settled
 //	      replica holds slots in, then K compartments to report
 //	ARGV: 1 me, 2 lease ttl ms, 3 channel, 4 key prefix (with its hash tag), 5 the epoch this
 //	      replica registered in, 6 confirm (1: every slot this replica holds is counted in Redis),
-//	      7 M, 8 K
+//	      7 M, 8 K, 9 the number of the last wait this replica had heard of when it took the
+//	      view it confirms (a wait started later is not confirmed)
 //
-// Returns {registered, live, seq, waiting, wait ms left, members removed unseen,
-// M × (my slots, my tokens), (my most slots, my most tokens) over the other compartments listed
-// as mine, K × (slots, tokens), then the live members' ids}. registered is 0 when this
+// Returns {registered, live, seq, waiting, wait ms left, members removed unseen, the last wait's
+// number, M × (my slots, my tokens), (my most slots, my most tokens) over the other compartments
+// listed as mine, K × (slots, tokens), then the live members' ids}. registered is 0 when this
 // replica's registration expired or was lost, or the epoch is not the one it registered in (it
 // must resync), and it is then not renewed. live is -1 when more than MaxReplicas members are
 // live (corrupt content: no id is listed). A part that is not a count is -1.
 var luaHeartbeat = luaCommon + `
 local me, ttl, chan, prefix, myepoch = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
-local confirm, m, k = ARGV[6] == '1', tonumber(ARGV[7]), tonumber(ARGV[8])
+local confirm, m, k, heard = ARGV[6] == '1', tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local now = nowms()
 local id, p, left = hold(KEYS[5], now, chan)
 local score = tonumber(redis.call('ZSCORE', KEYS[1], me))
@@ -683,11 +688,12 @@ local registered = 0
 if id and id == myepoch and score and score >= now then
   registered = 1
   redis.call('ZADD', KEYS[1], now + ttl, me)
-  if confirm and p > 0 then
+  if confirm and p > 0 and (count(redis.call('HGET', KEYS[5], 'x:' .. me)) or 0) <= heard then
     p = unexpect(KEYS[5], id, me, chan)
     if p == 0 then left = 0 end
   end
 end
+local g = count(redis.call('HGET', KEYS[5], 'g')) or 0
 local freed = {}
 local bogus = tidy(KEYS[1], KEYS[5], id, prefix, now, chan, freed)
 local seq = tonumber(redis.call('GET', KEYS[4])) or 0
@@ -695,7 +701,7 @@ if next(freed) ~= nil then seq = publish(chan, KEYS[1], KEYS[4], freed, now) end
 local ms = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf', 'LIMIT', 0, MAXR + 1)
 local n = #ms
 if n > MAXR then n, ms = -1, {} end
-local out = {registered, n, seq, p, left, bogus}
+local out = {registered, n, seq, p, left, bogus, g}
 local mine = {}
 for i = 1, m do
   local ckey = KEYS[5 + i]
@@ -755,10 +761,10 @@ return out
 //	      confirm with a heartbeat), number of leases, then per lease: lease id, C,
 //	      C × (key index, tokens held)
 //
-// Returns {live, seq, epoch id, waiting, wait ms left, lost (1: the epoch was missing), then the
-// live members' ids (none when there are more than MaxReplicas)}. An id this replica knew that
-// no replica has (one with a space) keeps the wait until its deadline: this replica knew more
-// replicas than it could name.
+// Returns {live, seq, epoch id, waiting, wait ms left, lost (1: the epoch was missing), the last
+// wait's number, then the live members' ids (none when there are more than MaxReplicas)}. An id
+// this replica knew that no replica has (one with a space) keeps the wait until its deadline:
+// this replica knew more replicas than it could name.
 var luaResync = luaCommon + `
 local me, ttl, chan, prefix = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local cutoff, known = ARGV[5] == '1', tonumber(ARGV[6])
@@ -800,13 +806,14 @@ if lost == 1 or cutoff then
   p, deadline = expect(KEYS[5], id, me, list, now, deadline, chan)
   left = deadline - now
 end
+local g
 if done then
   p = unexpect(KEYS[5], id, me, chan)
 else
   -- Waited for until it confirms (with a heartbeat, once its leases admitted without Redis
   -- are all recorded).
-  p, deadline = expect(KEYS[5], id, me, {}, now, now + ttl, chan)
-  if redis.call('HSETNX', KEYS[5], 'x:' .. me, 1) == 1 then
+  p, deadline, g = expect(KEYS[5], id, me, {}, now, now + ttl, chan)
+  if redis.call('HSETNX', KEYS[5], 'x:' .. me, g) == 1 then
     p = p + 1
     redis.call('HSET', KEYS[5], 'p', p)
     redis.call('PUBLISH', chan, 'e\t' .. id .. '\t' .. p)
@@ -815,7 +822,8 @@ else
 end
 if p == 0 then left = 0 end
 local seq = publish(chan, KEYS[1], KEYS[4], freed, now)
-local out = {redis.call('ZCOUNT', KEYS[1], now, '+inf'), seq, id, p, left, lost}
+local out = {redis.call('ZCOUNT', KEYS[1], now, '+inf'), seq, id, p, left, lost,
+  count(redis.call('HGET', KEYS[5], 'g')) or 0}
 if out[1] <= MAXR then
   for _, r in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf', 'LIMIT', 0, MAXR)) do out[#out + 1] = r end
 end

@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -55,8 +54,7 @@ type Options struct {
 	// MaxPending bounds queued settlements.
 	MaxPending int
 
-	Logger     *slog.Logger
-	Registerer prometheus.Registerer
+	Logger *slog.Logger
 
 	// OnCounts receives a compartment's shared totals (slots and in-flight tokens over live
 	// replicas) whenever they change anywhere, with the sequence number ordering such reports
@@ -159,6 +157,13 @@ type State struct {
 	Synced bool
 	// Live is the live replicas last seen in Redis (at least 1).
 	Live int
+	// Gone says, while the store is unavailable, that Redis did not answer a call given the
+	// write timeout (a heartbeat, a rewrite of the leases), or refused one, or could not be
+	// reached, since this replica was cut off: every replica is cut off too, or soon will be.
+	// Until then Redis may only be slow for this replica (three admissions in a row timed out)
+	// while it answers the others. A store that never reached Redis is gone. A store that
+	// finds Redis gone while already unavailable reports a State with Gone set.
+	Gone bool
 }
 
 // ErrUnavailable is returned by Admit when Redis did not answer in time, or answered that this
@@ -186,6 +191,8 @@ type settlement struct {
 	// undo marks the undoing of an admission whose answer was lost: Redis may never have
 	// counted it.
 	undo bool
+	// lost marks a release sent in a call whose answer was lost: Redis may have applied it.
+	lost bool
 }
 
 // ErrorInfo is the last call to Redis that failed.
@@ -214,6 +221,18 @@ type Store struct {
 	stateMu   sync.Mutex
 	available atomic.Bool
 	synced    atomic.Bool
+	// downs counts the store's moves to unavailable (written under stateMu). An answer
+	// from Redis makes the store available, or synced, only if it was asked for since the last:
+	// a heartbeat sent before this replica was cut off, and answered after, says nothing of
+	// what it admitted alone meanwhile.
+	downs atomic.Uint64
+	// gone: see State.Gone (written under stateMu).
+	gone atomic.Bool
+	// rewritten is downs when this replica's slots were last rewritten in Redis. Until they are
+	// rewritten after it was cut off (downs differs), the releases sent settle their windows
+	// but leave their slots counted: this replica's part of each limit counts them as the others
+	// do, and it may take them again on its own (see flush).
+	rewritten atomic.Uint64
 	// wasAvailable is set once the store has been available.
 	wasAvailable atomic.Bool
 	live         atomic.Int64
@@ -226,6 +245,10 @@ type Store struct {
 	members []string
 	// cause is why this replica must rewrite its state, counted when it has (guarded by epochMu).
 	cause string
+	// heard is the number of the epoch's last wait this replica heard of, written by the
+	// heartbeat loop: a heartbeat confirms only waits that started before it took its view (see
+	// luaHeartbeat).
+	heard atomic.Int64
 	// admitting and admittingTokens count the admissions sent whose outcome this replica has not
 	// recorded yet (Redis may hold them already); sent, sentTokens, applied and appliedTokens
 	// count admissions sent and queued operations applied, ever. The heartbeat's check of this
@@ -251,6 +274,9 @@ type Store struct {
 	// drops counts settlements dropped from the front of pending, so that a flush removes only
 	// what it sent.
 	drops int64
+	// sending is how many settlements at the front of pending (when drops was sendDrops) a call
+	// under way may release slots of: Redis may apply them at any moment.
+	sending, sendDrops int64
 	// spendPending are spend settlements not sent yet; spend holds the spend additions not sent
 	// yet (see spend.go).
 	spendPending []spendOp
@@ -344,9 +370,10 @@ func Open(o Options) (*Store, error) {
 	s.keys.seq = s.tag + ":seq"
 	s.keys.epoch = s.tag + ":e"
 	s.keys.channel = s.tag + ":free"
-	s.met = newMetrics(o.Registerer, s)
+	s.met = newMetrics()
 	s.met.onError = func(op string, err error) { s.noteError(op, err.Error()) }
 	s.live.Store(1)
+	s.gone.Store(true)
 	s.nextLease.Store(uint64(time.Now().UnixNano()))
 	s.keys.spendIndex = s.tag + ":spi"
 	// Spend reservations are recorded per process: a replica restarted under the same id starts
@@ -546,19 +573,27 @@ func (s *Store) Track(id uint64, slots []Slot) {
 // the slots and tokens of releases queued and not sent yet, less those of leases admitted
 // without Redis and not recorded there yet. Other replicas' view of this one is what Redis
 // counts (as last published). The undoing of an admission whose answer was lost is left out:
-// Redis may never have counted it.
+// Redis may never have counted it; so are releases Redis may have applied or may apply at any
+// moment (sent in a call under way, or in one whose answer was lost): counting them would give
+// this replica slots the others no longer count. Once this replica is cut off, the releases it
+// sends leave their slots counted until it rewrites them (see flush): what Unsent counts stays
+// counted in Redis.
 func (s *Store) Unsent() map[string][2]int64 {
 	prefix := s.tag + ":c:"
 	out := map[string][2]int64{}
 	s.pendMu.Lock()
 	defer s.pendMu.Unlock()
-	for _, st := range s.pending {
-		if st.undo {
-			continue
-		}
+	skip := s.sending - (s.drops - s.sendDrops)
+	for i, st := range s.pending {
 		sign := int64(1)
-		if st.record {
+		switch {
+		case st.undo:
+			continue
+		case st.record:
+			// Counted until Redis surely has it.
 			sign = -1
+		case st.lost || int64(i) < skip:
+			continue
 		}
 		for _, sl := range st.slots {
 			name := strings.TrimPrefix(sl.key, prefix)
@@ -569,22 +604,6 @@ func (s *Store) Unsent() map[string][2]int64 {
 		}
 	}
 	return out
-}
-
-// recorded reports whether Redis counts every lease this replica holds: none is being admitted
-// without Redis, and none admitted so is still to be recorded.
-func (s *Store) recorded() bool {
-	if s.local.Load() != 0 {
-		return false
-	}
-	s.pendMu.Lock()
-	defer s.pendMu.Unlock()
-	for i := range s.pending {
-		if s.pending[i].record {
-			return false
-		}
-	}
-	return true
 }
 
 // LocalStarted says an admission is about to be decided without Redis (it may end with Track),
@@ -638,7 +657,7 @@ func (s *Store) enqueue(st settlement) {
 	s.pendMu.Unlock()
 	if dropped && s.available.Load() {
 		// Its slots would stay taken in Redis: rewrite this replica's leases.
-		go s.setUnavailable("settlements dropped", nil)
+		go s.setUnavailable("settlements dropped", nil, false)
 	}
 	select {
 	case s.kick <- struct{}{}:
@@ -658,6 +677,9 @@ func (s *Store) noteFailure(err error) { s.fail("call", err, nil) }
 // reason logged says which.
 func (s *Store) fail(op string, err error, keys []typedKey) {
 	var why string
+	// Gone, not just slow (see State.Gone): all but timeouts on the request path, and corrupt
+	// content (Redis answers).
+	gone := true
 	switch kind, detail := classify(err); kind {
 	case errTimeout:
 		if op == "heartbeat" {
@@ -667,16 +689,16 @@ func (s *Store) fail(op string, err error, keys []typedKey) {
 		if s.failures.Add(1) < 3 {
 			return
 		}
-		why = "Redis did not answer three calls in a row in time (" + op + ")"
+		why, gone = "Redis did not answer three calls in a row in time ("+op+")", false
 	case errCorrupt:
 		s.repairKeys(op, keys, detail)
-		why = "Redis refused a call on corrupt content (" + op + ")"
+		why, gone = "Redis refused a call on corrupt content ("+op+")", false
 	case errRefused:
 		why = "Redis refused a call (" + op + ")"
 	default:
 		why = "could not reach Redis (" + op + ")"
 	}
-	s.setUnavailable(why, err)
+	s.setUnavailable(why, err, gone)
 }
 
 // Kinds of failed calls.
@@ -769,26 +791,70 @@ func (s *Store) lost(why, cause string) {
 		s.cause = cause
 	}
 	s.epochMu.Unlock()
-	s.setUnavailable(why, nil)
+	s.setUnavailable(why, nil, false)
 }
 
-// setUnavailable reports the store unavailable (and so not synced), logging why and err.
-func (s *Store) setUnavailable(why string, err error) { s.setState(false, false, why, err) }
-
-// setState moves the store to available and synced as given (synced implies available), tells
-// the caller and logs the change. A move to unavailable is told before admissions see it.
-func (s *Store) setState(available, synced bool, why string, err error) {
-	synced = synced && available
+// setUnavailable reports the store unavailable (and so not synced), logging why and err; gone
+// says Redis is gone, not just slow (see State.Gone).
+func (s *Store) setUnavailable(why string, err error, gone bool) {
 	s.stateMu.Lock()
 	defer s.stateMu.Unlock()
-	if s.closed.Load() && available {
+	if !s.available.Load() {
+		// Already cut off: a call made before that fails late says nothing new.
+		if gone {
+			s.goneLocked()
+		}
 		return
 	}
+	s.downs.Add(1)
+	s.gone.Store(gone)
+	s.setStateLocked(false, false, why, err)
+}
+
+// setGone says Redis did not answer a call given the write timeout while the store is
+// unavailable (see State.Gone).
+func (s *Store) setGone() {
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	if !s.available.Load() {
+		s.goneLocked()
+	}
+}
+
+// goneLocked reports Redis gone, once per outage. Called with stateMu held.
+func (s *Store) goneLocked() {
+	if s.gone.Swap(true) || s.o.OnState == nil {
+		return
+	}
+	s.o.OnState(State{Live: s.Live(), Gone: true})
+}
+
+// setAvailable moves the store to available, and synced as given, on an answer from Redis to a
+// call made when downs was since: it reports whether it did (not when the store was found
+// unavailable after the call was made, or is closed).
+func (s *Store) setAvailable(since uint64, synced bool) bool {
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	if s.closed.Load() || s.downs.Load() != since {
+		return false
+	}
+	s.setStateLocked(true, synced, "", nil)
+	return true
+}
+
+// setStateLocked moves the store to available and synced as given (synced implies available),
+// tells the caller and logs the change. A move to unavailable is told before admissions see it.
+// Called with stateMu held.
+func (s *Store) setStateLocked(available, synced bool, why string, err error) {
+	synced = synced && available
 	wasAvailable, wasSynced := s.available.Load(), s.synced.Load()
 	if wasAvailable == available && wasSynced == synced {
 		return
 	}
-	st := State{Available: available, Synced: synced, Live: s.Live()}
+	if available {
+		s.gone.Store(false)
+	}
+	st := State{Available: available, Synced: synced, Live: s.Live(), Gone: !available && s.gone.Load()}
 	if !available {
 		s.synced.Store(false)
 		s.met.synced.Set(0)
@@ -881,6 +947,9 @@ func (s *Store) heartbeatLoop() {
 		case <-s.probe:
 		case <-s.beatNow:
 		}
+		// Read before anything is asked of Redis: only answers to calls made since the store was
+		// last found unavailable can make it available (see downs).
+		since := s.downs.Load()
 		if !s.available.Load() {
 			needResync = true
 		}
@@ -888,6 +957,9 @@ func (s *Store) heartbeatLoop() {
 			waiting, err := s.doResync()
 			s.triedOnce.Do(func() { close(s.tried) })
 			if err != nil {
+				if kind, _ := classify(err); kind != errCorrupt {
+					s.setGone()
+				}
 				if msg := err.Error(); msg != lastFailure {
 					lastFailure = msg
 					s.log.Warn("could not register this replica in Redis: admissions follow cluster.on_unavailable; retrying with backoff",
@@ -897,8 +969,13 @@ func (s *Store) heartbeatLoop() {
 				backoff = min(2*backoff, most)
 				continue
 			}
-			lastFailure, backoff, needResync = "", base, false
-			s.setState(true, waiting == 0, "", nil)
+			lastFailure = ""
+			if !s.setAvailable(since, waiting == 0) {
+				// Closed meanwhile.
+				t.Reset(backoff)
+				continue
+			}
+			backoff, needResync = base, false
 			if waiting > 0 {
 				// Confirm this replica's slots as soon as what it admitted alone is recorded.
 				t.Reset(0)
@@ -920,7 +997,10 @@ func (s *Store) heartbeatLoop() {
 			t.Reset(0)
 			continue
 		} else if hb.waiting == 0 && hb.recorded {
-			s.setState(true, true, "", nil)
+			s.setAvailable(since, true)
+		} else if hb.again {
+			t.Reset(0)
+			continue
 		}
 		next := every
 		if s.available.Load() && !s.synced.Load() {
@@ -939,9 +1019,10 @@ func (s *Store) beatKeys() []typedKey {
 // beatResult is what a heartbeat found.
 type beatResult struct {
 	// waiting is how many replicas the epoch still waits for; recorded says everything this
-	// replica holds was recorded in Redis when the heartbeat ran.
-	waiting  int64
-	recorded bool
+	// replica holds was recorded in Redis when the heartbeat ran; again says to confirm again at
+	// once (the epoch's wait started after this heartbeat's view was taken).
+	waiting         int64
+	recorded, again bool
 	// problem, when set, is why this replica must rewrite its slots, and cause its kind.
 	problem, cause string
 }
@@ -1004,6 +1085,8 @@ func (s *Store) holding() holdings {
 
 // beat runs one heartbeat.
 func (s *Store) beat() (beatResult, error) {
+	// Read before the view: the view confirms the waits heard of so far, and no later one.
+	heard := s.heard.Load()
 	h := s.holding()
 	s.epochMu.Lock()
 	epoch := s.epoch
@@ -1024,7 +1107,7 @@ func (s *Store) beat() (beatResult, error) {
 	defer cancel()
 	start := time.Now()
 	res, err := s.heartbeat.Run(ctx, s.client, keys, s.o.ReplicaID, s.o.LeaseTTL.Milliseconds(), s.keys.channel, s.tag,
-		epoch, b01(confirm), len(h.keys), len(names)).Slice()
+		epoch, b01(confirm), len(h.keys), len(names), heard).Slice()
 	s.met.observe("heartbeat", start, err)
 	if err != nil {
 		return beatResult{}, err
@@ -1037,20 +1120,29 @@ func (s *Store) beat() (beatResult, error) {
 		}
 		return 0
 	}
+	// The reply's fixed part, then this replica's parts, the most of its other parts, the totals
+	// asked for, and the members.
+	const head = 7
 	m := len(h.keys)
-	if len(res) < 8+2*m+2*len(names) {
+	if len(res) < head+2+2*m+2*len(names) {
 		return beatResult{}, errors.New("short heartbeat reply")
 	}
 	if ints(0) == 0 {
 		return beatResult{problem: "this replica's registration in Redis was gone (Redis lost its state or restarted, or this replica missed its heartbeats)", cause: causeExpired}, nil
 	}
 	out := beatResult{waiting: ints(3), recorded: confirm}
+	if g := ints(6); g > heard {
+		// A wait this view could not confirm (one this replica had not heard of) may be under
+		// way: confirm again at once.
+		s.heard.Store(g)
+		out.again = confirm && out.waiting > 0
+	}
 	if n := ints(1); n < 0 {
 		s.noteMembership(-1)
 	} else {
 		s.noteMembership(n)
 		ids := make([]string, 0, n)
-		for _, v := range res[8+2*m+2*len(names):] {
+		for _, v := range res[head+2+2*m+2*len(names):] {
 			if id, ok := v.(string); ok {
 				ids = append(ids, id)
 			}
@@ -1070,14 +1162,14 @@ func (s *Store) beat() (beatResult, error) {
 	dt := h.slackT + s.sentTokens.Load() - h.sentTokens + s.appliedTokens.Load() - h.appliedTokens
 	off := func(got, want, slack int64) bool { return got < 0 || got > want+slack || got < want-slack }
 	for i := range m {
-		gn, gt := ints(6+2*i), ints(7+2*i)
+		gn, gt := ints(head+2*i), ints(head+1+2*i)
 		if off(gn, h.n[i], dn) || off(gt, h.t[i], dt) {
 			out.problem = fmt.Sprintf("Redis counts %d slots and %d tokens for this replica in %s, where it holds %d and %d", gn, gt, h.keys[i], h.n[i], h.t[i])
 			out.cause = causeCorrupt
 			return out, nil
 		}
 	}
-	if xn, xt := ints(6+2*m), ints(7+2*m); off(xn, 0, dn) || off(xt, 0, dt) {
+	if xn, xt := ints(head+2*m), ints(head+1+2*m); off(xn, 0, dn) || off(xt, 0, dt) {
 		out.problem = fmt.Sprintf("Redis counts up to %d slots and %d tokens for this replica in compartments where it holds none", xn, xt)
 		out.cause = causeCorrupt
 		return out, nil
@@ -1085,7 +1177,7 @@ func (s *Store) beat() (beatResult, error) {
 	if s.o.OnCounts != nil {
 		seq := ints(2)
 		for i, n := range names {
-			j := 8 + 2*m + 2*i
+			j := head + 2 + 2*m + 2*i
 			s.o.OnCounts(n, seq, ints(j), ints(j+1))
 		}
 	}
@@ -1121,10 +1213,15 @@ func (s *Store) setLive(n int64) {
 func (s *Store) doResync() (waiting int64, err error) {
 	s.rewrite.Lock()
 	defer s.rewrite.Unlock()
+	// Read before the rewrite: a cut after it is not covered by it.
+	since := s.downs.Load()
 	if err := s.flush(); err != nil {
 		return 0, err
 	}
-	return s.rewriteLeases(false)
+	if waiting, err = s.rewriteLeases(false); err == nil {
+		s.rewritten.Store(since)
+	}
+	return waiting, err
 }
 
 // rewriteLeases runs the resync script; cut says to rewrite as a replica cut off whatever it
@@ -1183,7 +1280,7 @@ func (s *Store) rewriteLeases(cut bool) (waiting int64, err error) {
 		}
 		return 0, err
 	}
-	if len(res) < 6 {
+	if len(res) < 7 {
 		return 0, errors.New("short resync reply")
 	}
 	if !cutoff && s.localStarts.Load() != starts {
@@ -1194,6 +1291,8 @@ func (s *Store) rewriteLeases(cut bool) (waiting int64, err error) {
 	epoch, _ := res[2].(string)
 	waiting, _ = res[3].(int64)
 	lost, _ := res[5].(int64)
+	heard, _ := res[6].(int64)
+	s.heard.Store(heard)
 	s.epochMu.Lock()
 	cause := s.cause
 	switch {
@@ -1217,7 +1316,7 @@ func (s *Store) rewriteLeases(cut bool) (waiting int64, err error) {
 		live = -1
 	} else {
 		ids := make([]string, 0, live)
-		for _, v := range res[6:] {
+		for _, v := range res[7:] {
 			if id, ok := v.(string); ok {
 				ids = append(ids, id)
 			}
@@ -1281,6 +1380,15 @@ func (s *Store) flush() error {
 		n := min(len(s.pending), maxBatch)
 		batch := append([]settlement(nil), s.pending[:n]...)
 		drops := s.drops
+		// Cut off, and not rewritten since: this replica's part of each limit counts the slots
+		// of its releases not sent as the others do (Unsent), and it may take them again on its
+		// own. Redis must go on counting them until the rewrite: the releases settle their
+		// windows and drop their leases' records, and leave the slots. Decided under pendMu, as
+		// Unsent is read: a part computed before sees this call's releases as under way.
+		hold := s.downs.Load() != s.rewritten.Load()
+		if !hold {
+			s.sending, s.sendDrops = int64(n), drops
+		}
 		s.pendMu.Unlock()
 		if n == 0 {
 			return nil
@@ -1309,8 +1417,13 @@ func (s *Store) flush() error {
 			if st.record {
 				actual = -1
 			}
-			args = append(args, strconv.FormatUint(st.lease, 10), actual, len(st.slots), settles)
-			for _, sl := range st.slots {
+			slots := st.slots
+			if hold && !st.record && !st.undo {
+				// The undoing of a lost admission frees what nobody holds: never held back.
+				slots = nil
+			}
+			args = append(args, strconv.FormatUint(st.lease, 10), actual, len(slots), settles)
+			for _, sl := range slots {
 				args = append(args, key(sl.key), sl.tokens)
 				tokens += sl.tokens
 			}
@@ -1325,7 +1438,18 @@ func (s *Store) flush() error {
 		err := s.settle.Run(ctx, s.client, keys, args...).Err()
 		cancel()
 		s.met.observe("settle", start, err)
+		s.pendMu.Lock()
+		// Settlements dropped from the front meanwhile were among those sent.
+		sent := min(max(n-int(s.drops-drops), 0), len(s.pending))
+		s.sending = 0
 		if err != nil {
+			if !hold {
+				// Redis may apply them yet, after this replica counted them as not sent.
+				for i := range sent {
+					s.pending[i].lost = true
+				}
+			}
+			s.pendMu.Unlock()
 			if kind, detail := classify(err); kind == errCorrupt {
 				s.repairKeys("settle", s.typed(keys), detail)
 			}
@@ -1333,10 +1457,7 @@ func (s *Store) flush() error {
 		}
 		s.applied.Add(int64(n))
 		s.appliedTokens.Add(tokens)
-		s.pendMu.Lock()
-		// Settlements dropped from the front meanwhile were among those sent.
-		sent := max(n-int(s.drops-drops), 0)
-		s.pending = s.pending[min(sent, len(s.pending)):]
+		s.pending = s.pending[sent:]
 		s.met.queue.Set(float64(len(s.pending)))
 		empty := len(s.pending) == 0
 		s.pendMu.Unlock()
@@ -1400,22 +1521,12 @@ func (s *Store) apply(payload string) {
 	}
 }
 
-// applyEpoch acts on news of the epoch ("<epoch>\t<waiting>"): a wait that starts asks for a
-// heartbeat at once (to confirm this replica's slots, or to find that it must rewrite them); a
-// wait that ends lets this replica count on the shared state alone.
+// applyEpoch acts on news of the epoch ("<epoch>\t<waiting>"): it asks for a heartbeat at once,
+// whose answer says whether this replica must confirm its slots, rewrite them, or may count on
+// the shared state alone. The news itself decides nothing: it comes on a connection of its own,
+// and may be older than the answers this replica last had (a wait that ended before this
+// replica's own rewrite started another).
 func (s *Store) applyEpoch(msg string) {
-	id, ws, _ := strings.Cut(msg, "\t")
-	waiting, err := strconv.ParseInt(ws, 10, 64)
-	if err != nil {
-		return
-	}
-	s.epochMu.Lock()
-	mine := id != "" && id == s.epoch
-	s.epochMu.Unlock()
-	if mine && waiting == 0 && s.available.Load() && s.recorded() {
-		s.setState(true, true, "", nil)
-		return
-	}
 	select {
 	case s.beatNow <- struct{}{}:
 	default:
@@ -1446,7 +1557,6 @@ func (s *Store) Close(ctx context.Context) error {
 	s.cancel()
 	cerr := s.client.Close()
 	s.wg.Wait()
-	s.met.unregister()
 	return errors.Join(err, cerr)
 }
 

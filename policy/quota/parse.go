@@ -3,6 +3,9 @@
 // Anthropic's anthropic-ratelimit-* headers — so that admission can keep a request that the
 // provider would refuse from being sent. It is a domain package: it imports only the standard
 // library, and its Tracker takes the time from its caller.
+//
+// Imported by: package policy (each provider's Tracker) and extproc (which parses the response's
+// headers).
 package quota
 
 import (

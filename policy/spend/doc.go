@@ -15,4 +15,8 @@
 //
 // The package knows nothing of compartments, requests or configuration files; the policy
 // package names the budgets (after its compartments) and decides what a request may cost.
+//
+// Imports: the standard library, money and glob. Imported by: package policy,
+// policy/cluster (SpendStore), policy/statefile (the state file keeps the ledger's windows),
+// policy/observe and the app (/admin/spend).
 package spend

@@ -25,6 +25,10 @@
 // 1: a state of currency and spend windows only) is read as well, so that an upgrade keeps the
 // spend it holds. A file that fails any check (truncated, corrupt, another version) is renamed
 // aside, never overwritten, and every budget starts empty.
+//
+// Imports: the standard library, budget, spend and usage (the windows and tables it keeps),
+// files, and Prometheus for the Persister's metrics. Imported by: package policy (the engine is
+// a Source) and the app (which runs the Persister).
 package statefile
 
 import (

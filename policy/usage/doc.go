@@ -47,6 +47,7 @@
 // allocates only when a group takes a row (its names are copied). It reads no clock: every call
 // takes the engine's now. Save and Restore keep it in a state file (Saved).
 //
-// Imports: the standard library and the policy's value packages (money, spend's calendar).
-// Imported by: package policy (the engine owns a Tracker), statefile and the app.
+// Imports: the standard library and the domain's money and spend (for its calendar). Imported
+// by: package policy (the engine owns a Tracker), statefile, observe (the metrics) and the app
+// (GET /admin/usage).
 package usage

@@ -14,6 +14,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/breaker"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 type appMetrics struct {
@@ -23,7 +24,7 @@ type appMetrics struct {
 }
 
 func newAppMetrics(reg prometheus.Registerer) *appMetrics {
-	ns := policy.Namespace
+	ns := observe.Namespace
 	m := &appMetrics{
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "config_reloads_total",
 			Help: "Policy reload attempts, by result (success, error)."}, []string{"result"}),
@@ -98,7 +99,7 @@ func (a *App) adminHandler() http.Handler {
 		})
 	}))
 	mux.HandleFunc("GET /admin/decisions", a.guardRead(func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"features": a.engine.Decisions()})
+		writeJSON(w, http.StatusOK, map[string]any{"features": a.Decisions()})
 	}))
 	mux.HandleFunc("GET /admin/breakers", a.guardRead(func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"breakers": a.engine.Breakers()})

@@ -33,6 +33,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/statefile"
 )
 
@@ -84,14 +85,16 @@ type App struct {
 	level    *slog.LevelVar
 	registry *prometheus.Registry
 	engine   *policy.Engine
-	extproc  *extproc.Server
-	grpc     *grpc.Server
-	grpcOpts []grpc.ServerOption
-	health   *health.Server
-	admin    *http.Server
-	grpcLn   net.Listener
-	adminLn  net.Listener
-	metrics  *appMetrics
+	// engineMetrics are the engine's metrics and decision counts (its Recorder).
+	engineMetrics *observe.Metrics
+	extproc       *extproc.Server
+	grpc          *grpc.Server
+	grpcOpts      []grpc.ServerOption
+	health        *health.Server
+	admin         *http.Server
+	grpcLn        net.Listener
+	adminLn       net.Listener
+	metrics       *appMetrics
 
 	policyName string
 	draining   atomic.Bool
@@ -191,12 +194,13 @@ func New(o Options) (*App, error) {
 	default:
 		a.memLimitFrom = "none"
 	}
-	eng, err := policy.NewEngine(p, policy.Options{Clock: o.Clock, Registerer: a.registry, Logger: a.log, Cluster: true, MemoryLimit: a.memLimit})
+	engMetrics := observe.NewMetrics(a.log)
+	eng, err := policy.NewEngine(p, policy.Options{Clock: o.Clock, Recorder: engMetrics, Logger: a.log, Cluster: true})
 	if err != nil {
 		return nil, &ConfigError{Err: fmt.Errorf("%s: %w", name, err)}
 	}
-	a.engine = eng
-	a.registry.MustRegister(usageCollector{engine: eng})
+	a.registry.MustRegister(engMetrics.Collectors(eng)...)
+	a.engine, a.engineMetrics = eng, engMetrics
 	a.current.Store(p)
 	if err := a.openState(p); err != nil {
 		_ = eng.Close(context.Background())
@@ -239,7 +243,8 @@ func New(o Options) (*App, error) {
 		}
 		gopts = append(gopts, grpc.Creds(a.tls.credentials()))
 	}
-	a.extproc = extproc.NewServer(eng, extproc.Options{Logger: a.log, Registerer: a.registry, Tracing: tracing})
+	a.extproc = extproc.NewServer(eng, extproc.Options{Logger: a.log, Tracing: tracing, MemoryLimit: a.memLimit})
+	a.registry.MustRegister(a.extproc.Collectors()...)
 
 	// The gRPC server is made by Start: it starts its stream workers as soon as it exists.
 	a.grpcOpts = gopts
@@ -339,6 +344,12 @@ func (a *App) tlsMode() string {
 // Engine returns the policy engine.
 func (a *App) Engine() *policy.Engine { return a.engine }
 
+// Decisions returns the engine's admissions and refusals per feature of the live policy since
+// the process started.
+func (a *App) Decisions() []observe.FeatureDecisions {
+	return a.engineMetrics.Decisions(a.engine.Snapshot())
+}
+
 // ExtProc returns the ext_proc service.
 func (a *App) ExtProc() *extproc.Server { return a.extproc }
 
@@ -436,7 +447,7 @@ func (a *App) Start() error {
 		"grpc_addr", a.GRPCAddr(), "grpc_tls", a.tlsMode(), "admin_addr", a.AdminAddr(),
 		"policy", a.policyName, "generation", a.engine.Snapshot().Gen(),
 		"compartments", len(a.engine.Compartments()), "fast_marshal", extproc.FastMarshal(),
-		"max_buffered_body_bytes", a.engine.Snapshot().Settings().MaxBufferedBodyBytes, "memory_limit", a.memLimit, "memory_limit_from", a.memLimitFrom,
+		"max_buffered_body_bytes", a.extproc.Settings().MaxBufferedBodyBytes, "memory_limit", a.memLimit, "memory_limit_from", a.memLimitFrom,
 		"go_memory_limit", goMemoryLimit())
 	return nil
 }

@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 // BuildInfo says which build of llm-bulkhead is running: what `llm-bulkhead version` prints, the
@@ -100,7 +100,7 @@ func (b BuildInfo) String() string {
 // registerBuildInfo exports llm_bulkhead_build_info, the usual constant-1 gauge whose labels
 // carry the build, so dashboards and alerts can join any series on the version running.
 func registerBuildInfo(reg prometheus.Registerer, b BuildInfo) {
-	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: policy.Namespace, Name: "build_info",
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: observe.Namespace, Name: "build_info",
 		Help: "Always 1; the labels say which build is running: version, commit (with -dirty for a modified tree), Go version and build tags."},
 		[]string{"version", "commit", "go_version", "tags"})
 	g.WithLabelValues(b.Version, b.CommitString(), b.GoVersion, b.Tags).Set(1)

@@ -187,7 +187,7 @@ func TestBufferedBodyBoundFromTheMemoryLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Shutdown(context.Background())
-	if got := a.Engine().Snapshot().Settings().MaxBufferedBodyBytes; got != 128<<20 {
+	if got := a.ExtProc().Settings().MaxBufferedBodyBytes; got != 128<<20 {
 		t.Errorf("max_buffered_body_bytes %d with a 512 MiB limit, want 128 MiB", got)
 	}
 	if !strings.Contains(logs.String(), `"max_buffered_body_bytes":134217728,"memory_limit":536870912,"memory_limit_from":"option"`) {

@@ -16,9 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/credentials"
 
-	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/files"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 // TLSFiles name the ext_proc listener's TLS material: the certificate chain and its key (both
@@ -182,7 +182,7 @@ func newListenerTLS(f TLSFiles, log *slog.Logger, reg prometheus.Registerer, now
 	if err != nil {
 		return nil, err
 	}
-	ns := policy.Namespace
+	ns := observe.Namespace
 	t := &listenerTLS{files: f, log: log, now: now, stop: make(chan struct{}), metrics: tlsMetrics{
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "tls_reloads_total",
 			Help: "Readings of the ext_proc listener's changed TLS files, by result (success, error: broken, or a certificate expired or not valid yet); on error the material in use stayed."}, []string{"result"}),

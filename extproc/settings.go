@@ -1,42 +1,36 @@
-package policy
+package extproc
 
 import (
 	"time"
 
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
-// BodyMode is how Envoy sends a request or response body to the server (the filter's
-// processing mode for that body).
-type BodyMode uint8
-
-// Body modes, as Envoy's ProcessingMode names them.
-const (
-	BodyNone BodyMode = iota
-	BodyStreamed
-	BodyBuffered
-	BodyBufferedPartial
-)
-
-func parseBodyMode(s string) BodyMode {
+// parseBodyMode is Envoy's processing mode for a body mode as the policy names it.
+func parseBodyMode(s string) bodyMode {
 	switch s {
 	case "STREAMED":
-		return BodyStreamed
+		return extprocfilterv3.ProcessingMode_STREAMED
 	case "BUFFERED":
-		return BodyBuffered
+		return extprocfilterv3.ProcessingMode_BUFFERED
 	case "BUFFERED_PARTIAL":
-		return BodyBufferedPartial
+		return extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL
 	}
-	return BodyNone
+	return extprocfilterv3.ProcessingMode_NONE
 }
 
-// Settings are the policy settings the request path reads, compiled once per snapshot into
-// plain typed values: no pointers to optional values, strings to compare or durations to
-// convert per request. Read-only.
+// Settings are the policy settings the adapter reads — how Envoy's filter is configured
+// (body modes, mode_override, message timers), what the bodies and replies get, and the bounds
+// on streams — compiled once per policy snapshot into plain typed values: no pointers to
+// optional values, strings to compare or durations to convert per request. Read-only. The
+// domain (package policy) knows none of them.
 type Settings struct {
 	// RequestBodyMode and ResponseBodyMode are the filter's body modes as the policy declares
 	// them (Envoy's protocol_config, when sent, says the same).
-	RequestBodyMode, ResponseBodyMode BodyMode
+	RequestBodyMode, ResponseBodyMode bodyMode
 	// MessageTimeout and MaxMessageTimeout are the filter's message timers.
 	MessageTimeout, MaxMessageTimeout time.Duration
 	// AllowModeOverride: the filter honours mode_override.
@@ -90,5 +84,8 @@ func compileSettings(p *config.Policy, memLimit int64) Settings {
 	}
 }
 
-// Settings returns the snapshot's compiled settings.
-func (s *Snapshot) Settings() *Settings { return &s.settings }
+// Settings returns the settings of the live policy.
+func (s *Server) Settings() *Settings { return s.settingsOf(s.engine.Snapshot()) }
+
+// settingsOf returns the settings of snapshot snap.
+func (s *Server) settingsOf(snap *policy.Snapshot) *Settings { return &s.parts(snap).settings }

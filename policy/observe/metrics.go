@@ -1,6 +1,7 @@
-package policy
+package observe
 
 import (
+	"log/slog"
 	"sort"
 	"strings"
 	"sync"
@@ -9,17 +10,19 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/breaker"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
 // Namespace prefixes every metric name.
 const Namespace = "llm_bulkhead"
 
-// reasons indexes per-reason counters on the hot path.
-var reasons = [...]Reason{ReasonTokenBudget, ReasonRateLimit, ReasonBulkheadFull, ReasonCircuitOpen, ReasonBadRequest, ReasonServerBusy, ReasonCancelled, ReasonSpendBudget, ReasonUnknownKey, ReasonProviderQuota, ReasonClusterUnavailable}
+// reasons lists the refusal reasons, indexing each feature's per-reason counters.
+var reasons = policy.Reasons()
 
-func reasonIndex(r Reason) int {
+func reasonIndex(r policy.Reason) int {
 	for i, x := range reasons {
 		if x == r {
 			return i
@@ -28,11 +31,13 @@ func reasonIndex(r Reason) int {
 	return len(reasons) - 1
 }
 
-// metrics are the engine's Prometheus metrics. Counters the hot path touches are resolved per
-// feature once (featureMetrics); gauges of compartments, budgets, breakers and pools are read
-// from live state at scrape time by the collector, so admission pays nothing for them.
-type metrics struct {
-	engine *Engine
+// Metrics are the runtime's Prometheus metrics and its logs of state changes. As the Engine's
+// Recorder they count what admission, settlement and the breakers do — counters the hot path
+// touches are resolved per feature once — and their collectors read compartments, budgets,
+// breakers, pools, spend budgets and provider quotas from the engine's live state at scrape
+// time, so admission pays nothing for those. Safe for concurrent use.
+type Metrics struct {
+	log *slog.Logger
 
 	admitted       *prometheus.CounterVec
 	rejected       *prometheus.CounterVec
@@ -46,12 +51,13 @@ type metrics struct {
 	queueWait      *prometheus.HistogramVec
 	classifyErrors *prometheus.CounterVec
 	transitions    *prometheus.CounterVec
-	quotaShort     *prometheus.CounterVec
-	quotaInvalid   *prometheus.CounterVec
-	unknownFeature prometheus.Counter
-	// invalidValue counts, per dimension (dimFeature…), requests a rule of which read a value
-	// classification could not use (config.CheckIdentity).
-	invalidValue [numDims]prometheus.Counter
+	unavailable    *prometheus.CounterVec
+	// classifyKnown are the classify_errors_total series made at start (unknown_feature and
+	// invalid_<dimension>), by reason.
+	classifyKnown map[string]prometheus.Counter
+
+	spend spendMetrics
+	quota quotaMetrics
 
 	mu       sync.Mutex
 	features map[string]*featureMetrics
@@ -59,20 +65,25 @@ type metrics struct {
 	// shadowOpenings counts, by breaker, the automatic openings of breakers of providers in
 	// shadow mode (part of breaker_would_open_total).
 	shadowOpenings map[string]uint64
+
+	// breakerLogs rate-limits each breaker's log lines.
+	breakerLogs breakerLogs
 }
+
+var _ policy.Recorder = (*Metrics)(nil)
 
 type shadowKey struct {
 	compartment string
-	reason      Reason
+	reason      policy.Reason
 }
 
-// featureMetrics are one feature's hot-path counters.
+// featureMetrics are one feature's hot-path counters. admittedN and rejectedN count the same
+// decisions as admitted and rejected, for Decisions.
 type featureMetrics struct {
-	name              string
 	admittedN         atomic.Uint64
-	rejectedN         [len(reasons)]atomic.Uint64
+	rejectedN         []atomic.Uint64
 	admitted          prometheus.Counter
-	rejected          [len(reasons)]prometheus.Counter
+	rejected          []prometheus.Counter
 	tokensReserved    prometheus.Counter
 	promptSettled     prometheus.Counter
 	completionSettled prometheus.Counter
@@ -81,9 +92,14 @@ type featureMetrics struct {
 	estimateError     prometheus.Observer
 }
 
-func newMetrics(e *Engine, reg prometheus.Registerer) *metrics {
-	m := &metrics{
-		engine:   e,
+// NewMetrics returns the metrics of one engine: pass them as its Options.Recorder, then register
+// Collectors. Breaker events and refusals are logged to log (default slog.Default()).
+func NewMetrics(log *slog.Logger) *Metrics {
+	if log == nil {
+		log = slog.Default()
+	}
+	m := &Metrics{
+		log:      log,
 		features: map[string]*featureMetrics{},
 		shadow:   map[shadowKey]*atomic.Uint64{},
 		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "admitted_total",
@@ -112,34 +128,68 @@ func newMetrics(e *Engine, reg prometheus.Registerer) *metrics {
 			Help: "Requests classified from headers and defaults because something was wrong, by reason (invalid_json, field_type, field_value, unknown_feature; invalid_<dimension>: a rule read a value with control characters, bytes that are not UTF-8 or more than 256 bytes, and was skipped)."}, []string{"reason"}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "breaker_transitions_total",
 			Help: "Breaker state transitions, by breaker, from and to state."}, []string{"breaker", "from", "to"}),
+		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "cluster_unavailable_admissions_total",
+			Help: "Admissions decided while the shared state was unavailable: local (this replica's share enforced here) or refused (cluster_unavailable)."},
+			[]string{"action"}),
+		classifyKnown: map[string]prometheus.Counter{},
 	}
-	m.quotaShort, m.quotaInvalid = newQuotaMetrics()
-	m.unknownFeature = m.classifyErrors.WithLabelValues("unknown_feature")
-	for i, dim := range dimNames {
-		m.invalidValue[i] = m.classifyErrors.WithLabelValues("invalid_" + dim)
+	m.classifyKnown["unknown_feature"] = m.classifyErrors.WithLabelValues("unknown_feature")
+	for _, dim := range policy.DimensionNames() {
+		m.classifyKnown["invalid_"+dim] = m.classifyErrors.WithLabelValues("invalid_" + dim)
 	}
-	if reg != nil {
-		reg.MustRegister(m.admitted, m.rejected, m.rerouted, m.rerouteNoModel, m.tokensReserved, m.tokensSettled, m.usageUnknown,
-			m.usageClamped, m.estimateError, m.queueWait, m.classifyErrors, m.transitions,
-			m.quotaShort, m.quotaInvalid, &stateCollector{m: m}, quotaCollector{e: m.engine})
-	}
+	m.spend.init()
+	m.quota.init()
 	return m
 }
 
-// ClassifyError counts a request classified from headers and defaults because of reason
-// (e.g. "invalid_json", "field_type").
-func (e *Engine) ClassifyError(reason string) {
-	e.metrics.classifyErrors.WithLabelValues(reason).Inc()
+// Collectors returns the collectors of engine e's metrics, for the process's registry: the
+// counters above, the spend and provider quota counters, the state read at scrape time, and
+// the metrics of the engine's cluster store when it has one.
+func (m *Metrics) Collectors(e *policy.Engine) []prometheus.Collector {
+	out := []prometheus.Collector{m.admitted, m.rejected, m.rerouted, m.rerouteNoModel, m.tokensReserved, m.tokensSettled, m.usageUnknown,
+		m.usageClamped, m.estimateError, m.queueWait, m.classifyErrors, m.transitions, &stateCollector{m: m, e: e}}
+	out = append(out, m.spend.collectors(e)...)
+	out = append(out, m.quota.collectors(e)...)
+	out = append(out, usageCollector{engine: e})
+	if st := e.Cluster(); st != nil {
+		out = append(out, m.unavailable)
+		out = append(out, st.Collectors()...)
+	}
+	return out
 }
 
-func (m *metrics) feature(name string) *featureMetrics {
+// ClassifyErrors counts n requests classified from headers and defaults because of reason.
+func (m *Metrics) ClassifyErrors(reason string, n int) {
+	if c, ok := m.classifyKnown[reason]; ok {
+		c.Add(float64(n))
+		return
+	}
+	m.classifyErrors.WithLabelValues(reason).Add(float64(n))
+}
+
+// ClusterUnavailable counts an admission decided while the shared state was unavailable.
+func (m *Metrics) ClusterUnavailable(action string) {
+	m.unavailable.WithLabelValues(action).Inc()
+}
+
+// Rerouted counts a request admitted by another provider than the one that refused it.
+func (m *Metrics) Rerouted(feature, from, to string, reason policy.Reason) {
+	m.rerouted.WithLabelValues(feature, from, to, string(reason)).Inc()
+}
+
+// RerouteUnmapped counts a re-route not made for want of a model at the target.
+func (m *Metrics) RerouteUnmapped(feature, from, to string) {
+	m.rerouteNoModel.WithLabelValues(feature, from, to).Inc()
+}
+
+// Feature returns the named feature's counters, making its series on first use.
+func (m *Metrics) Feature(name string) policy.FeatureRecorder {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if f := m.features[name]; f != nil {
 		return f
 	}
 	f := &featureMetrics{
-		name:              name,
 		admitted:          m.admitted.WithLabelValues(name),
 		tokensReserved:    m.tokensReserved.WithLabelValues(name),
 		promptSettled:     m.tokensSettled.WithLabelValues(name, "prompt"),
@@ -148,6 +198,7 @@ func (m *metrics) feature(name string) *featureMetrics {
 		usageClamped:      m.usageClamped.WithLabelValues(name),
 		estimateError:     m.estimateError.WithLabelValues(name),
 	}
+	f.rejected, f.rejectedN = make([]prometheus.Counter, len(reasons)), make([]atomic.Uint64, len(reasons))
 	for i, r := range reasons {
 		f.rejected[i] = m.rejected.WithLabelValues(name, string(r))
 	}
@@ -155,7 +206,30 @@ func (m *metrics) feature(name string) *featureMetrics {
 	return f
 }
 
-func (m *metrics) countShadow(compartment string, r Reason) {
+func (f *featureMetrics) Admitted() {
+	f.admitted.Inc()
+	f.admittedN.Add(1)
+}
+
+func (f *featureMetrics) Rejected(r policy.Reason) {
+	i := reasonIndex(r)
+	f.rejected[i].Inc()
+	f.rejectedN[i].Add(1)
+}
+
+func (f *featureMetrics) TokensReserved(tokens int64) { f.tokensReserved.Add(float64(tokens)) }
+func (f *featureMetrics) UsageUnknown()               { f.usageUnknown.Inc() }
+func (f *featureMetrics) EstimateRatio(ratio float64) { f.estimateError.Observe(ratio) }
+func (f *featureMetrics) Settled(prompt, completion int64, clamped bool) {
+	f.promptSettled.Add(float64(prompt))
+	f.completionSettled.Add(float64(completion))
+	if clamped {
+		f.usageClamped.Inc()
+	}
+}
+
+// ShadowRefusal counts a refusal a shadow-mode compartment, budget or provider would have made.
+func (m *Metrics) ShadowRefusal(compartment string, r policy.Reason) {
 	k := shadowKey{compartment, r}
 	m.mu.Lock()
 	c := m.shadow[k]
@@ -167,8 +241,9 @@ func (m *metrics) countShadow(compartment string, r Reason) {
 	c.Add(1)
 }
 
-func (m *metrics) observeWait(c *bulkhead.Compartment, waited time.Duration, admitted bool) {
-	fam, _, _ := strings.Cut(c.Name(), "/")
+// QueueWait observes a request's wait in a compartment's queue, by the compartment's family.
+func (m *Metrics) QueueWait(compartment string, waited time.Duration, admitted bool) {
+	fam, _, _ := strings.Cut(compartment, "/")
 	result := "refused"
 	if admitted {
 		result = "admitted"
@@ -176,23 +251,28 @@ func (m *metrics) observeWait(c *bulkhead.Compartment, waited time.Duration, adm
 	m.queueWait.WithLabelValues(fam, result).Observe(waited.Seconds())
 }
 
-func (m *metrics) shadowOpening(name string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.shadowOpenings == nil {
-		m.shadowOpenings = map[string]uint64{}
-	}
-	m.shadowOpenings[name]++
-}
-
-func (m *metrics) breakerEvent(ev breaker.Event) {
+// BreakerEvent counts a breaker's transition (and an opening of a breaker of a provider in
+// shadow mode, part of breaker_would_open_total), and logs the event.
+func (m *Metrics) BreakerEvent(ev breaker.Event, shadowed bool, now time.Time) {
 	if ev.Kind == breaker.EventTransition {
 		m.transitions.WithLabelValues(ev.Name, ev.From.String(), ev.To.String()).Inc()
 	}
+	if shadowed {
+		m.mu.Lock()
+		if m.shadowOpenings == nil {
+			m.shadowOpenings = map[string]uint64{}
+		}
+		m.shadowOpenings[ev.Name]++
+		m.mu.Unlock()
+	}
+	m.logBreakerEvent(ev, now)
 }
 
 // stateCollector reports live state at scrape time.
-type stateCollector struct{ m *metrics }
+type stateCollector struct {
+	m *Metrics
+	e *policy.Engine
+}
 
 var (
 	descInflight    = prometheus.NewDesc(Namespace+"_compartment_inflight", "Requests in flight in a compartment.", []string{"compartment", "family"}, nil)
@@ -231,12 +311,12 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	e := c.m.engine
+	e := c.e
 	s := e.Snapshot()
 	if s == nil {
 		return
 	}
-	now := e.clock.Now()
+	now := e.Now()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
@@ -244,7 +324,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}
 	gauge(descInflightReq, float64(e.InFlight()))
-	gauge(descGen, float64(s.gen))
+	gauge(descGen, float64(s.Gen()))
 
 	emit := func(name, fam string, st bulkhead.Stats, limits bool) {
 		gauge(descInflight, float64(st.InFlight), name, fam)
@@ -262,45 +342,38 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descTokLimit, float64(st.Limits.MaxInflightTokens), name, fam)
 		}
 	}
-	budgets := func(name string, in *instance) {
-		if in.tpm != nil {
-			b := in.tpm.State(now)
-			gauge(descBudget, float64(b.Remaining), name, "minute")
-			gauge(descBudgetCap, float64(b.Capacity), name, "minute")
+	budgets := func(c *policy.CompartmentState) {
+		if b := c.TPM; b != nil {
+			gauge(descBudget, float64(b.Remaining), c.Name, "minute")
+			gauge(descBudgetCap, float64(b.Capacity), c.Name, "minute")
 		}
-		if in.tpd != nil {
-			b := in.tpd.State(now)
-			gauge(descBudget, float64(b.Remaining), name, "day")
-			gauge(descBudgetCap, float64(b.Capacity), name, "day")
+		if b := c.TPD; b != nil {
+			gauge(descBudget, float64(b.Remaining), c.Name, "day")
+			gauge(descBudgetCap, float64(b.Capacity), c.Name, "day")
 		}
-		if in.rpm != nil {
-			gauge(descRate, float64(in.rpm.State(now).Remaining), name)
+		if b := c.RPM; b != nil {
+			gauge(descRate, float64(b.Remaining), c.Name)
 		}
 	}
 	shadowBulkhead := map[string]uint64{}
-	for _, in := range s.staticInstances() {
-		st := e.sched.Stats(in.c)
-		emit(in.name, in.family.name, st, true)
-		budgets(in.name, in)
-		collectAdaptive(ch, in.name, in)
-		shadowBulkhead[in.name] += st.ShadowRefusals
-	}
-	tenantLabel := s.policy.Admin.TenantLabel
+	tenantLabel := s.TenantLabel()
 	agg := map[string]*bulkhead.Stats{}
 	var aggOrder []string
-	for _, in := range s.dynamicInstances() {
-		st := e.sched.Stats(in.c)
-		if tenantLabel {
-			emit(in.name, in.family.name, st, true)
-			budgets(in.name, in)
-			collectAdaptive(ch, in.name, in)
-			shadowBulkhead[in.name] += st.ShadowRefusals
+	states := e.CompartmentStates(s, now)
+	for i := range states {
+		in := &states[i]
+		st := in.Stats
+		if !in.Tenant || tenantLabel {
+			emit(in.Name, in.Family, st, true)
+			budgets(in)
+			collectAdaptive(ch, in)
+			shadowBulkhead[in.Name] += st.ShadowRefusals
 			continue
 		}
-		name := in.family.name + "/*"
+		name := in.Family + "/*"
 		a := agg[name]
 		if a == nil {
-			a = &bulkhead.Stats{Name: in.family.name}
+			a = &bulkhead.Stats{Name: in.Family}
 			agg[name] = a
 			aggOrder = append(aggOrder, name)
 		}
@@ -317,7 +390,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for name, n := range shadowBulkhead {
 		if n > 0 {
-			counter(descShadow, float64(n), name, string(ReasonBulkheadFull))
+			counter(descShadow, float64(n), name, string(policy.ReasonBulkheadFull))
 		}
 	}
 	c.m.mu.Lock()
@@ -336,37 +409,75 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for i, k := range keys {
 		counter(descShadow, float64(vals[i]), k.compartment, string(k.reason))
 	}
-	for _, p := range e.sched.PoolStats() {
+	for _, p := range e.PoolStats() {
 		gauge(descPoolIn, float64(p.InFlight), p.Name)
 		gauge(descPoolCap, float64(p.Capacity), p.Name)
 	}
-	for _, pr := range s.providers {
-		if pr.breakers == nil {
-			continue
-		}
-		for _, b := range pr.breakers.all() {
-			snap := b.Snapshot(now)
-			for _, st := range breakerStates {
-				v := 0.0
-				if snap.State == st {
-					v = 1
-				}
-				gauge(descBrState, v, b.Name(), st.String())
+	for _, b := range e.Breakers() {
+		snap := b.Snapshot
+		for _, st := range breakerStates {
+			v := 0.0
+			if snap.State == st {
+				v = 1
 			}
-			gauge(descBrRate, snap.FailureRate, b.Name())
-			gauge(descBrSlow, snap.SlowRate, b.Name())
-			k := b.Counts()
-			for _, kv := range []struct {
-				kind string
-				n    uint64
-			}{{"success", k.Success}, {"failure", k.Failure}, {"slow_success", k.SlowSuccess}, {"slow_failure", k.SlowFailure},
-				{"not_permitted", k.NotPermitted}, {"ignored", k.Ignored}, {"stale", k.Stale}} {
-				counter(descBrCalls, float64(kv.n), b.Name(), kv.kind)
-			}
-			c.m.mu.Lock()
-			shadowOpened := c.m.shadowOpenings[b.Name()]
-			c.m.mu.Unlock()
-			counter(descBrWouldOpen, float64(k.WouldOpen+shadowOpened), b.Name())
+			gauge(descBrState, v, b.Name, st.String())
 		}
+		gauge(descBrRate, snap.FailureRate, b.Name)
+		gauge(descBrSlow, snap.SlowRate, b.Name)
+		k := b.Calls
+		for _, kv := range []struct {
+			kind string
+			n    uint64
+		}{{"success", k.Success}, {"failure", k.Failure}, {"slow_success", k.SlowSuccess}, {"slow_failure", k.SlowFailure},
+			{"not_permitted", k.NotPermitted}, {"ignored", k.Ignored}, {"stale", k.Stale}} {
+			counter(descBrCalls, float64(kv.n), b.Name, kv.kind)
+		}
+		c.m.mu.Lock()
+		shadowOpened := c.m.shadowOpenings[b.Name]
+		c.m.mu.Unlock()
+		counter(descBrWouldOpen, float64(k.WouldOpen+shadowOpened), b.Name)
 	}
+}
+
+// NewEngine builds a policy engine running p whose metrics are registered on reg, and whose
+// breaker logs go to o.Logger: NewMetrics, policy.NewEngine and Collectors in one call, for
+// tools and tests that run one engine on a registry of their own.
+func NewEngine(p *config.Policy, o policy.Options, reg prometheus.Registerer) (*policy.Engine, error) {
+	m := NewMetrics(o.Logger)
+	o.Recorder = m
+	e, err := policy.NewEngine(p, o)
+	if err != nil {
+		return nil, err
+	}
+	reg.MustRegister(m.Collectors(e)...)
+	return e, nil
+}
+
+// FeatureDecisions counts one feature's admissions and refusals since the process started.
+type FeatureDecisions struct {
+	Feature  string            `json:"feature"`
+	Admitted uint64            `json:"admitted"`
+	Rejected map[string]uint64 `json:"rejected"`
+}
+
+// Decisions returns the admission counts of every feature of snapshot s, in feature order.
+func (m *Metrics) Decisions(s *policy.Snapshot) []FeatureDecisions {
+	out := make([]FeatureDecisions, 0, s.Features())
+	for i := 0; i < s.Features(); i++ {
+		name := s.FeatureName(i)
+		m.mu.Lock()
+		f := m.features[name]
+		m.mu.Unlock()
+		fd := FeatureDecisions{Feature: name, Rejected: map[string]uint64{}}
+		if f != nil {
+			fd.Admitted = f.admittedN.Load()
+			for j, r := range reasons {
+				if n := f.rejectedN[j].Load(); n > 0 {
+					fd.Rejected[string(r)] = n
+				}
+			}
+		}
+		out = append(out, fd)
+	}
+	return out
 }

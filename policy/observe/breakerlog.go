@@ -1,4 +1,4 @@
-package policy
+package observe
 
 import (
 	"sync"
@@ -26,8 +26,8 @@ type breakerLogs struct {
 	m  map[string]*breakerLog
 }
 
-func (e *Engine) breakerLog(name string) *breakerLog {
-	bl := &e.breakerLogs
+func (m *Metrics) breakerLog(name string) *breakerLog {
+	bl := &m.breakerLogs
 	bl.mu.RLock()
 	l := bl.m[name]
 	bl.mu.RUnlock()
@@ -46,30 +46,30 @@ func (e *Engine) breakerLog(name string) *breakerLog {
 	return l
 }
 
-// logBreakerRefusal logs, at info and rate-limited, that breaker b refused a call; fallback is
-// the provider the request is re-routed to ("" when it is refused).
-func (e *Engine) logBreakerRefusal(b *breaker.Breaker, retry time.Duration, fallback string, now time.Time) {
-	ok, suppressed := e.breakerLog(b.Name()).refusals.Allow(now, breakerLogInterval)
+// BreakerRefused logs, at info and rate-limited, that breaker b refused a call; fallback is the
+// provider the request is re-routed to ("" when it is refused).
+func (m *Metrics) BreakerRefused(b *breaker.Breaker, retry time.Duration, fallback string, now time.Time) {
+	ok, suppressed := m.breakerLog(b.Name()).refusals.Allow(now, breakerLogInterval)
 	if !ok {
 		return
 	}
-	e.log.Info("breaker refused a call", "breaker", b.Name(), "state", b.State().String(), "retry_after", retry.Round(time.Millisecond).String(),
+	m.log.Info("breaker refused a call", "breaker", b.Name(), "state", b.State().String(), "retry_after", retry.Round(time.Millisecond).String(),
 		"fallback", fallback, "suppressed", suppressed)
 }
 
 // logBreakerEvent logs a transition or threshold breach at info, rate-limited per breaker.
 // Every event is also in the breaker's history (GET /admin/breakers/{name}/events) and the
 // metrics, so a line held back loses nothing but the line.
-func (e *Engine) logBreakerEvent(ev breaker.Event) {
-	ok, suppressed := e.breakerLog(ev.Name).events.Allow(e.clock.Now(), breakerLogInterval)
+func (m *Metrics) logBreakerEvent(ev breaker.Event, now time.Time) {
+	ok, suppressed := m.breakerLog(ev.Name).events.Allow(now, breakerLogInterval)
 	if !ok {
 		return
 	}
 	if ev.Kind == breaker.EventThresholdExceeded {
-		e.log.Info("breaker threshold exceeded (metrics only, not opening)", "breaker", ev.Name, "state", ev.To.String(),
+		m.log.Info("breaker threshold exceeded (metrics only, not opening)", "breaker", ev.Name, "state", ev.To.String(),
 			"reason", string(ev.Reason), "failure_rate", ev.FailureRate, "slow_rate", ev.SlowRate, "suppressed", suppressed)
 		return
 	}
-	e.log.Info("breaker state changed", "breaker", ev.Name, "from", ev.From.String(), "to", ev.To.String(),
+	m.log.Info("breaker state changed", "breaker", ev.Name, "from", ev.From.String(), "to", ev.To.String(),
 		"reason", string(ev.Reason), "failure_rate", ev.FailureRate, "slow_rate", ev.SlowRate, "suppressed", suppressed)
 }

@@ -1,0 +1,66 @@
+package observe
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy"
+)
+
+// quotaMetrics count what providers' quotas (providers.<name>.quota) do to requests.
+type quotaMetrics struct {
+	short, invalid *prometheus.CounterVec
+}
+
+func (m *quotaMetrics) init() {
+	*m = quotaMetrics{
+		short: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "provider_quota_short_total",
+			Help: "Requests a provider's quota (as its rate-limit headers last told it, less the requests in flight) could not cover, by provider, quota (requests, tokens, input_tokens, output_tokens) and mode: in enforce they were re-routed along the fallback or refused provider_quota, in shadow they went as before."}, []string{"provider", "quota", "mode"}),
+		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "provider_quota_headers_invalid_total",
+			Help: "Rate-limit headers of a provider's responses whose value was malformed or absurd (negative, beyond a million billion, a reset more than 31 days ahead) and changed nothing, by provider."}, []string{"provider"}),
+	}
+}
+
+// collectors returns the quota counters and the collector that reads engine e's provider
+// quotas at scrape time.
+func (m *quotaMetrics) collectors(e *policy.Engine) []prometheus.Collector {
+	return []prometheus.Collector{m.short, m.invalid, quotaCollector{e: e}}
+}
+
+// QuotaShort counts a request a provider's quota could not cover.
+func (m *Metrics) QuotaShort(provider, quota, mode string) {
+	m.quota.short.WithLabelValues(provider, quota, mode).Inc()
+}
+
+// QuotaHeadersInvalid counts n rate-limit headers of a provider's response that could not be
+// believed.
+func (m *Metrics) QuotaHeadersInvalid(provider string, n int) {
+	m.quota.invalid.WithLabelValues(provider).Add(float64(n))
+}
+
+var (
+	descQuotaLeft  = prometheus.NewDesc(Namespace+"_provider_quota_remaining", "What a provider's rate-limit headers last said is left of a quota (after its reset: its limit), by provider and quota (requests, tokens, input_tokens, output_tokens).", []string{"provider", "quota"}, nil)
+	descQuotaLimit = prometheus.NewDesc(Namespace+"_provider_quota_limit", "A provider's quota limit as its rate-limit headers said it (0: not said).", []string{"provider", "quota"}, nil)
+	descQuotaHeld  = prometheus.NewDesc(Namespace+"_provider_quota_held", "What the requests in flight to a provider hold of its quota, not yet counted in what its headers said is left.", []string{"provider", "quota"}, nil)
+)
+
+// quotaCollector reports the followed providers' quotas at scrape time.
+type quotaCollector struct{ e *policy.Engine }
+
+func (c quotaCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descQuotaLeft
+	ch <- descQuotaLimit
+	ch <- descQuotaHeld
+}
+
+func (c quotaCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.e.Snapshot() == nil {
+		return
+	}
+	for _, v := range c.e.ProviderQuotas() {
+		for _, q := range v.Quotas {
+			ch <- prometheus.MustNewConstMetric(descQuotaLeft, prometheus.GaugeValue, float64(q.Remaining), v.Provider, q.Kind)
+			ch <- prometheus.MustNewConstMetric(descQuotaLimit, prometheus.GaugeValue, float64(q.Limit), v.Provider, q.Kind)
+			ch <- prometheus.MustNewConstMetric(descQuotaHeld, prometheus.GaugeValue, float64(q.Pending), v.Provider, q.Kind)
+		}
+	}
+}
