@@ -3,6 +3,7 @@ package policy
 import (
 	"time"
 
+	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/quota"
 )
@@ -134,4 +135,87 @@ func (e *Engine) ProviderQuotas() []ProviderQuotaView {
 		}
 	}
 	return out
+}
+
+// quotaWorker shares the followed providers' quotas with the fleet (cluster mode): every
+// interval, for each provider whose quota mode is not off, this replica sends its latest
+// reading and what its requests in flight hold, and takes the fleet's latest reading and what
+// the other replicas' requests hold (one call to Redis per provider, never on a request's
+// path). A provider's account is one for the whole fleet: a replica that alone heard the
+// provider say 3 requests are left tells the others within an interval, and a burst spread
+// over the replicas holds against the same quota. While Redis cannot be asked, each replica
+// goes on from what it last heard; the others' holdings stop counting after lease_ttl.
+func (e *Engine) quotaWorker(interval, ttl time.Duration) {
+	cs := e.cluster
+	defer close(cs.quotaDone)
+	if interval <= 0 {
+		interval = 200 * time.Millisecond
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	lastHeard := map[string]time.Time{}
+	for {
+		select {
+		case <-cs.stop:
+			return
+		case <-t.C:
+		}
+		s := e.Snapshot()
+		if s == nil || !cs.store.Available() {
+			e.forgetRemoteQuotas(s, lastHeard, ttl)
+			continue
+		}
+		for _, pr := range s.providers {
+			if pr.quota == nil {
+				continue
+			}
+			now := e.clock.Now()
+			mine := pr.quota.tracker.Share(now)
+			var send [quota.NumKinds]cluster.QuotaShare
+			for k, q := range mine {
+				send[k] = cluster.QuotaShare{Limit: q.Limit, Remaining: q.Remaining, Pending: q.Pending}
+				if !q.At.IsZero() {
+					send[k].At = q.At.UnixMilli()
+				}
+				if !q.Reset.IsZero() {
+					send[k].Reset = q.Reset.UnixMilli()
+				}
+			}
+			got, err := cs.store.ShareQuota(pr.name, send[:], now)
+			if err != nil {
+				continue
+			}
+			var fleet [quota.NumKinds]quota.Shared
+			for k, q := range got {
+				fleet[k] = quota.Shared{Limit: q.Limit, Remaining: q.Remaining, Pending: q.Pending}
+				if q.At > 0 {
+					fleet[k].At = time.UnixMilli(q.At)
+				}
+				if q.Reset > 0 {
+					fleet[k].Reset = time.UnixMilli(q.Reset)
+				}
+			}
+			pr.quota.tracker.Merge(fleet, e.clock.Now())
+			lastHeard[pr.name] = now
+		}
+		e.forgetRemoteQuotas(s, lastHeard, ttl)
+	}
+}
+
+// forgetRemoteQuotas stops counting the other replicas' holdings of a provider's quota once
+// the fleet has not been heard for ttl (their entries in Redis count no longer either).
+func (e *Engine) forgetRemoteQuotas(s *Snapshot, lastHeard map[string]time.Time, ttl time.Duration) {
+	if s == nil {
+		return
+	}
+	now := e.clock.Now()
+	for _, pr := range s.providers {
+		if pr.quota == nil {
+			continue
+		}
+		if at, ok := lastHeard[pr.name]; ok && now.Sub(at) > ttl {
+			pr.quota.tracker.ForgetRemote()
+			delete(lastHeard, pr.name)
+		}
+	}
 }

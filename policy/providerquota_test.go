@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
@@ -151,4 +153,69 @@ func TestProviderQuotaRefusesWithoutFallback(t *testing.T) {
 	if v := metricValue(t, reg, "llm_bulkhead_provider_quota_short_total", map[string]string{"provider": "watched", "mode": "shadow"}); v != 1 {
 		t.Errorf("shadow short counted %v, want 1", v)
 	}
+}
+
+// TestProviderQuotaSharedAcrossTheFleet: a provider's account is one for the fleet. Replica a
+// heard openai's direct account say 2 requests are left and holds one request in flight;
+// replica b, which never had an answer from the provider, learns both within an interval:
+// it admits the one request left and refuses the next provider_quota. When a's request ends
+// without a reading, what a believes is left reaches b too.
+func TestProviderQuotaSharedAcrossTheFleet(t *testing.T) {
+	forModes(t, func(t *testing.T, mode string) {
+		rd := redistest.Standalone(t)
+		section := fmt.Sprintf("cluster:\n  backend: redis\n  addresses: [%q]\n  key_prefix: pq\n  timeout: 500ms\n  lease_ttl: 2s\n  heartbeat: 250ms\n", rd.Addr())
+		a := clusterEngine(t, quotaPolicy+section+"  replica_id: a\n"+modeSection(t, mode))
+		b := clusterEngine(t, quotaPolicy+section+"  replica_id: b\n"+modeSection(t, mode))
+		for _, e := range []*policy.Engine{a, b} {
+			waitFor(t, "the shared state to be available", func() bool { return e.Cluster().Available() })
+		}
+		direct := func(e *policy.Engine) (policy.Decision, *policy.Ticket) { return quotaAdmit(t, e, "direct", "") }
+		requests := func(e *policy.Engine) quota.State {
+			for _, v := range e.ProviderQuotas() {
+				if v.Provider == "direct" {
+					for _, q := range v.Quotas {
+						if q.Kind == "requests" {
+							return q
+						}
+					}
+				}
+			}
+			return quota.State{}
+		}
+
+		// Given a heard that 2 requests are left, and holds one in flight
+		d, first := direct(a)
+		if d.Verdict != policy.Admit {
+			t.Fatalf("a, before any reading: %+v", d)
+		}
+		first.ObserveQuota(requestsLeft(2, 10, a.Now().Add(time.Minute)), 0, a.Now())
+		first.Done(policy.Outcome{Status: 200})
+		d, held := direct(a)
+		if d.Verdict != policy.Admit {
+			t.Fatalf("a, 2 left: %+v", d)
+		}
+		// Then b learns the reading and a's request in flight
+		waitFor(t, "b to learn a's reading and holding", func() bool {
+			q := requests(b)
+			return q.Remaining == 2 && q.Remote == 1
+		})
+		// And admits the one request left, then refuses
+		d, other := direct(b)
+		if d.Verdict != policy.Admit {
+			t.Fatalf("b, 2 left and 1 held at a: %+v", d)
+		}
+		if d, _ := direct(b); d.Verdict != policy.Reject || d.Reason != policy.ReasonProviderQuota {
+			t.Fatalf("b, 2 left and 1 held here and 1 at a: %+v, want provider_quota", d)
+		}
+		// When a's request ends without a reading, a believes 1 is left, and so does b
+		held.Done(policy.Outcome{Status: 200, Usage: policy.Usage{Prompt: 500, Completion: 500, Known: true}})
+		waitFor(t, "b to learn what a believes is left", func() bool {
+			q := requests(b)
+			return q.Remaining == 1 && q.Remote == 0
+		})
+		if d, _ := direct(b); d.Verdict != policy.Reject || d.Reason != policy.ReasonProviderQuota {
+			t.Fatalf("b, 1 left and 1 held here: %+v, want provider_quota", d)
+		}
+		other.Done(policy.Outcome{Status: 200})
+	})
 }

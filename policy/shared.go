@@ -54,6 +54,8 @@ type clusterState struct {
 	shareCh chan struct{}
 	stop    chan struct{}
 	done    chan struct{}
+	// quotaDone is closed when the worker sharing provider quotas (quotaWorker) has stopped.
+	quotaDone chan struct{}
 }
 
 // backState is a context done once the shared state answers again.
@@ -112,7 +114,7 @@ func (e *Engine) openCluster(p *config.Policy) error {
 	}
 	cs := &clusterState{
 		closed: c.OnUnavailable == "closed", timeout: c.Timeout.D(), expected: c.ExpectedReplicas, watch: map[string]*watched{},
-		shareCh: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		shareCh: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), quotaDone: make(chan struct{}),
 	}
 	e.cluster = cs
 	// Until it first registers, this replica knows nothing of the others: it keeps to its part
@@ -164,6 +166,7 @@ func (e *Engine) openCluster(p *config.Policy) error {
 		}
 	}
 	go e.shareWorker()
+	go e.quotaWorker(c.LeaseInterval.D(), c.LeaseTTL.D())
 	return nil
 }
 
@@ -183,6 +186,7 @@ func (e *Engine) closeCluster(ctx context.Context) error {
 		close(cs.stop)
 	}
 	<-cs.done
+	<-cs.quotaDone
 	return err
 }
 

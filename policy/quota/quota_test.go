@@ -211,3 +211,49 @@ func FuzzParseHeader(f *testing.F) {
 		}
 	})
 }
+
+// TestTrackerMergesTheFleet: a later reading from another replica replaces this one's, an
+// earlier one or one whose reset has passed does not, and the other replicas' requests in
+// flight count against the quota until they are forgotten.
+func TestTrackerMergesTheFleet(t *testing.T) {
+	var tr Tracker
+	res, _, _ := tr.Reserve(Need{Prompt: 10}, 0, false, t0)
+	r := read(t, t0, "x-ratelimit-limit-requests", "10", "x-ratelimit-remaining-requests", "5", "x-ratelimit-reset-requests", "1m")
+	tr.Observe(&res, &r, t0)
+	if s := tr.Share(t0)[Requests]; !s.At.Equal(t0) || s.Remaining != 5 || s.Limit != 10 || !s.Reset.Equal(t0.Add(time.Minute)) || s.Pending != 0 {
+		t.Fatalf("shared %+v", s)
+	}
+
+	var fleet [NumKinds]Shared
+	// An earlier reading changes nothing; the others' 3 requests in flight count.
+	fleet[Requests] = Shared{At: t0.Add(-time.Second), Limit: 10, Remaining: 9, Reset: t0.Add(time.Minute), Pending: 3}
+	tr.Merge(fleet, t0.Add(time.Second))
+	if _, v, ok := tr.Reserve(Need{}, 0, false, t0.Add(time.Second)); !ok {
+		t.Fatalf("5 left, 3 held elsewhere: refused %+v", v)
+	}
+	if _, v, ok := tr.Reserve(Need{}, 0, false, t0.Add(time.Second)); !ok {
+		t.Fatalf("5 left, 3 held elsewhere, 1 here: refused %+v", v)
+	}
+	if _, v, ok := tr.Reserve(Need{}, 0, false, t0.Add(time.Second)); ok || v.Kind != Requests || v.Left != 0 {
+		t.Fatalf("5 left, 3 held elsewhere, 2 here: admitted (verdict %+v)", v)
+	}
+	// A later reading replaces this one's: 8 left.
+	fleet[Requests] = Shared{At: t0.Add(2 * time.Second), Limit: 10, Remaining: 8, Reset: t0.Add(time.Minute), Pending: 3}
+	tr.Merge(fleet, t0.Add(2*time.Second))
+	if st := tr.States(t0.Add(2 * time.Second)); len(st) != 1 || st[0].Remaining != 8 || st[0].Remote != 3 || st[0].Pending != 2 {
+		t.Fatalf("after a later reading: %+v", st)
+	}
+	// A reading whose reset has passed is the past: the quota is full again.
+	fleet[Requests] = Shared{At: t0.Add(3 * time.Second), Limit: 10, Remaining: 0, Reset: t0.Add(3 * time.Second), Pending: 0}
+	tr.Merge(fleet, t0.Add(2*time.Minute))
+	if st := tr.States(t0.Add(2 * time.Minute)); len(st) != 1 || st[0].Remaining != 10 {
+		t.Fatalf("after the reset: %+v", st)
+	}
+	// Forgotten: the others' holdings no longer count.
+	fleet[Requests] = Shared{Pending: 7}
+	tr.Merge(fleet, t0.Add(2*time.Minute))
+	tr.ForgetRemote()
+	if st := tr.States(t0.Add(2 * time.Minute)); st[0].Remote != 0 {
+		t.Fatalf("after ForgetRemote: %+v", st)
+	}
+}

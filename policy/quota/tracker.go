@@ -56,6 +56,10 @@ type tracked struct {
 	limit, remaining int64
 	reset            time.Time
 	pending          int64
+	// at is when the reading the quota holds was taken (zero: none, or refilled since).
+	at time.Time
+	// remote is what the requests in flight at the other replicas of a fleet hold (Merge).
+	remote int64
 }
 
 // refill makes a quota whose reset has passed full again; it is forgotten (unknown) when its
@@ -65,10 +69,10 @@ func (q *tracked) refill(now time.Time) {
 		return
 	}
 	if q.limit > 0 {
-		q.remaining, q.reset = q.limit, time.Time{}
+		q.remaining, q.reset, q.at = q.limit, time.Time{}, time.Time{}
 		return
 	}
-	q.known = false
+	q.known, q.at = false, time.Time{}
 }
 
 // Verdict is Reserve's answer for a request that does not fit.
@@ -93,7 +97,7 @@ func (t *Tracker) Reserve(need Need, reserve float64, top bool, now time.Time) (
 		if !q.known {
 			continue
 		}
-		left := q.remaining - q.pending
+		left := q.remaining - q.pending - q.remote
 		if !top && reserve > 0 && q.limit > 0 {
 			left -= int64(reserve * float64(q.limit))
 		}
@@ -123,7 +127,7 @@ func (t *Tracker) Observe(res *Reservation, r *Reading, now time.Time) {
 		if w.Has&HasRemaining == 0 {
 			continue
 		}
-		q.known, q.remaining = true, w.Remaining
+		q.known, q.remaining, q.at = true, w.Remaining, now
 		if w.Has&HasLimit != 0 {
 			q.limit = w.Limit
 			q.remaining = min(q.remaining, q.limit)
@@ -149,7 +153,8 @@ func (t *Tracker) Settle(res *Reservation, used Need, now time.Time) {
 		q := &t.q[k]
 		q.refill(now)
 		if q.known {
-			q.remaining = max(q.remaining-used.amount(Kind(k)), 0)
+			// What this replica now believes is left, shared with a fleet like a reading.
+			q.remaining, q.at = max(q.remaining-used.amount(Kind(k)), 0), now
 		}
 	}
 }
@@ -172,12 +177,76 @@ func (t *Tracker) release(res *Reservation) {
 	res.held = false
 }
 
-// State is one quota as the tracker has it, for the admin API and metrics.
+// Shared is one quota as a fleet of replicas shares it (cluster mode): the latest reading (At:
+// when it was taken, zero for none; Reset zero when not said) and what requests in flight hold
+// of it — sent by Share: this replica's; given to Merge: the other replicas'.
+type Shared struct {
+	At               time.Time
+	Limit, Remaining int64
+	Reset            time.Time
+	Pending          int64
+}
+
+// NumKinds is the number of quota kinds a Share holds (requests, tokens, input and output
+// tokens), in Kind order.
+const NumKinds = int(numKinds)
+
+// Share returns, per quota kind, the reading this tracker holds and what its requests in
+// flight hold.
+func (t *Tracker) Share(now time.Time) [NumKinds]Shared {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out [NumKinds]Shared
+	for k := range t.q {
+		q := &t.q[k]
+		q.refill(now)
+		out[k].Pending = q.pending
+		if q.known && !q.at.IsZero() {
+			out[k].At, out[k].Limit, out[k].Remaining, out[k].Reset = q.at, q.limit, q.remaining, q.reset
+		}
+	}
+	return out
+}
+
+// Merge applies what the fleet knows: a reading later than this tracker's replaces it (another
+// replica heard from the provider since), and the other replicas' requests in flight count
+// against every quota as this replica's own do. A reading whose reset has passed is not
+// applied (the quota is full again, as refill would say).
+func (t *Tracker) Merge(fleet [NumKinds]Shared, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k := range t.q {
+		q, f := &t.q[k], &fleet[k]
+		q.remote = max(f.Pending, 0)
+		if f.At.IsZero() || !f.At.After(q.at) || (!f.Reset.IsZero() && !now.Before(f.Reset)) || f.Remaining < 0 {
+			q.refill(now)
+			continue
+		}
+		q.known, q.at, q.limit, q.remaining, q.reset = true, f.At, max(f.Limit, 0), f.Remaining, f.Reset
+		if q.limit > 0 {
+			q.remaining = min(q.remaining, q.limit)
+		}
+	}
+}
+
+// ForgetRemote stops counting the other replicas' requests in flight: the fleet could not be
+// asked for longer than their holdings count.
+func (t *Tracker) ForgetRemote() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k := range t.q {
+		t.q[k].remote = 0
+	}
+}
+
+// State is one quota as the tracker has it, for the admin API and metrics. Remote is what the
+// other replicas' requests in flight hold (cluster mode).
 type State struct {
 	Kind      string    `json:"kind"`
 	Limit     int64     `json:"limit,omitempty"`
 	Remaining int64     `json:"remaining"`
 	Pending   int64     `json:"pending"`
+	Remote    int64     `json:"remote_pending,omitempty"`
 	Reset     time.Time `json:"reset,omitzero"`
 }
 
@@ -190,7 +259,7 @@ func (t *Tracker) States(now time.Time) []State {
 		q := &t.q[k]
 		q.refill(now)
 		if q.known {
-			out = append(out, State{Kind: Kind(k).String(), Limit: q.limit, Remaining: q.remaining, Pending: q.pending, Reset: q.reset})
+			out = append(out, State{Kind: Kind(k).String(), Limit: q.limit, Remaining: q.remaining, Pending: q.pending, Remote: q.remote, Reset: q.reset})
 		}
 	}
 	return out
