@@ -72,19 +72,8 @@ func TestDashboardSpend(t *testing.T) {
 	}
 
 	// On a phone the panel fits.
-	b := startBrowser(t)
-	b.viewport(390, 844)
-	b.navigate(s.AdminURL() + "/")
-	b.waitUntil(15*time.Second, "the spend row", `document.querySelector('[data-spend="feature/chat|day"] .held')?.textContent === `+jsString(wantNums))
-	var l layout
-	b.eval(layoutProbe+`([])`, &l)
-	b.screenshot("dashboard-spend-390.png")
-	if l.ScrollWidth > l.ClientWidth {
-		t.Errorf("the page is %v px wide in a %v px viewport", l.ScrollWidth, l.ClientWidth)
-	}
-	for _, p := range l.Problems {
-		t.Errorf("layout: %s", p)
-	}
+	b := onPhone(t, s.AdminURL()+"/", "the spend row",
+		`document.querySelector('[data-spend="feature/chat|day"] .held')?.textContent === `+jsString(wantNums), "dashboard-spend-390.png")
 	var filled struct{ Settled, Reserved float64 }
 	b.eval(`(() => { const bar = document.querySelector('[data-spend="feature/chat|day"] [data-bar="spend"]'), w = bar.getBoundingClientRect().width;
 	  const [s, r] = bar.querySelectorAll("i"); return {settled: s.getBoundingClientRect().width / w, reserved: r.getBoundingClientRect().width / w}; })()`, &filled)

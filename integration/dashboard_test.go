@@ -296,6 +296,27 @@ type layout struct {
 	} `json:"rows"`
 }
 
+// onPhone opens the dashboard at url in a browser 390 px wide, waits until ready (a script
+// expression) says what it waits for is drawn, saves a screenshot named shot, and fails t for
+// anything that reaches past the screen or is cut off. It returns the browser.
+func onPhone(t *testing.T, url, what, ready, shot string) *browser {
+	t.Helper()
+	b := startBrowser(t)
+	b.viewport(390, 844)
+	b.navigate(url)
+	b.waitUntil(15*time.Second, what, ready)
+	var l layout
+	b.eval(layoutProbe+`([])`, &l)
+	b.screenshot(shot)
+	if l.ScrollWidth > l.ClientWidth {
+		t.Errorf("the page is %v px wide in a %v px viewport", l.ScrollWidth, l.ClientWidth)
+	}
+	for _, p := range l.Problems {
+		t.Errorf("layout: %s", p)
+	}
+	return b
+}
+
 // jsString quotes s for a script.
 func jsString(s string) string { return fmt.Sprintf("%q", s) }
 

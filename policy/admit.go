@@ -57,6 +57,7 @@ func (e *Engine) AdmitInto(ctx context.Context, s *Snapshot, r *Request, t *Tick
 		// No known API key, and the policy refuses such requests: nothing is charged.
 		refuseInto(d, ReasonUnknownKey, "", 0, &dims)
 		e.countDecision(s, d)
+		e.recordRefusal(s, r, d)
 		return
 	}
 	var visited uint64
@@ -94,6 +95,7 @@ func (e *Engine) AdmitInto(ctx context.Context, s *Snapshot, r *Request, t *Tick
 		d.OriginalModel = r.Dims.Model
 	}
 	e.countDecision(s, d)
+	e.recordRefusal(s, r, d)
 }
 
 // modelFor returns the model request r is sent as when re-routed to provider p: the first entry

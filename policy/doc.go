@@ -39,9 +39,11 @@
 //     shared_views.go: what observers and the admin API read; clientquota.go: what a client
 //     may read of its own limits (quota_endpoint).
 //   - state.go: the windows a state file keeps across restarts (the engine is its Source).
+//   - usagetrack.go: usage by tenant and model, recorded at settlement and refusal into the
+//     engine's usage.Tracker.
 //
 // Imports: the standard library, its domain packages (adaptive, breaker, budget, bulkhead,
-// cluster, quota, spend), config, apikey, glob and statefile, and internal/throttle; never extproc, observe, Prometheus
+// cluster, quota, spend, usage), config, apikey, glob and statefile, and internal/throttle; never extproc, observe, Prometheus
 // or anything of Envoy. The domain packages import none of policy, extproc or observe, and
 // config is a leaf (see its doc). Imported by: extproc (the Envoy adapter), policy/observe,
 // the app and the commands.

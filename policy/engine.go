@@ -15,6 +15,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/usage"
 )
 
 // Clock tells the time. Policy code asks a Clock instead of calling time.Now, so tests can
@@ -78,6 +79,8 @@ type Engine struct {
 	share atomic.Int64
 	// ledger keeps spend budgets' windows.
 	ledger *spend.Ledger
+	// usage counts what tenants and models use (usage section).
+	usage *usage.Tracker
 }
 
 // NewEngine builds an engine running policy p.
@@ -92,6 +95,7 @@ func NewEngine(p *config.Policy, o Options) (*Engine, error) {
 		retired: map[string]*instance{}, retiredDyn: map[string]*dynStore{}}
 	e.est = newEstimator()
 	e.ledger = spend.NewLedger(o.SpendStore)
+	e.usage = usage.New(usageReasons)
 	e.rec = o.Recorder
 	if e.rec == nil {
 		e.rec = nopRecorder{}
@@ -273,6 +277,9 @@ type Snapshot struct {
 	SpendLimits bool
 	// prices is the compiled prices list.
 	prices *spend.Prices
+	// usageOn: usage is counted; usagePrices: the policy has prices, so every request's cost
+	// is counted, spend budget or not.
+	usageOn, usagePrices bool
 }
 
 // buildSteps names the steps of building a snapshot, in order.
@@ -416,6 +423,7 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 	s.buildFamilies(prev)
 	s.TokenLimits = p.AnyTokenLimits()
 	s.buildSpend()
+	s.buildUsage()
 	if err := e.buildStep("families"); err != nil {
 		return nil, err
 	}

@@ -177,6 +177,7 @@ func (t *Ticket) Done(o Outcome) (settled Settled) {
 	settled = t.Settle(o)
 	settled.Cost, settled.HasCost = t.settleSpend(o, settled, now)
 	t.settleQuota(quota.Need{Prompt: settled.Prompt, Completion: settled.Completion}, now)
+	t.recordUsage(o, settled, now)
 	switch t.mode {
 	case ticketShared:
 		e.cluster.store.Settle(t.shared.lease, settled.Total, t.shared.windows)

@@ -227,6 +227,19 @@ func (t *Ticket) settleSpend(o Outcome, settled Settled, now time.Time) (spend.M
 		}
 		return 0, true
 	}
+	cost := t.price(o, settled, served)
+	res.Settle(cost, now)
+	if c != nil {
+		c.Settled(cost)
+	}
+	return cost, true
+}
+
+// price is what the ticket's request costs at outcome o settled as settled (served: the
+// provider served it, a 2xx), priced by the model that answered when the prices list names it,
+// else by the model it was sent as.
+func (t *Ticket) price(o Outcome, settled Settled, served bool) spend.Micros {
+	s := t.snap
 	price, ok := s.prices.LookupRule(o.Model)
 	if o.Model == "" || !ok {
 		price, _ = s.prices.Lookup(t.dims.Model)
@@ -249,12 +262,7 @@ func (t *Ticket) settleSpend(o Outcome, settled Settled, now time.Time) (spend.M
 			tok.AudioMillis = t.est.AudioMillis
 		}
 	}
-	cost := price.Cost(tok)
-	res.Settle(cost, now)
-	if c != nil {
-		c.Settled(cost)
-	}
-	return cost, true
+	return price.Cost(tok)
 }
 
 // SpendBudgetView is one spend budget's current window.

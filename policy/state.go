@@ -60,12 +60,12 @@ func (f *family) appendWindows(out []statefile.Window, in *instance, now time.Ti
 	return out
 }
 
-// SaveState implements statefile.Source: the spend ledger's windows, and every window of a
-// token budget or request rate with a charge that counts at now — including those a state file
-// gave tenants that have not come back since.
+// SaveState implements statefile.Source: the spend ledger's windows, every window of a token
+// budget or request rate with a charge that counts at now — including those a state file gave
+// tenants that have not come back since — and the usage tables.
 func (e *Engine) SaveState(now time.Time) statefile.State {
 	sp := e.ledger.SaveState(now)
-	st := statefile.State{Currency: sp.Currency, Spend: sp.Windows, Windows: []statefile.Window{}}
+	st := statefile.State{Currency: sp.Currency, Spend: sp.Windows, Windows: []statefile.Window{}, Usage: e.usage.Save(now)}
 	s := e.Snapshot()
 	for _, f := range s.families {
 		if f.dyn == nil {
@@ -196,6 +196,7 @@ func (e *Engine) RestoreState(st statefile.State, now time.Time) (statefile.Rest
 		}
 		ds.mu.Unlock()
 	}
+	n[statefile.KindUsage] = e.usage.Restore(st.Usage, now)
 	spent, err := e.ledger.RestoreState(spend.SavedState{Currency: st.Currency, Windows: st.Spend}, now)
 	n[statefile.KindSpend] = spent
 	return n, spendRestoreError(err)

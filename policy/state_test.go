@@ -10,6 +10,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/statefile"
+	usagetab "github.com/llm-bulkhead/llm-bulkhead/policy/usage"
 )
 
 // restartPolicy gives every tenant 1000 tokens a day and 10 requests a minute, and the chat
@@ -280,5 +281,40 @@ func BenchmarkSaveState(b *testing.B) {
 		if _, err := statefile.Encode(e.SaveState(clk.Now())); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestUsageSurvivesARestart: usage is saved with the budgets and restored by a restart; after
+// one at the same instant every window reports as before, and the usage of the last hour is
+// still there a minute later. A policy without usage restores none.
+func TestUsageSurvivesARestart(t *testing.T) {
+	e, clk := engine(t, usagePolicy)
+	for i, tenant := range []string{"acme", "acme", "initech"} {
+		_, tk := admitTokens(e, input{headers: map[string]string{"x-tenant-id": tenant, "x-model": "gpt-x"}}, 10, 10)
+		tk.Done(usage(int64(100*(i+1)), 10))
+		clk.Advance(20 * time.Minute)
+	}
+	before := map[string]usagetab.Report{}
+	for _, w := range []usagetab.Window{usagetab.Hour, usagetab.Day, usagetab.Month} {
+		r, _ := e.Usage().Report(clk.Now(), usagetab.Query{By: usagetab.ByTenantModel, Window: w, Top: 10})
+		before[w.String()] = r
+	}
+	e2, clk2, n := restart(t, e, clk, usagePolicy, 0)
+	if n[statefile.KindUsage] == 0 {
+		t.Fatalf("restored %v", n)
+	}
+	for _, w := range []usagetab.Window{usagetab.Hour, usagetab.Day, usagetab.Month} {
+		r, _ := e2.Usage().Report(clk2.Now(), usagetab.Query{By: usagetab.ByTenantModel, Window: w, Top: 10})
+		if r.Total != before[w.String()].Total || len(r.Rows) != 2 || r.Rows[0] != before[w.String()].Rows[0] {
+			t.Errorf("%s after a restart: %+v, before %+v", w, r.Rows, before[w.String()].Rows)
+		}
+	}
+	e3, clk3, _ := restart(t, e, clk, usagePolicy, time.Minute)
+	if row := usageRow(t, e3, usagetab.ByTenant, usagetab.Key{Tenant: "acme"}); row.Counts.Prompt != 300 || !clk3.Now().After(clk.Now()) {
+		t.Errorf("acme a minute after: %+v", row.Counts)
+	}
+	_, _, n = restart(t, e, clk, usagePolicy+"usage: {enabled: false}\n", 0)
+	if n[statefile.KindUsage] != 0 {
+		t.Errorf("a policy without usage restored %d tables", n[statefile.KindUsage])
 	}
 }

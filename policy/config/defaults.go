@@ -182,6 +182,7 @@ func (p *Policy) applyDefaults() {
 	p.State.applyDefaults(p.Spend)
 	p.Refusals.applyDefaults()
 	p.Tracing.applyDefaults()
+	p.Usage.applyDefaults()
 }
 
 // Enabled reports whether limits are shared through a backend (after defaults: "none" is

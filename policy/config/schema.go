@@ -147,6 +147,15 @@ type Policy struct {
 	Cluster Cluster `koanf:"cluster" json:"cluster,omitempty"`
 	// Tracing exports an OpenTelemetry span per request (docs/tracing.md). Default off.
 	Tracing Tracing `koanf:"tracing" json:"tracing,omitempty"`
+	// Usage counts tokens (prompt, completion, cached), requests, refusals by reason and spend
+	// by tenant, by model and by both, for GET /admin/usage and the dashboard, over the last
+	// hour, 24 hours, 7 days and the calendar month (in time_zone), in bounded memory: fixed-size
+	// tables per bucket of time that keep the groups using the most exactly and say, row by row,
+	// how much may be overcounted (docs/operations.md). A single process keeps them in the state
+	// file (state.file) across restarts; in cluster mode each replica counts what it served.
+	// Requests refused before they were classified (bad_request, server_busy) have no tenant and
+	// are not counted. Default on.
+	Usage Usage `koanf:"usage" json:"usage,omitempty"`
 }
 
 // Server holds listener and process settings. Command-line flags given explicitly win over these.

@@ -57,6 +57,7 @@ func validate(ps *problems, p *Policy) {
 	v.cluster()
 	v.refusals()
 	v.tracing()
+	v.usage()
 	v.waits()
 	v.limitsSomething()
 }

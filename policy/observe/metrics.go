@@ -150,6 +150,7 @@ func (m *Metrics) Collectors(e *policy.Engine) []prometheus.Collector {
 		m.usageClamped, m.estimateError, m.queueWait, m.classifyErrors, m.transitions, &stateCollector{m: m, e: e}}
 	out = append(out, m.spend.collectors(e)...)
 	out = append(out, m.quota.collectors(e)...)
+	out = append(out, usageCollector{engine: e})
 	if st := e.Cluster(); st != nil {
 		out = append(out, m.unavailable)
 		out = append(out, st.Collectors()...)

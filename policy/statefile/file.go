@@ -1,30 +1,34 @@
 // Package statefile keeps what a single process's budgets have counted across its restarts:
-// the windows of token budgets and request rates, and the spend of spend budgets, in one file.
-// With a Redis cluster backend the shared store keeps them instead.
+// the windows of token budgets and request rates, the spend of spend budgets, and the usage
+// tables by tenant and model, in one file. With a Redis cluster backend the shared store keeps
+// the budgets instead.
 //
-// The file's format, version 1:
+// The file's format, version 2:
 //
-//	{"format":"llm-bulkhead-state","version":1,"sha256":"<hex>","state":{…}}
+//	{"format":"llm-bulkhead-state","version":2,"sha256":"<hex>","state":{…}}
 //
 // where sha256 is the SHA-256 of the exact bytes of the "state" value, and state is
 //
 //	{"currency":"USD",
 //	 "spend":[{"budget":…,"period":"day","start":…,"end":…,"settled_micros":…,"in_flight_micros":…},…],
 //	 "windows":[{"compartment":"tenant/acme","family":"tenant","key":["tenant"],"values":["acme"],
-//	   "kind":"tokens_per_day","slot_ns":1440000000000,"slots":[[1227187,5000],…]},…]}
+//	   "kind":"tokens_per_day","slot_ns":1440000000000,"slots":[[1227187,5000],…]},…],
+//	 "usage":{…}}
 //
 // A window's slots are [index, amount] pairs: slot index spans [index×slot_ns, (index+1)×slot_ns)
 // nanoseconds since the Unix epoch, so that a restart resumes each window exactly, and what aged
-// out while the process was down is gone.
+// out while the process was down is gone. usage is the usage tables (usage.Saved); a state
+// without them (usage.enabled: false) is written as version 1, which is version 2 without
+// usage, so that a build from before usage can still read it. Both versions are read.
 //
 // A file of the spend-only format that came before (format "llm-bulkhead-spend-state", version
 // 1: a state of currency and spend windows only) is read as well, so that an upgrade keeps the
 // spend it holds. A file that fails any check (truncated, corrupt, another version) is renamed
 // aside, never overwritten, and every budget starts empty.
 //
-// Imports: the standard library, budget and spend (the windows it keeps), files, and
-// Prometheus for the Persister's metrics. Imported by: package policy (the engine is a Source)
-// and the app (which runs the Persister).
+// Imports: the standard library, budget, spend and usage (the windows and tables it keeps),
+// files, and Prometheus for the Persister's metrics. Imported by: package policy (the engine is
+// a Source) and the app (which runs the Persister).
 package statefile
 
 import (
@@ -47,10 +51,12 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/files"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/usage"
 )
 
-// Version is the version of the format this build writes.
-const Version = 1
+// Version is the version of the format this build writes when the state has usage tables;
+// without, it writes version 1, which earlier builds read.
+const Version = 2
 
 // format names the format, so that another JSON file given as the state file by mistake is
 // recognised as such (and kept aside) rather than misread.
@@ -82,10 +88,12 @@ const (
 	KindRequestsPerMinute = "requests_per_minute"
 	// KindSpend counts spend budgets' windows (in Restored).
 	KindSpend = "spend"
+	// KindUsage counts usage tables (in Restored).
+	KindUsage = "usage"
 )
 
-// Kinds lists every kind of window, spend last.
-var Kinds = []string{KindTokensPerMinute, KindTokensPerDay, KindRequestsPerMinute, KindSpend}
+// Kinds lists every kind of window, spend and usage tables last.
+var Kinds = []string{KindTokensPerMinute, KindTokensPerDay, KindRequestsPerMinute, KindSpend, KindUsage}
 
 // keyDims are the dimensions a compartment family can be keyed by.
 var keyDims = []string{"feature", "tenant", "tier", "provider", "model"}
@@ -99,6 +107,8 @@ type State struct {
 	Spend []spend.SavedWindow `json:"spend"`
 	// Windows holds every token budget's and request rate's window with a charge that counts.
 	Windows []Window `json:"windows"`
+	// Usage holds the usage tables by tenant and model (nil: usage is not counted).
+	Usage *usage.Saved `json:"usage,omitempty"`
 }
 
 // Window is one compartment's token budget or request rate as the file keeps it.
@@ -234,7 +244,11 @@ func Encode(st State) ([]byte, error) {
 		return nil, err
 	}
 	sum := sha256.Sum256(body)
-	out, err := json.Marshal(envelope{Format: format, Version: Version, SHA256: hex.EncodeToString(sum[:]), State: body})
+	version := Version
+	if st.Usage == nil {
+		version = 1
+	}
+	out, err := json.Marshal(envelope{Format: format, Version: version, SHA256: hex.EncodeToString(sum[:]), State: body})
 	if err != nil {
 		return nil, err
 	}
@@ -266,8 +280,8 @@ func Parse(data []byte) (State, error) {
 	if env.Format == spendFormat {
 		version = 1
 	}
-	if env.Version != version {
-		return State{}, &StateError{Reason: ReasonVersion, Err: fmt.Errorf("%s version %d, this build reads version %d", env.Format, env.Version, version)}
+	if env.Version < 1 || env.Version > version {
+		return State{}, &StateError{Reason: ReasonVersion, Err: fmt.Errorf("%s version %d, this build reads versions 1 to %d", env.Format, env.Version, version)}
 	}
 	want, err := hex.DecodeString(env.SHA256)
 	if err != nil || len(want) != sha256.Size {
@@ -288,6 +302,9 @@ func Parse(data []byte) (State, error) {
 	}
 	if err != nil {
 		return State{}, corrupt("state: %v", err)
+	}
+	if st.Usage != nil && env.Version < 2 {
+		return State{}, corrupt("usage tables in a file of version %d", env.Version)
 	}
 	if err := check(&st); err != nil {
 		return State{}, &StateError{Reason: ReasonCorrupt, Err: err}
@@ -315,6 +332,11 @@ func check(st *State) error {
 			return fmt.Errorf("spend window %d: budget %q, %s from %s, appears twice", i, w.Budget, w.Period, w.Start.Format(time.RFC3339))
 		}
 		seen[id] = true
+	}
+	if st.Usage != nil {
+		if err := st.Usage.Check(); err != nil {
+			return fmt.Errorf("usage: %v", err)
+		}
 	}
 	ids := make(map[string]bool, len(st.Windows))
 	for i := range st.Windows {

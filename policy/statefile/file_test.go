@@ -12,6 +12,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/policy/budget"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/usage"
 )
 
 var day0 = time.Date(2026, 3, 14, 0, 0, 0, 0, time.UTC)
@@ -39,6 +40,58 @@ func sampleState() State {
 		{Compartment: "feature/chat", Family: "feature", Key: []string{"feature"}, Values: []string{"chat"}, Kind: KindTokensPerMinute,
 			Slot: time.Second, Slots: Slots{{Index: minute - 59, Amount: 1}, {Index: minute, Amount: 1200}}},
 	}}
+}
+
+// sampleUsage is a usage tracker's tables after a few requests and a refusal.
+func sampleUsage(t testing.TB) *usage.Saved {
+	t.Helper()
+	now := day0.Add(10 * time.Hour)
+	tr := usage.New([]string{"token_budget", "rate_limit"})
+	tr.Configure(usage.Settings{Enabled: true, TableSize: 10}, now.Add(-2*time.Hour))
+	tr.Record(now.Add(-90*time.Minute), &usage.Event{Tenant: "acme", Model: "gpt-4o", Refusal: -1, Prompt: 1200, Completion: 300, Cached: 1000, Spend: 4500})
+	tr.Record(now, &usage.Event{Tenant: "acme", Model: "gpt-4o", Refusal: -1, Prompt: 10, Completion: 3})
+	tr.Record(now, &usage.Event{Tenant: "initech", Model: "claude \"sonnet\"", Refusal: 1})
+	return tr.Save(now)
+}
+
+// TestStateWithUsage: a state with usage tables is written as version 2 and read back as
+// written; one without is written as version 1, which builds from before usage read, and read
+// as well. Usage tables in a file that says version 1 are refused.
+func TestStateWithUsage(t *testing.T) {
+	st := sampleState()
+	st.Usage = sampleUsage(t)
+	data, err := Encode(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(data, []byte(`"version":2`)) || !bytes.Contains(data, []byte(`["initech","claude \"sonnet\"",0,0,0,0,0,0,0,1]`)) {
+		t.Fatalf("written as %s", data)
+	}
+	got, err := Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := Encode(got); err != nil || !bytes.Equal(again, data) {
+		t.Fatalf("read back and written again: %v\n%s\nwas\n%s", err, again, data)
+	}
+	plain, err := Encode(sampleState())
+	if err != nil || !bytes.Contains(plain, []byte(`"version":1`)) {
+		t.Fatalf("without usage: %v %s", err, plain)
+	}
+	env, err := parseEnvelope(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.Version = 1
+	if _, err := Parse(reseal(t, env, got)); reasonOf(t, err) != ReasonCorrupt || !strings.Contains(err.Error(), "usage tables in a file of version 1") {
+		t.Fatalf("usage in version 1: %v", err)
+	}
+	env.Version = 2
+	bad := got
+	bad.Usage = &usage.Saved{Reasons: []string{""}}
+	if _, err := Parse(reseal(t, env, bad)); reasonOf(t, err) != ReasonCorrupt || !strings.Contains(err.Error(), "usage: refusal reason 0") {
+		t.Fatalf("damaged usage: %v", err)
+	}
 }
 
 func TestStateRoundTrip(t *testing.T) {
@@ -127,9 +180,10 @@ func TestStateRejectsDamage(t *testing.T) {
 			t.Fatalf("changed amount %s: reason %q", digits, r)
 		}
 	}
-	v2 := bytes.Replace(good, []byte(`"version":1`), []byte(`"version":2`), 1)
-	if r := reason(v2); r != ReasonVersion {
-		t.Fatalf("version 2: reason %q", r)
+	for _, v := range []string{`"version":3`, `"version":0`} {
+		if r := reason(bytes.Replace(good, []byte(`"version":1`), []byte(v), 1)); r != ReasonVersion {
+			t.Fatalf("%s: reason %q", v, r)
+		}
 	}
 	for name, data := range map[string]string{
 		"other JSON":    `{"tenants": {"acme": 1}}`,

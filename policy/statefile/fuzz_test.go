@@ -45,7 +45,14 @@ func FuzzParse(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	withUsage := sampleState()
+	withUsage.Usage = sampleUsage(f)
+	used, err := Encode(withUsage)
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Add(good)
+	f.Add(used)
 	f.Add(empty)
 	f.Add(legacy)
 	f.Add(good[:len(good)/2])
@@ -66,15 +73,27 @@ func FuzzParseSealed(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add([]byte(env.State), false)
+	withUsage := sampleState()
+	withUsage.Usage = sampleUsage(f)
+	used, err := Encode(withUsage)
+	if err != nil {
+		f.Fatal(err)
+	}
+	if env, err := parseEnvelope(used); err == nil {
+		f.Add([]byte(env.State), false)
+	}
 	f.Add([]byte(`{"currency":"USD","windows":[{"compartment":"tenant/","family":"tenant","key":["tenant"],"values":[""],`+
 		`"kind":"tokens_per_day","slot_ns":1440000000000,"slots":[[0,1]]}]}`), false)
 	f.Add([]byte(`{"currency":"USD","windows":[{"budget":"a","period":"day","start":"2026-03-14T00:00:00Z",`+
 		`"end":"2026-03-15T00:00:00Z","settled_micros":1,"in_flight_micros":0}]}`), true)
 	f.Add([]byte(`{"currency":"USD","spend":null,"windows":[{"slots":[[1,2,3]]}]}`), false)
+	f.Add([]byte(`{"currency":"USD","usage":{"reasons":["a"],"hours_up_to":"2026-03-14T10:00:00+05:30","days_up_to":"2026-03-14T00:00:00Z",`+
+		`"tables":[{"by":"tenant","level":"1h","start":"2026-03-14T09:00:00+01:00","end":"2026-03-14T10:00:00+01:00","slack":0,"total":[1,2,3,1,4,1],"rows":[["a","",0,1,2,3,1,4,1]]}]}}`), false)
 	f.Fuzz(func(t *testing.T, state []byte, legacy bool) {
 		env := env
+		env.Version = Version
 		if legacy {
-			env.Format = spendFormat
+			env.Format, env.Version = spendFormat, 1
 		}
 		var raw json.RawMessage
 		if json.Unmarshal(state, &raw) != nil {
@@ -123,6 +142,15 @@ func normalise(st *State) {
 	for i := range st.Windows {
 		if len(st.Windows[i].Values) == 0 {
 			st.Windows[i].Values = nil
+		}
+	}
+	if u := st.Usage; u != nil {
+		instant := func(t *time.Time) { *t = time.Unix(0, t.UnixNano()) }
+		instant(&u.HoursUpTo)
+		instant(&u.DaysUpTo)
+		for i := range u.Tables {
+			instant(&u.Tables[i].Start)
+			instant(&u.Tables[i].End)
 		}
 	}
 }

@@ -113,6 +113,7 @@ func (a *App) adminHandler() http.Handler {
 	mux.HandleFunc("GET /admin/breakers/{path...}", a.guardRead(a.breakerEvents))
 	mux.HandleFunc("GET /admin/cluster", a.guardRead(a.clusterInfo))
 	mux.HandleFunc("GET /admin/spend", a.guardRead(a.spendInfo))
+	mux.HandleFunc("GET /admin/usage", a.guardRead(a.usageInfo))
 	mux.HandleFunc("GET /admin/config", a.guardRead(func(w http.ResponseWriter, r *http.Request) {
 		// The addresses actually bound, not the policy's: flags override those, and port 0 in
 		// either picks a free port. The copy is shallow; only its Server strings change.

@@ -9,7 +9,8 @@ import (
 var dashboardHTML []byte
 
 // dashboard serves the live HTML dashboard: compartments as bars, breakers, refusals over time,
-// and whether limits are shared across replicas (cluster mode). The page polls the admin JSON
+// spend budgets, the top tenants and models of a usage window, and whether limits are shared
+// across replicas (cluster mode). The page polls the admin JSON
 // endpoints; it needs nothing from outside the listener.
 func (a *App) dashboard(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
