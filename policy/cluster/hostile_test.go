@@ -114,6 +114,8 @@ func TestMembershipFloodIsBounded(t *testing.T) {
 		// Heartbeats are run by hand below.
 		oa, ob := options(rd.Addr(), prefix, "a"), options(rd.Addr(), prefix, "b")
 		oa.Heartbeat, ob.Heartbeat = time.Hour, time.Hour
+		var logs logBuffer
+		oa.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		a := open(t, oa)
 		open(t, ob)
 		ctx := context.Background()
@@ -177,6 +179,13 @@ func TestMembershipFloodIsBounded(t *testing.T) {
 		}
 		if e := a.LastError(); e == nil || !strings.Contains(e.Message, "more than 1000 live members") {
 			t.Errorf("last error %+v, want the membership's", e)
+		}
+		// It is logged, once however many heartbeats find it.
+		if _, err := a.beat(); err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(logs.String(), "more than 1000 live members"); n != 1 {
+			t.Errorf("the flood is logged %d times over two heartbeats, want once:\n%s", n, logs.String())
 		}
 		// And the membership in the admin view is bounded too.
 		if in := a.Info(ctx); len(in.Replicas) != MaxReplicas || in.ReplicasRegistered != 150002 {
@@ -415,4 +424,51 @@ func FuzzCorruptWindow(f *testing.F) {
 			t.Fatalf("fields %v: the window counts %d, its slots hold %d", set, sum, valid)
 		}
 	})
+}
+
+// TestLeaseHashOverwrittenIsRepairedAndReported: a string written over a compartment's lease
+// hash is deleted by the next report, which rewrites this replica's lease in the same call; the
+// repair is counted, logged and shown as the last error, not passed over in silence.
+func TestLeaseHashOverwrittenIsRepairedAndReported(t *testing.T) {
+	rd := redistest.Standalone(t)
+	rc := inspect(t, rd.Addr())
+	var logs logBuffer
+	o := options(rd.Addr(), "lhash", "a")
+	o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	s := open(t, o)
+	l := newLeaser(s, LeaseOptions{Interval: fleetInterval}, true)
+	t.Cleanup(func() { l.Close(context.Background()) })
+	if err := l.refreshEpoch(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ls := l.Lease("feature/chat", LeaseLimits{MaxConcurrent: 4}, nil)
+	l.Round()
+	if err := rc.Set(context.Background(), ls.key, "garbage", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := lostCorrupt(s)
+	ls.Need(0) // a request waits: the lease reports at this round
+	l.Round()
+	ls.Unneed(0)
+	if typ, _ := rc.Type(context.Background(), ls.key).Result(); typ != "hash" {
+		t.Errorf("the lease key is a %s after the report, want the rewritten hash", typ)
+	}
+	if n := lostCorrupt(s) - before; n != 1 {
+		t.Errorf("state_lost_total{cause=corrupt} rose by %v, want 1", n)
+	}
+	if e := s.LastError(); e == nil || e.Op != "lease" || !strings.Contains(e.Message, "no replica writes") {
+		t.Errorf("last error %+v, want the lease repair", e)
+	}
+	if !strings.Contains(logs.String(), "no replica writes") {
+		t.Errorf("the repair is not logged:\n%s", logs.String())
+	}
+}
+
+// lostCorrupt returns how many times s found corrupt content in Redis.
+func lostCorrupt(s *Store) float64 {
+	var m dto.Metric
+	if err := s.met.lost.WithLabelValues(causeCorrupt).Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
 }

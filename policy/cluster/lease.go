@@ -553,6 +553,9 @@ func (l *Leaser) report(ctx context.Context, due []*Lease, sr *spendReport, fina
 			l.learnEpoch(leaseEpoch(cmds[i]))
 		}
 		ls.mu.Unlock()
+		if cerr == nil && len(res) > 0 && res[0] == 2 {
+			l.st.noteRepaired("lease", ls.key)
+		}
 		ls.notify(now)
 	}
 	l.answering.Store(err == nil)

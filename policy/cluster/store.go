@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llm-bulkhead/llm-bulkhead/internal/throttle"
 )
 
 // Mode is how the Redis deployment is reached.
@@ -228,6 +230,10 @@ type Store struct {
 	downs atomic.Uint64
 	// gone: see State.Gone (written under stateMu).
 	gone atomic.Bool
+	// floodedMembers is set while the replica set lists more live members than a deployment
+	// can have (logged once per episode); repairLog bounds the lines of noteRepaired.
+	floodedMembers atomic.Bool
+	repairLog      throttle.Gate
 	// rewritten is downs when this replica's slots were last rewritten in Redis. Until they are
 	// rewritten after it was cut off (downs differs), the releases sent settle their windows
 	// but leave their slots counted: this replica's part of each limit counts them as the others
@@ -1193,10 +1199,30 @@ func (s *Store) beat() (beatResult, error) {
 func (s *Store) noteMembership(n int64) {
 	if n < 0 {
 		s.met.lost.WithLabelValues(causeCorrupt).Inc()
-		s.noteError("heartbeat", fmt.Sprintf("more than %d live members in the replica set: corrupt content, ignored (the shares stay those of %d replicas)", MaxReplicas, s.Live()))
+		msg := fmt.Sprintf("more than %d live members in the replica set: corrupt content, ignored (the shares stay those of %d replicas)", MaxReplicas, s.Live())
+		s.noteError("heartbeat", msg)
+		if !s.floodedMembers.Swap(true) {
+			// Once per episode: every heartbeat finds it until the members expire or are removed.
+			s.log.Error(msg, "replica", s.o.ReplicaID, "key", s.keys.replicas)
+		}
 		return
 	}
+	if s.floodedMembers.Swap(false) {
+		s.log.Info("the replica set holds a believable number of live members again", "replica", s.o.ReplicaID, "live_replicas", n)
+	}
 	s.setLive(n)
+}
+
+// noteRepaired reports content in Redis no replica writes that a lease script deleted, what
+// this replica held there rewritten from its own state in the same call: counted, kept as the
+// last error and logged (at most once a minute, with the number of repairs held back).
+func (s *Store) noteRepaired(op, key string) {
+	s.met.lost.WithLabelValues(causeCorrupt).Inc()
+	msg := "the shared state in Redis held content no replica writes: deleted it, and this replica rewrote what it holds there"
+	s.noteError(op, msg+" ("+key+")")
+	if ok, held := s.repairLog.Allow(time.Now(), time.Minute); ok {
+		s.log.Error(msg, "replica", s.o.ReplicaID, "op", op, "key", key, "repairs_not_logged", held)
+	}
 }
 
 func (s *Store) setLive(n int64) {
