@@ -292,6 +292,34 @@ func (sp *spendLeases) tighten(key string) bool {
 
 // build makes the round's report of the spend windows that are due (nil when none is). final
 // gives every unused chunk back.
+// FlushSpend sends what this replica's chunks settled and Redis does not have yet, at a round
+// started now, and waits for that round (at most wait). A carry of spend into a new time zone's
+// windows runs after it, so that it moves this replica's latest spend too, instead of leaving
+// it to land in the old zone's window at the next report.
+func (l *Leaser) FlushSpend(wait time.Duration) {
+	sp := l.spend
+	sp.mu.Lock()
+	owed := false
+	for _, a := range sp.wins {
+		if a.spent != 0 {
+			a.urgent, owed = true, true
+		}
+	}
+	sp.mu.Unlock()
+	if !owed || !l.st.Available() {
+		return
+	}
+	next := l.Next()
+	l.Kick()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-next:
+	case <-t.C:
+	case <-l.ctx.Done():
+	}
+}
+
 func (sp *spendLeases) build(now time.Time, final bool) *spendReport {
 	l := sp.l
 	sp.mu.Lock()

@@ -513,3 +513,45 @@ func TestLeasedTokensAddedBackOnce(t *testing.T) {
 		t.Fatalf("after the report sent twice: %d left, want %d (the 700 counted once)", left, 10_000-700)
 	}
 }
+
+// TestLeasedZoneChangeCarriesSpendNotReportedYet: spend a leased replica settled in its chunks
+// reaches Redis at its next report. A change of time_zone right after it carries that spend
+// into the new zone's window too, instead of leaving it to land in the old zone's window, where
+// the new one would not count it.
+func TestLeasedZoneChangeCarriesSpendNotReportedYet(t *testing.T) {
+	now := time.Now()
+	ktm, err := time.LoadLocation("Asia/Kathmandu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	utcCal, ktmCal := spend.NewCalendar(time.UTC), spend.NewCalendar(ktm)
+	for _, c := range []spend.Calendar{utcCal, ktmCal} {
+		if c.End(spend.Day, c.Start(spend.Day, now)).Sub(now) < 2*time.Minute {
+			t.Skip("too close to the end of a day: the budget would reset during the test")
+		}
+	}
+	rd := redistest.Standalone(t)
+	a, _, _, _ := leasedReplica(t, rd.Addr(), "carry", "a", time.Second)
+	day := spend.Budget{Name: "tenant/acme", Period: spend.Day, Limit: 10_000_000}
+	admitted := 0
+	for range 8 {
+		var r *spend.Reservation
+		waitFor(t, "a $1 reservation", func() bool {
+			res, _, ok := reserveIn(t, a, day, 1_000_000)
+			r = res
+			return ok
+		})
+		r.Settle(1_000_000, time.Now())
+		admitted++
+	}
+	// At once, before a report: the zone changes.
+	if _, err := a.Configure(spend.Settings{Currency: "USD", Calendar: ktmCal}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	// Every report since has landed: the Kathmandu window counts the $8, no more, no less.
+	time.Sleep(200 * time.Millisecond)
+	u, ok := a.Store().Get(a.Window(day, time.Now()).ID, time.Now())
+	if !ok || u.Spent+u.Reserved != 8_000_000 {
+		t.Errorf("the Kathmandu window counts %+v (known %v), want the $8 spent", u, ok)
+	}
+}

@@ -261,6 +261,11 @@ func (r *SpendStore) Pending() map[spend.WindowID]spend.Pending {
 // Carry implements spend.Carrier: in Redis, where each window keeps what it carried from each other
 // window, so that replicas changing zone at different moments together carry everything once.
 func (r *SpendStore) Carry(moves []spend.Move, _ time.Time) (int, error) {
+	if r.leases != nil {
+		// What this replica's chunks settled reaches Redis at a report: send it first, so that
+		// the carry moves it too.
+		r.leases.FlushSpend(r.st.o.WriteTimeout)
+	}
 	sm := make([]SpendMove, len(moves))
 	for i, m := range moves {
 		sm[i] = SpendMove{From: m.From.Key(), To: spendWindows([]spend.Window{m.To})[0]}
