@@ -113,6 +113,11 @@ type Stats struct {
 	Pending int64
 	// Capped says Limits are this replica's part of the compartment's limits (see Cap).
 	Capped bool
+	// Leased says the limits are the fleet's and this replica holds a lease of LeaseSlots slots
+	// and LeaseTokens in-flight tokens of them (SetLease); LeasePart that the lease is this
+	// replica's part of the limits while the fleet cannot be asked.
+	Leased, LeasePart       bool
+	LeaseSlots, LeaseTokens int64
 	// Pool, Guaranteed and PoolMax describe pool membership (Pool empty when none).
 	Pool            string
 	Guaranteed      int64
@@ -929,6 +934,7 @@ func (s *Scheduler) Stats(c *Compartment) Stats {
 		st.Limits.MaxInflightTokens = c.capTokens
 	}
 	st.Capped = c.capped
+	st.Leased, st.LeasePart, st.LeaseSlots, st.LeaseTokens = c.leased, c.leasePart, c.leaseSlots, c.leaseTokens
 	if c.leased && c.leasePart {
 		if c.limits.MaxConcurrent > 0 && c.adaptive == 0 {
 			st.Limits.MaxConcurrent = min(c.leaseSlots, c.limits.MaxConcurrent)
