@@ -66,6 +66,11 @@ type Compartment struct {
 	// state is unavailable: Stats then shows it as the limits in force.
 	leased, leasePart       bool
 	leaseSlots, leaseTokens int64
+	// wanted and wantedTokens count the requests queued in any compartment whose set includes
+	// c, and the tokens they estimate: a request waits in one queue at a time (the compartment
+	// that holds it back) but needs a slot here too, so c's lease must cover it whichever
+	// compartment it waits in.
+	wanted, wantedTokens int64
 	// capped is set while this replica may hold only its part of the limits (cluster mode,
 	// while the replicas cannot count each other's slots: see Cap): at most capSlots slots and
 	// capTokens in-flight tokens (negative: that limit is not capped). capGen names the episode
@@ -322,6 +327,7 @@ func (s *Scheduler) queue(ctx context.Context, set []*Compartment, held []int64,
 		tenant: want.Tenant, prio: want.Priority, pending: want.Pending, in: b, ready: make(chan struct{}, 1), since: want.Now,
 	}
 	b.queue.push(wt)
+	wt.count(1)
 	b.queued.Add(1)
 	s.mu.Unlock()
 
@@ -349,6 +355,7 @@ func (s *Scheduler) queue(ctx context.Context, set []*Compartment, held []int64,
 	}
 	in := wt.in
 	in.queue.remove(wt, false)
+	wt.count(-1)
 	// The leaver may have been the head blocking smaller waiters behind it.
 	s.dispatch(in)
 	in.refused.Add(1)
@@ -362,6 +369,15 @@ func (s *Scheduler) queue(ctx context.Context, set []*Compartment, held []int64,
 	s.mu.Unlock()
 	s.observeWait(wt, false)
 	return &Refusal{Compartment: in, Cause: cause, RetryAfter: retry, ctxErr: ctxErr}
+}
+
+// count adds the waiter to (n = 1) or removes it from (n = -1) the demand of every compartment
+// of its set. Called with s.mu held.
+func (w *waiter) count(n int64) {
+	for _, c := range w.set {
+		c.wanted += n
+		c.wantedTokens += n * w.tokens
+	}
 }
 
 func (s *Scheduler) observeWait(w *waiter, admitted bool) {
@@ -454,6 +470,13 @@ func (s *Scheduler) blocker(set []*Compartment, tokens int64, newcomer bool) *Co
 		}
 	}
 	return nil
+}
+
+// Fits reports whether c alone (and its pool) has capacity now for one more request of tokens.
+func (s *Scheduler) Fits(c *Compartment, tokens int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.room(c, tokens)
 }
 
 // room reports whether c alone (and its pool) has capacity for one more request.
@@ -559,6 +582,7 @@ func (s *Scheduler) dispatch(c *Compartment) bool {
 		switch {
 		case b == nil:
 			c.queue.remove(w, true)
+			w.count(-1)
 			s.take(w.set, w.held, w.tokens, w.pending)
 			w.granted = true
 			w.ready <- struct{}{}
@@ -677,16 +701,17 @@ func (s *Scheduler) SetLease(c *Compartment, slots, tokens int64, part bool) {
 	s.mu.Unlock()
 }
 
-// LeaseUsage returns what c holds here and what its queue waits for. With freeze, c first stops
-// admitting beyond what it holds (its lease shrinks to its use) until the next SetLease.
+// LeaseUsage returns what c holds here and what the requests queued for a slot in c wait for:
+// every queued request whose set includes c, whichever compartment's queue holds it. With
+// freeze, c first stops admitting beyond what it holds and what they need (its lease shrinks to
+// its use) until the next SetLease.
 func (s *Scheduler) LeaseUsage(c *Compartment, freeze bool) (inflight, tokens, waiting, waitingTokens int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if freeze && c.leased {
-		c.leaseSlots, c.leaseTokens = min(c.leaseSlots, c.inflight), min(c.leaseTokens, c.tokens)
+		c.leaseSlots, c.leaseTokens = min(c.leaseSlots, c.inflight+c.wanted), min(c.leaseTokens, c.tokens+c.wantedTokens)
 	}
-	waiting, waitingTokens = c.queue.demand()
-	return c.inflight, c.tokens, waiting, waitingTokens
+	return c.inflight, c.tokens, c.wanted, c.wantedTokens
 }
 
 // Saturations counts the admissions into c that took its last slot under an adaptive limit, or
@@ -964,11 +989,12 @@ func (s *Scheduler) PoolStats() []PoolStats {
 	return out
 }
 
-// Idle reports whether c has nothing in flight and nothing queued.
+// Idle reports whether c has nothing in flight and no request queued for it (in its queue or,
+// needing a slot here too, in another's).
 func (s *Scheduler) Idle(c *Compartment) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return c.inflight == 0 && c.queue.len() == 0
+	return c.inflight == 0 && c.queue.len() == 0 && c.wanted == 0
 }
 
 // RetryAfterSeconds rounds a predicted wait up to whole seconds, at least 1, as the
