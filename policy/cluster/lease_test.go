@@ -262,6 +262,86 @@ func TestLeaseFollowsSkewWithinThreeRounds(t *testing.T) {
 	t.Fatalf("after 3 rounds replica 0 runs %d of the 24 it wants (others %d, %d)", ds[0].running(), ds[1].running(), ds[2].running())
 }
 
+// A replica whose requests wait for more than its lease names the compartment on the lease
+// channel, and hears its own publication too: that is no news of another replica's shortage (it
+// would stop the replica asking, and have it give back what its own requests wait for). A report
+// that could not cover what its requests need stops them asking for more rounds (another replica
+// must give some back first); the holder gives back at its next report, and the short replica
+// takes it at its next.
+func TestShortReplicaHearsItsOwnNewsAsNone(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "own", 2, time.Second)
+	lim := LeaseLimits{MaxConcurrent: 2}
+	short, holder := &demand{}, &demand{want: 1}
+	ls0 := f.leasers[0].Lease("feature/chat", lim, short)
+	ls1 := f.leasers[1].Lease("feature/chat", lim, holder)
+	f.pastRecovery(t, ls1)
+	contended := func(ls *Lease) bool {
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		return ls.pressure
+	}
+	// Given r1 runs one request on a lease of both slots (the second for what may come)
+	waitFor(t, "r1 to lease both slots", func() bool {
+		holder.settle()
+		ls1.Urgent()
+		f.round()
+		return holder.running() == 1 && ls1.State(f.clock.Now()).Slots == 2
+	})
+	ctx := context.Background()
+	ps := inspect(t, srv.Addr()).Subscribe(ctx, "{own}:lease")
+	defer ps.Close()
+	if _, err := ps.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	news := ps.Channel()
+	// caughtUp publishes news of another compartment, and returns once r0 has heard it (and,
+	// the channel keeping its order, everything published before it).
+	other := f.leasers[0].Lease("feature/other", lim, nil)
+	caughtUp := func() {
+		t.Helper()
+		if err := inspect(t, srv.Addr()).Publish(ctx, "{own}:lease", "feature/other").Err(); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "r0 to hear the news of feature/other", func() bool { return contended(other) })
+		other.mu.Lock()
+		other.pressure = false
+		other.mu.Unlock()
+		<-news
+	}
+	caughtUp()
+	// When a request waits on r0, which reports at once
+	short.set(1)
+	f.leasers[0].Round()
+	// Then r0 holds nothing yet, names the compartment, and asks for no more rounds
+	if got := short.running(); got != 0 {
+		t.Fatalf("r0 runs %d requests while r1 holds both slots", got)
+	}
+	if msg := <-news; !strings.HasPrefix(msg.Payload, "feature/chat") {
+		t.Fatalf("published %q, want feature/chat named", msg.Payload)
+	}
+	if ls0.CanGrow() {
+		t.Error("r0's lease says a round can grow it, though Redis just found its limit leased to r1")
+	}
+	// And once r0 has heard its own news, its lease is not contended
+	caughtUp()
+	if contended(ls0) {
+		t.Fatal("r0 took its own news for another replica's shortage")
+	}
+	// When r1, which heard it, reports: it gives back the slot it does not use
+	waitFor(t, "r1 to hear that r0 is short", func() bool { return contended(ls1) })
+	f.clock.add(fleetInterval)
+	f.leasers[1].Round()
+	if got := ls1.State(f.clock.Now()).Slots; got != 1 {
+		t.Fatalf("r1 holds %d slots after its report, want the 1 it uses", got)
+	}
+	// And r0's next report takes it
+	f.leasers[0].Round()
+	if got := short.running(); got != 1 {
+		t.Fatalf("r0 runs %d requests after r1 gave a slot back, want 1", got)
+	}
+}
+
 func TestIdleReplicaHoldsNothing(t *testing.T) {
 	srv := redistest.Standalone(t)
 	f := newFleet(t, srv.Addr(), "idle", 2, time.Second)
