@@ -951,39 +951,30 @@ func (ls *Lease) Propose(from, to int64) {
 	}
 }
 
-// Need asks for a slot (and tokens in flight) more than the lease holds, at the next round,
-// and for the round to come now: a request found the lease full. Unneed withdraws it (the
-// request got its slot, or queued: its queue counts it then).
-//
-// It reports whether a round can help now: not while the compartment recovers (no lease grows),
-// nor while the last report's answer did not cover what its requests needed (another replica
-// must give some back first: the request waits in the queue, which every report counts, that
-// report named the compartment to the others, and they give back what they do not use at their
-// next report).
-func (ls *Lease) Need(tokens int64) bool {
+// Need asks for a slot (and tokens in flight) more than the lease holds, at the next round: a
+// request found no room in one of its compartments, and this lease is one of them. Unneed
+// withdraws it (the request got its slot, or queued: its queue counts it then). Whether to ask
+// for the round now is the request's to decide (Await), once it knows whether a round can help
+// every lease it lacks room in (CanGrow): a request that will queue anyway must not start one.
+func (ls *Lease) Need(tokens int64) {
 	ls.mu.Lock()
 	ls.urgent = true
 	ls.needSlots++
 	ls.needTokens += tokens
-	help := ls.canGrow()
 	ls.mu.Unlock()
-	if help {
-		ls.l.Kick()
-	}
-	return help
 }
 
 // CanGrow reports whether a report can grow the lease now: its compartment does not recover, and
 // the last report's answer covered what its requests needed (otherwise another replica must give
-// some back first). A contended lease (another replica wants more than it holds) may still grow
-// to its fair share of what no lease holds: its first report tells.
+// some back first: the requests wait in the queue, which every report counts, that report named
+// the compartment to the others, and they give back what they do not use at their next report).
+// A contended lease (another replica wants more than it holds) may still grow to its fair share
+// of what no lease holds: its first report tells.
 func (ls *Lease) CanGrow() bool {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	return ls.canGrow()
+	return !ls.recovers && !ls.starved
 }
-
-func (ls *Lease) canGrow() bool { return !ls.recovers && !ls.starved }
 
 // Unneed withdraws a need that Need added.
 func (ls *Lease) Unneed(tokens int64) {
