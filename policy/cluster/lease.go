@@ -174,11 +174,13 @@ func newLeaser(s *Store, o LeaseOptions, manual bool) *Leaser {
 // renewSteps is how many intervals a steady lease goes between reports.
 const renewSteps = 5
 
-// listen makes the leases of compartments named on the channel due at the next round: a replica
-// there is short, and the others' wants in Redis may be from before their demand fell. Not at
-// once: every short replica's report names the compartment, and rounds for each would follow
-// each other back to back. A name this replica published itself is no news: it is the one that
-// is short there (its lease must not shrink for it).
+// listen makes the leases of compartments named on the channel due: a replica there is short,
+// and the others' wants in Redis may be from before their demand fell. A lease that holds more
+// than its requests use (in flight and queued) is reported at once, giving that back; any other
+// at the next round: every short replica's report names the compartment, and rounds for each
+// would follow each other back to back (once given back, a lease holds no more than its
+// requests use, and further news starts no round). A name this replica published itself is no
+// news: it is the one that is short there (its lease must not shrink for it).
 func (l *Leaser) listen() {
 	defer l.wg.Done()
 	for l.ctx.Err() == nil {
@@ -207,10 +209,8 @@ func (l *Leaser) listen() {
 				l.mu.Lock()
 				ls := l.leases[name]
 				l.mu.Unlock()
-				if ls != nil {
-					ls.mu.Lock()
-					ls.urgent, ls.pressure = true, true
-					ls.mu.Unlock()
+				if ls != nil && ls.heard() {
+					l.Kick()
 				}
 			}
 		}
@@ -220,6 +220,20 @@ func (l *Leaser) listen() {
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// heard takes the news that another replica is short in the lease's compartment, and reports
+// whether the lease holds more than its requests use: what it would give back now.
+func (ls *Lease) heard() (spare bool) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.urgent, ls.pressure = true, true
+	return ls.spare(ls.usage(false))
+}
+
+// spare reports whether the lease holds more than its requests use, u (in flight and queued).
+func (ls *Lease) spare(u LeaseUsage) bool {
+	return ls.target > u.InFlight+u.Waiting || ls.ttarget > u.Tokens+u.WaitingTokens
 }
 
 // shortOf reads a publication that a replica is short in a compartment: "<compartment>\n<replica>"
@@ -1061,7 +1075,7 @@ type leaseReport struct {
 // them for the report that sends them again). final gives everything back.
 func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 	u := ls.usage(false)
-	if ls.pressure && (ls.target > u.InFlight+u.Waiting || ls.ttarget > u.Tokens+u.WaitingTokens) && !final {
+	if ls.pressure && ls.spare(u) && !final {
 		// Another replica wants more than it holds, and this one holds slots that neither its
 		// requests in flight nor those queued for them use: stop admitting on them and report
 		// what is held now, so that Redis can pass them on at once instead of a report later.

@@ -266,8 +266,9 @@ func TestLeaseFollowsSkewWithinThreeRounds(t *testing.T) {
 // channel, and hears its own publication too: that is no news of another replica's shortage (it
 // would stop the replica asking, and have it give back what its own requests wait for). A report
 // that could not cover what its requests need stops them asking for more rounds (another replica
-// must give some back first); the holder gives back at its next report, and the short replica
-// takes it at its next.
+// must give some back first); the holder, which holds more than its requests use, gives it back
+// at its next report (at once: it asks for the round), and the short replica takes it at its
+// next.
 func TestShortReplicaHearsItsOwnNewsAsNone(t *testing.T) {
 	srv := redistest.Standalone(t)
 	f := newFleet(t, srv.Addr(), "own", 2, time.Second)
@@ -310,6 +311,11 @@ func TestShortReplicaHearsItsOwnNewsAsNone(t *testing.T) {
 		<-news
 	}
 	caughtUp()
+	// No round is asked for on r1 yet (a manual leaser's requests for one stay pending).
+	select {
+	case <-f.leasers[1].kick:
+	default:
+	}
 	// When a request waits on r0, which reports at once
 	short.set(1)
 	f.leasers[0].Round()
@@ -328,8 +334,14 @@ func TestShortReplicaHearsItsOwnNewsAsNone(t *testing.T) {
 	if contended(ls0) {
 		t.Fatal("r0 took its own news for another replica's shortage")
 	}
-	// When r1, which heard it, reports: it gives back the slot it does not use
+	// When r1 hears it, it asks for a round at once, and reports: it gives back the slot it
+	// does not use
 	waitFor(t, "r1 to hear that r0 is short", func() bool { return contended(ls1) })
+	select {
+	case <-f.leasers[1].kick:
+	default:
+		t.Error("r1 holds a slot it does not use, heard that r0 is short, and asked for no round")
+	}
 	f.clock.add(fleetInterval)
 	f.leasers[1].Round()
 	if got := ls1.State(f.clock.Now()).Slots; got != 1 {
