@@ -776,15 +776,19 @@ func (ls *Lease) UnneedWindow(i int, n int64) {
 }
 
 // consume takes n from the chunks, oldest first, and returns the slot of the oldest it took from
-// (a refund to that slot can only free what was charged there or later: never too early). What
-// the chunks do not cover is debt.
+// (a refund to that slot can only free what was charged there or later: never too early; a
+// used-up chunk's slot may hold nothing any more, its requests refunded, and a refund there
+// would be lost), or of the oldest chunk when it took from none. What the chunks do not cover is
+// debt.
 func (a *allowance) consume(n int64) (slot int64) {
+	took := false
 	for k := 0; k < len(a.chunks) && n > 0; k++ {
 		ch := &a.chunks[k]
-		if k == 0 {
+		take := min(ch.left, n)
+		if k == 0 || take > 0 && !took {
 			slot = ch.slot
 		}
-		take := min(ch.left, n)
+		took = took || take > 0
 		ch.left -= take
 		n -= take
 	}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
 )
 
@@ -588,6 +590,51 @@ func TestResentReportAppliesOnce(t *testing.T) {
 	if got, want := sum(), before-300+granted; got != want {
 		t.Fatalf("the window holds %d after 300 came back in a report sent twice (and %d granted): want %d", got, granted, want)
 	}
+}
+
+// A window of a few requests a minute is leased one request at a time, and a refused request's
+// reservation goes back to Redis at once, to the slot it was charged in: also when an earlier
+// chunk, used up and charged in an earlier slot (its request refunded too), is still held.
+func TestOneAtATimeRefundsGoBackToTheirOwnSlot(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "refund", 1, time.Minute)
+	lim := LeaseLimits{Windows: []Window{{Name: "feature/chat", Kind: "rpm", Length: time.Minute, Capacity: 2}}}
+	ls := f.leasers[0].Lease("feature/chat", lim, nil)
+	rc := inspect(t, srv.Addr())
+	sum := func() int64 {
+		v, err := rc.HGet(context.Background(), "{refund|feature/chat}:w:rpm:60000", "-1").Int64()
+		if err != nil && err != redis.Nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	now := f.clock.Now()
+	// reserveAndRefund takes one request (asking for it: the chunks hold none), then gives it
+	// back (the request was refused further on), which the next report sends.
+	reserveAndRefund := func(which string) {
+		t.Helper()
+		if _, ok := ls.Reserve(0, 1, now); ok {
+			t.Fatalf("%s: reserved without a chunk", which)
+		}
+		ls.NeedWindow(0, 1)
+		f.leasers[0].Round()
+		c, ok := ls.Reserve(0, 1, now)
+		ls.UnneedWindow(0, 1)
+		if !ok {
+			t.Fatalf("%s: no chunk after a report", which)
+		}
+		ls.Refund(0, c, now)
+		f.leasers[0].Round()
+		if got := sum(); got != 0 {
+			t.Fatalf("%s: the window counts %d requests after its only one was refunded", which, got)
+		}
+	}
+	reserveAndRefund("the first request")
+	// The second is charged in a later second of Redis's clock, while the first's chunk (used
+	// up) is still held.
+	next := time.Now().Truncate(time.Second).Add(time.Second)
+	time.Sleep(time.Until(next) + 10*time.Millisecond)
+	reserveAndRefund("the second request")
 }
 
 func TestDeadReplicaShareReturnsAfterTTL(t *testing.T) {
