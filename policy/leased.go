@@ -129,6 +129,7 @@ func (s *Snapshot) attachFleet(in *instance, live bool) {
 	}
 	take := func() {
 		f.ls = cs.leaser.Lease(in.name, lim, f)
+		f.sched.SetLeaseDrained(f.c, f.ls.Drained)
 		f.LeaseChanged(f.ls.State(s.engine.clock.Now()))
 	}
 	if live {

@@ -71,6 +71,11 @@ type Compartment struct {
 	// that holds it back) but needs a slot here too, so c's lease must cover it whichever
 	// compartment it waits in.
 	wanted, wantedTokens int64
+	// leaseDrained, when set (SetLeaseDrained), is called when a release frees a slot (or
+	// in-flight tokens) above c's lease: the lease shrank below what c held, and what the
+	// release frees is the fleet's to hand on. Called under the scheduler's lock: it must not
+	// block nor call the scheduler.
+	leaseDrained func()
 	// capped is set while this replica may hold only its part of the limits (cluster mode,
 	// while the replicas cannot count each other's slots: see Cap): at most capSlots slots and
 	// capTokens in-flight tokens (negative: that limit is not capped). capGen names the episode
@@ -406,6 +411,9 @@ func (s *Scheduler) Release(set []*Compartment, held []int64, heldSince, now tim
 // (nanoseconds) feeds the hold-time average. Called with s.mu held.
 func (s *Scheduler) giveBack(set []*Compartment, held []int64, hold float64) {
 	for i, c := range set {
+		if c.leased && c.leaseDrained != nil && c.overLease() {
+			c.leaseDrained()
+		}
 		c.inflight--
 		c.tokens -= held[i]
 		if m := c.member; m != nil {
@@ -699,6 +707,20 @@ func (s *Scheduler) SetLease(c *Compartment, slots, tokens int64, part bool) {
 		s.dispatch(c)
 	}
 	s.mu.Unlock()
+}
+
+// SetLeaseDrained has f called whenever a release frees a slot, or in-flight tokens, above c's
+// lease (see SetLease): the lease shrank below what c held. f is called under the scheduler's
+// lock: it must not block nor call the scheduler. nil removes it.
+func (s *Scheduler) SetLeaseDrained(c *Compartment, f func()) {
+	s.mu.Lock()
+	c.leaseDrained = f
+	s.mu.Unlock()
+}
+
+// overLease reports whether c holds more than its lease, of slots or in-flight tokens.
+func (c *Compartment) overLease() bool {
+	return c.limits.MaxConcurrent > 0 && c.inflight > c.leaseSlots || c.limits.MaxInflightTokens > 0 && c.tokens > c.leaseTokens
 }
 
 // LeaseUsage returns what c holds here and what the requests queued for a slot in c wait for:

@@ -659,3 +659,33 @@ func TestLeaseUsageCountsAWaiterInEveryCompartmentItNeeds(t *testing.T) {
 		}
 	})
 }
+
+// A lease cut below what its compartment holds frees nothing at once; each release above it
+// says so (the replica hands the slot on to the fleet), and releases within it do not.
+func TestReleasesAboveALeaseSayTheyDrainedIt(t *testing.T) {
+	s := &bulkhead.Scheduler{}
+	c := bulkhead.NewCompartment("feature/chat", bulkhead.Limits{MaxConcurrent: 10, QueueDepth: 10})
+	var drained int
+	s.SetLeaseDrained(c, func() { drained++ })
+	s.SetLease(c, 3, 0, false)
+	var held [][]int64
+	for range 3 {
+		h, err := acquire(t, s, context.Background(), want(1, "a", 0), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, h)
+	}
+	// When the lease is cut to 1, two of the three requests are above it
+	s.SetLease(c, 1, 0, false)
+	release(s, held[0], c)
+	release(s, held[1], c)
+	if drained != 2 {
+		t.Fatalf("the two releases above the lease said so %d times, want 2", drained)
+	}
+	// And the last one is within it
+	release(s, held[2], c)
+	if drained != 2 {
+		t.Fatalf("a release within the lease said it drained it (%d in all)", drained)
+	}
+}

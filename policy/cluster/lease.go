@@ -644,6 +644,9 @@ type Lease struct {
 	starved  bool
 	lastSent time.Time
 	urgent   bool
+	// drained: a request above the lease (it shrank below what was held) ended since the last
+	// round; set without the lock (the holder's scheduler does, under its own).
+	drained atomic.Bool
 	// needSlots and needTokens are what requests that found the lease full asked for since the
 	// last report (they may not be queued yet).
 	needSlots, needTokens int64
@@ -948,6 +951,15 @@ func (ls *Lease) Urgent() {
 	ls.l.Kick()
 }
 
+// Drained says that a request held above the lease ended: the lease shrank below what its
+// compartment held (another replica's fair share, a lowered limit), and the slot (or tokens) it
+// freed are to be handed on at once rather than at the next interval. It does not block, and
+// takes no lock: the holder calls it under its own.
+func (ls *Lease) Drained() {
+	ls.drained.Store(true)
+	ls.l.Kick()
+}
+
 // Propose asks for the fleet's learned limit to move as this replica's controller moved its own
 // view of it, from from to to. A cut is reported at once.
 func (ls *Lease) Propose(from, to int64) {
@@ -1045,6 +1057,9 @@ func (ls *Lease) due(now time.Time) (due, drop bool) {
 		if len(a.returns) > 0 || a.debt > 0 || a.need > 0 || (a.rate > 0.01 && float64(have) < 2*a.rate) {
 			steady = false
 		}
+	}
+	if ls.drained.Swap(false) {
+		ls.urgent = true
 	}
 	switch {
 	case ls.resend != nil || ls.urgent:

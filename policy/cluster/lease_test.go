@@ -356,6 +356,41 @@ func TestShortReplicaHearsItsOwnNewsAsNone(t *testing.T) {
 	}
 }
 
+// A lease that shrank below what its compartment holds (another replica's fair share) hands on
+// each slot its requests free above it at once: the release asks for a round, and the lease is
+// due in it, however steady.
+func TestDrainedLeaseIsReportedAtOnce(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "drain", 1, time.Second)
+	d := &demand{want: 2}
+	ls := f.leasers[0].Lease("feature/chat", LeaseLimits{MaxConcurrent: 10}, d)
+	f.pastRecovery(t, ls)
+	waitFor(t, "the lease to settle", func() bool {
+		d.settle()
+		f.round()
+		ls.mu.Lock()
+		due, _ := ls.due(f.clock.Now())
+		ls.mu.Unlock()
+		return d.running() == 2 && !due
+	})
+	select {
+	case <-f.leasers[0].kick:
+	default:
+	}
+	ls.Drained()
+	select {
+	case <-f.leasers[0].kick:
+	default:
+		t.Error("a drained lease asked for no round")
+	}
+	ls.mu.Lock()
+	due, _ := ls.due(f.clock.Now())
+	ls.mu.Unlock()
+	if !due {
+		t.Error("a drained lease is not due at the next round")
+	}
+}
+
 func TestIdleReplicaHoldsNothing(t *testing.T) {
 	srv := redistest.Standalone(t)
 	f := newFleet(t, srv.Addr(), "idle", 2, time.Second)
