@@ -173,7 +173,7 @@ cluster:
 // A request needs a slot in each of its compartments. Whichever of them is short on a replica
 // while another replica holds slots there that it does not use, those come back within a
 // report or two of each replica: the request is admitted within its max_wait, after a report of
-// its own replica at once and at most a few regular ones, and one or two of the other's.
+// its own replica at once and its next regular one, and one or two of the other's.
 func TestLeasedHolderGivesBackWhicheverCompartmentIsShort(t *testing.T) {
 	for _, c := range []struct{ name, feature, tenant string }{
 		{"the first short", "narrow", "wide"},
@@ -223,11 +223,12 @@ func TestLeasedHolderGivesBackWhicheverCompartmentIsShort(t *testing.T) {
 				t.Fatalf("a refused the request after %d of its lease rounds and %d of b's (%s %s)\n  a: %s\n  b: %s", na, nb, d.Reason, d.Compartment, leaseView(a), leaseView(b))
 			}
 			chatDone(tk, 10)
-			// And b gave back what it did not use at its next report (or the one after, when a's
-			// news came during a report), and a took it at its next: a asked Redis once at
-			// once, then at its regular rounds (one more for a round that ran late).
-			if nb > 3 || na > 5 {
-				t.Errorf("admitted after %d of a's lease rounds and %d of b's: want at most 5 and 3", na, nb)
+			// And b gave back what it did not use at once (a report, or two when a's news came
+			// during one), and a took it at its next report: a asked Redis once at once, then
+			// at its regular rounds (counted: the rounds that ended before the admission, with
+			// room for late ones on a loaded machine).
+			if nb > 3 || na > 4 {
+				t.Errorf("admitted after %d of a's lease rounds and %d of b's: want at most 4 and 3", na, nb)
 			}
 			t.Logf("admitted after %d of a's lease rounds and %d of b's", na, nb)
 		})
