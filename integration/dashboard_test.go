@@ -103,7 +103,7 @@ func TestDashboard(t *testing.T) {
 
 // dashboardClusterPolicy writes the example policy with a cluster section sharing its limits
 // through the Redis at addr, as replica id, and returns its path.
-func dashboardClusterPolicy(t *testing.T, addr, id string) string {
+func dashboardClusterPolicy(t *testing.T, addr, id, admission string) string {
 	t.Helper()
 	base, err := os.ReadFile("../examples/policy.yaml")
 	if err != nil {
@@ -111,7 +111,7 @@ func dashboardClusterPolicy(t *testing.T, addr, id string) string {
 	}
 	path := filepath.Join(t.TempDir(), id+".yaml")
 	section := fmt.Sprintf("\ncluster:\n  backend: redis\n  addresses: [%q]\n  replica_id: %s\n  key_prefix: dashboard\n"+
-		"  timeout: 500ms\n  lease_ttl: 2s\n  heartbeat: 100ms\n  admission: exact\n", addr, id)
+		"  timeout: 500ms\n  lease_ttl: 2s\n  heartbeat: 100ms\n  admission: %s\n", addr, id, admission)
 	if err := os.WriteFile(path, append(base, section...), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -119,13 +119,20 @@ func dashboardClusterPolicy(t *testing.T, addr, id string) string {
 }
 
 // TestDashboardCluster: with limits shared through Redis, the dashboard says so, names the live
-// replicas and shows what another replica holds; once Redis is gone it shows the share this
-// replica enforces.
+// replicas and shows what another replica holds (exact admission) or this replica's lease
+// (leased); once Redis is gone it shows the share this replica enforces.
 func TestDashboardCluster(t *testing.T) {
+	for _, adm := range clusterAdmissions {
+		t.Run(adm, func(t *testing.T) { dashboardCluster(t, adm) })
+	}
+}
+
+func dashboardCluster(t *testing.T, adm string) {
 	chromium := findChromium(t)
 	rd := redistest.Standalone(t)
-	s := start(t, harness.Options{PolicyPath: dashboardClusterPolicy(t, rd.Addr(), "dash-a"), Mock: mock.Options{TimeScale: 0.001}})
-	other := start(t, harness.Options{PolicyPath: dashboardClusterPolicy(t, rd.Addr(), "dash-b"), Mock: mock.Options{TimeScale: 0.001}})
+	s := start(t, harness.Options{PolicyPath: dashboardClusterPolicy(t, rd.Addr(), "dash-a", adm), Mock: mock.Options{TimeScale: 0.001}})
+	other := start(t, harness.Options{PolicyPath: dashboardClusterPolicy(t, rd.Addr(), "dash-b", adm), Mock: mock.Options{TimeScale: 0.001}})
+	leased := adm == "leased"
 	// Given the other replica holds a chat request
 	g := newGate()
 	go func() { _, _ = other.Sim.RoundTrip(context.Background(), chatRequest("chat"), g) }()
@@ -150,20 +157,32 @@ func TestDashboardCluster(t *testing.T) {
 		}
 		for _, c := range e.Compartments() {
 			if c.Name == "feature/chat" {
+				if leased {
+					// A leased replica does not follow what the others hold: it holds a lease.
+					return c.InFlight == 0 && c.Lease != nil && !c.Lease.Part
+				}
 				return c.InFlight == 0 && c.RemoteInFlight == 1
 			}
 		}
 		return false
 	})
 	// Then the dashboard shows limits shared by two replicas, and the other's request in chat
+	// (exact) or this replica's lease of chat's 20 slots (leased)
 	html := renderDashboard(t, chromium, s.AdminURL()+"/")
 	for _, want := range []string{`data-cluster="shared"`, "shared via Redis — 2 replicas live", `data-replica="dash-a"`, `data-replica="dash-b"`} {
 		if !strings.Contains(html, want) {
 			t.Errorf("rendered dashboard lacks %s", want)
 		}
 	}
-	if !regexp.MustCompile(`data-compartment="feature/chat".*?0\+1 / 20`).MatchString(html) {
-		t.Error("feature/chat does not show 0+1 / 20 (none here, one on the other replica)")
+	chatHeld := "0+1 / 20"
+	if leased {
+		chatHeld = "0 / 20"
+		if !regexp.MustCompile(`data-compartment="feature/chat".*?data-lease="\d+">lease \d+<`).MatchString(html) {
+			t.Error("feature/chat does not show this replica's lease")
+		}
+	}
+	if !regexp.MustCompile(`data-compartment="feature/chat".*?` + regexp.QuoteMeta(chatHeld)).MatchString(html) {
+		t.Errorf("feature/chat does not show %s", chatHeld)
 	}
 	if t.Failed() {
 		t.Fatalf("DOM:\n%s", html)
@@ -174,7 +193,7 @@ func TestDashboardCluster(t *testing.T) {
 	b.viewport(390, 844)
 	b.navigate(s.AdminURL() + "/")
 	b.waitUntil(15*time.Second, "the shared cluster", `document.getElementById("cluster").dataset.cluster === "shared"`+
-		` && document.querySelector('[data-compartment="feature/chat"] .held')?.textContent === "0+1 / 20"`)
+		` && document.querySelector('[data-compartment="feature/chat"] .held')?.textContent === "`+chatHeld+`"`)
 	var l layout
 	b.eval(layoutProbe+`(["feature/chat"])`, &l)
 	b.screenshot("dashboard-cluster-390.png")
@@ -184,10 +203,12 @@ func TestDashboardCluster(t *testing.T) {
 	for _, p := range l.Problems {
 		t.Errorf("layout: %s", p)
 	}
-	if c := l.Rows["feature/chat"]; c.BarFilled < 0.04 || c.BarFilled > 0.06 {
+	if c := l.Rows["feature/chat"]; !leased && (c.BarFilled < 0.04 || c.BarFilled > 0.06) {
 		t.Errorf("feature/chat (1 of 20, on the other replica): bar %.2f full", c.BarFilled)
+	} else if leased && c.BarFilled > 0.01 {
+		t.Errorf("feature/chat (none here): bar %.2f full", c.BarFilled)
 	}
-	if !strings.Contains(strings.Join(l.LegendKinds, " "), "remote") || len(l.LegendMiss) > 0 {
+	if (!leased && !strings.Contains(strings.Join(l.LegendKinds, " "), "remote")) || len(l.LegendMiss) > 0 {
 		t.Errorf("legend: drawn %v, without an entry %v", l.LegendKinds, l.LegendMiss)
 	}
 

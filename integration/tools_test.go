@@ -153,7 +153,7 @@ func TestMetricsDocumented(t *testing.T) {
 func TestClusterMetricsExposed(t *testing.T) {
 	promtool := tool(t, "promtool")
 	rd := redistest.Standalone(t)
-	s := start(t, harness.Options{PolicyPath: dashboardClusterPolicy(t, rd.Addr(), "metrics-a"), Mock: mock.Options{TimeScale: 0.001}})
+	s := start(t, harness.Options{PolicyPath: dashboardClusterPolicy(t, rd.Addr(), "metrics-a", "exact"), Mock: mock.Options{TimeScale: 0.001}})
 	if r, err := s.Do(context.Background(), chatRequest("chat")); err != nil || r.Status != 200 {
 		t.Fatalf("%v %v", r, err)
 	}

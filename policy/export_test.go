@@ -38,3 +38,12 @@ func FailBuildAt(e *Engine, step string) {
 
 // PriceTable compiles a policy's prices list as a snapshot does.
 var PriceTable = priceTable
+
+// NextLeaseRound returns a channel closed when e's next round of lease reports has ended (nil
+// without leased admission).
+func NextLeaseRound(e *Engine) <-chan struct{} {
+	if e.cluster == nil || e.cluster.leaser == nil {
+		return nil
+	}
+	return e.cluster.leaser.Next()
+}

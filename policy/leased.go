@@ -129,6 +129,7 @@ func (s *Snapshot) attachFleet(in *instance, live bool) {
 	}
 	take := func() {
 		f.ls = cs.leaser.Lease(in.name, lim, f)
+		f.sched.SetLeaseDrained(f.c, f.ls.Drained)
 		f.LeaseChanged(f.ls.State(s.engine.clock.Now()))
 	}
 	if live {
@@ -251,15 +252,17 @@ func (e *Engine) leaseGrew(ctx context.Context, t *Ticket, want bulkhead.Want, o
 	// A request waits for its leases to grow, until cluster.timeout has passed, and while a
 	// compartment recovers (Redis lost its leases, or this is a new deployment's first use of
 	// Redis: no lease grows) until the recovery is over, rather than be refused for a lease that
-	// could not follow demand yet. A contended lease cannot grow until another replica shrinks:
-	// the request queues as it would without a lease.
+	// could not follow demand yet. A lease that a round did not grow to what its requests need
+	// cannot grow until another replica gives some back: the request queues as it would without
+	// a lease (its queue counts it in every compartment it needs, so each of their reports asks
+	// for it, and the others give back what they do not use at their next report).
 	start := e.clock.Now()
 	deadline, recovered := start.Add(cs.timeout), start.Add(cs.leaser.Recovery()+cs.leaser.Interval())
 	t.needLeases(want.Tokens)
 	defer t.unneedLeases(want.Tokens)
 	for cs.store.Available() {
 		switch {
-		case t.leasesCanGrow():
+		case t.leasesCanGrow(e.sched, want.Tokens):
 			if !e.awaitLease(ctx, "slot", deadline) {
 				return false, told
 			}
@@ -335,12 +338,13 @@ func (t *Ticket) needLeases(tokens int64) {
 	}
 }
 
-// leasesCanGrow reports whether a round of reports can grow the ticket's leases now: it has
-// one, and none is contended or recovering.
-func (t *Ticket) leasesCanGrow() bool {
+// leasesCanGrow reports whether a round of reports can grow the ticket's leases that have no room
+// for a request of tokens now: there is one, and none of them recovers or was found short of
+// what its requests need by the last report. A lease with room for the request need not grow.
+func (t *Ticket) leasesCanGrow(sched *bulkhead.Scheduler, tokens int64) bool {
 	any := false
 	for i := 0; i < t.n; i++ {
-		if f := t.insts[i].fleet; f != nil && f.ls != nil {
+		if f := t.insts[i].fleet; f != nil && f.ls != nil && !sched.Fits(t.set[i], tokens) {
 			if !f.ls.CanGrow() {
 				return false
 			}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -131,4 +132,140 @@ func TestLeasedRateNeverAboveTheFleetWindow(t *testing.T) {
 	if n := admitted.Load(); n > 30 || n < 25 {
 		t.Fatalf("%d batch requests admitted against a fleet window of 30 a minute (want at most 30, and nearly all of it)", n)
 	}
+}
+
+const leaseGivebackPolicy = `
+envoy: {max_message_timeout: 10s}
+classification:
+  feature:
+    rules: [{header: x-llm-feature}]
+  tenant:
+    default: anyone
+    rules: [{header: x-tenant-id, trusted: true}]
+  tier:
+    rules: [{tenant_directory: true}]
+tenants:
+  default_tier: wide
+  directory:
+    - {id: narrow, tier: narrow}
+tiers:
+  narrow: {max_concurrent: 3, max_wait: 1s}
+  wide: {max_concurrent: 20, max_wait: 1s}
+features:
+  narrow: {max_concurrent: 2, max_wait: 1s}
+  wide: {max_concurrent: 20, max_wait: 1s}
+  default: {max_concurrent: 10}
+compartments:
+  - {name: feature, key: [feature], limits_from: feature}
+  - {name: tenant, key: [tenant], limits_from: tenant}
+cluster:
+  backend: redis
+  addresses: [%q]
+  replica_id: %s
+  key_prefix: giveback
+  admission: leased
+  lease_interval: 50ms
+  timeout: 200ms
+  lease_ttl: 2s
+  heartbeat: 250ms
+`
+
+// A request needs a slot in each of its compartments. Whichever of them is short on a replica
+// while another replica holds slots there that it does not use, those come back within a
+// report or two of each replica: the request is admitted within its max_wait, after a report of
+// its own replica at once and its next regular one, and one or two of the other's.
+func TestLeasedHolderGivesBackWhicheverCompartmentIsShort(t *testing.T) {
+	for _, c := range []struct{ name, feature, tenant string }{
+		{"the first short", "narrow", "wide"},
+		{"the second short", "wide", "narrow"},
+		{"both short", "narrow", "narrow"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rd := redistest.Standalone(t)
+			start := func(id string) *policy.Engine {
+				e := clusterEngine(t, fmt.Sprintf(leaseGivebackPolicy, rd.Addr(), id))
+				waitFor(t, "the shared state to be available to "+id, func() bool { return e.Cluster().Available() })
+				waitFor(t, "leases to grow on "+id, func() bool {
+					return admitWaiting(e, feature("default"), 1, time.Second).Verdict == policy.Admit
+				})
+				return e
+			}
+			a, b := start("a"), start("b")
+			in := input{headers: map[string]string{"x-llm-feature": c.feature, "x-tenant-id": c.tenant}}
+			// Given b holds one request, and leases of both compartments that leave a no room
+			// in the narrow ones (2 of feature/narrow's 2 slots, 3 of tenant/narrow's 3)
+			d, held := admit(t, b, in, 10)
+			if d.Verdict != policy.Admit {
+				t.Fatalf("b: %+v", d)
+			}
+			defer chatDone(held, 10)
+			narrow := map[string]int64{}
+			if c.feature == "narrow" {
+				narrow["feature/narrow"] = 2
+			}
+			if c.tenant == "narrow" {
+				narrow["tenant/narrow"] = 3
+			}
+			waitFor(t, "b's leases of the narrow compartments to hold their limits", func() bool {
+				for _, l := range b.ClusterLeases() {
+					if lim, ok := narrow[l.Compartment]; ok && l.Granted < lim {
+						return false
+					}
+				}
+				return true
+			})
+			// When a is asked for one
+			roundsA, roundsB := countLeaseRounds(a), countLeaseRounds(b)
+			d, tk := admit(t, a, in, 10)
+			na, nb := roundsA(), roundsB()
+			// Then it is admitted within its max_wait
+			if d.Verdict != policy.Admit {
+				t.Fatalf("a refused the request after %d of its lease rounds and %d of b's (%s %s)\n  a: %s\n  b: %s", na, nb, d.Reason, d.Compartment, leaseView(a), leaseView(b))
+			}
+			chatDone(tk, 10)
+			// And b gave back what it did not use at once (a report, or two when a's news came
+			// during one), and a took it at its next report: a asked Redis once at once, then
+			// at its regular rounds (counted: the rounds that ended before the admission, with
+			// room for late ones on a loaded machine).
+			if nb > 3 || na > 4 {
+				t.Errorf("admitted after %d of a's lease rounds and %d of b's: want at most 4 and 3", na, nb)
+			}
+			t.Logf("admitted after %d of a's lease rounds and %d of b's", na, nb)
+		})
+	}
+}
+
+// countLeaseRounds counts e's rounds of lease reports until the returned function is called,
+// which returns the count.
+func countLeaseRounds(e *policy.Engine) func() int {
+	stop := make(chan struct{})
+	var n atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-policy.NextLeaseRound(e):
+				n.Add(1)
+			case <-stop:
+				return
+			}
+		}
+	}()
+	return func() int {
+		close(stop)
+		<-done
+		return int(n.Load())
+	}
+}
+
+// leaseView describes e's leases of the feature and tenant compartments.
+func leaseView(e *policy.Engine) string {
+	var b strings.Builder
+	for _, l := range e.ClusterLeases() {
+		if strings.HasPrefix(l.Compartment, "feature/") || strings.HasPrefix(l.Compartment, "tenant/") {
+			fmt.Fprintf(&b, "%s %d of %d granted, contended %v; ", l.Compartment, l.Slots, l.Granted, l.Contended)
+		}
+	}
+	return b.String()
 }

@@ -35,6 +35,9 @@ type CompartmentView struct {
 	RemoteInFlight       int64 `json:"remote_in_flight,omitempty"`
 	RemoteInFlightTokens int64 `json:"remote_in_flight_tokens,omitempty"`
 
+	// Lease is this replica's lease of the fleet's limits (cluster.admission: leased).
+	Lease *LeaseView `json:"lease,omitempty"`
+
 	// Overflow is set only on the overflow compartment of a tenant-keyed family
 	// (<family>/_overflow), so that the dashboard can say what it is and how near the family is
 	// to needing it.
@@ -43,6 +46,15 @@ type CompartmentView struct {
 	// Adaptive is set on compartments with max_concurrent: adaptive: the learned limit (also
 	// in MaxConcurrent), its baselines and last signals.
 	Adaptive *AdaptiveView `json:"adaptive,omitempty"`
+}
+
+// LeaseView is what this replica may hold of a compartment's limits under leased cluster
+// admission: its lease while Redis answers, its part of the limits while Redis is unavailable
+// (Part; the limits shown are then the part).
+type LeaseView struct {
+	Slots          int64 `json:"slots"`
+	InflightTokens int64 `json:"inflight_tokens"`
+	Part           bool  `json:"part,omitempty"`
 }
 
 // OverflowView describes a tenant-keyed family's overflow compartment: new tenants share it
@@ -85,6 +97,9 @@ func (e *Engine) Compartments() []CompartmentView {
 		}
 		if st.Limits.Shadow {
 			v.Mode = "shadow"
+		}
+		if st.Leased {
+			v.Lease = &LeaseView{Slots: st.LeaseSlots, InflightTokens: st.LeaseTokens, Part: st.LeasePart}
 		}
 		if d := in.family.dyn; d != nil {
 			if tracked, max, ok := d.overflowOf(in); ok {

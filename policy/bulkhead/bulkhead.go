@@ -69,6 +69,16 @@ type Compartment struct {
 	// state is unavailable: Stats then shows it as the limits in force.
 	leased, leasePart       bool
 	leaseSlots, leaseTokens int64
+	// wanted and wantedTokens count the requests queued in any compartment whose set includes
+	// c, and the tokens they estimate: a request waits in one queue at a time (the compartment
+	// that holds it back) but needs a slot here too, so c's lease must cover it whichever
+	// compartment it waits in.
+	wanted, wantedTokens int64
+	// leaseDrained, when set (SetLeaseDrained), is called when a release frees a slot (or
+	// in-flight tokens) above c's lease: the lease shrank below what c held, and what the
+	// release frees is the fleet's to hand on. Called under the scheduler's lock: it must not
+	// block nor call the scheduler.
+	leaseDrained func()
 	// capped is set while this replica may hold only its part of the limits (cluster mode,
 	// while the replicas cannot count each other's slots: see Cap): at most capSlots slots and
 	// capTokens in-flight tokens (negative: that limit is not capped). capGen names the episode
@@ -116,6 +126,11 @@ type Stats struct {
 	Pending int64
 	// Capped says Limits are this replica's part of the compartment's limits (see Cap).
 	Capped bool
+	// Leased says the limits are the fleet's and this replica holds a lease of LeaseSlots slots
+	// and LeaseTokens in-flight tokens of them (SetLease); LeasePart that the lease is this
+	// replica's part of the limits while the fleet cannot be asked.
+	Leased, LeasePart       bool
+	LeaseSlots, LeaseTokens int64
 	// Pool, Guaranteed and PoolMax describe pool membership (Pool empty when none).
 	Pool            string
 	Guaranteed      int64
@@ -320,6 +335,7 @@ func (s *Scheduler) queue(ctx context.Context, set []*Compartment, held []int64,
 		tenant: want.Tenant, prio: want.Priority, pending: want.Pending, in: b, ready: make(chan struct{}, 1), since: want.Now,
 	}
 	b.queue.push(wt)
+	wt.count(1)
 	b.queued.Add(1)
 	s.mu.Unlock()
 
@@ -347,6 +363,7 @@ func (s *Scheduler) queue(ctx context.Context, set []*Compartment, held []int64,
 	}
 	in := wt.in
 	in.queue.remove(wt, false)
+	wt.count(-1)
 	// The leaver may have been the head blocking smaller waiters behind it.
 	s.dispatch(in)
 	in.refused.Add(1)
@@ -360,6 +377,15 @@ func (s *Scheduler) queue(ctx context.Context, set []*Compartment, held []int64,
 	s.mu.Unlock()
 	s.observeWait(wt, false)
 	return &Refusal{Compartment: in, Cause: cause, RetryAfter: retry, ctxErr: ctxErr}
+}
+
+// count adds the waiter to (n = 1) or removes it from (n = -1) the demand of every compartment
+// of its set. Called with s.mu held.
+func (w *waiter) count(n int64) {
+	for _, c := range w.set {
+		c.wanted += n
+		c.wantedTokens += n * w.tokens
+	}
 }
 
 func (s *Scheduler) observeWait(w *waiter, admitted bool) {
@@ -388,6 +414,9 @@ func (s *Scheduler) Release(set []*Compartment, held []int64, heldSince, now tim
 // (nanoseconds) feeds the hold-time average. Called with s.mu held.
 func (s *Scheduler) giveBack(set []*Compartment, held []int64, hold float64) {
 	for i, c := range set {
+		if c.leased && c.leaseDrained != nil && c.overLease() {
+			c.leaseDrained()
+		}
 		c.inflight--
 		c.tokens -= held[i]
 		if m := c.member; m != nil {
@@ -452,6 +481,13 @@ func (s *Scheduler) blocker(set []*Compartment, tokens int64, newcomer bool) *Co
 		}
 	}
 	return nil
+}
+
+// Fits reports whether c alone (and its pool) has capacity now for one more request of tokens.
+func (s *Scheduler) Fits(c *Compartment, tokens int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.room(c, tokens)
 }
 
 // room reports whether c alone (and its pool) has capacity for one more request.
@@ -557,6 +593,7 @@ func (s *Scheduler) dispatch(c *Compartment) bool {
 		switch {
 		case b == nil:
 			c.queue.remove(w, true)
+			w.count(-1)
 			s.take(w.set, w.held, w.tokens, w.pending)
 			w.granted = true
 			w.ready <- struct{}{}
@@ -675,16 +712,31 @@ func (s *Scheduler) SetLease(c *Compartment, slots, tokens int64, part bool) {
 	s.mu.Unlock()
 }
 
-// LeaseUsage returns what c holds here and what its queue waits for. With freeze, c first stops
-// admitting beyond what it holds (its lease shrinks to its use) until the next SetLease.
+// SetLeaseDrained has f called whenever a release frees a slot, or in-flight tokens, above c's
+// lease (see SetLease): the lease shrank below what c held. f is called under the scheduler's
+// lock: it must not block nor call the scheduler. nil removes it.
+func (s *Scheduler) SetLeaseDrained(c *Compartment, f func()) {
+	s.mu.Lock()
+	c.leaseDrained = f
+	s.mu.Unlock()
+}
+
+// overLease reports whether c holds more than its lease, of slots or in-flight tokens.
+func (c *Compartment) overLease() bool {
+	return c.limits.MaxConcurrent > 0 && c.inflight > c.leaseSlots || c.limits.MaxInflightTokens > 0 && c.tokens > c.leaseTokens
+}
+
+// LeaseUsage returns what c holds here and what the requests queued for a slot in c wait for:
+// every queued request whose set includes c, whichever compartment's queue holds it. With
+// freeze, c first stops admitting beyond what it holds and what they need (its lease shrinks to
+// its use) until the next SetLease.
 func (s *Scheduler) LeaseUsage(c *Compartment, freeze bool) (inflight, tokens, waiting, waitingTokens int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if freeze && c.leased {
-		c.leaseSlots, c.leaseTokens = min(c.leaseSlots, c.inflight), min(c.leaseTokens, c.tokens)
+		c.leaseSlots, c.leaseTokens = min(c.leaseSlots, c.inflight+c.wanted), min(c.leaseTokens, c.tokens+c.wantedTokens)
 	}
-	waiting, waitingTokens = c.queue.demand()
-	return c.inflight, c.tokens, waiting, waitingTokens
+	return c.inflight, c.tokens, c.wanted, c.wantedTokens
 }
 
 // Saturations counts the admissions into c that took its last slot under an adaptive limit, or
@@ -932,6 +984,7 @@ func (s *Scheduler) Stats(c *Compartment) Stats {
 		st.Limits.MaxInflightTokens = c.capTokens
 	}
 	st.Capped = c.capped
+	st.Leased, st.LeasePart, st.LeaseSlots, st.LeaseTokens = c.leased, c.leasePart, c.leaseSlots, c.leaseTokens
 	if c.leased && c.leasePart {
 		if c.limits.MaxConcurrent > 0 && c.adaptive == 0 {
 			st.Limits.MaxConcurrent = min(c.leaseSlots, c.limits.MaxConcurrent)
@@ -961,11 +1014,12 @@ func (s *Scheduler) PoolStats() []PoolStats {
 	return out
 }
 
-// Idle reports whether c has nothing in flight and nothing queued.
+// Idle reports whether c has nothing in flight and no request queued for it (in its queue or,
+// needing a slot here too, in another's).
 func (s *Scheduler) Idle(c *Compartment) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return c.inflight == 0 && c.queue.len() == 0
+	return c.inflight == 0 && c.queue.len() == 0 && c.wanted == 0
 }
 
 // RetryAfterSeconds rounds a predicted wait up to whole seconds, at least 1, as the

@@ -583,3 +583,109 @@ func TestPendingSlotsKeepRoomButCountOnlyOnceConfirmed(t *testing.T) {
 		}
 	})
 }
+
+// A request waits in one compartment's queue at a time, but needs a slot in every compartment of
+// its set: what each compartment's lease reports as waiting counts it wherever it waits, so
+// that no lease gives back, or fails to ask for, a slot the request will take.
+func TestLeaseUsageCountsAWaiterInEveryCompartmentItNeeds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &bulkhead.Scheduler{}
+		feature := bulkhead.NewCompartment("feature/chat", bulkhead.Limits{MaxConcurrent: 2, QueueDepth: 10})
+		tenant := bulkhead.NewCompartment("tenant/acme", bulkhead.Limits{MaxConcurrent: 5, MaxInflightTokens: 1000, QueueDepth: 10})
+		set := []*bulkhead.Compartment{feature, tenant}
+		usage := func(c *bulkhead.Compartment, freeze bool) [4]int64 {
+			in, tok, w, wt := s.LeaseUsage(c, freeze)
+			return [4]int64{in, tok, w, wt}
+		}
+		// Given leases of no slot of feature/chat and 2 slots of tenant/acme
+		s.SetLease(feature, 0, 0, false)
+		s.SetLease(tenant, 2, 600, false)
+		// When a request of 28 tokens waits (in feature/chat's queue, the one short)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		done := make(chan error, 1)
+		go func() {
+			held := make([]int64, len(set))
+			done <- s.Acquire(ctx, set, held, want(28, "acme", 5*time.Second), nil)
+		}()
+		synctest.Wait()
+		// Then both compartments count it as waiting
+		for _, c := range set {
+			if u := usage(c, false); u != [4]int64{0, 0, 1, 28} {
+				t.Fatalf("%s: usage (in flight, tokens, waiting, waiting tokens) %v, want [0 0 1 28]", c.Name(), u)
+			}
+		}
+		if s.Idle(tenant) {
+			t.Error("tenant/acme is idle while a request waits to take a slot there")
+		}
+		// And tenant/acme, frozen to what it uses, keeps the slot and tokens the waiter needs
+		if u := usage(tenant, true); u != [4]int64{0, 0, 1, 28} {
+			t.Fatalf("frozen tenant/acme: usage %v", u)
+		}
+		if st := s.Stats(tenant); st.LeaseSlots != 1 || st.LeaseTokens != 28 {
+			t.Fatalf("tenant/acme frozen to %d slots and %d tokens, want 1 and 28 (the waiter's)", st.LeaseSlots, st.LeaseTokens)
+		}
+		// When feature/chat's lease grows while tenant/acme's is cut to nothing, the request
+		// moves to tenant/acme's queue, and is still counted in both
+		s.SetLease(tenant, 0, 0, false)
+		s.SetLease(feature, 1, 0, false)
+		if st := s.Stats(tenant); st.Queued != 1 {
+			t.Fatalf("tenant/acme queues %d, want the request moved there", st.Queued)
+		}
+		for _, c := range set {
+			if u := usage(c, false); u[2] != 1 || u[3] != 28 {
+				t.Fatalf("%s after the move: usage %v, want the request waiting", c.Name(), u)
+			}
+		}
+		// When tenant/acme's lease grows, it is admitted, and counted as waiting nowhere
+		s.SetLease(tenant, 1, 600, false)
+		if err := <-done; err != nil {
+			t.Fatalf("refused: %v", err)
+		}
+		for _, c := range set {
+			if u := usage(c, false); u != [4]int64{1, 28, 0, 0} {
+				t.Fatalf("%s after the admission: usage %v", c.Name(), u)
+			}
+		}
+		// And a request that gives up waiting is counted nowhere either
+		_, err := acquire(t, s, context.Background(), want(10, "acme", time.Second), feature, tenant)
+		if r := refusal(t, err); r.Cause != bulkhead.CauseTimedOut {
+			t.Fatalf("cause = %s", r.Cause)
+		}
+		for _, c := range set {
+			if u := usage(c, false); u[2] != 0 || u[3] != 0 {
+				t.Fatalf("%s after a waiter gave up: usage %v", c.Name(), u)
+			}
+		}
+	})
+}
+
+// A lease cut below what its compartment holds frees nothing at once; each release above it
+// says so (the replica hands the slot on to the fleet), and releases within it do not.
+func TestReleasesAboveALeaseSayTheyDrainedIt(t *testing.T) {
+	s := &bulkhead.Scheduler{}
+	c := bulkhead.NewCompartment("feature/chat", bulkhead.Limits{MaxConcurrent: 10, QueueDepth: 10})
+	var drained int
+	s.SetLeaseDrained(c, func() { drained++ })
+	s.SetLease(c, 3, 0, false)
+	var held [][]int64
+	for range 3 {
+		h, err := acquire(t, s, context.Background(), want(1, "a", 0), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, h)
+	}
+	// When the lease is cut to 1, two of the three requests are above it
+	s.SetLease(c, 1, 0, false)
+	release(s, held[0], c)
+	release(s, held[1], c)
+	if drained != 2 {
+		t.Fatalf("the two releases above the lease said so %d times, want 2", drained)
+	}
+	// And the last one is within it
+	release(s, held[2], c)
+	if drained != 2 {
+		t.Fatalf("a release within the lease said it drained it (%d in all)", drained)
+	}
+}

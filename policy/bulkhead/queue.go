@@ -189,16 +189,3 @@ func (q *fairQueue) ahead(prio int64) int {
 	}
 	return n
 }
-
-// demand returns the waiters and the tokens they wait for.
-func (q *fairQueue) demand() (waiters, tokens int64) {
-	for _, l := range q.levels {
-		for _, tq := range l.active {
-			for _, w := range tq.waiters {
-				waiters++
-				tokens += w.tokens
-			}
-		}
-	}
-	return waiters, tokens
-}

@@ -174,10 +174,13 @@ func newLeaser(s *Store, o LeaseOptions, manual bool) *Leaser {
 // renewSteps is how many intervals a steady lease goes between reports.
 const renewSteps = 5
 
-// listen makes the leases of compartments named on the channel due at the next round: a replica
-// there is short, and the others' wants in Redis may be from before their demand fell. Not at
-// once: every short replica's report names the compartment, and rounds for each would follow
-// each other back to back.
+// listen makes the leases of compartments named on the channel due: a replica there is short,
+// and the others' wants in Redis may be from before their demand fell. A lease that holds more
+// than its requests use (in flight and queued) is reported at once, giving that back; any other
+// at the next round: every short replica's report names the compartment, and rounds for each
+// would follow each other back to back (once given back, a lease holds no more than its
+// requests use, and further news starts no round). A name this replica published itself is no
+// news: it is the one that is short there (its lease must not shrink for it).
 func (l *Leaser) listen() {
 	defer l.wg.Done()
 	for l.ctx.Err() == nil {
@@ -199,13 +202,15 @@ func (l *Leaser) listen() {
 					}
 					continue
 				}
+				name, from := shortOf(msg.Payload)
+				if from == l.st.o.ReplicaID {
+					continue
+				}
 				l.mu.Lock()
-				ls := l.leases[msg.Payload]
+				ls := l.leases[name]
 				l.mu.Unlock()
-				if ls != nil {
-					ls.mu.Lock()
-					ls.urgent, ls.pressure = true, true
-					ls.mu.Unlock()
+				if ls != nil && ls.heard() {
+					l.Kick()
 				}
 			}
 		}
@@ -215,6 +220,29 @@ func (l *Leaser) listen() {
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// heard takes the news that another replica is short in the lease's compartment, and reports
+// whether the lease holds more than its requests use: what it would give back now.
+func (ls *Lease) heard() (spare bool) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.urgent, ls.pressure = true, true
+	return ls.spare(ls.usage(false))
+}
+
+// spare reports whether the lease holds more than its requests use, u (in flight and queued).
+func (ls *Lease) spare(u LeaseUsage) bool {
+	return ls.target > u.InFlight+u.Waiting || ls.ttarget > u.Tokens+u.WaitingTokens
+}
+
+// shortOf reads a publication that a replica is short in a compartment: "<compartment>\n<replica>"
+// (a replica id has no control characters), or the compartment's name alone.
+func shortOf(payload string) (name, from string) {
+	if i := strings.LastIndexByte(payload, '\n'); i >= 0 {
+		return payload[:i], payload[i+1:]
+	}
+	return payload, ""
 }
 
 // Lease returns this replica's lease of compartment name, making it on first use; h (nil for a
@@ -613,8 +641,15 @@ type Lease struct {
 	applied    LeaseState
 	pressure   bool
 	recovers   bool
-	lastSent   time.Time
-	urgent     bool
+	// starved: the last report's answer covered less than its requests needed (the rest of the
+	// limit is in other replicas' leases, or beyond this replica's fair share): another round
+	// cannot grow the lease before another replica's report gives some back.
+	starved  bool
+	lastSent time.Time
+	urgent   bool
+	// drained: a request above the lease (it shrank below what was held) ended since the last
+	// round; set without the lock (the holder's scheduler does, under its own).
+	drained atomic.Bool
 	// needSlots and needTokens are what requests that found the lease full asked for since the
 	// last report (they may not be queued yet).
 	needSlots, needTokens int64
@@ -747,15 +782,19 @@ func (ls *Lease) UnneedWindow(i int, n int64) {
 }
 
 // consume takes n from the chunks, oldest first, and returns the slot of the oldest it took from
-// (a refund to that slot can only free what was charged there or later: never too early). What
-// the chunks do not cover is debt.
+// (a refund to that slot can only free what was charged there or later: never too early; a
+// used-up chunk's slot may hold nothing any more, its requests refunded, and a refund there
+// would be lost), or of the oldest chunk when it took from none. What the chunks do not cover is
+// debt.
 func (a *allowance) consume(n int64) (slot int64) {
+	took := false
 	for k := 0; k < len(a.chunks) && n > 0; k++ {
 		ch := &a.chunks[k]
-		if k == 0 {
+		take := min(ch.left, n)
+		if k == 0 || take > 0 && !took {
 			slot = ch.slot
 		}
-		take := min(ch.left, n)
+		took = took || take > 0
 		ch.left -= take
 		n -= take
 	}
@@ -915,6 +954,15 @@ func (ls *Lease) Urgent() {
 	ls.l.Kick()
 }
 
+// Drained says that a request held above the lease ended: the lease shrank below what its
+// compartment held (another replica's fair share, a lowered limit), and the slot (or tokens) it
+// freed are to be handed on at once rather than at the next interval. It does not block, and
+// takes no lock: the holder calls it under its own.
+func (ls *Lease) Drained() {
+	ls.drained.Store(true)
+	ls.l.Kick()
+}
+
 // Propose asks for the fleet's learned limit to move as this replica's controller moved its own
 // view of it, from from to to. A cut is reported at once.
 func (ls *Lease) Propose(from, to int64) {
@@ -936,32 +984,29 @@ func (ls *Lease) Propose(from, to int64) {
 	}
 }
 
-// Need asks for a slot (and tokens in flight) more than the lease holds, at the next round,
-// and for the round to come now: a request found the lease full. Unneed withdraws it (the
-// request got its slot, or queued: its queue counts it then).
-//
-// It reports whether a round can help now: not while the compartment recovers (no lease grows)
-// nor while it is contended (another replica must shrink first; the request waits in the queue,
-// which every report counts, and the short replica's reports say so to the others).
-func (ls *Lease) Need(tokens int64) bool {
+// Need asks for a slot (and tokens in flight) more than the lease holds, at the next round: a
+// request found no room in one of its compartments, and this lease is one of them. Unneed
+// withdraws it (the request got its slot, or queued: its queue counts it then). Whether to ask
+// for the round now is the request's to decide (Await), once it knows whether a round can help
+// every lease it lacks room in (CanGrow): a request that will queue anyway must not start one.
+func (ls *Lease) Need(tokens int64) {
 	ls.mu.Lock()
 	ls.urgent = true
 	ls.needSlots++
 	ls.needTokens += tokens
-	help := !ls.recovers && !ls.pressure
 	ls.mu.Unlock()
-	if help {
-		ls.l.Kick()
-	}
-	return help
 }
 
-// CanGrow reports whether a report can grow the lease now: its compartment neither recovers nor
-// is contended (another replica must shrink first).
+// CanGrow reports whether a report can grow the lease now: its compartment does not recover, and
+// the last report's answer covered what its requests needed (otherwise another replica must give
+// some back first: the requests wait in the queue, which every report counts, that report named
+// the compartment to the others, and they give back what they do not use at their next report).
+// A contended lease (another replica wants more than it holds) may still grow to its fair share
+// of what no lease holds: its first report tells.
 func (ls *Lease) CanGrow() bool {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	return !ls.recovers && !ls.pressure
+	return !ls.recovers && !ls.starved
 }
 
 // Unneed withdraws a need that Need added.
@@ -1016,6 +1061,9 @@ func (ls *Lease) due(now time.Time) (due, drop bool) {
 			steady = false
 		}
 	}
+	if ls.drained.Swap(false) {
+		ls.urgent = true
+	}
 	switch {
 	case ls.resend != nil || ls.urgent:
 		return true, false
@@ -1040,18 +1088,21 @@ type leaseReport struct {
 	// held and heldTokens are what the report says this replica holds: Redis's grant is never
 	// below them once it applies the report.
 	held, heldTokens int64
+	// need and needTokens are what its requests needed (in flight, queued and asking), for the
+	// limits the compartment has (0 otherwise).
+	need, needTokens int64
 }
 
 // build makes the report of the lease's use, taking the returns and debt it sends (failed keeps
 // them for the report that sends them again). final gives everything back.
 func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 	u := ls.usage(false)
-	if ls.pressure && (ls.target > u.InFlight || ls.ttarget > u.Tokens) && !final {
-		// Another replica wants more than it holds, and this one holds slots it does not use:
-		// stop admitting on them and report what is held now, so that Redis can pass them on
-		// at once instead of a report later.
+	if ls.pressure && ls.spare(u) && !final {
+		// Another replica wants more than it holds, and this one holds slots that neither its
+		// requests in flight nor those queued for them use: stop admitting on them and report
+		// what is held now, so that Redis can pass them on at once instead of a report later.
 		u = ls.usage(true)
-		ls.target, ls.ttarget = min(ls.target, u.InFlight), min(ls.ttarget, u.Tokens)
+		ls.target, ls.ttarget = min(ls.target, u.InFlight+u.Waiting), min(ls.ttarget, u.Tokens+u.WaitingTokens)
 		// The holder now enforces less than it was last told: tell it again after the answer.
 		ls.applied.Slots = -1
 	}
@@ -1082,7 +1133,8 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 	// Demand is what is held and waited for now, or, unless another replica is short, the
 	// recent peak of it halving with every report: a lease is not handed back between two
 	// requests only to be asked for again.
-	cur, curTokens := float64(u.InFlight+u.Waiting+ls.needSlots), float64(u.Tokens+u.WaitingTokens+ls.needTokens)
+	need, needTokens := u.InFlight+u.Waiting+ls.needSlots, u.Tokens+u.WaitingTokens+ls.needTokens
+	cur, curTokens := float64(need), float64(needTokens)
 	if ls.pressure {
 		ls.peak, ls.peakTokens = cur, curTokens
 	} else {
@@ -1090,19 +1142,16 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 	}
 	ws := wantOf(u.InFlight, max(int64(math.Ceil(ls.peak-0.5))-u.InFlight, 0), slotLimit, !ls.pressure)
 	wt := wantOf(u.Tokens, max(int64(math.Ceil(ls.peakTokens-0.5))-u.Tokens, 0), ls.lim.MaxTokens, !ls.pressure)
-	short := "0"
-	if u.Waiting+ls.needSlots > 0 || u.WaitingTokens+ls.needTokens > 0 {
-		short = "1"
-	}
 	if final || ls.closed {
 		hs, ht = u.InFlight, u.Tokens
 		ws, wt = 0, 0
+		need, needTokens = 0, 0
 	}
 	if ls.lim.MaxConcurrent <= 0 && ls.lim.Learned.Max <= 0 {
-		hs, ws = 0, 0
+		hs, ws, need = 0, 0, 0
 	}
 	if ls.lim.MaxTokens <= 0 {
-		ht, wt = 0, 0
+		ht, wt, needTokens = 0, 0, 0
 	}
 	r.held, r.heldTokens = hs, ht
 	ttl := ls.l.st.o.LeaseTTL.Milliseconds()
@@ -1110,10 +1159,13 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 	if ls.lim.Learned.Max > 0 {
 		maxSlots = max(ls.learned, ls.lim.Learned.Initial) // the script uses the fleet's
 	}
+	// No lease covers more than the limit (a request of more tokens than the limit holds the
+	// limit's worth).
+	r.need, r.needTokens = min(need, maxSlots), min(needTokens, ls.lim.MaxTokens)
 	ll := ls.lim.Learned
 	r.args = append(make([]any, 0, 24+10*len(ls.wins)), ls.l.st.o.ReplicaID, ttl, epoch, ls.l.recovery.Milliseconds(), ls.l.inc+":"+strconv.FormatInt(r.seq, 10),
 		maxSlots, hs, u.InFlight, ws, ls.lim.MaxTokens, ht, u.Tokens, wt, len(ls.wins),
-		ll.Min, ll.Max, ll.Initial, ll.Step.Milliseconds(), ls.proposeFrom, ls.proposeTo, ls.l.channel, ls.name, short, ls.l.Epoch())
+		ll.Min, ll.Max, ll.Initial, ll.Step.Milliseconds(), ls.proposeFrom, ls.proposeTo, ls.l.channel, ls.name, strconv.FormatInt(r.need, 10)+":"+strconv.FormatInt(r.needTokens, 10), ls.l.Epoch())
 	ls.proposeFrom, ls.proposeTo = 0, 0
 	r.returns = make([][]chunk, len(ls.wins))
 	r.debt = make([]int64, len(ls.wins))
@@ -1202,6 +1254,7 @@ func (ls *Lease) apply(r *leaseReport, res []int64, now time.Time) {
 	}
 	ls.grant, ls.target, ls.tgrant, ls.ttarget = res[1], res[2], res[3], res[4]
 	ls.pressure, ls.recovers = res[5] == 1, res[6] == 1
+	ls.starved = ls.target < r.need || ls.ttarget < r.needTokens
 	ls.sent = now
 	ls.validUntil.Store(now.Add(ls.l.validFor()).UnixNano())
 	ls.learned = res[8]

@@ -33,10 +33,11 @@ package cluster
 //	      10 max tokens (0: none), 11 tokens leased to me now, 12 tokens in use, 13 tokens wanted,
 //	      14 number of windows W, 15-18 a learned limit's min, max (0: not learned), initial and
 //	      step interval ms, 19-20 this replica's proposal: from the limit, to the limit (0: none),
-//	      21-22 the channel on which to name the compartment, and its name, 23 1 when requests
-//	      wait here for more than the lease holds, 24 the epoch as this replica knows it (see
-//	      luaEpochCommon; "" when none), then W × (kind, capacity, debt bound, slot ms, chunk wanted, largest single need, extra
-//	      to charge, returns R, R × (slot, amount))
+//	      21-22 the channel on which to name the compartment, and its name, 23 what this
+//	      replica's requests need ("<slots>:<tokens>": in flight, queued and asking), 24 the
+//	      epoch as this replica knows it (see luaEpochCommon; "" when none), then W × (kind,
+//	      capacity, debt bound, slot ms, chunk wanted, largest single need, extra to charge,
+//	      returns R, R × (slot, amount))
 //
 // A replica's lease of slots (and tokens) is what it reports holding: the script trusts a
 // replica's word about itself (a heartbeat rewrites its own truth) and bounds everything else it
@@ -81,10 +82,12 @@ local nw = tonumber(ARGV[14])
 -- (ms), and this replica's proposal, from the limit it last saw (0: none) to a new one.
 local amin, amax, ainit, aint = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18])
 local afrom, ato = tonumber(ARGV[19]), tonumber(ARGV[20])
--- The channel on which a replica short of its share names the compartment (empty: none).
+-- The channel on which a replica short of its share names the compartment, and itself (empty:
+-- none).
 local chan, cname = ARGV[21], ARGV[22]
--- short: requests wait here for more than the lease holds.
-local short = ARGV[23] == '1'
+-- What this replica's requests need: in flight, queued and asking.
+local needs, needt = string.match(ARGV[23], '^(%d+):(%d+)$')
+needs, needt = tonumber(needs) or 0, tonumber(needt) or 0
 local L = KEYS[1]
 local wk = 2
 -- Outside Redis Cluster the scripts reach the deployment's keys too: the epoch, and the
@@ -202,10 +205,11 @@ local function fairshare(fw, cap, demands)
   return 0
 end
 
--- lease computes the grant and the target of one held resource (field f, want field fw): the
--- grant never below what this replica holds, the target never above its fair share nor what
--- the others' leases leave (a limit lowered below the leases admits nothing new until they drain).
-local function lease(f, fw, cap, held)
+-- lease computes the grant and the target of one held resource (field f, want field fw), of
+-- which this replica's requests use used and need need (queued ones included): the grant never
+-- below what this replica holds, the target never above its fair share nor what the others'
+-- leases leave (a limit lowered below the leases admits nothing new until they drain).
+local function lease(f, fw, cap, held, used, need)
   if cap <= 0 then return held, held, false, 0 end
   local others, unmet, pressure = 0, 0, false
   for r, e in pairs(reps) do
@@ -222,15 +226,16 @@ local function lease(f, fw, cap, held)
   local room = cap - others
   local grant = held
   if not recovering and fair > held and room > held then grant = math.min(fair, room) end
-  if short and grant < mine[fw] and not recovering and chan ~= '' then
-    -- Requests wait here for more than the lease gives: tell the other holders, whose wants
-    -- the hash may have from before their demand fell (a steady lease reports once a
-    -- renewal). They report at their next round, wanting only what they use.
-    redis.call('PUBLISH', chan, cname)
-  end
   -- The target may be below what the replica uses: it then admits nothing new until its
   -- requests drain below it (a lease shrinks only as its own holdings drain).
   local target = math.max(math.min(fair, grant, room), 0)
+  if need > math.max(target, used) and not recovering and chan ~= '' then
+    -- Requests wait here for more than the lease gives: tell the other holders, whose wants the
+    -- hash may have from before their demand fell (a steady lease reports once a renewal).
+    -- They report at their next round, giving back what they do not use. The name is followed
+    -- by this replica's, which hears its own publication too.
+    redis.call('PUBLISH', chan, cname .. '\n' .. me)
+  end
   -- Free: what no lease holds and no other replica waits for. A replica's part while Redis is
   -- unavailable is its grant plus an equal share of it, so room another replica wanted at its
   -- last report, and may have been granted since, is not counted twice.
@@ -255,8 +260,8 @@ if amax > 0 then
   redis.call('HSET', L, 'al', al)
   maxs = al
 end
-local gs, tgs, ps, fs = lease('s', 'ws', maxs, hs)
-local gt, tgt, pt, ft = lease('t', 'wt', maxt, ht)
+local gs, tgs, ps, fs = lease('s', 'ws', maxs, hs, us, needs)
+local gt, tgt, pt, ft = lease('t', 'wt', maxt, ht, ut, needt)
 mine.s, mine.t = gs, gt
 
 local out = {status, gs, tgs, gt, tgt, 0, 0, 0, al or 0, epoch, fs, ft}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
 )
 
@@ -262,6 +264,133 @@ func TestLeaseFollowsSkewWithinThreeRounds(t *testing.T) {
 	t.Fatalf("after 3 rounds replica 0 runs %d of the 24 it wants (others %d, %d)", ds[0].running(), ds[1].running(), ds[2].running())
 }
 
+// A replica whose requests wait for more than its lease names the compartment on the lease
+// channel, and hears its own publication too: that is no news of another replica's shortage (it
+// would stop the replica asking, and have it give back what its own requests wait for). A report
+// that could not cover what its requests need stops them asking for more rounds (another replica
+// must give some back first); the holder, which holds more than its requests use, gives it back
+// at its next report (at once: it asks for the round), and the short replica takes it at its
+// next.
+func TestShortReplicaHearsItsOwnNewsAsNone(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "own", 2, time.Second)
+	lim := LeaseLimits{MaxConcurrent: 2}
+	short, holder := &demand{}, &demand{want: 1}
+	ls0 := f.leasers[0].Lease("feature/chat", lim, short)
+	ls1 := f.leasers[1].Lease("feature/chat", lim, holder)
+	f.pastRecovery(t, ls1)
+	contended := func(ls *Lease) bool {
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		return ls.pressure
+	}
+	// Given r1 runs one request on a lease of both slots (the second for what may come)
+	waitFor(t, "r1 to lease both slots", func() bool {
+		holder.settle()
+		ls1.Urgent()
+		f.round()
+		return holder.running() == 1 && ls1.State(f.clock.Now()).Slots == 2
+	})
+	ctx := context.Background()
+	ps := inspect(t, srv.Addr()).Subscribe(ctx, "{own}:lease")
+	defer ps.Close()
+	if _, err := ps.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	news := ps.Channel()
+	// caughtUp publishes news of another compartment, and returns once r0 has heard it (and,
+	// the channel keeping its order, everything published before it).
+	other := f.leasers[0].Lease("feature/other", lim, nil)
+	caughtUp := func() {
+		t.Helper()
+		if err := inspect(t, srv.Addr()).Publish(ctx, "{own}:lease", "feature/other").Err(); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "r0 to hear the news of feature/other", func() bool { return contended(other) })
+		other.mu.Lock()
+		other.pressure = false
+		other.mu.Unlock()
+		<-news
+	}
+	caughtUp()
+	// No round is asked for on r1 yet (a manual leaser's requests for one stay pending).
+	select {
+	case <-f.leasers[1].kick:
+	default:
+	}
+	// When a request waits on r0, which reports at once
+	short.set(1)
+	f.leasers[0].Round()
+	// Then r0 holds nothing yet, names the compartment, and asks for no more rounds
+	if got := short.running(); got != 0 {
+		t.Fatalf("r0 runs %d requests while r1 holds both slots", got)
+	}
+	if msg := <-news; !strings.HasPrefix(msg.Payload, "feature/chat") {
+		t.Fatalf("published %q, want feature/chat named", msg.Payload)
+	}
+	if ls0.CanGrow() {
+		t.Error("r0's lease says a round can grow it, though Redis just found its limit leased to r1")
+	}
+	// And once r0 has heard its own news, its lease is not contended
+	caughtUp()
+	if contended(ls0) {
+		t.Fatal("r0 took its own news for another replica's shortage")
+	}
+	// When r1 hears it, it asks for a round at once, and reports: it gives back the slot it
+	// does not use
+	waitFor(t, "r1 to hear that r0 is short", func() bool { return contended(ls1) })
+	select {
+	case <-f.leasers[1].kick:
+	default:
+		t.Error("r1 holds a slot it does not use, heard that r0 is short, and asked for no round")
+	}
+	f.clock.add(fleetInterval)
+	f.leasers[1].Round()
+	if got := ls1.State(f.clock.Now()).Slots; got != 1 {
+		t.Fatalf("r1 holds %d slots after its report, want the 1 it uses", got)
+	}
+	// And r0's next report takes it
+	f.leasers[0].Round()
+	if got := short.running(); got != 1 {
+		t.Fatalf("r0 runs %d requests after r1 gave a slot back, want 1", got)
+	}
+}
+
+// A lease that shrank below what its compartment holds (another replica's fair share) hands on
+// each slot its requests free above it at once: the release asks for a round, and the lease is
+// due in it, however steady.
+func TestDrainedLeaseIsReportedAtOnce(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "drain", 1, time.Second)
+	d := &demand{want: 2}
+	ls := f.leasers[0].Lease("feature/chat", LeaseLimits{MaxConcurrent: 10}, d)
+	f.pastRecovery(t, ls)
+	waitFor(t, "the lease to settle", func() bool {
+		d.settle()
+		f.round()
+		ls.mu.Lock()
+		due, _ := ls.due(f.clock.Now())
+		ls.mu.Unlock()
+		return d.running() == 2 && !due
+	})
+	select {
+	case <-f.leasers[0].kick:
+	default:
+	}
+	ls.Drained()
+	select {
+	case <-f.leasers[0].kick:
+	default:
+		t.Error("a drained lease asked for no round")
+	}
+	ls.mu.Lock()
+	due, _ := ls.due(f.clock.Now())
+	ls.mu.Unlock()
+	if !due {
+		t.Error("a drained lease is not due at the next round")
+	}
+}
+
 func TestIdleReplicaHoldsNothing(t *testing.T) {
 	srv := redistest.Standalone(t)
 	f := newFleet(t, srv.Addr(), "idle", 2, time.Second)
@@ -496,6 +625,51 @@ func TestResentReportAppliesOnce(t *testing.T) {
 	if got, want := sum(), before-300+granted; got != want {
 		t.Fatalf("the window holds %d after 300 came back in a report sent twice (and %d granted): want %d", got, granted, want)
 	}
+}
+
+// A window of a few requests a minute is leased one request at a time, and a refused request's
+// reservation goes back to Redis at once, to the slot it was charged in: also when an earlier
+// chunk, used up and charged in an earlier slot (its request refunded too), is still held.
+func TestOneAtATimeRefundsGoBackToTheirOwnSlot(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "refund", 1, time.Minute)
+	lim := LeaseLimits{Windows: []Window{{Name: "feature/chat", Kind: "rpm", Length: time.Minute, Capacity: 2}}}
+	ls := f.leasers[0].Lease("feature/chat", lim, nil)
+	rc := inspect(t, srv.Addr())
+	sum := func() int64 {
+		v, err := rc.HGet(context.Background(), "{refund|feature/chat}:w:rpm:60000", "-1").Int64()
+		if err != nil && err != redis.Nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	now := f.clock.Now()
+	// reserveAndRefund takes one request (asking for it: the chunks hold none), then gives it
+	// back (the request was refused further on), which the next report sends.
+	reserveAndRefund := func(which string) {
+		t.Helper()
+		if _, ok := ls.Reserve(0, 1, now); ok {
+			t.Fatalf("%s: reserved without a chunk", which)
+		}
+		ls.NeedWindow(0, 1)
+		f.leasers[0].Round()
+		c, ok := ls.Reserve(0, 1, now)
+		ls.UnneedWindow(0, 1)
+		if !ok {
+			t.Fatalf("%s: no chunk after a report", which)
+		}
+		ls.Refund(0, c, now)
+		f.leasers[0].Round()
+		if got := sum(); got != 0 {
+			t.Fatalf("%s: the window counts %d requests after its only one was refunded", which, got)
+		}
+	}
+	reserveAndRefund("the first request")
+	// The second is charged in a later second of Redis's clock, while the first's chunk (used
+	// up) is still held.
+	next := time.Now().Truncate(time.Second).Add(time.Second)
+	time.Sleep(time.Until(next) + 10*time.Millisecond)
+	reserveAndRefund("the second request")
 }
 
 func TestDeadReplicaShareReturnsAfterTTL(t *testing.T) {
