@@ -1,5 +1,8 @@
 package llmapi
 
+// The request scanner reads a body in one pass with per-API field tables; its helpers share the
+// scan state and are kept together with it, on the hot path.
+
 import (
 	"errors"
 	"fmt"

@@ -12,6 +12,9 @@
 // compartments) and policy/observe (which reads their Stats).
 package bulkhead
 
+// The Scheduler's one lock covers compartments, queues, pools, caps and leases: room and
+// dispatch read all of them together, so their code stays in one file.
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,9 @@
 package cluster
 
+// Leaser and Lease are kept together: a round builds, sends and applies every lease's report
+// under the lease's lock, and the invariants they keep (leases never add up above a limit, a
+// report sent again applies once) span all three steps.
+
 import (
 	"context"
 	"errors"

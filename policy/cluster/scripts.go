@@ -1,5 +1,8 @@
 package cluster
 
+// The Lua scripts of exact admission, each a constant whose comment is its contract (keys,
+// arguments, answer), kept side by side as Redis runs them.
+
 import (
 	"strconv"
 	"time"

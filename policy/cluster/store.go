@@ -1,5 +1,9 @@
 package cluster
 
+// Store is one state machine (connection, membership, heartbeats, rewrites of this replica's
+// slots, availability and exact admission's calls) whose invariants — which goroutine writes
+// what, under stateMu or epochMu — are read together; it stays in one file so that they can be.
+
 import (
 	"context"
 	"crypto/tls"

@@ -12,6 +12,9 @@
 // runtime's side.
 package config
 
+// This file is the policy's schema: each field's comment is the reference docs/policy.md is
+// generated from, so its length is the documentation's.
+
 import (
 	"encoding/json"
 

@@ -1,5 +1,9 @@
 package config
 
+// Validate reports every problem of a policy at once, a function per section in the order of
+// schema.go; the two files change together, and splitting this one by section would only
+// scatter that order.
+
 import (
 	"fmt"
 	"math"
