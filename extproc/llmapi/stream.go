@@ -1,5 +1,8 @@
 package llmapi
 
+// The usage scanner of streamed responses: SSE framing, event dispatch per API and the bounded
+// buffers they share run byte by byte on the hot path, kept together.
+
 import "unicode/utf8"
 
 // jsonStream is a push parser for one JSON document delivered in pieces split

@@ -53,6 +53,9 @@
 // per adaptive compartment) and policy/observe (which reads its State).
 package adaptive
 
+// The limiter is one controller — its signals, baselines, moves and the state it reports — kept
+// in one file so that each decision can be read beside the state it reads.
+
 import (
 	"math"
 	"math/bits"

@@ -1,5 +1,8 @@
 package breaker
 
+// A breaker's states, its sliding windows and its transitions are one state machine under one
+// lock, kept in one file so that every transition can be read beside the counts it reads.
+
 import (
 	"errors"
 	"fmt"

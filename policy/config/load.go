@@ -1,5 +1,8 @@
 package config
 
+// Loading is one pipeline — strict decoding with positions, environment overrides, template
+// inheritance and defaults — whose steps hand each other the same intermediate tree.
+
 import (
 	"encoding"
 	"errors"
