@@ -143,6 +143,12 @@ func (l *Leaser) Await(ctx context.Context, kind string, left time.Duration) boo
 		return false
 	}
 	l.CountWait(kind)
+	return l.awaitRound(ctx, left)
+}
+
+// awaitRound starts a round of reports now and waits, at most left, for it to end; it reports
+// whether the round ended in time.
+func (l *Leaser) awaitRound(ctx context.Context, left time.Duration) bool {
 	next := l.Next()
 	l.Kick()
 	t := time.NewTimer(left)
@@ -306,17 +312,8 @@ func (l *Leaser) FlushSpend(wait time.Duration) {
 		}
 	}
 	sp.mu.Unlock()
-	if !owed || !l.st.Available() {
-		return
-	}
-	next := l.Next()
-	l.Kick()
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-next:
-	case <-t.C:
-	case <-l.ctx.Done():
+	if owed && l.st.Available() {
+		l.awaitRound(l.ctx, wait)
 	}
 }
 
