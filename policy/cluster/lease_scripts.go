@@ -103,16 +103,6 @@ local function whole(v)
   return n
 end
 
--- sane replaces a key that is not a hash (or is too large to read in bounded time) by nothing:
--- the compartment then recovers as if it had lost its state.
-local function sane(key, maxlen)
-  local n = redis.pcall('HLEN', key)
-  if type(n) == 'table' or n > maxlen then
-    redis.call('UNLINK', key)
-    return false
-  end
-  return true
-end
 
 if not sane(L, MAXFIELDS) then status = 2 end
 

@@ -29,11 +29,9 @@ type QuotaShare struct {
 // later. Returns per kind the latest reading and the sum the other live replicas hold; entries
 // past their time, or set to expire later than lease_ttl from now, are deleted. The hash is bounded: beyond 4096 fields it is rebuilt from what
 // this call knows (a hash grown by hand or by a flood of replica ids holds nothing useful).
-const luaQuota = `
+var luaQuota = luaCommon + `
 local key, me, now, ttl, n = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local ty = redis.call('TYPE', key).ok
-if ty ~= 'hash' and ty ~= 'none' then redis.call('DEL', key) end
-if redis.call('HLEN', key) > 4096 then redis.call('DEL', key) end
+sane(key, 4096)
 local mine = {now + ttl}
 local out = {}
 for k = 1, n do

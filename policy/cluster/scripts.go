@@ -60,6 +60,17 @@ local function nowms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- sane replaces a key that is not a hash (or is too large to read in bounded time) by nothing:
+-- what it held then recovers as if Redis had lost it. It reports whether the key was kept.
+local function sane(key, maxlen)
+  local n = redis.pcall('HLEN', key)
+  if type(n) == 'table' or n > maxlen then
+    redis.call('UNLINK', key)
+    return false
+  end
+  return true
+end
+
 -- count reads a count as Redis holds it: a non-negative integer, or nil for anything else (a
 -- value no script writes).
 local function count(v)
