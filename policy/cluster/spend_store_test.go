@@ -140,6 +140,24 @@ func ledgerUsage(t *testing.T, l *spend.Ledger, b spend.Budget, now time.Time) s
 	return spend.Usage{}
 }
 
+// zoneCalendars returns the calendars of UTC and Asia/Kathmandu, skipping the test when either
+// day ends within two minutes (a budget would reset during it).
+func zoneCalendars(t *testing.T) (utc, ktm spend.Calendar) {
+	t.Helper()
+	now := time.Now()
+	loc, err := time.LoadLocation("Asia/Kathmandu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	utc, ktm = spend.NewCalendar(time.UTC), spend.NewCalendar(loc)
+	for _, c := range []spend.Calendar{utc, ktm} {
+		if c.End(spend.Day, c.Start(spend.Day, now)).Sub(now) < 2*time.Minute {
+			t.Skip("too close to the end of a day: the budget would reset during the test")
+		}
+	}
+	return utc, ktm
+}
+
 // TestSpendStoreCarriesAcrossZoneChange: two replicas share a $10 day; $8 is spent under UTC.
 // They change to Asia/Kathmandu one after the other, each spending $1 meanwhile in the zone it
 // uses: once both changed, the Kathmandu window counts all $10 and refuses. Changing back to UTC
@@ -147,16 +165,7 @@ func ledgerUsage(t *testing.T, l *spend.Ledger, b spend.Budget, now time.Time) s
 // Kathmandu later finds the spend carried when it first reaches Redis.
 func TestSpendStoreCarriesAcrossZoneChange(t *testing.T) {
 	now := time.Now()
-	ktm, err := time.LoadLocation("Asia/Kathmandu")
-	if err != nil {
-		t.Fatal(err)
-	}
-	utcCal, ktmCal := spend.NewCalendar(time.UTC), spend.NewCalendar(ktm)
-	for _, c := range []spend.Calendar{utcCal, ktmCal} {
-		if c.End(spend.Day, c.Start(spend.Day, now)).Sub(now) < 2*time.Minute {
-			t.Skip("too close to the end of a day: the budget would reset during the test")
-		}
-	}
+	utcCal, ktmCal := zoneCalendars(t)
 	if utcCal.Start(spend.Day, now).Equal(ktmCal.Start(spend.Day, now)) {
 		t.Fatal("the two zones' days start together")
 	}
