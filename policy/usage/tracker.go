@@ -159,6 +159,10 @@ type Tracker struct {
 	hoursUpTo, daysUpTo time.Time
 	// tenants holds the totals of the tenants metrics name.
 	tenants map[string]*Counts
+	// shared says to keep an outbox for a fleet store (Share); out is it, nil while the tracker
+	// is off or does not share (see fleet.go).
+	shared bool
+	out    *[numBy]series
 }
 
 // New returns a tracker, off until configured, that counts refusals by reasons (at most
@@ -186,6 +190,7 @@ func (t *Tracker) Configure(s Settings, now time.Time) {
 	if !s.Enabled {
 		t.on.Store(false)
 		t.series = [numBy]series{}
+		t.out = nil
 		t.tenants = nil
 		t.size = 0
 		t.hoursUpTo, t.daysUpTo = time.Time{}, time.Time{}
@@ -199,10 +204,17 @@ func (t *Tracker) Configure(s Settings, now time.Time) {
 		}
 		t.cur = t.fiveSpan(now)
 		t.hoursUpTo, t.daysUpTo = t.hourSpan(now).start, t.daySpan(now).start
+		t.size = size
 		t.setLiveSpan()
+		if t.shared {
+			t.newOutbox()
+		}
 	} else if size != t.size {
 		for b := range t.series {
 			t.series[b].live.resize(size)
+			if t.out != nil {
+				t.out[b].live.resize(size)
+			}
 		}
 	}
 	t.size = size
@@ -224,6 +236,9 @@ func (t *Tracker) Configure(s Settings, now time.Time) {
 func (t *Tracker) setLiveSpan() {
 	for b := range t.series {
 		t.series[b].live.start, t.series[b].live.end = t.cur.start, t.cur.end
+		if t.out != nil {
+			t.out[b].live.start, t.out[b].live.end = t.cur.start, t.cur.end
+		}
 	}
 }
 
@@ -255,14 +270,12 @@ func (t *Tracker) Record(now time.Time, ev *Event) {
 		if !now.Before(t.cur.end) {
 			t.roll(now)
 		}
-		// One lookup, of the tenant and model, finds the tenant's and the model's rows through
-		// its links; the names are copied at most once for the three tables.
+		// The names are copied at most once for every table.
 		var tenant, model string
-		pair := s[ByTenantModel].live
-		i := pair.add(Key{Tenant: ev.Tenant, Model: ev.Model}, &d, &tenant, &model)
-		l := &pair.links[i]
-		l[0] = s[ByTenant].live.addAt(l[0], Key{Tenant: ev.Tenant}, &d, &tenant, nil)
-		l[1] = s[ByModel].live.addAt(l[1], Key{Model: ev.Model}, &d, nil, &model)
+		recordLive(&s[ByTenant], &s[ByModel], &s[ByTenantModel], ev, &d, &tenant, &model)
+		if o := t.out; o != nil {
+			recordLive(&o[ByTenant], &o[ByModel], &o[ByTenantModel], ev, &d, &tenant, &model)
+		}
 		if t.tenants != nil {
 			if tc := t.tenants[ev.Tenant]; tc != nil {
 				tc.addDelta(&d)
@@ -270,6 +283,17 @@ func (t *Tracker) Record(now time.Time, ev *Event) {
 		}
 	}
 	t.mu.Unlock()
+}
+
+// recordLive counts event ev (its counts d) in the live tables of three series. One lookup, of
+// the tenant and model, finds the tenant's and the model's rows through its links; tenant and
+// model hold the copies of the names made for any table, or receive them.
+func recordLive(tenants, models, pairs *series, ev *Event, d *delta, tenant, model *string) {
+	pair := pairs.live
+	i := pair.add(Key{Tenant: ev.Tenant, Model: ev.Model}, d, tenant, model)
+	l := &pair.links[i]
+	l[0] = tenants.live.addAt(l[0], Key{Tenant: ev.Tenant}, d, tenant, nil)
+	l[1] = models.live.addAt(l[1], Key{Model: ev.Model}, d, nil, model)
 }
 
 // Spans of the buckets holding instant at.
@@ -313,6 +337,7 @@ func (t *Tracker) roll(now time.Time) {
 	for b := range t.series {
 		t.series[b].live.reset(t.cur.start, t.cur.end)
 	}
+	t.rollOutbox(now)
 	t.advance(now)
 }
 
