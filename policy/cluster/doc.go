@@ -9,6 +9,8 @@
 // the same batches; SpendStore keeps a spend.Ledger's sums there. With leased admission a Leaser
 // instead holds, per compartment, a lease of its limits and chunks of its windows, spend windows
 // included (spend_lease.go), renewed every lease interval, so that admissions ask Redis nothing.
+// A UsageStore adds what each replica's usage tracker counted to the fleet's usage tables every
+// few seconds, in the background, and reads the fleet's windows back (usage.go).
 //
 // The Store knows nothing of policies: the caller names compartments and windows and gives their
 // limits with every call, so replicas on different policy versions apply their own limits to the
@@ -17,7 +19,7 @@
 // decides (enforce a share locally, or refuse); it reconnects, rewrites its leases from its own
 // record of them and reports itself available again by itself.
 //
-// Imports: the standard library, budget and spend (the windows it keeps), go-redis, and
+// Imports: the standard library, budget, spend and usage (what it keeps), go-redis, and
 // Prometheus for what the Store counts (registered by whoever runs it, through Collectors).
 // Imported by: package policy (cluster mode), the app (its admin view) and the cluster demo;
 // never by config, which stays free of Redis.

@@ -36,7 +36,7 @@ const ns = "llm_bulkhead"
 func newMetrics() *metrics {
 	m := &metrics{
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "cluster_redis_seconds",
-			Help:    "Round-trip time of calls to Redis, by operation (admit, peek, settle, heartbeat, resync, leave, repair, spend_reserve, spend_settle, spend_add, spend_carry, lease, quota).",
+			Help:    "Round-trip time of calls to Redis, by operation (admit, peek, settle, heartbeat, resync, leave, repair, spend_reserve, spend_settle, spend_add, spend_carry, lease, quota, usage_flush, usage_read).",
 			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .02, .05, .1, .25, 1}}, []string{"op"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "cluster_redis_errors_total",
 			Help: "Calls to Redis that failed or timed out, by operation."}, []string{"op"}),
