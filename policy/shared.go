@@ -12,6 +12,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/spend"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/usage"
 )
 
 // clusterState is the engine's side of cluster mode: the shared store, what the engine knows of
@@ -22,6 +23,8 @@ type clusterState struct {
 	closed bool // on_unavailable: closed
 	// leaser keeps this replica's leases (cluster.admission: leased); nil with exact admission.
 	leaser *cluster.Leaser
+	// usage adds what the engine's usage tracker counts to the fleet's tables in Redis.
+	usage *cluster.UsageStore
 	// timeout is cluster.timeout, the retry-after of a cluster_unavailable refusal's floor.
 	timeout time.Duration
 	// expected is cluster.expected_replicas (0: not set): the fewest replicas the limits are
@@ -140,6 +143,8 @@ func (e *Engine) openCluster(p *config.Policy) error {
 		return err
 	}
 	cs.store = st
+	// Usage is the fleet's: what this replica counts goes to Redis in the background.
+	cs.usage = cluster.NewUsageStore(st, e.usage, cluster.UsageOptions{Now: e.clock.Now})
 	if c.Admission == config.AdmissionLeased {
 		cs.leaser = cluster.NewLeaser(st, cluster.LeaseOptions{Interval: c.LeaseInterval.D(), Now: e.clock.Now})
 		// Compartments built before the store opened take their leases now.
@@ -176,6 +181,8 @@ func (e *Engine) closeCluster(ctx context.Context) error {
 	if cs == nil {
 		return nil
 	}
+	// What this replica counted reaches the fleet's tables before it leaves.
+	cs.usage.Close(ctx)
 	if cs.leaser != nil {
 		cs.leaser.Close(ctx)
 	}
@@ -216,6 +223,17 @@ func (e *Engine) ClusterLeases() []cluster.LeaseInfo {
 		return nil
 	}
 	return e.cluster.leaser.Leases()
+}
+
+// FleetUsage returns window q of the fleet's usage (cluster mode): ok is false without a
+// cluster; an error says Redis could not be asked (it wraps cluster.ErrUnavailable) or usage is
+// not counted (cluster.ErrUsageOff).
+func (e *Engine) FleetUsage(ctx context.Context, q usage.Query) (r usage.Report, ok bool, err error) {
+	if e.cluster == nil {
+		return usage.Report{}, false, nil
+	}
+	r, err = e.cluster.usage.Report(ctx, q)
+	return r, true, err
 }
 
 // Cluster returns the shared store, nil without one.

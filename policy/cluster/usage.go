@@ -525,6 +525,9 @@ var ErrUsageOff = errors.New("usage is not counted")
 // it finds), then the fleet's tables of the window are read in one call bounded by the write
 // timeout. An error wraps ErrUnavailable when Redis cannot be asked.
 func (u *UsageStore) Report(ctx context.Context, q usage.Query) (usage.Report, error) {
+	if u.tr.TableSize() == 0 {
+		return usage.Report{}, ErrUsageOff
+	}
 	_ = u.Flush()
 	if !u.st.available.Load() {
 		return usage.Report{}, ErrUnavailable

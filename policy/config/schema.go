@@ -155,7 +155,9 @@ type Policy struct {
 	// hour, 24 hours, 7 days and the calendar month (in time_zone), in bounded memory: fixed-size
 	// tables per bucket of time that keep the groups using the most exactly and say, row by row,
 	// how much may be overcounted (docs/operations.md). A single process keeps them in the state
-	// file (state.file) across restarts; in cluster mode each replica counts what it served.
+	// file (state.file) across restarts; in cluster mode each replica adds what it counted to
+	// the fleet's tables in Redis every 5 seconds (and as it stops), which survive any replica's
+	// restart.
 	// Requests refused before they were classified (bad_request, server_busy) have no tenant and
 	// are not counted. Default on.
 	Usage Usage `koanf:"usage" json:"usage,omitempty"`

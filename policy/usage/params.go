@@ -13,6 +13,12 @@ const (
 	MaxTop     = 1000
 )
 
+// Scopes of an answer in cluster mode: the fleet's usage, or this replica's own.
+const (
+	ScopeFleet   = "fleet"
+	ScopeReplica = "replica"
+)
+
 // Formats of an answer.
 const (
 	FormatJSON = "json"
@@ -24,14 +30,17 @@ type Params struct {
 	Query
 	// Format is FormatJSON or FormatCSV.
 	Format string
+	// Scope is ScopeFleet, ScopeReplica, or "" when not given.
+	Scope string
 }
 
 // paramNames are the parameters ParseParams reads.
-var paramNames = []string{"by", "window", "top", "format"}
+var paramNames = []string{"by", "window", "top", "format", "scope"}
 
 // ParseParams reads the query parameters of a usage request: by (tenant, model or
 // tenant,model; default tenant), window (1h, 24h, 7d or month; default 24h), top (1 to MaxTop;
-// default DefaultTop) and format (json or csv; default json). An unknown parameter, one given
+// default DefaultTop), format (json or csv; default json) and scope (fleet or replica: whose
+// usage, in cluster mode; not given: the caller's default). An unknown parameter, one given
 // twice, or a value none of these is an error that says what is allowed.
 func ParseParams(v url.Values) (Params, error) {
 	p := Params{Query: Query{By: ByTenant, Window: Day, Top: DefaultTop}, Format: FormatJSON}
@@ -42,7 +51,7 @@ func ParseParams(v url.Values) (Params, error) {
 	slices.Sort(names)
 	for _, name := range names {
 		if !slices.Contains(paramNames, name) {
-			return Params{}, fmt.Errorf("unknown parameter %s: the parameters are by, window, top and format", strconv.Quote(name))
+			return Params{}, fmt.Errorf("unknown parameter %s: the parameters are by, window, top, format and scope", strconv.Quote(name))
 		}
 		if len(v[name]) != 1 {
 			return Params{}, fmt.Errorf("parameter %s is given %d times: give it once", name, len(v[name]))
@@ -74,6 +83,12 @@ func ParseParams(v url.Values) (Params, error) {
 			return Params{}, fmt.Errorf("format=%s: the formats are json and csv", strconv.Quote(s))
 		}
 		p.Format = s
+	}
+	if s, ok := first(v, "scope"); ok {
+		if s != ScopeFleet && s != ScopeReplica {
+			return Params{}, fmt.Errorf("scope=%s: the scopes are fleet and replica", strconv.Quote(s))
+		}
+		p.Scope = s
 	}
 	return p, nil
 }

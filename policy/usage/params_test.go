@@ -15,6 +15,8 @@ func TestParseParams(t *testing.T) {
 		{"by=model&window=1h&top=5&format=csv", Params{Query: Query{By: ByModel, Window: Hour, Top: 5}, Format: FormatCSV}},
 		{"by=tenant,model&window=7d&top=1000", Params{Query: Query{By: ByTenantModel, Window: Week, Top: 1000}, Format: FormatJSON}},
 		{"by=model%2Ctenant&window=month&top=1", Params{Query: Query{By: ByTenantModel, Window: Month, Top: 1}, Format: FormatJSON}},
+		{"scope=fleet", Params{Query: Query{By: ByTenant, Window: Day, Top: DefaultTop}, Format: FormatJSON, Scope: ScopeFleet}},
+		{"scope=replica&by=model", Params{Query: Query{By: ByModel, Window: Day, Top: DefaultTop}, Format: FormatJSON, Scope: ScopeReplica}},
 	}
 	for _, g := range good {
 		v, err := url.ParseQuery(g.query)
@@ -37,8 +39,9 @@ func TestParseParams(t *testing.T) {
 		{"top=-3", `top="-3"`},
 		{"top=ten", `top="ten"`},
 		{"format=xml", `format="xml": the formats are json and csv`},
+		{"scope=process", `scope="process": the scopes are fleet and replica`},
 		{"window=1h&window=24h", "parameter window is given 2 times: give it once"},
-		{"tenant=acme", `unknown parameter "tenant": the parameters are by, window, top and format`},
+		{"tenant=acme", `unknown parameter "tenant": the parameters are by, window, top, format and scope`},
 	}
 	for _, b := range bad {
 		v, _ := url.ParseQuery(b.query)

@@ -3,12 +3,14 @@ package app
 import (
 	"encoding/csv"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/usage"
 )
 
@@ -47,7 +49,9 @@ type usageJSON struct {
 	Window string `json:"window"`
 	From   string `json:"from"`
 	To     string `json:"to"`
-	// Scope says whose usage it is: this process's, or in cluster mode this replica's.
+	// Scope says whose usage it is: this process's ("process"), or in cluster mode the fleet's
+	// ("fleet", read from Redis) or, asked with scope=replica, this replica's ("replica").
+	// ReplicaID is the replica that answered, in cluster mode.
 	Scope     string `json:"scope"`
 	ReplicaID string `json:"replica_id,omitempty"`
 	Currency  string `json:"currency"`
@@ -71,7 +75,8 @@ func usageCounts(c *usage.Counts, reasons []string) usageCountsJSON {
 }
 
 // usageInfo serves GET /admin/usage?by=tenant|model|tenant,model&window=1h|24h|7d|month&top=N
-// &format=json|csv: the top groups of the window by weight with their tokens, requests,
+// &format=json|csv&scope=fleet|replica: in cluster mode the fleet's usage (from Redis) unless
+// scope=replica asks for this replica's own; the top groups of the window by weight with their tokens, requests,
 // refusals by reason and spend, the rest summed as _other, and the window's totals.
 func (a *App) usageInfo(w http.ResponseWriter, r *http.Request) {
 	params, err := usage.ParseParams(r.URL.Query())
@@ -81,7 +86,36 @@ func (a *App) usageInfo(w http.ResponseWriter, r *http.Request) {
 	}
 	tr := a.engine.Usage()
 	now := a.engine.Now()
-	rep, ok := tr.Report(now, params.Query)
+	st := a.engine.Cluster()
+	scope := "process"
+	var (
+		rep usage.Report
+		ok  bool
+	)
+	switch {
+	case st == nil && params.Scope != "":
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "scope=" + params.Scope + " applies in cluster mode: this process counts alone"})
+		return
+	case st != nil && params.Scope != usage.ScopeReplica:
+		scope = usage.ScopeFleet
+		var err error
+		rep, _, err = a.engine.FleetUsage(r.Context(), params.Query)
+		switch {
+		case errors.Is(err, cluster.ErrUsageOff):
+		case err != nil:
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "the fleet's usage cannot be read from Redis (" + err.Error() +
+				"): ask with scope=replica for what this replica counted"})
+			return
+		default:
+			ok = true
+			now = rep.To
+		}
+	default:
+		if st != nil {
+			scope = usage.ScopeReplica
+		}
+		rep, ok = tr.Report(now, params.Query)
+	}
 	if !ok {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "usage is not counted: the policy sets usage.enabled: false"})
 		return
@@ -92,10 +126,10 @@ func (a *App) usageInfo(w http.ResponseWriter, r *http.Request) {
 	}
 	reasons := tr.Reasons()
 	out := usageJSON{By: rep.By.String(), Window: rep.Window.String(), From: rep.From.UTC().Format(time.RFC3339), To: now.UTC().Format(time.RFC3339),
-		Scope: "process", Currency: a.current.Load().Currency, TableSize: rep.TableSize, Top: params.Top, MaxOvercount: rep.MaxOvercount,
+		Scope: scope, Currency: a.current.Load().Currency, TableSize: rep.TableSize, Top: params.Top, MaxOvercount: rep.MaxOvercount,
 		Totals: usageCounts(&rep.Total, reasons), Rows: make([]usageRowJSON, 0, len(rep.Rows)+1)}
-	if st := a.engine.Cluster(); st != nil {
-		out.Scope, out.ReplicaID = "replica", st.ReplicaID()
+	if st != nil {
+		out.ReplicaID = st.ReplicaID()
 	}
 	named := func(by usage.By, k usage.Key) usageRowJSON {
 		var row usageRowJSON

@@ -217,8 +217,10 @@ func TestAdminUsageRefusesBadParameters(t *testing.T) {
 		"top=0":                `top=\"0\": give a whole number from 1 to 1000`,
 		"top=5000":             `top=\"5000\"`,
 		"format=xlsx":          `format=\"xlsx\": the formats are json and csv`,
-		"tenant=acme":          `unknown parameter \"tenant\": the parameters are by, window, top and format`,
+		"tenant=acme":          `unknown parameter \"tenant\": the parameters are by, window, top, format and scope`,
 		"window=1h&window=24h": "parameter window is given 2 times",
+		"scope=fleet":          "scope=fleet applies in cluster mode",
+		"scope=replica":        "scope=replica applies in cluster mode",
 	} {
 		code, _, body := get(t, base+"/admin/usage?"+query, "")
 		if code != http.StatusBadRequest || !strings.Contains(string(body), want) {
