@@ -89,9 +89,10 @@ cluster-demo: ## Three replicas hold the example policy fleet-wide through Redis
 	$(GO) run ./integration/cmd/clusterdemo
 
 .PHONY: storm
-storm: ## The batch-export incident, then the provider brownout (static vs adaptive limits); results in results/storm and results/storm-brownout
+storm: ## The batch-export incident, the provider brownout (static vs adaptive limits), then the provider quota running out (off, shadow, enforce); results in results/storm, results/storm-brownout and results/storm-quota
 	$(GO) run ./integration/cmd/storm --fast --out results/storm
 	$(GO) run ./integration/cmd/storm --scenario brownout --out results/storm-brownout
+	$(GO) run ./integration/cmd/storm --scenario quota --out results/storm-quota
 
 .PHONY: clean
 clean: ## Remove build outputs and results

@@ -2,6 +2,8 @@ package integration_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
+	"github.com/llm-bulkhead/llm-bulkhead/policy/quota"
 )
 
 // quotaStack runs the example policy with deepseek's quota in mode, in front of a mock deepseek
@@ -120,5 +123,131 @@ func TestProviderQuotaKeepsProvider429sFromClients(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// quotaFormatsPolicy sends every request to the provider x-llm-provider names, each following
+// its quota in enforce mode, with no fallback and no breaker: a request the quota cannot cover
+// is refused provider_quota.
+const quotaFormatsPolicy = `
+envoy: {max_message_timeout: 10s, allow_mode_override: true}
+classification:
+  feature:
+    rules: [{header: x-llm-feature}]
+  provider:
+    default: openai
+    rules: [{header: x-llm-provider}]
+  model:
+    rules: [{body: model}]
+features:
+  chat: {max_concurrent: 50}
+  default: {max_concurrent: 10}
+providers:
+  openai: {quota: {mode: enforce}}
+  anthropic: {quota: {mode: enforce}}
+`
+
+// TestProviderQuotaHeaderFormatsAndReset: for OpenAI's x-ratelimit-* and Anthropic's
+// anthropic-ratelimit-* headers alike, the mock's quota of 10 requests and 16 tokens a window
+// and the server share one stepped clock. A response whose headers are malformed changes
+// nothing and is counted; the next answer (11 tokens: 3 of prompt, 8 asked for) leaves 5
+// tokens, fewer than any request needs, so the next request is refused provider_quota with
+// retry-after the provider's reset and never reaches the provider. Once the clock passes the
+// reset instant the quota is full again: the request goes through.
+func TestProviderQuotaHeaderFormatsAndReset(t *testing.T) {
+	for _, api := range []string{"openai", "anthropic"} {
+		t.Run(api, func(t *testing.T) {
+			clk := newManualClock()
+			// At time scale 0.001 the hour's window is 3.6 s of the shared clock.
+			q := mock.RequestQuota{Limit: 10, Tokens: 16, Window: time.Hour}
+			s := start(t, harness.Options{PolicyPath: writePolicy(t, quotaFormatsPolicy), Clock: clk,
+				Mock: mock.Options{TimeScale: 0.001, QuotaClock: clk.Now, Quotas: map[string]mock.RequestQuota{api: q}}})
+			ctx := context.Background()
+			quotas := func() []quota.State {
+				t.Helper()
+				var got struct {
+					Providers []policy.ProviderQuotaView `json:"providers"`
+				}
+				if err := s.Get("/admin/quotas", &got); err != nil {
+					t.Fatal(err)
+				}
+				for _, p := range got.Providers {
+					if p.Provider == api {
+						return p.Quotas
+					}
+				}
+				t.Fatalf("/admin/quotas has no %s: %+v", api, got.Providers)
+				return nil
+			}
+
+			req := streamRequest(api, api)
+			req.Headers = append(req.Headers, envoysim.Header{Key: mock.HeaderRateLimitMalformed, Value: "true"})
+			if r, err := s.Do(ctx, req); err != nil || r.Status != 200 {
+				t.Fatalf("the request with malformed headers: %v %+v", err, r)
+			}
+			// Remaining and reset of requests and of tokens: four values not believed.
+			if v := metricSum(t, s, "llm_bulkhead_provider_quota_headers_invalid_total", "provider", api); v != 4 {
+				t.Errorf("malformed headers counted %v, want 4", v)
+			}
+			if got := quotas(); len(got) != 0 {
+				t.Fatalf("quotas known after malformed headers: %+v", got)
+			}
+			// The mock counted that request: a fresh window for the rest of the test.
+			s.Mock.Reset()
+
+			if r, err := s.Do(ctx, streamRequest(api, api)); err != nil || r.Status != 200 {
+				t.Fatalf("the first request: %v %+v", err, r)
+			}
+			reset := clk.Now().Add(3600 * time.Millisecond)
+			got := quotas()
+			if len(got) != 2 || got[0].Kind != "requests" || got[0].Remaining != 9 || got[0].Limit != 10 || !got[0].Reset.Equal(reset) ||
+				got[1].Kind != "tokens" || got[1].Remaining != 5 || got[1].Limit != 16 || !got[1].Reset.Equal(reset) {
+				t.Fatalf("quotas after the first answer: %+v; want 9 of 10 requests and 5 of 16 tokens until %v", got, reset)
+			}
+
+			r, err := s.Do(ctx, streamRequest(api, api))
+			if err != nil || r.Status != 429 || r.Headers.Get("x-bulkhead-reason") != "provider_quota" || r.Headers.Get("retry-after") != "4" {
+				t.Fatalf("the request the tokens left cannot cover: %v %+v; want 429 provider_quota, retry-after 4", err, r)
+			}
+			if n := s.Mock.Stats().ByOutcome[mock.OutcomeQuota]; n != 0 {
+				t.Fatalf("the provider refused %d requests", n)
+			}
+
+			clk.Advance(3600 * time.Millisecond)
+			if r, err := s.Do(ctx, streamRequest(api, api)); err != nil || r.Status != 200 {
+				t.Fatalf("after the reset: %v %+v; want the quota full again", err, r)
+			}
+			if got := quotas(); len(got) != 2 || got[0].Remaining != 9 || got[1].Remaining != 5 {
+				t.Fatalf("quotas after the reset and one request: %+v", got)
+			}
+		})
+	}
+}
+
+// TestProviderQuotaShadowChangesNothing: the same sequence of requests gets the same answers
+// with deepseek's quota off and in shadow mode (deepseek allows 5; the sixth is its 429, whose
+// retry-after then holds the tenant back); only shadow counts the request that its quota, as
+// deepseek's headers told it, could not cover.
+func TestProviderQuotaShadowChangesNothing(t *testing.T) {
+	outcomes := map[string][]string{}
+	for _, mode := range []string{"off", "shadow"} {
+		s := quotaStack(t, mode)
+		for range 8 {
+			r, err := s.Do(context.Background(), deepseekChat())
+			if err != nil {
+				t.Fatal(err)
+			}
+			outcomes[mode] = append(outcomes[mode], fmt.Sprintf("%d %s %s", r.Status, r.Headers.Get("x-bulkhead-reason"), upstreamHeader(r, "x-llm-provider")))
+		}
+		short := metricSum(t, s, "llm_bulkhead_provider_quota_short_total", "provider", "deepseek")
+		if refused := s.Mock.Stats().ByOutcome[mock.OutcomeQuota]; refused != 1 {
+			t.Errorf("%s: deepseek refused %d requests, want 1 (the rest were held back after its 429)", mode, refused)
+		}
+		if want := map[string]float64{"off": 0, "shadow": 1}[mode]; short != want {
+			t.Errorf("%s: short counted %v, want %v", mode, short, want)
+		}
+	}
+	if !slices.Equal(outcomes["off"], outcomes["shadow"]) {
+		t.Errorf("shadow changed the answers:\noff    %q\nshadow %q", outcomes["off"], outcomes["shadow"])
 	}
 }

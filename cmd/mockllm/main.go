@@ -98,24 +98,15 @@ Flags:
 		cfg.opts.ProviderCapacity[name] = c
 		return nil
 	})
-	fs.Func("provider-quota", "`name=N/window`: x-llm-provider value name may send N requests per window (simulated time, e.g. deepseek=60/1m); its responses say what is left in x-ratelimit-* (anthropic-ratelimit-* for /v1/messages) headers and requests beyond it get 429 (repeatable)", func(v string) error {
-		name, spec, ok := strings.Cut(v, "=")
-		n, window, ok2 := strings.Cut(spec, "/")
-		if !ok || !ok2 || name == "" {
-			return errors.New("want name=N/window, e.g. deepseek=60/1m")
-		}
-		limit, err := strconv.Atoi(n)
-		if err != nil {
-			return err
-		}
-		w, err := time.ParseDuration(window)
+	fs.Func("provider-quota", "`name=N[,Ttokens]/window`: x-llm-provider value name may send N requests and T tokens (prompt + max_tokens) per window (simulated time, e.g. deepseek=60,90000tokens/1m; either limit alone: deepseek=60/1m, deepseek=90000tokens/1m); its responses say what is left in x-ratelimit-* (anthropic-ratelimit-* for /v1/messages) headers and requests beyond it get 429 (repeatable)", func(v string) error {
+		name, q, err := parseProviderQuota(v)
 		if err != nil {
 			return err
 		}
 		if cfg.opts.Quotas == nil {
 			cfg.opts.Quotas = map[string]mock.RequestQuota{}
 		}
-		cfg.opts.Quotas[name] = mock.RequestQuota{Limit: limit, Window: w}
+		cfg.opts.Quotas[name] = q
 		return nil
 	})
 	fs.Int64Var(&cfg.opts.DefaultCompletionTokens, "default-completion-tokens", mock.DefaultCompletionTokens, "completion tokens when the request gives no max_tokens/max_completion_tokens/max_output_tokens")
@@ -204,4 +195,36 @@ func main() {
 		stop()
 		os.Exit(1)
 	}
+}
+
+// parseProviderQuota reads -provider-quota's name=N[,Ttokens]/window.
+func parseProviderQuota(v string) (string, mock.RequestQuota, error) {
+	const want = "want name=N[,Ttokens]/window, e.g. deepseek=60,90000tokens/1m"
+	name, spec, ok := strings.Cut(v, "=")
+	limits, window, ok2 := strings.Cut(spec, "/")
+	if !ok || !ok2 || name == "" || limits == "" {
+		return "", mock.RequestQuota{}, errors.New(want)
+	}
+	var q mock.RequestQuota
+	for _, l := range strings.Split(limits, ",") {
+		if n, isTokens := strings.CutSuffix(l, "tokens"); isTokens {
+			t, err := strconv.ParseInt(n, 10, 64)
+			if err != nil || q.Tokens != 0 {
+				return "", q, fmt.Errorf("token limit %q: %s", l, want)
+			}
+			q.Tokens = t
+			continue
+		}
+		r, err := strconv.Atoi(l)
+		if err != nil || q.Limit != 0 {
+			return "", q, fmt.Errorf("request limit %q: %s", l, want)
+		}
+		q.Limit = r
+	}
+	w, err := time.ParseDuration(window)
+	if err != nil {
+		return "", q, err
+	}
+	q.Window = w
+	return name, q, nil
 }

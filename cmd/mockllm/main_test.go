@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -66,7 +67,7 @@ func TestParseFlags(t *testing.T) {
 				"-capacity", "8", "-provider-capacity", "deepseek=2", "-provider-capacity", "openai=5",
 				"-default-completion-tokens", "64", "-base-latency", "50ms", "-tokens-per-second", "2000",
 				"-jitter-min", "1", "-jitter-max", "1", "-ttfb-fraction", "0.5", "-decode-slowdown", "0.25", "-chunk-tokens", "4",
-				"-embedding-dimensions", "16", "-request-log", "10", "-provider-quota", "deepseek=60/1m",
+				"-embedding-dimensions", "16", "-request-log", "10", "-provider-quota", "deepseek=60/1m", "-provider-quota", "qwen=30,90000tokens/10s", "-provider-quota", "kimi=5000tokens/1s",
 				"-fail", "provider=deepseek,rate=0.6,status=503", "-fail", "model=gpt-4*,no-usage=1",
 			},
 			check: func(t *testing.T, c config) {
@@ -75,7 +76,8 @@ func TestParseFlags(t *testing.T) {
 					o.Seed != 9 || o.Capacity != 8 || o.ProviderCapacity["deepseek"] != 2 || o.ProviderCapacity["openai"] != 5 ||
 					o.DefaultCompletionTokens != 64 || o.Latency.Base != 50*time.Millisecond || o.Latency.TokensPerSecond != 2000 ||
 					o.Latency.JitterMin != 1 || o.Latency.JitterMax != 1 || o.Latency.TTFBFraction != 0.5 || o.Latency.DecodeSlowdown != 0.25 || o.ChunkTokens != 4 ||
-					o.EmbeddingDimensions != 16 || o.RequestLogSize != 10 || o.Quotas["deepseek"] != (mock.RequestQuota{Limit: 60, Window: time.Minute}) {
+					o.EmbeddingDimensions != 16 || o.RequestLogSize != 10 || o.Quotas["deepseek"] != (mock.RequestQuota{Limit: 60, Window: time.Minute}) ||
+					o.Quotas["qwen"] != (mock.RequestQuota{Limit: 30, Tokens: 90000, Window: 10 * time.Second}) || o.Quotas["kimi"] != (mock.RequestQuota{Tokens: 5000, Window: time.Second}) {
 					t.Fatalf("config = %+v", c)
 				}
 				want := []mock.FaultRule{
@@ -120,6 +122,9 @@ func TestParseFlags(t *testing.T) {
 		{name: "capacity and schedule", args: []string{"-capacity", "3", "-capacity-schedule", "10@0s"}, wantErr: "exclude each other"},
 		{name: "bad model provider", args: []string{"-model-provider", "gpt-4*"}, wantErr: "glob=provider"},
 		{name: "bad fault rule", args: []string{"-fail", "provider=x,colour=red"}, wantErr: "colour"},
+		{name: "provider quota without a window", args: []string{"-provider-quota", "deepseek=60"}, wantErr: "name=N[,Ttokens]/window"},
+		{name: "provider quota with two request limits", args: []string{"-provider-quota", "deepseek=60,70/1m"}, wantErr: "request limit \"70\""},
+		{name: "provider quota with a word for tokens", args: []string{"-provider-quota", "deepseek=manytokens/1m"}, wantErr: "token limit"},
 		{name: "bad provider capacity", args: []string{"-provider-capacity", "deepseek"}, wantErr: "name=N"},
 		{name: "provider capacity not a number", args: []string{"-provider-capacity", "deepseek=two"}, wantErr: "invalid"},
 		{name: "stray argument", args: []string{"serve"}, wantErr: "unexpected arguments"},
@@ -250,4 +255,36 @@ func TestRunFailsFast(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzParseProviderQuota: -provider-quota's value never panics the parser, and what it
+// accepts reads back the same when written in the flag's form.
+func FuzzParseProviderQuota(f *testing.F) {
+	for _, s := range []string{"deepseek=60/1m", "qwen=30,90000tokens/10s", "kimi=5000tokens/1s", "x=/1m", "=1/1s", "a=1,2/1s", "a=tokens/1s", "a=1/"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		name, q, err := parseProviderQuota(v)
+		if err != nil {
+			return
+		}
+		if name == "" {
+			t.Fatalf("%q: accepted without a name", v)
+		}
+		var limits []string
+		if q.Limit != 0 {
+			limits = append(limits, strconv.Itoa(q.Limit))
+		}
+		if q.Tokens != 0 {
+			limits = append(limits, strconv.FormatInt(q.Tokens, 10)+"tokens")
+		}
+		if len(limits) == 0 {
+			return // all zero: New refuses it
+		}
+		again := name + "=" + strings.Join(limits, ",") + "/" + q.Window.String()
+		name2, q2, err := parseProviderQuota(again)
+		if err != nil || name2 != name || q2 != q {
+			t.Fatalf("%q read as %s %+v; written %q reads %s %+v, %v", v, name, q, again, name2, q2, err)
+		}
+	})
 }

@@ -46,6 +46,12 @@ type Configuration struct {
 	// the moment it changes. It shows the best a limit can do that, like every limit here,
 	// never revokes a request it admitted. ProviderLimit is then the first capacity.
 	FollowCapacity bool `json:"follow_capacity,omitempty"`
+	// ProviderQuota gives the scenario's QuotaProvider its account quota
+	// (Scenario.ProviderQuota) at the upstream; without it the account has no limit.
+	ProviderQuota bool `json:"provider_quota,omitempty"`
+	// QuotaMode, when not empty, replaces quota.mode of every provider of the policy that has
+	// a quota: off, shadow or enforce.
+	QuotaMode string `json:"quota_mode,omitempty"`
 }
 
 // PassThrough reports whether the configuration runs without an ext_proc server.
@@ -53,7 +59,7 @@ func (c Configuration) PassThrough() bool { return c.PolicyPath == "" && c.Polic
 
 // variant is how DerivePolicy changes the configuration's policy at time scale scale.
 func (c Configuration) variant(scale float64) Variant {
-	return Variant{Shadow: c.Shadow, TimeScale: scale, ProviderLimit: c.ProviderLimit, Adaptive: c.Adaptive}
+	return Variant{Shadow: c.Shadow, TimeScale: scale, ProviderLimit: c.ProviderLimit, Adaptive: c.Adaptive, QuotaMode: c.QuotaMode}
 }
 
 // Names of the standard configurations.
@@ -133,6 +139,49 @@ func BrownoutConfigurations(policyPath string, policy []byte, adaptive map[strin
 // BrownoutConfigurationNames are the brownout configurations a plain run executes: all of them.
 var BrownoutConfigurationNames = []string{ConfigNoBrownout, ConfigStatic10, ConfigStatic4, ConfigAdaptive, ConfigFollow}
 
+// Names of the provider quota configurations.
+const (
+	ConfigNoQuota      = "no-quota"
+	ConfigQuotaOff     = "quota-off"
+	ConfigQuotaShadow  = "quota-shadow"
+	ConfigQuotaEnforce = "quota-enforce"
+)
+
+// QuotaPolicy is the provider quota experiment's built-in policy (quota-policy.yaml): chat
+// (priority 10) and batch (priority 1) on deepseek, whose quota keeps a fifth for chat, with
+// qwen as its fallback.
+//
+//go:embed quota-policy.yaml
+var QuotaPolicy []byte
+
+// QuotaPolicyName names the built-in quota policy in messages.
+const QuotaPolicyName = "built-in quota policy"
+
+// QuotaConfigurations returns the provider quota experiment's configurations in table order:
+// the account without a quota (the baseline), then with its quota the policy's quota mode off,
+// shadow and enforce. policyPath names the policy and policy is its text (QuotaPolicy when
+// nil).
+func QuotaConfigurations(policyPath string, policy []byte) []Configuration {
+	if policy == nil {
+		policy = QuotaPolicy
+	}
+	if policyPath == "" {
+		policyPath = QuotaPolicyName
+	}
+	c := func(name, label string, quota bool, mode string) Configuration {
+		return Configuration{Name: name, Label: label, Storm: true, PolicyPath: policyPath, PolicyText: policy, ProviderQuota: quota, QuotaMode: mode}
+	}
+	return []Configuration{
+		c(ConfigNoQuota, "account without a quota, quota off (baseline)", false, "off"),
+		c(ConfigQuotaOff, "quota runs out, quota off", true, "off"),
+		c(ConfigQuotaShadow, "quota runs out, quota shadow", true, "shadow"),
+		c(ConfigQuotaEnforce, "quota runs out, quota enforce", true, "enforce"),
+	}
+}
+
+// QuotaConfigurationNames are the quota configurations a plain run executes: all of them.
+var QuotaConfigurationNames = []string{ConfigNoQuota, ConfigQuotaOff, ConfigQuotaShadow, ConfigQuotaEnforce}
+
 // ParseAdaptive reads adaptive settings written as key=value pairs separated by commas
 // ("min=2,max=20,interval=500ms"). It checks the form only; the policy's validation checks the
 // keys and values.
@@ -205,6 +254,8 @@ type Variant struct {
 	// a number removes any adaptive settings.
 	ProviderLimit string
 	Adaptive      map[string]string
+	// QuotaMode, when not empty, sets quota.mode of every provider that has a quota.
+	QuotaMode string
 }
 
 // scaledKeys are the policy keys holding durations that must follow the time scale: queue waits
@@ -253,6 +304,11 @@ func DerivePolicy(name string, src []byte, v Variant) ([]byte, error) {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 	}
+	if v.QuotaMode != "" {
+		if err := setQuotaMode(doc, v.QuotaMode); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+	}
 	if v.TimeScale != 0 && v.TimeScale != 1 {
 		if err := scaleDurations(doc, v.TimeScale); err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
@@ -267,6 +323,9 @@ func DerivePolicy(name string, src []byte, v Variant) ([]byte, error) {
 	fmt.Fprintf(&out, "# Derived from %s by the storm experiment (shadow %v, time scale %v", name, v.Shadow, orOne(v.TimeScale))
 	if v.ProviderLimit != "" {
 		fmt.Fprintf(&out, ", provider limit %s", v.ProviderLimit)
+	}
+	if v.QuotaMode != "" {
+		fmt.Fprintf(&out, ", quota mode %s", v.QuotaMode)
 	}
 	out.WriteString(").\n")
 	enc := yaml.NewEncoder(&out)
@@ -376,6 +435,24 @@ func setProviderLimit(doc *yaml.Node, limit string, adaptive map[string]string) 
 			}
 			p.Content = append(p.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: "adaptive"}, m)
 		}
+	}
+	return nil
+}
+
+// setQuotaMode sets quota.mode of every provider that has a quota mapping.
+func setQuotaMode(doc *yaml.Node, mode string) error {
+	provs := mapValue(doc, "providers")
+	found := false
+	if provs != nil && provs.Kind == yaml.MappingNode {
+		for i := 1; i < len(provs.Content); i += 2 {
+			if q := mapValue(provs.Content[i], "quota"); q != nil && q.Kind == yaml.MappingNode {
+				setScalar(q, "mode", mode)
+				found = true
+			}
+		}
+	}
+	if !found {
+		return errors.New("a quota mode needs a provider with a quota")
 	}
 	return nil
 }

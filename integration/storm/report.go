@@ -62,6 +62,41 @@ type RunSummary struct {
 	// upstream's queue and on their way to the upstream (Sample.ProviderWait, ProxyWait).
 	ProviderWait map[string]float64 `json:"provider_wait,omitempty"`
 	ProxyWait    map[string]float64 `json:"proxy_wait,omitempty"`
+
+	// The provider quota's numbers (absent without Scenario.QuotaProvider). BatchRate is the
+	// batch documents answered per simulated second of the run. ProviderQuotaRefused counts
+	// the provider's 429s for its used-up quota (what llm-bulkhead saw), Provider429sToClients
+	// the upstream 429s that reached the clients as they were. QuotaRerouted counts requests
+	// re-routed for provider_quota; QuotaShort those the quota, as the headers told it, could
+	// not cover (in shadow mode: counted, nothing else).
+	BatchRate             *float64 `json:"batch_rate,omitempty"`
+	ProviderQuotaRefused  int      `json:"provider_quota_refused,omitempty"`
+	Provider429sToClients int      `json:"provider_429s_to_clients,omitempty"`
+	QuotaRerouted         int      `json:"quota_rerouted,omitempty"`
+	QuotaShort            int      `json:"quota_short,omitempty"`
+}
+
+// quotaSummary fills the provider quota's numbers of s.
+func quotaSummary(s *RunSummary, res *RunResult, sc Scenario) {
+	if sc.QuotaProvider == "" {
+		return
+	}
+	v := float64(s.BatchDone) / sc.Duration.Seconds()
+	s.BatchRate = &v
+	s.ProviderQuotaRefused = int(res.ProviderQuotaRefused)
+	for _, byKind := range res.Errors {
+		s.Provider429sToClients += byKind["status_429"]
+	}
+	if res.Engine != nil {
+		for _, rr := range res.Engine.Reroutes {
+			if rr.Reason == "provider_quota" {
+				s.QuotaRerouted += rr.Count
+			}
+		}
+		for _, n := range res.Engine.QuotaShort {
+			s.QuotaShort += n
+		}
+	}
 }
 
 // ProviderShare is the share of the waiting of feature's requests ("" for all) that happened
@@ -186,6 +221,7 @@ func summarizeRun(res *RunResult, sc Scenario) RunSummary {
 	}
 	s.BatchP99 = percentileOpt(done, 99)
 	brownoutSummary(&s, res, sc)
+	quotaSummary(&s, res, sc)
 	if res.Engine != nil && len(res.Engine.ShadowRejections) > 0 {
 		s.Shadow = map[string]int{}
 		for reason, byComp := range res.Engine.ShadowRejections {
@@ -230,6 +266,12 @@ type ConfigSummary struct {
 	BatchBrownoutRate     Stat `json:"batch_brownout_rate"`
 	ProviderWaitShare     Stat `json:"provider_wait_share"`
 	ChatProviderWaitShare Stat `json:"chat_provider_wait_share"`
+	// The provider quota's numbers (RunSummary's).
+	BatchRate             Stat `json:"batch_rate"`
+	ProviderQuotaRefused  Stat `json:"provider_quota_refused"`
+	Provider429sToClients Stat `json:"provider_429s_to_clients"`
+	QuotaRerouted         Stat `json:"quota_rerouted"`
+	QuotaShort            Stat `json:"quota_short"`
 }
 
 // Report is the outcome of Run: the setting, every run, and a summary per configuration.
@@ -343,6 +385,13 @@ func (r *Report) summarize() {
 			cs.ProviderWaitShare = opt(share(""))
 			cs.ChatProviderWaitShare = opt(share(FeatureChat))
 		}
+		if r.Scenario.QuotaProvider != "" {
+			cs.BatchRate = opt(func(s RunSummary) *float64 { return s.BatchRate })
+			cs.ProviderQuotaRefused = num(func(s RunSummary) float64 { return float64(s.ProviderQuotaRefused) })
+			cs.Provider429sToClients = num(func(s RunSummary) float64 { return float64(s.Provider429sToClients) })
+			cs.QuotaRerouted = num(func(s RunSummary) float64 { return float64(s.QuotaRerouted) })
+			cs.QuotaShort = num(func(s RunSummary) float64 { return float64(s.QuotaShort) })
+		}
 	}
 }
 
@@ -389,8 +438,11 @@ func (r *Report) Config(name string) *ConfigSummary {
 // BaselineName is the configuration the others are compared with: the chat-only run without a
 // policy, or, in the brownout experiment, the run without a brownout.
 func (r *Report) BaselineName() string {
-	if len(r.Scenario.Brownout) > 0 {
+	switch {
+	case len(r.Scenario.Brownout) > 0:
 		return ConfigNoBrownout
+	case r.Scenario.QuotaProvider != "":
+		return ConfigNoQuota
 	}
 	return ConfigBaseline
 }
@@ -483,24 +535,18 @@ func sortedKeys[V any](m map[string]V) []string {
 // target below it. Latencies are simulated seconds; each cell is the median over the
 // repetitions with the range in brackets.
 func (r *Report) Markdown() string {
-	if len(r.Scenario.Brownout) > 0 {
+	switch {
+	case len(r.Scenario.Brownout) > 0:
 		return r.brownoutMarkdown()
+	case r.Scenario.QuotaProvider != "":
+		return r.quotaMarkdown()
 	}
 	var b strings.Builder
 	docs := r.Scenario.BatchWorkers * r.Scenario.BatchPerWorker
 	fmt.Fprintf(&b, "| configuration | chat P50 (s) | chat P90 (s) | chat P99 (s) | chat failed | batch P99 (s) | batch done (of %d) | refused (x-bulkhead-reason) |\n", docs)
 	b.WriteString("|---|---|---|---|---|---|---|---|\n")
 	for _, cs := range r.Configurations {
-		failed := Stat{}
-		if cs.Runs > 0 {
-			var xs []float64
-			for _, run := range r.Runs {
-				if run.Configuration == cs.Name {
-					xs = append(xs, float64(run.Summary.ChatRefused+run.Summary.ChatErrors))
-				}
-			}
-			failed = Summarize(xs)
-		}
+		failed := r.chatFailed(cs.Name)
 		batchDone := "—"
 		if cs.Storm {
 			batchDone = count(cs.BatchDone)
@@ -588,20 +634,10 @@ func (r *Report) brownoutMarkdown() string {
 	b.WriteString("| configuration | chat P50 (s) | chat P99 (s) | chat P99 ÷ baseline | chat P99, brownout (s) | batch/s, healthy | batch/s, brownout | waiting at the provider: all | waiting at the provider: chat | chat failed | refused (x-bulkhead-reason) |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, cs := range r.Configurations {
-		var xs []float64
-		for _, run := range r.Runs {
-			if run.Configuration == cs.Name {
-				xs = append(xs, float64(run.Summary.ChatRefused+run.Summary.ChatErrors))
-			}
-		}
-		ratio := "—"
-		if v, ok := r.Ratio(cs.Name); ok {
-			ratio = fmt.Sprintf("%.2f×", v)
-		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s of %s | %s |\n", cs.Label,
-			seconds(cs.ChatP50), seconds(cs.ChatP99), ratio, seconds(cs.ChatBrownoutP99),
+			seconds(cs.ChatP50), seconds(cs.ChatP99), r.ratioCell(cs.Name), seconds(cs.ChatBrownoutP99),
 			rate(cs.BatchHealthyRate), rate(cs.BatchBrownoutRate), percent(cs.ProviderWaitShare), percent(cs.ChatProviderWaitShare),
-			count(Summarize(xs)), count(cs.ChatRequests), refusedCell(cs))
+			count(r.chatFailed(cs.Name)), count(cs.ChatRequests), refusedCell(cs))
 	}
 	var p99, thr []string
 	for _, cs := range r.Configurations {
@@ -628,6 +664,48 @@ func (r *Report) brownoutMarkdown() string {
 	return b.String()
 }
 
+// quotaMarkdown renders the provider quota experiment's table and its targets for enforce.
+func (r *Report) quotaMarkdown() string {
+	var b strings.Builder
+	b.WriteString("| configuration | chat P50 (s) | chat P99 (s) | chat P99 ÷ baseline | batch done/s | provider 429s (llm-bulkhead saw) | provider 429s to clients | re-routed for provider_quota | quota short (counted) | chat failed | refused, and failed otherwise (reason) |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, cs := range r.Configurations {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s of %s | %s |\n", cs.Label,
+			seconds(cs.ChatP50), seconds(cs.ChatP99), r.ratioCell(cs.Name), rate(cs.BatchRate), count(cs.ProviderQuotaRefused),
+			count(cs.Provider429sToClients), count(cs.QuotaRerouted), count(cs.QuotaShort),
+			count(r.chatFailed(cs.Name)), count(cs.ChatRequests), refusedCell(cs))
+	}
+	if cs := r.Config(ConfigQuotaEnforce); cs != nil && cs.Runs > 0 {
+		line := fmt.Sprintf("\nEnforce: provider 429s to clients %s (target 0)", count(cs.Provider429sToClients))
+		if v, ok := r.Ratio(cs.Name); ok {
+			line += fmt.Sprintf(", chat P99 ÷ baseline %.2f× (target ≤ %.1f×, %s)", v, TargetRatio, verdict(v <= TargetRatio))
+		}
+		b.WriteString(line + ".\n")
+	}
+	b.WriteString(r.stallLine())
+	return b.String()
+}
+
+// ratioCell is the table's cell for Ratio: "1.23×", or "—".
+func (r *Report) ratioCell(name string) string {
+	if v, ok := r.Ratio(name); ok {
+		return fmt.Sprintf("%.2f×", v)
+	}
+	return "—"
+}
+
+// chatFailed is the statistic of failed chat requests (refused or failed otherwise) of the
+// configuration's runs.
+func (r *Report) chatFailed(name string) Stat {
+	var xs []float64
+	for _, run := range r.Runs {
+		if run.Configuration == name {
+			xs = append(xs, float64(run.Summary.ChatRefused+run.Summary.ChatErrors))
+		}
+	}
+	return Summarize(xs)
+}
+
 func verdict(met bool) string {
 	if met {
 		return "met"
@@ -651,8 +729,11 @@ func (r *Report) WriteFiles(dir string) error {
 	}
 	var md strings.Builder
 	title := "Storm experiment results"
-	if len(r.Scenario.Brownout) > 0 {
+	switch {
+	case len(r.Scenario.Brownout) > 0:
 		title = "Provider brownout results"
+	case r.Scenario.QuotaProvider != "":
+		title = "Provider quota results"
 	}
 	fmt.Fprintf(&md, "# %s\n\n%s\n\n", title, r.Setting())
 	md.WriteString(r.Markdown())
@@ -686,8 +767,11 @@ func (r *Report) Setting() string {
 		runs = "1 run"
 	}
 	capacity := fmt.Sprintf("upstream capacity %d", r.Capacity)
-	if len(r.Scenario.Brownout) > 0 {
+	switch {
+	case len(r.Scenario.Brownout) > 0:
 		capacity = fmt.Sprintf("upstream capacity %s under the brownout and %d without it", r.Scenario.Brownout, r.Scenario.Brownout[0].Capacity)
+	case r.Scenario.QuotaProvider != "":
+		capacity += fmt.Sprintf(", %s's account quota %s (simulated)", r.Scenario.QuotaProvider, r.Scenario.QuotaString())
 	}
 	return fmt.Sprintf("%s per configuration (median, range in brackets), time scale %v, %s, random seed %d; "+
 		"%s/%s, %d CPUs, %s%s; %.0f s of wall time. Latencies in simulated seconds; failed chat requests count as %v.",

@@ -92,6 +92,9 @@ func (o Options) validate() error {
 		if c.Shadow && c.PassThrough() {
 			errs = append(errs, fmt.Errorf("configuration %s: shadow mode needs a policy", c.Name))
 		}
+		if c.ProviderQuota && o.Scenario.QuotaProvider == "" {
+			errs = append(errs, fmt.Errorf("configuration %s: a provider quota needs the scenario's quota provider", c.Name))
+		}
 	}
 	if s := o.scale(); !(s > 0) || math.IsInf(s, 0) {
 		errs = append(errs, fmt.Errorf("time scale %v must be a positive finite number", o.TimeScale))
@@ -156,6 +159,9 @@ type EngineCounts struct {
 	// splits them by feature, providers and reason.
 	Rerouted int       `json:"rerouted"`
 	Reroutes []Reroute `json:"reroutes,omitempty"`
+	// QuotaShort counts the requests a provider's quota, as its headers told it, could not
+	// cover (in shadow mode: would have re-routed or refused), per provider.
+	QuotaShort map[string]int `json:"quota_short,omitempty"`
 	// Limits holds, for every compartment that refused a request of the run (see
 	// RunResult.RefusedBy), what it allows.
 	Limits map[string]CompartmentLimits `json:"limits,omitempty"`
@@ -213,6 +219,10 @@ type RunResult struct {
 	// serving and holding in its queue at once (sampled every 10 ms of wall time).
 	UpstreamPeakInFlight int `json:"upstream_peak_in_flight"`
 	UpstreamPeakQueued   int `json:"upstream_peak_queued"`
+	// UpstreamByProvider counts the requests the mock LLM received per provider, and
+	// ProviderQuotaRefused those it refused with 429 because the account's quota was used up.
+	UpstreamByProvider   map[string]int64 `json:"upstream_by_provider,omitempty"`
+	ProviderQuotaRefused int64            `json:"provider_quota_refused"`
 	// StallMillis is the longest a 10 ms wall-clock tick of the sampler came late, in
 	// milliseconds of wall time: how long the process was kept from running (machine load,
 	// garbage collection). Multiplied by 1/TimeScale it is the simulated delay a request could
@@ -397,6 +407,9 @@ func runOne(ctx context.Context, opts Options, c Configuration, policyPath strin
 	case len(r.sc.Brownout) > 0:
 		mo.Capacity = r.sc.Brownout[0].Capacity
 	}
+	if c.ProviderQuota {
+		mo.Quotas = map[string]mock.RequestQuota{r.sc.QuotaProvider: r.sc.ProviderQuota}
+	}
 	ho := harness.Options{
 		PolicyPath: policyPath,
 		Env:        []string{},
@@ -482,6 +495,8 @@ func runOne(ctx context.Context, opts Options, c Configuration, policyPath strin
 	}
 	sort.Slice(res.Chat, func(i, j int) bool { return res.Chat[i].Start < res.Chat[j].Start })
 	sort.Slice(res.Batch, func(i, j int) bool { return res.Batch[i].Start < res.Batch[j].Start })
+	ms := st.Mock.Stats()
+	res.UpstreamByProvider, res.ProviderQuotaRefused = ms.ByProvider, ms.ByOutcome[mock.OutcomeQuota]
 	if !c.PassThrough() {
 		res.Engine = engineCounts(st)
 		res.Engine.Limits = compartmentLimits(st.App.Engine().Compartments(), res.RefusedBy, r.scale)
@@ -953,6 +968,18 @@ func engineCounts(st *harness.Stack) *EngineCounts {
 				for _, l := range m.GetLabel() {
 					if l.GetName() == "to" && l.GetValue() == "OPEN" {
 						ec.BreakerOpenings += int(m.GetCounter().GetValue())
+					}
+				}
+			}
+		case "llm_bulkhead_provider_quota_short_total":
+			for _, m := range mf.GetMetric() {
+				n := int(m.GetCounter().GetValue())
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "provider" && n > 0 {
+						if ec.QuotaShort == nil {
+							ec.QuotaShort = map[string]int{}
+						}
+						ec.QuotaShort[l.GetValue()] += n
 					}
 				}
 			}

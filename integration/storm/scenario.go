@@ -92,6 +92,40 @@ type Scenario struct {
 	// without it run at the schedule's first capacity throughout, and Options.Capacity is not
 	// used.
 	Brownout mock.CapacitySchedule `json:"brownout,omitempty"`
+	// QuotaProvider, when not empty, is the provider whose account has ProviderQuota during a
+	// run of a configuration with ProviderQuota set: mockllm refuses with 429 what the quota
+	// cannot cover and says what is left in the API's rate-limit headers. Its Window is
+	// simulated time.
+	QuotaProvider string            `json:"quota_provider,omitempty"`
+	ProviderQuota mock.RequestQuota `json:"-"`
+}
+
+// QuotaScenario returns the provider quota: the brownout's chat users (30, streamed 2K-token
+// requests, 4–12 s pauses) and a steady batch load of 8 sequential workers sending streamed
+// 5K-token documents, for 40 s, on deepseek, whose account allows 120 requests and 300 000
+// tokens a 20-second window, counted from the window's first request: the load (≈ 30 000
+// tokens a second) uses the tokens up about 10 s into each window, and the window that starts
+// at 20 s has them all again.
+func QuotaScenario() Scenario {
+	sc := BrownoutScenario()
+	sc.Brownout = nil
+	sc.BatchWorkers = 8
+	sc.QuotaProvider = "deepseek"
+	sc.ProviderQuota = mock.RequestQuota{Limit: 120, Tokens: 300_000, Window: 20 * time.Second}
+	return sc
+}
+
+// QuotaString writes the scenario's provider quota as "240 requests and 600000 tokens per 20s".
+func (s Scenario) QuotaString() string {
+	q := s.ProviderQuota
+	var parts []string
+	if q.Limit > 0 {
+		parts = append(parts, fmt.Sprintf("%d requests", q.Limit))
+	}
+	if q.Tokens > 0 {
+		parts = append(parts, fmt.Sprintf("%d tokens", q.Tokens))
+	}
+	return strings.Join(parts, " and ") + " per " + q.Window.String()
 }
 
 // BrownoutScenario returns the provider brownout: 30 chat users (22 of acme, 8 of globex)
@@ -154,6 +188,10 @@ func DefaultScenario() Scenario {
 // MarshalJSON writes the durations as Go duration strings ("30s") rather than nanoseconds.
 func (s Scenario) MarshalJSON() ([]byte, error) {
 	type plain Scenario
+	quota := ""
+	if s.QuotaProvider != "" {
+		quota = s.QuotaString()
+	}
 	return json.Marshal(struct {
 		plain
 		Duration    string `json:"duration"`
@@ -162,7 +200,8 @@ func (s Scenario) MarshalJSON() ([]byte, error) {
 		ChatTimeout string `json:"chat_timeout"`
 		StormAt     string `json:"storm_at"`
 		Brownout    string `json:"brownout,omitempty"`
-	}{plain(s), s.Duration.String(), s.ThinkMin.String(), s.ThinkMax.String(), s.ChatTimeout.String(), s.StormAt.String(), s.Brownout.String()})
+		Quota       string `json:"provider_quota,omitempty"`
+	}{plain(s), s.Duration.String(), s.ThinkMin.String(), s.ThinkMax.String(), s.ChatTimeout.String(), s.StormAt.String(), s.Brownout.String(), quota})
 }
 
 // ChatUsers is the number of chat users.
@@ -262,6 +301,11 @@ func (s Scenario) Validate() error {
 			errs = append(errs, fmt.Errorf("brownout: %w", err))
 		} else if len(s.Phases()) < 2 {
 			errs = append(errs, fmt.Errorf("brownout %s changes nothing within the run's %v", s.Brownout, s.Duration))
+		}
+	}
+	if s.QuotaProvider != "" {
+		if q := s.ProviderQuota; q.Limit < 0 || q.Tokens < 0 || q.Limit == 0 && q.Tokens == 0 || q.Window <= 0 {
+			errs = append(errs, fmt.Errorf("provider quota %s: needs a request or token limit (neither negative) and a positive window", s.QuotaString()))
 		}
 	}
 	return errors.Join(errs...)

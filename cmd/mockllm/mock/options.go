@@ -160,10 +160,14 @@ type Options struct {
 	// value, on top of Capacity. Providers not listed are unlimited.
 	ProviderCapacity map[string]int
 	// Quotas gives providers (by x-llm-provider header value; "" for requests
-	// without it) a request rate limit, reported in every response's
+	// without it) request and token rate limits, reported in every response's
 	// rate-limit headers and enforced with 429 (see RequestQuota). Providers
 	// not listed have none and send no such headers.
 	Quotas map[string]RequestQuota
+	// QuotaClock is the clock of the quotas' windows and of the resets their
+	// headers announce (nil: the system clock), so that a test can step it
+	// together with the proxy's clock.
+	QuotaClock func() time.Time
 	// DefaultCompletionTokens is the completion size when the request gives no
 	// max_tokens, max_completion_tokens or max_output_tokens. Zero means 256.
 	DefaultCompletionTokens int64
@@ -261,8 +265,8 @@ func (o Options) validate() error {
 		}
 	}
 	for name, q := range o.Quotas {
-		if q.Limit < 1 || q.Window <= 0 {
-			errs = append(errs, fmt.Errorf("quota of provider %q needs a limit of at least 1 and a positive window, got %d per %s", name, q.Limit, q.Window))
+		if q.Limit < 0 || q.Tokens < 0 || q.Limit == 0 && q.Tokens == 0 || q.Window <= 0 {
+			errs = append(errs, fmt.Errorf("quota of provider %q needs a request or token limit (neither negative) and a positive window, got %d requests and %d tokens per %s", name, q.Limit, q.Tokens, q.Window))
 		}
 	}
 	if len(o.Quotas) > maxTrackedProviders {

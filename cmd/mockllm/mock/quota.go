@@ -11,22 +11,27 @@ import (
 // unreadable (a word for a count, a negative reset), as a broken proxy might send them.
 const HeaderRateLimitMalformed = "x-mockllm-ratelimit-malformed"
 
-// OutcomeQuota: refused with 429 because the provider's request quota was used up.
+// OutcomeQuota: refused with 429 because the provider's request or token quota was used up.
 const OutcomeQuota = "quota"
 
-// RequestQuota is a provider account's request rate limit as hosted APIs enforce it: Limit
-// requests per Window (simulated time: scaled by Options.TimeScale), counted from the window's
-// first request. Every response of a provider with a quota says what is left in the API's own
-// headers — x-ratelimit-{limit,remaining,reset}-requests (OpenAI, Azure and compatible
-// servers; the reset as a Go duration such as 1.5s) or anthropic-ratelimit-requests-{limit,
+// RequestQuota is a provider account's rate limits as hosted APIs enforce them: Limit requests
+// and Tokens tokens per Window (simulated time: scaled by Options.TimeScale), counted from the
+// window's first request. A request takes one request and its prompt tokens plus the completion
+// it asks for (max_tokens, or the default), as OpenAI counts them when it admits a request.
+// Every response of a provider with a quota says what is left in the API's own headers —
+// x-ratelimit-{limit,remaining,reset}-{requests,tokens} (OpenAI, Azure and compatible servers;
+// the reset as a Go duration such as 1.5s) or anthropic-ratelimit-{requests,tokens}-{limit,
 // remaining,reset} (Anthropic's Messages API; the reset an RFC 3339 instant) — and a request
-// beyond the limit is answered 429 in the API's error format, with retry-after.
+// beyond either limit is answered 429 in the API's error format, with retry-after.
 type RequestQuota struct {
-	Limit  int
+	// Limit is the requests allowed per window (0: no request limit).
+	Limit int
+	// Tokens is the tokens allowed per window (0: no token limit).
+	Tokens int64
 	Window time.Duration
 }
 
-// quotas holds the request quota of each provider that has one.
+// quotas holds the quotas of each provider that has one.
 type quotas struct {
 	mu    sync.Mutex
 	scale float64
@@ -35,8 +40,17 @@ type quotas struct {
 
 type quotaState struct {
 	RequestQuota
-	start time.Time
-	used  int
+	start  time.Time
+	used   int
+	tokens int64
+}
+
+// quotaLeft is what a provider's quota says after a request: the limits and what is left of
+// them until reset (real time).
+type quotaLeft struct {
+	requests, limit int
+	tokens, tokLim  int64
+	reset           time.Duration
 }
 
 func newQuotas(by map[string]RequestQuota, scale float64) *quotas {
@@ -47,48 +61,67 @@ func newQuotas(by map[string]RequestQuota, scale float64) *quotas {
 	return q
 }
 
-// take counts a request of provider against its quota: ok false when the quota is used up.
-// left and reset are what the headers say (has false: the provider has no quota).
-func (q *quotas) take(provider string, now time.Time) (has, ok bool, limit, left int, reset time.Duration) {
+// take counts a request of provider needing tokens against its quota: ok false when the
+// request or the token quota cannot cover it (then nothing is taken). has is false when the
+// provider has no quota.
+func (q *quotas) take(provider string, tokens int64, now time.Time) (has, ok bool, left quotaLeft) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	st := q.by[provider]
 	if st == nil {
-		return false, true, 0, 0, 0
+		return false, true, quotaLeft{}
 	}
 	window := time.Duration(float64(st.Window) * q.scale)
-	if st.start.IsZero() || now.Sub(st.start) >= window {
-		st.start, st.used = now, 0
+	if st.start.IsZero() || now.Sub(st.start) >= window || now.Before(st.start) {
+		st.start, st.used, st.tokens = now, 0, 0
 	}
-	reset = st.start.Add(window).Sub(now)
-	if st.used >= st.Limit {
-		return true, false, st.Limit, 0, reset
+	ok = (st.Limit == 0 || st.used < st.Limit) && (st.Tokens == 0 || st.tokens+tokens <= st.Tokens)
+	if ok {
+		st.used++
+		st.tokens += tokens
 	}
-	st.used++
-	return true, true, st.Limit, st.Limit - st.used, reset
+	return true, ok, quotaLeft{requests: max(st.Limit-st.used, 0), limit: st.Limit, tokens: max(st.Tokens-st.tokens, 0),
+		tokLim: st.Tokens, reset: st.start.Add(window).Sub(now)}
 }
 
-// setQuotaHeaders writes what is left of the quota in the API's own rate-limit headers.
-func (e *exchange) setQuotaHeaders(limit, left int, reset time.Duration, malformed bool) {
+// reset starts every quota's window again with the next request.
+func (q *quotas) reset() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, st := range q.by {
+		st.start, st.used, st.tokens = time.Time{}, 0, 0
+	}
+}
+
+// setQuotaHeaders writes what is left of the quota in the API's own rate-limit headers; now
+// dates Anthropic's reset instants.
+func (e *exchange) setQuotaHeaders(l quotaLeft, now time.Time, malformed bool) {
 	h := e.w.Header()
-	lim, rem := strconv.Itoa(limit), strconv.Itoa(left)
-	if e.rt.dialect == dialectAnthropic {
-		at := time.Now().Add(reset).UTC().Format(time.RFC3339Nano)
-		if malformed {
-			rem, at = "plenty", "tomorrow"
+	set := func(kind, limit, left string) {
+		if e.rt.dialect == dialectAnthropic {
+			at := now.Add(l.reset).UTC().Format(time.RFC3339Nano)
+			if malformed {
+				left, at = "plenty", "tomorrow"
+			}
+			h.Set("anthropic-ratelimit-"+kind+"-limit", limit)
+			h.Set("anthropic-ratelimit-"+kind+"-remaining", left)
+			h.Set("anthropic-ratelimit-"+kind+"-reset", at)
+			return
 		}
-		h.Set("anthropic-ratelimit-requests-limit", lim)
-		h.Set("anthropic-ratelimit-requests-remaining", rem)
-		h.Set("anthropic-ratelimit-requests-reset", at)
-		return
+		rs := l.reset.Round(time.Millisecond).String()
+		if malformed {
+			left, rs = "plenty", "-5s"
+		}
+		h.Set("x-ratelimit-limit-"+kind, limit)
+		h.Set("x-ratelimit-remaining-"+kind, left)
+		h.Set("x-ratelimit-reset-"+kind, rs)
 	}
-	rs := reset.Round(time.Millisecond).String()
-	if malformed {
-		rem, rs = "plenty", "-5s"
+	if l.limit > 0 {
+		set("requests", strconv.Itoa(l.limit), strconv.Itoa(l.requests))
 	}
-	h.Set("x-ratelimit-limit-requests", lim)
-	h.Set("x-ratelimit-remaining-requests", rem)
-	h.Set("x-ratelimit-reset-requests", rs)
+	if l.tokLim > 0 {
+		set("tokens", strconv.FormatInt(l.tokLim, 10), strconv.FormatInt(l.tokens, 10))
+	}
 }
 
 // quotaRefusal answers a request beyond its provider's quota.

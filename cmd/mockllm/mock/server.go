@@ -173,12 +173,14 @@ func (s *Server) Stats() Stats {
 	return st
 }
 
-// Reset empties the request log, zeroes the counters (queue waits included)
-// and starts the capacity schedule again from its first step. Fault rules
+// Reset empties the request log, zeroes the counters (queue waits included),
+// starts every quota's window again with the next request and the capacity
+// schedule again from its first step. Fault rules
 // and requests in progress are left alone.
 func (s *Server) Reset() {
 	s.rec.reset()
 	s.pools.resetWaits()
+	s.quotas.reset()
 	if s.sched != nil {
 		s.sched.start()
 	}
@@ -247,6 +249,14 @@ func (s *Server) draw() (failRoll, jitter float64) {
 }
 
 // scale applies the time scale to a simulated delay.
+// now is the time of the quota windows (Options.QuotaClock).
+func (s *Server) now() time.Time {
+	if s.opts.QuotaClock != nil {
+		return s.opts.QuotaClock()
+	}
+	return time.Now()
+}
+
 func (s *Server) scale(d time.Duration) time.Duration {
 	return time.Duration(float64(d) * s.opts.TimeScale)
 }
@@ -396,11 +406,12 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, rt route) {
 	ctx := r.Context()
 	delay := s.scale(time.Duration(f.DelayHeaders))
 
-	if has, ok, limit, left, reset := s.quotas.take(provider, time.Now()); has {
+	now := s.now()
+	if has, ok, left := s.quotas.take(provider, e.usage.Prompt+e.usage.Completion, now); has {
 		// The reset is in real time: it is when the quota really refills.
-		e.setQuotaHeaders(limit, left, reset, r.Header.Get(HeaderRateLimitMalformed) == "true")
+		e.setQuotaHeaders(left, now, r.Header.Get(HeaderRateLimitMalformed) == "true")
 		if !ok {
-			e.quotaRefusal(out, reset)
+			e.quotaRefusal(out, left.reset)
 			return
 		}
 	}

@@ -13,8 +13,8 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/integration/storm"
 )
 
-// brownoutFlags are the command-line values the brownout scenario uses.
-type brownoutFlags struct {
+// scenarioFlags are the command-line values the brownout and quota scenarios use.
+type scenarioFlags struct {
 	out        string
 	fast       bool
 	scale      float64
@@ -30,8 +30,8 @@ type brownoutFlags struct {
 }
 
 // runBrownout is the command for --scenario brownout; set holds the flags given.
-func runBrownout(ctx context.Context, set map[string]bool, f brownoutFlags, stdout, stderr io.Writer) int {
-	for _, name := range []string{"demo", "capacity", "batch-concurrency", "policy", "pooled-policy"} {
+func runBrownout(ctx context.Context, set map[string]bool, f scenarioFlags, stdout, stderr io.Writer) int {
+	for _, name := range []string{"demo", "capacity", "batch-concurrency", "policy", "pooled-policy", "quota-policy"} {
 		if set[name] {
 			fmt.Fprintf(stderr, "storm: --%s does not apply to --scenario %s\n", name, scenarioBrownout)
 			return 2
@@ -67,14 +67,7 @@ func runBrownout(ctx context.Context, set map[string]bool, f brownoutFlags, stdo
 	case f.fast:
 		o.TimeScale = fastScale
 	}
-	names := storm.BrownoutConfigurationNames
-	if f.configs != "" {
-		names = strings.Split(f.configs, ",")
-		for i := range names {
-			names[i] = strings.TrimSpace(names[i])
-		}
-	}
-	o.Configurations, err = storm.SelectConfigurations(storm.BrownoutConfigurations(f.policy, policy, adaptive), names)
+	o.Configurations, err = storm.SelectConfigurations(storm.BrownoutConfigurations(f.policy, policy, adaptive), configNames(f.configs, storm.BrownoutConfigurationNames))
 	if err != nil {
 		fmt.Fprintf(stderr, "storm: %v\n", err)
 		return 2
@@ -105,6 +98,24 @@ func runBrownout(ctx context.Context, set map[string]bool, f brownoutFlags, stdo
 			r.UpstreamPeakQueued, r.WallSeconds)
 	}
 
+	return runAndWrite(ctx, o, f.out, set["out"], "results/storm-brownout", stdout, stderr)
+}
+
+// configNames reads --configs (all: when it is empty).
+func configNames(configs string, all []string) []string {
+	if configs == "" {
+		return all
+	}
+	names := strings.Split(configs, ",")
+	for i := range names {
+		names[i] = strings.TrimSpace(names[i])
+	}
+	return names
+}
+
+// runAndWrite runs the experiment o of the brownout or quota scenario, prints the setting
+// and the table, and writes the files into out (defaultOut when --out was not given).
+func runAndWrite(ctx context.Context, o storm.Options, out string, outSet bool, defaultOut string, stdout, stderr io.Writer) int {
 	start := time.Now()
 	rep, err := storm.Run(ctx, o)
 	if err != nil {
@@ -115,14 +126,18 @@ func runBrownout(ctx context.Context, set map[string]bool, f brownoutFlags, stdo
 		return 1
 	}
 	fmt.Fprintf(stdout, "\n%s\n\n%s", rep.Setting(), rep.Markdown())
-	if !set["out"] {
-		f.out = "results/storm-brownout"
+	if !outSet {
+		out = defaultOut
 	}
-	if err := rep.WriteFiles(f.out); err != nil {
+	if err := rep.WriteFiles(out); err != nil {
 		fmt.Fprintf(stderr, "storm: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "\nWrote %s/{%s,%s,%s,%s} in %.0f s.\n", strings.TrimSuffix(f.out, "/"), storm.FileTable, storm.FileChart, storm.FileTrace, storm.FileJSON, time.Since(start).Seconds())
+	files := []string{storm.FileTable, storm.FileChart, storm.FileJSON}
+	if len(o.Scenario.Brownout) > 0 {
+		files = []string{storm.FileTable, storm.FileChart, storm.FileTrace, storm.FileJSON}
+	}
+	fmt.Fprintf(stdout, "\nWrote %s/{%s} in %.0f s.\n", strings.TrimSuffix(out, "/"), strings.Join(files, ","), time.Since(start).Seconds())
 	return 0
 }
 

@@ -6,10 +6,15 @@
 //
 //	storm [--fast | --demo] [--out DIR] [--repeat N] [--seed N] [--capacity N] [--configs a,b]
 //	storm --scenario brownout [--fast] [--out DIR] [--brownout SCHEDULE] [--adaptive k=v,...]
+//	storm --scenario quota [--fast] [--out DIR] [--quota-policy FILE]
 //
 // --scenario brownout runs the provider brownout instead: chat users and a steady batch load on
 // one provider whose capacity drops from 10 to 4 and recovers, with the provider's limit at 10
 // without a brownout (the baseline), and under the brownout at 10, at 4 and adaptive.
+//
+// --scenario quota runs the provider quota: the same load on a provider whose account quota
+// (requests and tokens a window) runs out mid-run and refills at its reset, without a quota
+// (the baseline) and with it under llm-bulkhead's quota mode off, shadow and enforce.
 //
 // --demo is a short run for newcomers that prints, once a second, what was admitted and refused
 // and, after each run, what became of the batch documents and which limits decided it.
@@ -40,12 +45,16 @@ const (
 	demoScale     = 0.4
 	demoDuration  = 20 * time.Second
 	brownoutScale = 0.25
+	// quotaCapacity is the upstream's capacity in the quota scenario: room for both providers'
+	// limits of 10, so that only the account's quota refuses.
+	quotaCapacity = 20
 )
 
 // Scenarios of --scenario.
 const (
 	scenarioIncident = "incident"
 	scenarioBrownout = "brownout"
+	scenarioQuota    = "quota"
 )
 
 func main() {
@@ -74,10 +83,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		batchConc  = fs.Int("batch-concurrency", 0, "documents each batch worker has in flight (default 5: all 50 at once; 1: sequential workers, at most 10 in flight)")
 		batchRetry = fs.Bool("batch-retry", true, "the batch job waits each refusal's retry-after and tries again")
 		verbose    = fs.Bool("v", false, "print the server's JSON logs to stderr")
-		scenario   = fs.String("scenario", scenarioIncident, "incident: the batch-export storm; brownout: the provider brownout (default time scale "+fmt.Sprint(brownoutScale)+"; configurations "+strings.Join(storm.BrownoutConfigurationNames, ",")+")")
+		scenario   = fs.String("scenario", scenarioIncident, "incident: the batch-export storm; brownout: the provider brownout (default time scale "+fmt.Sprint(brownoutScale)+"; configurations "+strings.Join(storm.BrownoutConfigurationNames, ",")+"); quota: the provider's account quota runs out (time scale "+fmt.Sprint(brownoutScale)+"; configurations "+strings.Join(storm.QuotaConfigurationNames, ",")+")")
 		brownout   = fs.String("brownout", storm.BrownoutScenario().Brownout.String(), "brownout scenario: the provider's capacity over the run, capacity@offset steps in simulated time (mockllm's -capacity-schedule)")
 		adaptive   = fs.String("adaptive", storm.FormatAdaptive(storm.DefaultAdaptive), "brownout scenario: the adaptive configuration's adaptive settings, key=value pairs (keys of a limit's adaptive: in the policy; durations in simulated time)")
 		boPolicy   = fs.String("brownout-policy", "", "brownout scenario: the policy (default: the built-in one, integration/storm/brownout-policy.yaml); its providers' max_concurrent is replaced per configuration")
+		qPolicy    = fs.String("quota-policy", "", "quota scenario: the policy (default: the built-in one, integration/storm/quota-policy.yaml); its providers' quota.mode is replaced per configuration")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -96,18 +106,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if *scenario == scenarioBrownout {
-		return runBrownout(ctx, set, brownoutFlags{
+		return runBrownout(ctx, set, scenarioFlags{
 			out: *out, fast: *fast, scale: *scale, seed: *seed, repeat: *repeat, configs: *configs, duration: *duration,
 			batchRetry: *batchRetry, verbose: *verbose, brownout: *brownout, adaptive: *adaptive, policy: *boPolicy,
 		}, stdout, stderr)
 	}
+	if *scenario == scenarioQuota {
+		return runQuota(ctx, set, scenarioFlags{
+			out: *out, fast: *fast, scale: *scale, seed: *seed, repeat: *repeat, configs: *configs, duration: *duration,
+			batchRetry: *batchRetry, verbose: *verbose, policy: *qPolicy,
+		}, stdout, stderr)
+	}
 	if *scenario != scenarioIncident {
-		fmt.Fprintf(stderr, "storm: unknown scenario %q (known: %s, %s)\n", *scenario, scenarioIncident, scenarioBrownout)
+		fmt.Fprintf(stderr, "storm: unknown scenario %q (known: %s, %s, %s)\n", *scenario, scenarioIncident, scenarioBrownout, scenarioQuota)
 		return 2
 	}
-	for _, name := range []string{"brownout", "adaptive", "brownout-policy"} {
+	for name, sc := range map[string]string{"brownout": scenarioBrownout, "adaptive": scenarioBrownout, "brownout-policy": scenarioBrownout, "quota-policy": scenarioQuota} {
 		if set[name] {
-			fmt.Fprintf(stderr, "storm: --%s applies to --scenario %s only\n", name, scenarioBrownout)
+			fmt.Fprintf(stderr, "storm: --%s applies to --scenario %s only\n", name, sc)
 			return 2
 		}
 	}

@@ -34,6 +34,11 @@ func TestUsageErrors(t *testing.T) {
 		{"demo on the brownout", []string{"--scenario", "brownout", "--demo"}, "--demo does not apply"},
 		{"unknown brownout configuration", []string{"--scenario", "brownout", "--configs", "static-7"}, "unknown configuration static-7"},
 		{"brownout after the run", []string{"--scenario", "brownout", "--brownout", "10@0s,4@50s"}, "changes nothing within the run"},
+		{"quota policy on the incident", []string{"--quota-policy", "q.yaml"}, "--quota-policy applies to --scenario quota only"},
+		{"quota policy on the brownout", []string{"--scenario", "brownout", "--quota-policy", "q.yaml"}, "--quota-policy does not apply to --scenario brownout"},
+		{"brownout schedule on the quota", []string{"--scenario", "quota", "--brownout", "10@0s,4@5s"}, "--brownout does not apply to --scenario quota"},
+		{"capacity on the quota", []string{"--scenario", "quota", "--capacity", "8"}, "--capacity does not apply to --scenario quota"},
+		{"unknown quota configuration", []string{"--scenario", "quota", "--configs", "quota-sometimes"}, "unknown configuration quota-sometimes"},
 		{"adaptive setting the policy refuses", []string{"--scenario", "brownout", "--configs", "adaptive", "--adaptive", "colour=red"}, "colour"},
 	}
 	for _, tt := range tests {
