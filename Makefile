@@ -1,11 +1,10 @@
 # llm-bulkhead — run `make help` for the targets.
 GO       ?= go
 PKGS     ?= ./...
+# How long `make fuzz` fuzzes each of its ~60 targets. Every `go test` (so `make test`) already runs
+# each target's seed corpus; CI then fuzzes each target for 2 s (.ci/run), and
+# `make fuzz FUZZTIME=10m PKGS=./extproc/llmapi` goes deep on one package.
 FUZZTIME ?= 5s
-# How long `make test` fuzzes each of its ~60 targets: enough to take every target past its seed
-# corpus on every run, short enough to keep the whole command in minutes. `make fuzz` fuzzes
-# each for FUZZTIME; `make fuzz FUZZTIME=10m PKGS=./extproc/llmapi` goes deep on one package.
-TEST_FUZZTIME ?= 2s
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # The version stamped into llm-bulkhead (`llm-bulkhead version`, llm_bulkhead_build_info): git
 # describe in a checkout; without git or outside a checkout, nothing is stamped and the binary
@@ -47,18 +46,17 @@ run: ## Run the server with the built-in policy (ext_proc on 127.0.0.1:9002, adm
 # compiled once for both, not twice; vet then reads the files of a race build (only two files,
 # tagged race and !race, differ).
 .PHONY: test
-test: ## go vet, every test with the race detector, the deploy module's tests, each fuzz target for TEST_FUZZTIME
+test: ## go vet, every test with the race detector (fuzz targets' seed corpora included), the deploy module's tests
 	$(GO) vet -race $(PKGS)
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 	$(MAKE) --no-print-directory test-deploy
-	$(MAKE) --no-print-directory fuzz FUZZTIME=$(TEST_FUZZTIME)
 
 .PHONY: test-deploy
 test-deploy: ## Validate the Helm chart and the gateway examples in deploy/ (a module of its own)
 	cd deploy && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 .PHONY: test-race
-test-race: ## Run every test with the race detector (no fuzzing)
+test-race: ## Run every test with the race detector, nothing else
 	$(GO) test -race -count=1 -timeout 15m $(PKGS)
 
 .PHONY: fuzz
