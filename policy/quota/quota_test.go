@@ -141,9 +141,15 @@ func TestTrackerKeepsABurstWithinTheQuota(t *testing.T) {
 	if _, _, ok := tr.Reserve(need, 0, false, t0.Add(100*time.Millisecond)); ok {
 		t.Fatal("a 6th request admitted against 5 left")
 	}
-	// The reading kept the reset: at it the quota is full again.
-	if _, _, ok := tr.Reserve(need, 0, false, t0.Add(2*time.Second)); !ok {
+	// The reading kept the reset: at it the quota is full again, and the answer to a request
+	// sent at the reset instant is of the new window.
+	atReset, _, ok := tr.Reserve(need, 0, false, t0.Add(2*time.Second))
+	if !ok {
 		t.Fatal("refused after the reset")
+	}
+	tr.Observe(&atReset, &Reading{Windows: [numKinds]Window{Requests: {Remaining: 9, Has: HasRemaining}}}, t0.Add(2100*time.Millisecond))
+	if st := tr.States(t0.Add(2100 * time.Millisecond)); st[0].Remaining != 9 {
+		t.Fatalf("the answer to a request sent at the reset: %+v, want 9 left", st)
 	}
 
 	// Tokens: 1 000 left, a reserve of 10 % of 100 000 for the top priority.

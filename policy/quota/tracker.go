@@ -122,13 +122,23 @@ func (t *Tracker) refill(k Kind, now time.Time) {
 // newer reports whether the request res of this replica was sent after the one whose reading
 // quota q holds (another replica's, or the reset: told by the clock).
 func (q *tracked) newer(res *Reservation) bool {
-	if !q.known {
+	switch {
+	case !q.known:
 		return true
-	}
-	if q.remote {
-		return res.at.After(q.from.at)
+	case q.remote:
+		return q.newerAt(res.at)
 	}
 	return res.seq > q.from.seq
+}
+
+// newerAt reports whether a request sent at is known, by the clock, to be sent after the one
+// whose reading quota q holds: strictly after it, or at or after the reset when q was refilled
+// (the window the reset starts counts the request).
+func (q *tracked) newerAt(at time.Time) bool {
+	if q.refilled {
+		return !at.Before(q.from.at)
+	}
+	return at.After(q.from.at)
 }
 
 // endHolds ends the ended holds of quota k that a reading counts: those that ended before the
@@ -347,7 +357,7 @@ func (t *Tracker) Merge(fleet [NumKinds]Shared, now time.Time) {
 		t.refill(Kind(k), now)
 		q, f := &t.q[k], &fleet[k]
 		q.fleet = max(f.Pending, 0)
-		if f.At.IsZero() || (q.known && !f.At.After(q.from.at)) || (!f.Reset.IsZero() && !now.Before(f.Reset)) || f.Remaining < 0 {
+		if f.At.IsZero() || (q.known && !q.newerAt(f.At)) || (!f.Reset.IsZero() && !now.Before(f.Reset)) || f.Remaining < 0 {
 			continue
 		}
 		t.endHolds(Kind(k), 0, f.At)
