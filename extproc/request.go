@@ -60,13 +60,20 @@ func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	return resp
 }
 
-// wantBody reports whether deciding needs the request body.
+// wantBody reports whether deciding needs the request body: a known API's always, another
+// path's when the policy reads it.
 func (p *processor) wantBody() bool {
 	s := p.snap
 	if p.req.api.Multipart() {
 		// An audio upload is multipart/form-data, up to 25 MB: nothing in it is read (no rule
 		// reads a form field), so it is never buffered; its size comes from content-length.
 		return false
+	}
+	if p.req.api != llmapi.APIUnknown {
+		// A known API's body holds the request's estimate (prompt size, max_tokens, choices):
+		// limits, budgets, provider quotas, usage, metadata and traces all use it, whatever the
+		// classification rules read. Decided at the headers it would be the default output.
+		return true
 	}
 	if s.NeedsBodyForRules || s.TokenLimits || s.SpendLimits || s.RewritesModels {
 		// RewritesModels: a re-route may have to rewrite the body's model, which only a reply to

@@ -123,7 +123,8 @@ func TestProviderQuotaRefusesWithoutFallback(t *testing.T) {
 	if d.Verdict != policy.Reject || d.Reason != policy.ReasonProviderQuota || d.RetryAfter != 90*time.Second || d.Compartment != "provider/direct" {
 		t.Fatalf("a third: %+v, want refused provider_quota for 90s", d)
 	}
-	// The held request ends without a reading, having used 200 tokens: 800 come back.
+	// The held request ends without a reading, having used 200 tokens: it holds those until a
+	// reading counts them, 800 come back.
 	held.Done(policy.Outcome{Status: 200, Usage: policy.Usage{Prompt: 100, Completion: 100, Total: 200, Known: true, PromptKnown: true}})
 	if d, _ := quotaAdmit(t, e, "direct", ""); d.Verdict != policy.Admit {
 		t.Fatalf("after the request ended using 200 of its 1 000: %v", d.Err())
@@ -134,14 +135,14 @@ func TestProviderQuotaRefusesWithoutFallback(t *testing.T) {
 			got = v.Quotas
 		}
 	}
-	if len(got) != 1 || got[0].Kind != "tokens" || got[0].Remaining != 2300 || got[0].Pending != 2000 || got[0].Limit != 100000 {
-		t.Errorf("direct's quota: %+v, want 2 300 left with 2 000 held", got)
+	if len(got) != 1 || got[0].Kind != "tokens" || got[0].Remaining != 2500 || got[0].Pending != 2200 || got[0].Limit != 100000 {
+		t.Errorf("direct's quota: %+v, want 2 500 left with 2 200 held (two in flight, 200 used by the one that ended)", got)
 	}
 	if v := metricValue(t, reg, "llm_bulkhead_provider_quota_headers_invalid_total", map[string]string{"provider": "direct"}); v != 2 {
 		t.Errorf("invalid headers counted %v, want 2", v)
 	}
-	if v := metricValue(t, reg, "llm_bulkhead_provider_quota_remaining", map[string]string{"provider": "direct", "quota": "tokens"}); v != 2300 {
-		t.Errorf("remaining gauge %v, want 2300", v)
+	if v := metricValue(t, reg, "llm_bulkhead_provider_quota_remaining", map[string]string{"provider": "direct", "quota": "tokens"}); v != 2500 {
+		t.Errorf("remaining gauge %v, want 2500", v)
 	}
 
 	// Shadow: nothing left, yet sent, and counted.
@@ -158,8 +159,9 @@ func TestProviderQuotaRefusesWithoutFallback(t *testing.T) {
 // TestProviderQuotaSharedAcrossTheFleet: a provider's account is one for the fleet. Replica a
 // heard openai's direct account say 2 requests are left and holds one request in flight;
 // replica b, which never had an answer from the provider, learns both within an interval:
-// it admits the one request left and refuses the next provider_quota. When a's request ends
-// without a reading, what a believes is left reaches b too.
+// it admits the one request left and refuses the next provider_quota. A request that ended
+// without a reading goes on holding, at its replica and at the others, until a reading of a
+// request sent after it counts it.
 func TestProviderQuotaSharedAcrossTheFleet(t *testing.T) {
 	forModes(t, func(t *testing.T, mode string) {
 		rd := redistest.Standalone(t)
@@ -207,14 +209,21 @@ func TestProviderQuotaSharedAcrossTheFleet(t *testing.T) {
 		if d, _ := direct(b); d.Verdict != policy.Reject || d.Reason != policy.ReasonProviderQuota {
 			t.Fatalf("b, 2 left and 1 held here and 1 at a: %+v, want provider_quota", d)
 		}
-		// When a's request ends without a reading, a believes 1 is left, and so does b
+		// When a's request ends without a reading it goes on holding, and b's answer, sent
+		// before a's request ended, says none is left: both replicas have that reading, and
+		// a's request holds at b until a reading of a request sent after it counts it.
 		held.Done(policy.Outcome{Status: 200, Usage: policy.Usage{Prompt: 500, Completion: 500, Known: true}})
-		waitFor(t, "b to learn what a believes is left", func() bool {
+		other.ObserveQuota(requestsLeft(0, 10, b.Now().Add(time.Minute)), 0, b.Now())
+		waitFor(t, "a to learn b's reading", func() bool {
+			q := requests(a)
+			return q.Remaining == 0 && q.Pending == 1
+		})
+		waitFor(t, "b to learn what a's ended request holds", func() bool {
 			q := requests(b)
-			return q.Remaining == 1 && q.Remote == 0
+			return q.Remaining == 0 && q.Pending == 0 && q.Remote == 1
 		})
 		if d, _ := direct(b); d.Verdict != policy.Reject || d.Reason != policy.ReasonProviderQuota {
-			t.Fatalf("b, 1 left and 1 held here: %+v, want provider_quota", d)
+			t.Fatalf("b, none left: %+v, want provider_quota", d)
 		}
 		other.Done(policy.Outcome{Status: 200})
 	})

@@ -643,8 +643,8 @@ type ProviderQuota struct {
 	// not cover (llm_bulkhead_provider_quota_short_total) without changing any decision;
 	// enforce re-routes such a request along fallback (with the model rewrite) or refuses it
 	// with 429, reason provider_quota, retry-after the provider's reset. Requests in flight
-	// count against what is left (held at their estimate until their response says how much
-	// is left, charged at their real use when it does not say). Default off.
+	// count against what is left (held at their estimate until a response says how much is
+	// left counting them; at their real use once answered without saying). Default off.
 	Mode string `koanf:"mode" json:"mode,omitempty"`
 	// Reserve is the share of each quota's limit kept for the requests of the highest priority
 	// the policy gives (limits' and classification.priority's): the others find the quota short

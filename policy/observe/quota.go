@@ -40,7 +40,7 @@ func (m *Metrics) QuotaHeadersInvalid(provider string, n int) {
 var (
 	descQuotaLeft  = prometheus.NewDesc(Namespace+"_provider_quota_remaining", "What a provider's rate-limit headers last said is left of a quota (after its reset: its limit), by provider and quota (requests, tokens, input_tokens, output_tokens).", []string{"provider", "quota"}, nil)
 	descQuotaLimit = prometheus.NewDesc(Namespace+"_provider_quota_limit", "A provider's quota limit as its rate-limit headers said it (0: not said).", []string{"provider", "quota"}, nil)
-	descQuotaHeld  = prometheus.NewDesc(Namespace+"_provider_quota_held", "What the requests in flight to a provider hold of its quota, not yet counted in what its headers said is left.", []string{"provider", "quota"}, nil)
+	descQuotaHeld  = prometheus.NewDesc(Namespace+"_provider_quota_held", "What the requests to a provider hold of its quota that what its headers said is left may not count yet (in flight, or answered after a request sent later).", []string{"provider", "quota"}, nil)
 )
 
 // quotaCollector reports the followed providers' quotas at scrape time.

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -140,9 +141,15 @@ func TestTrackerKeepsABurstWithinTheQuota(t *testing.T) {
 	if _, _, ok := tr.Reserve(need, 0, false, t0.Add(100*time.Millisecond)); ok {
 		t.Fatal("a 6th request admitted against 5 left")
 	}
-	// The reading kept the reset: at it the quota is full again.
-	if _, _, ok := tr.Reserve(need, 0, false, t0.Add(2*time.Second)); !ok {
+	// The reading kept the reset: at it the quota is full again, and the answer to a request
+	// sent at the reset instant is of the new window.
+	atReset, _, ok := tr.Reserve(need, 0, false, t0.Add(2*time.Second))
+	if !ok {
 		t.Fatal("refused after the reset")
+	}
+	tr.Observe(&atReset, &Reading{Windows: [numKinds]Window{Requests: {Remaining: 9, Has: HasRemaining}}}, t0.Add(2100*time.Millisecond))
+	if st := tr.States(t0.Add(2100 * time.Millisecond)); st[0].Remaining != 9 {
+		t.Fatalf("the answer to a request sent at the reset: %+v, want 9 left", st)
 	}
 
 	// Tokens: 1 000 left, a reserve of 10 % of 100 000 for the top priority.
@@ -155,16 +162,97 @@ func TestTrackerKeepsABurstWithinTheQuota(t *testing.T) {
 	if !ok {
 		t.Fatal("the top priority could not use the reserve")
 	}
-	// The request ends without a reading: its real use (300) is charged, its hold (600) freed.
+	// The request ends without a reading: it holds its real use (300) instead of its estimate
+	// (600) until a reading counts it.
 	tt.Settle(&res, Need{Prompt: 100, Completion: 200}, t0)
-	if st := tt.States(t0); len(st) != 1 || st[0].Remaining != 10200 || st[0].Pending != 0 {
-		t.Fatalf("after settling: %+v, want 10200 left and nothing pending", st)
+	if st := tt.States(t0); len(st) != 1 || st[0].Remaining != 10500 || st[0].Pending != 300 {
+		t.Fatalf("after settling: %+v, want 10500 left and 300 held", st)
 	}
 	// Settling twice, or releasing after, changes nothing.
 	tt.Settle(&res, Need{Prompt: 100, Completion: 200}, t0)
 	tt.Release(&res)
-	if st := tt.States(t0); st[0].Remaining != 10200 || st[0].Pending != 0 {
+	if st := tt.States(t0); st[0].Remaining != 10500 || st[0].Pending != 300 {
 		t.Fatalf("a second settle changed the quota: %+v", st)
+	}
+	// The reading of a request sent after counts it.
+	next, _, ok := tt.Reserve(Need{Prompt: 10, Completion: 10}, 0.1, true, t0)
+	if !ok {
+		t.Fatal("refused with 10 200 left")
+	}
+	tt.Observe(&next, &Reading{Windows: [numKinds]Window{Tokens: {Remaining: 10180, Has: HasRemaining}}}, t0)
+	if st := tt.States(t0); st[0].Remaining != 10180 || st[0].Pending != 0 {
+		t.Fatalf("after the next reading: %+v, want 10180 left and nothing held", st)
+	}
+}
+
+// provider is a provider account with a request quota for the interleaving tests: it counts
+// each request as it receives it and stamps the reading its answer will carry then.
+type provider struct {
+	used, limit int64
+	readings    map[string]int64
+}
+
+// TestTrackerNeverOvershootsWhateverTheOrderOfAnswers plays interleavings of admissions
+// (+X admitted, -X refused), the provider receiving a request (pX: refused there when its
+// quota is used up, which is what the tracker must never let happen), its answer saying what
+// is left (oX) and a request ending without a reading (sX). deepseek has 5 requests a window;
+// a first answer said 3 are left. Answers arrive in any order: one that comes after the answer
+// of a request sent later tells less than the tracker already knows.
+func TestTrackerNeverOvershootsWhateverTheOrderOfAnswers(t *testing.T) {
+	for _, tc := range []struct{ name, steps string }{
+		// The burst's answers arrive out of order: B's says 1 is left, then A's, sent
+		// earlier, says 2; the provider has counted all three.
+		{"answers out of order", "+A +B +C -D pA pB pC oB -D oA -D oC -D"},
+		{"answers in order", "+A +B +C -D pA pB pC oA -D oB -D oC -D"},
+		{"answers in reverse order", "+A +B +C pA pB pC oC -D oB -D oA -D"},
+		// A's answer tells 2 left while B, sent after, is in flight and received by the
+		// provider: B holds until its own answer.
+		{"one at a time", "+A pA oA +B pB oB +C -D pC oC -D"},
+		{"an answer with others in flight", "+A pA +B oA +C -D pB pC oC -D oB -D"},
+		// B's answer, arriving first, was read before A reached the provider: A's later
+		// answer is not taken (B's tells more, 2 left) but A was not counted in B's: A goes on
+		// holding, which leaves the 1 the provider has.
+		{"a stale answer that the newer one did not count", "+A +B pB oB pA oA +C -D pC oC -D"},
+		{"a request ends without reading", "+A pA sA +B +C -D pB oB -D pC oC -D"},
+		// The reading of a request sent after A ended counts A: it stops holding.
+		{"a hold ends with a later reading", "+A pA sA +B pB oB +C -D pC oC -D"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var tr Tracker
+			p := provider{used: 2, limit: 5, readings: map[string]int64{}}
+			reset := t0.Add(time.Hour)
+			reading := func(left int64) *Reading {
+				return &Reading{Windows: [numKinds]Window{Requests: {Limit: p.limit, Remaining: left, Reset: reset, Has: HasLimit | HasRemaining | HasReset}}}
+			}
+			first, _, _ := tr.Reserve(Need{}, 0, false, t0)
+			tr.Observe(&first, reading(3), t0)
+			held := map[string]*Reservation{}
+			for i, step := range strings.Fields(tc.steps) {
+				now := t0.Add(time.Duration(i+1) * time.Millisecond)
+				x := step[1:]
+				switch step[0] {
+				case '+', '-':
+					res, v, ok := tr.Reserve(Need{Prompt: 1}, 0, false, now)
+					if want := step[0] == '+'; ok != want {
+						t.Fatalf("step %d %s: admitted %v (verdict %+v), states %+v", i, step, ok, v, tr.States(now))
+					}
+					held[x] = &res
+				case 'p':
+					if p.used >= p.limit {
+						t.Fatalf("step %d %s: the provider refused %s: its quota is used up", i, step, x)
+					}
+					p.used++
+					p.readings[x] = p.limit - p.used
+				case 'o':
+					tr.Observe(held[x], reading(p.readings[x]), now)
+				case 's':
+					tr.Settle(held[x], Need{Prompt: 1}, now)
+				}
+			}
+			if st := tr.States(t0); len(st) != 1 || st[0].Pending < 0 {
+				t.Fatalf("states %+v", st)
+			}
+		})
 	}
 }
 
@@ -255,5 +343,64 @@ func TestTrackerMergesTheFleet(t *testing.T) {
 	tr.ForgetRemote()
 	if st := tr.States(t0.Add(2 * time.Minute)); st[0].Remote != 0 {
 		t.Fatalf("after ForgetRemote: %+v", st)
+	}
+}
+
+// TestTrackerFleetNeverOvershoots: two replicas share a provider's quota through a store that
+// keeps the latest reading and sums the holds (as the cluster's Redis script does). Each
+// replica sends one request; the provider counts A's and then B's, but A's answer (2 left)
+// reaches its replica after B's (1 left) reached the other: the fleet must keep B's reading,
+// of the request sent later, and let exactly one more request through.
+func TestTrackerFleetNeverOvershoots(t *testing.T) {
+	var a, b Tracker
+	var store [NumKinds]Shared
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	sync := func(now time.Time) {
+		trs := []*Tracker{&a, &b}
+		var held [2][NumKinds]int64
+		for i, tr := range trs {
+			for k, s := range tr.Share(now) {
+				if s.At.After(store[k].At) {
+					store[k] = s
+				}
+				held[i][k] = s.Pending
+			}
+		}
+		for i, tr := range trs {
+			fleet := store
+			for k := range fleet {
+				fleet[k].Pending = held[1-i][k]
+			}
+			tr.Merge(fleet, now)
+		}
+	}
+	reading := func(left int64) *Reading {
+		return &Reading{Windows: [numKinds]Window{Requests: {Limit: 5, Remaining: left, Reset: t0.Add(time.Hour), Has: HasLimit | HasRemaining | HasReset}}}
+	}
+	first, _, _ := a.Reserve(Need{}, 0, false, at(0))
+	a.Observe(&first, reading(3), at(0))
+	sync(at(1))
+	resA, _, okA := a.Reserve(Need{}, 0, false, at(2))
+	sync(at(3))
+	resB, _, okB := b.Reserve(Need{}, 0, false, at(4))
+	if !okA || !okB {
+		t.Fatalf("3 left: admitted %v on a, %v on b", okA, okB)
+	}
+	sync(at(5))
+	// The provider counts A (2 left) then B (1 left); B's answer arrives first.
+	b.Observe(&resB, reading(1), at(6))
+	a.Observe(&resA, reading(2), at(7))
+	sync(at(8))
+	for name, tr := range map[string]*Tracker{"a": &a, "b": &b} {
+		if st := tr.States(at(8)); len(st) != 1 || st[0].Remaining-st[0].Pending-st[0].Remote != 1 {
+			t.Errorf("%s: %+v, want 1 left", name, st)
+		}
+	}
+	if _, _, ok := a.Reserve(Need{}, 0, false, at(9)); !ok {
+		t.Fatal("the last request refused")
+	}
+	sync(at(10))
+	if _, v, ok := b.Reserve(Need{}, 0, false, at(11)); ok {
+		t.Fatalf("b admitted a request beyond the quota: %+v", v)
 	}
 }
