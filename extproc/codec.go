@@ -81,10 +81,20 @@ func (c codec) marshal(v any) (mem.BufferSlice, error) {
 }
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
-	if m, ok := v.(*extprocv3.ProcessingRequest); ok && decodeRequest(materialize(data), m) {
-		return nil
+	switch m := v.(type) {
+	case *extprocv3.ProcessingRequest:
+		return c.unmarshalRequest(data, m)
+	case *bodyRecv:
+		return c.receiveBody(data, m)
 	}
 	return c.fallback.Unmarshal(data, v)
+}
+
+func (c codec) unmarshalRequest(data mem.BufferSlice, m *extprocv3.ProcessingRequest) error {
+	if decodeRequest(materialize(data), m) {
+		return nil
+	}
+	return c.fallback.Unmarshal(data, m)
 }
 
 // Room for the server's edits of a request body (include_usage, a re-route's model name) after

@@ -70,6 +70,8 @@ type requestPart struct {
 	// reply that may carry it is handed to gRPC; hold has them after, when that reply carries it.
 	heldBody int64
 	hold     *bodyHold
+	// counted is what the codec did with the current message's request body (see recv).
+	counted bodyCount
 }
 
 // decisionPart is what the policy decided and what the admitted request holds.
@@ -148,6 +150,8 @@ type processor struct {
 
 	// out is the memory of the admitted request's replies.
 	out replyMem
+	// in is what a message whose request body the codec counts is received into (see recv).
+	in bodyRecv
 }
 
 // decided reports whether the policy has decided on the request (whatever it decided).

@@ -98,11 +98,20 @@ func (p *processor) requiresValidJSON() bool {
 	return false
 }
 
+// holdsBody reports whether the stream holds the request body it receives: its request waits
+// for a buffered body to be decided.
+func (p *processor) holdsBody() bool {
+	return p.phase == phaseRequest && p.reqBodyMode == extprocfilterv3.ProcessingMode_BUFFERED
+}
+
 func (p *processor) onRequestBody(b *extprocv3.HttpBody) *extprocv3.ProcessingResponse {
-	if p.phase != phaseRequest || p.reqBodyMode != extprocfilterv3.ProcessingMode_BUFFERED {
+	if !p.holdsBody() {
 		return continueRequestBody
 	}
-	if !p.holdBody(len(b.Body)) {
+	// The codec counted the body as it arrived (and did not copy one that does not fit), or
+	// it is counted now.
+	kept := p.req.counted == bodyKept || (p.req.counted == bodyUncounted && p.holdBody(len(b.Body)))
+	if !kept {
 		p.srv.metrics.bodiesRefused.Inc()
 		return p.refuse(&policy.Decision{Verdict: policy.Reject, Reason: policy.ReasonServerBusy, RetryAfter: time.Second})
 	}
@@ -115,15 +124,15 @@ func (p *processor) onRequestBody(b *extprocv3.HttpBody) *extprocv3.ProcessingRe
 }
 
 // holdBody accounts n bytes of request body against server.max_buffered_body_bytes, or reports
-// that holding them would pass it. Envoy has already sent the body, but a refused one is dropped
-// at once instead of waiting, perhaps for seconds in a queue, with the others.
+// that holding them would pass it: for a body the codec did not count as it arrived (see recv).
+// Envoy has already sent the body, but a refused one is dropped at once instead of waiting,
+// perhaps for seconds in a queue, with the others.
 func (p *processor) holdBody(n int) bool {
 	limit := p.srv.settingsOf(p.snap).MaxBufferedBodyBytes
 	if limit <= 0 {
 		return true
 	}
-	if p.srv.buffered.Add(int64(n)) > limit {
-		p.srv.buffered.Add(-int64(n))
+	if !takeBody(&p.srv.buffered, limit, int64(n)) {
 		return false
 	}
 	p.req.heldBody = int64(n)

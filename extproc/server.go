@@ -10,8 +10,10 @@
 // bodies) and ends streams that go silent, releasing what they hold; a message out of Envoy's
 // order ends its stream. The server's gRPC codec decodes Envoy's requests with a decoder of its
 // own and marshals the replies with go-control-plane's generated code; anything else is
-// protobuf's. A buffered body is held once: decoded into memory of its own, rewritten there
-// (llmapi.EditBody) and sent back from there, counted until gRPC has written it. gRPC marshals
+// protobuf's. A buffered body is held once: counted against server.max_buffered_body_bytes as
+// it arrives, before it is copied out of gRPC's receive buffers (one that does not fit is never
+// copied), decoded into memory of its own, rewritten there (llmapi.EditBody) and sent back from
+// there, counted until gRPC has written it. gRPC marshals
 // a reply inside Send, so an admitted request's replies are built in memory its processor keeps
 // (replyMem), valid until the stream's next message, and a processor goes back to a pool when
 // its stream ends.
@@ -37,6 +39,8 @@
 //     replies that carry it.
 //   - idle.go: silent streams and the reaper that ends them (EndableStreams).
 //   - codec.go, decode.go: the gRPC codec (ServerOption) and its decoder of Envoy's requests.
+//   - receive.go: counting a buffered request body in the codec as it arrives, before it is
+//     copied (Server.ServerOption).
 //   - settings.go: the policy settings the adapter reads, compiled once per snapshot.
 //   - cache.go: settings and reply pieces built once per policy snapshot.
 //   - decisionlog.go: the rate-limited log of refusals.
@@ -90,6 +94,9 @@ type Server struct {
 	// request is decided and the reply that may carry it has been written (bodyHold); it is
 	// what server.max_buffered_body_bytes bounds.
 	buffered atomic.Int64
+	// countInCodec: the server's streams are served by gRPC servers whose codec counts their
+	// buffered request bodies as they arrive (Server.ServerOption).
+	countInCodec atomic.Bool
 	// epoch anchors the timestamps of stream activity (see idleWatch); like every time the
 	// server reads, it comes from the engine's clock.
 	epoch time.Time
@@ -172,7 +179,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	}()
 	p.watch(st.FirstMessageTimeout, st.StreamIdleTimeout)
 	for {
-		req, err := stream.Recv()
+		req, err := p.recv()
 		if err != nil {
 			// Envoy is done with the stream (reset, half-close or error), or the server ended
 			// it for silence (see endStatus).

@@ -52,11 +52,18 @@ func newMemServer(t testing.TB, yaml string, clock policy.Clock) *memServer {
 }
 
 // grpcServer serves a Server for policy yaml over an in-memory gRPC connection as the server
-// runs (its codec, streams it can end), and returns a client of it. opts are the client's.
+// runs (its codec, which counts buffered bodies as they arrive, streams it can end), and returns
+// a client of it. opts are the client's.
 func grpcServer(t *testing.T, yaml string, opts ...grpc.DialOption) (*memServer, extprocv3.ExternalProcessorClient) {
 	t.Helper()
+	return grpcServerWith(t, yaml, nil, opts...)
+}
+
+// grpcServerWith is grpcServer with more options for the gRPC server.
+func grpcServerWith(t *testing.T, yaml string, serverOpts []grpc.ServerOption, opts ...grpc.DialOption) (*memServer, extprocv3.ExternalProcessorClient) {
+	t.Helper()
 	m := newMemServer(t, yaml, nil)
-	gs := grpc.NewServer(grpc.MaxRecvMsgSize(4<<20), extproc.ServerOption(), extproc.EndableStreams())
+	gs := grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(4 << 20), m.srv.ServerOption(), extproc.EndableStreams()}, serverOpts...)...)
 	extprocv3.RegisterExternalProcessorServer(gs, m.srv)
 	ln := bufconn.Listen(1 << 20)
 	go func() { _ = gs.Serve(ln) }()

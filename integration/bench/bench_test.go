@@ -62,12 +62,14 @@ func BenchmarkGRPCStream(b *testing.B) {
 		b.Run(s.name, func(b *testing.B) {
 			lis := bufconn.Listen(1 << 20)
 			opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(noopMaxMessage)}
-			if s.name == SideBulkhead {
-				// As the server runs: its codec, and streams it can end when they go silent.
-				opts = append(opts, extproc.ServerOption(), extproc.EndableStreams())
+			srv := s.new(b)
+			if bh, ok := srv.(*extproc.Server); ok {
+				// As the server runs: its codec, which counts buffered bodies as they arrive, and
+				// streams it can end when they go silent.
+				opts = append(opts, bh.ServerOption(), extproc.EndableStreams())
 			}
 			gs := grpc.NewServer(opts...)
-			extprocv3.RegisterExternalProcessorServer(gs, s.new(b))
+			extprocv3.RegisterExternalProcessorServer(gs, srv)
 			done := make(chan struct{})
 			go func() {
 				defer close(done)

@@ -231,8 +231,10 @@ type Server struct {
 	// (Anthropic: 529), reason server_busy. At least envoy.max_request_body. Default: a quarter
 	// of the process's memory limit — GOMEMLIMIT, else the memory limit of its cgroup (a
 	// container's limit) — at most 256MiB and at least envoy.max_request_body; 256MiB when no
-	// limit is set. A body costs about twice its size while it arrives (gRPC's receive buffers,
-	// then the server's one copy), so a quarter leaves half the limit for the rest.
+	// limit is set. A body is counted as it arrives, before the server copies it out of gRPC's
+	// receive buffers: one refused for the bound is never copied. A kept body costs about twice
+	// its size while it arrives (gRPC's receive buffers, then the server's one copy), so a
+	// quarter leaves half the limit for the rest.
 	MaxBufferedBodyBytes Size `koanf:"max_buffered_body_bytes" json:"max_buffered_body_bytes,omitempty"`
 }
 

@@ -224,6 +224,9 @@ func New(o Options) (*App, error) {
 		return nil, err
 	}
 	fail := func(err error) (*App, error) {
+		if a.extproc != nil {
+			a.extproc.Close()
+		}
 		a.stopTracing(context.Background())
 		_ = eng.Close(context.Background())
 		return nil, &ListenerError{Err: err}
@@ -236,15 +239,15 @@ func New(o Options) (*App, error) {
 	if err := files.check(); err != nil {
 		return fail(err)
 	}
-	gopts := grpcOptions(p)
+	a.extproc = extproc.NewServer(eng, extproc.Options{Logger: a.log, Tracing: tracing, MemoryLimit: a.memLimit})
+	a.registry.MustRegister(a.extproc.Collectors()...)
+	gopts := grpcOptions(p, a.extproc)
 	if files.Cert != "" {
 		if a.tls, err = newListenerTLS(files, a.log, a.registry, o.Clock.Now); err != nil {
 			return fail(err)
 		}
 		gopts = append(gopts, grpc.Creds(a.tls.credentials()))
 	}
-	a.extproc = extproc.NewServer(eng, extproc.Options{Logger: a.log, Tracing: tracing, MemoryLimit: a.memLimit})
-	a.registry.MustRegister(a.extproc.Collectors()...)
 
 	// The gRPC server is made by Start: it starts its stream workers as soon as it exists.
 	a.grpcOpts = gopts
@@ -260,13 +263,16 @@ func New(o Options) (*App, error) {
 // llm_bulkhead cluster must not be shorter.
 const keepaliveMinTime = 5 * time.Second
 
-// grpcOptions are the gRPC server's settings from the policy; they apply until restart.
-func grpcOptions(p *config.Policy) []grpc.ServerOption {
+// grpcOptions are the gRPC server's settings from the policy, for serving srv; they apply until
+// restart.
+func grpcOptions(p *config.Policy, srv *extproc.Server) []grpc.ServerOption {
 	// Envoy sends a buffered body in one message; leave room for headers and metadata.
 	maxMsg := int(p.Envoy.MaxRequestBody) + 1<<20
 	s := p.Server
 	return []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(maxMsg), grpc.MaxSendMsgSize(maxMsg), extproc.ServerOption(),
+		// The server's codec counts each buffered request body against
+		// server.max_buffered_body_bytes before copying it out of gRPC's receive buffers.
+		grpc.MaxRecvMsgSize(maxMsg), grpc.MaxSendMsgSize(maxMsg), srv.ServerOption(),
 		// Streams that go silent are ended, not only released.
 		extproc.EndableStreams(),
 		// The ext_proc service refuses streams past server.max_streams over all connections;
