@@ -42,18 +42,17 @@ image: ## Build the container image from examples/Dockerfile, version stamped (n
 run: ## Run the server with the built-in policy (ext_proc on 127.0.0.1:9002, admin on 127.0.0.1:9090)
 	$(GO) run -ldflags "$(LDFLAGS)" ./cmd/llm-bulkhead serve
 
-# vet builds what it checks as the race-detector tests do (-race), so that every dependency is
-# compiled once for both, not twice; vet then reads the files of a race build (only two files,
-# tagged race and !race, differ).
 .PHONY: test
-test: ## go vet, every test with the race detector (fuzz targets' seed corpora included), the deploy module's tests
-	$(GO) vet -race $(PKGS)
-	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+# `go test -vet=all` runs every analyzer of `go vet` on each package as it builds it (test files
+# included, and the packages without tests): one pass over the code and its dependencies instead of
+# a `go vet` pass and then go test's own smaller one. `make lint` runs `go vet` on its own.
+test: ## go vet (every analyzer), every test with the race detector (fuzz targets' seed corpora included), the deploy module's tests
+	$(GO) test -race -vet=all -count=1 -timeout 15m $(PKGS)
 	$(MAKE) --no-print-directory test-deploy
 
 .PHONY: test-deploy
 test-deploy: ## Validate the Helm chart and the gateway examples in deploy/ (a module of its own)
-	cd deploy && $(GO) vet ./... && $(GO) test -count=1 ./...
+	cd deploy && $(GO) test -vet=all -count=1 ./...
 
 .PHONY: test-race
 test-race: ## Run every test with the race detector, nothing else
