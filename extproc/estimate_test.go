@@ -21,17 +21,13 @@ var estimateCases = []struct{ name, path, body string }{
 	{"bedrock invoke", "/model/anthropic.claude-3-5-haiku-20241022-v1:0/invoke", `{"anthropic_version":"bedrock-2023-05-31","max_tokens":8,"messages":[{"role":"user","content":"hello there"}]}`},
 }
 
-// TestEveryAPIIsEstimatedFromItsBody: whatever the policy reads — nothing but concurrency, a
-// provider quota that follows the provider's headers, or a classification rule on the body —
-// each API's request is estimated from its body (3 prompt tokens plus its 8 of output: 11),
-// not at the default output (estimation.default_max_tokens) as if it had none.
+// TestEveryAPIIsEstimatedFromItsBody: whenever the estimate counts — against a provider quota
+// that follows the provider's headers — or a classification rule reads the body, each API's
+// request is estimated from its body (3 prompt tokens plus its 8 of output: 11), not at the
+// default output (estimation.default_max_tokens) as if it had none. (A policy that needs neither
+// decides at the headers without the body: TestDecisionWithoutBody in integration.)
 func TestEveryAPIIsEstimatedFromItsBody(t *testing.T) {
 	policies := map[string]string{
-		"concurrency only": `
-envoy: {max_message_timeout: 10s, allow_mode_override: true}
-features:
-  default: {max_concurrent: 5}
-`,
 		"provider quota": `
 envoy: {max_message_timeout: 10s, allow_mode_override: true}
 classification:

@@ -60,8 +60,9 @@ func (p *processor) onRequestHeaders(req *extprocv3.ProcessingRequest, h *extpro
 	return resp
 }
 
-// wantBody reports whether deciding needs the request body: a known API's always, another
-// path's when the policy reads it.
+// wantBody reports whether deciding needs the request body: when a rule reads it, when the
+// request's estimate (its prompt size and output limit) counts against a limit, a budget or a
+// provider's quota, or when a re-route may rewrite it.
 func (p *processor) wantBody() bool {
 	s := p.snap
 	if p.req.api.Multipart() {
@@ -69,13 +70,7 @@ func (p *processor) wantBody() bool {
 		// reads a form field), so it is never buffered; its size comes from content-length.
 		return false
 	}
-	if p.req.api != llmapi.APIUnknown {
-		// A known API's body holds the request's estimate (prompt size, max_tokens, choices):
-		// limits, budgets, provider quotas, usage, metadata and traces all use it, whatever the
-		// classification rules read. Decided at the headers it would be the default output.
-		return true
-	}
-	if s.NeedsBodyForRules || s.TokenLimits || s.SpendLimits || s.RewritesModels {
+	if s.NeedsBodyForRules || s.TokenLimits || s.SpendLimits || s.ProviderQuota || s.RewritesModels {
 		// RewritesModels: a re-route may have to rewrite the body's model, which only a reply to
 		// the buffered body can do.
 		return true

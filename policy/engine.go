@@ -272,6 +272,9 @@ type Snapshot struct {
 	RewritesModels bool
 	// TokenLimits reports whether any compartment limits tokens (so estimates matter).
 	TokenLimits bool
+	// ProviderQuota reports whether a provider's quota is tracked (shadow or enforce): requests
+	// are held against it at their estimate, so estimates matter.
+	ProviderQuota bool
 	// SpendLimits reports whether any compartment has a spend budget (so estimates, and the
 	// model a response names, matter).
 	SpendLimits bool
@@ -422,6 +425,7 @@ func buildSnapshot(e *Engine, p *config.Policy, prev *Snapshot, gen uint64) (*Sn
 	}
 	s.buildFamilies(prev)
 	s.TokenLimits = p.AnyTokenLimits()
+	s.ProviderQuota = p.TracksProviderQuota()
 	s.buildSpend()
 	s.buildUsage()
 	if err := e.buildStep("families"); err != nil {

@@ -426,6 +426,17 @@ func (p *Policy) RewritesModels() bool {
 	return false
 }
 
+// TracksProviderQuota reports whether a provider's quota is in shadow or enforce mode: each
+// request is then held against the quota at its estimate.
+func (p *Policy) TracksProviderQuota() bool {
+	for _, pr := range p.Providers {
+		if pr.Quota.Mode == QuotaShadow || pr.Quota.Mode == QuotaEnforce {
+			return true
+		}
+	}
+	return false
+}
+
 func setNames[V any](m map[string]V, def string) []string {
 	if len(m) == 0 {
 		if def == "" {
