@@ -68,7 +68,7 @@ func TestQuotaScenario(t *testing.T) {
 }
 
 // TestQuotaSmoke runs a short provider quota experiment four times faster than real time
-// through every quota configuration: deepseek's account allows 25 requests a 6-second window
+// through every quota configuration: deepseek's account allows 12 requests a 6-second window
 // (15 s in all), which the load uses up in each window. It checks what each mode promises in
 // counts, not latencies: without a quota deepseek refuses nothing; with quota off its 429s
 // reach the clients and nothing is counted; in shadow they still do, and the requests the quota
@@ -81,7 +81,7 @@ func TestQuotaSmoke(t *testing.T) {
 	sc.Chat = []TenantShare{{Tenant: "acme", Users: 4}, {Tenant: "globex", Users: 2}}
 	sc.ThinkMin, sc.ThinkMax = time.Second, 2*time.Second
 	sc.BatchWorkers = 4
-	sc.ProviderQuota = mock.RequestQuota{Limit: 25, Window: 6 * time.Second}
+	sc.ProviderQuota = mock.RequestQuota{Limit: 12, Window: 6 * time.Second}
 	cfgs := QuotaConfigurations("", nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
