@@ -54,7 +54,10 @@ func (r Reservation) Held() bool { return r.held }
 //     later), the reading is not taken and the request goes on holding, as does one that ended
 //     without a reading (an error, a response without rate-limit headers: held at its real use);
 //   - a request whose answer has arrived is counted by the reading of every request sent after
-//     that: taking such a reading ends its hold.
+//     that: taking such a reading ends its hold;
+//   - the request whose reading is held holds nothing, its reading counting it; a reading of a
+//     request sent after it but before its answer arrived may not count it (the provider may
+//     have received the two in either order): taking that reading makes it hold again.
 //
 // A request fits while Remaining less everything held covers its need, above the share kept
 // for the highest priority. Taking a reading only when its request was sent after the one of
@@ -99,6 +102,19 @@ type tracked struct {
 	remote, refilled bool
 	// fleet is what the requests in flight at the other replicas of a fleet hold (Merge).
 	fleet int64
+	// own is the request whose reading remaining is (this replica's): the reading counts it, so
+	// it holds nothing while that reading is held. A later-sent request's reading that replaces
+	// it counts it only if its answer had arrived when that request was sent (the provider may
+	// have received the two in either order): otherwise it holds again, as an ended hold.
+	own ownHold
+}
+
+// ownHold is what the request whose reading a quota holds takes of it, and when its answer
+// arrived (seq in this replica's order of admissions and answers; at by the clock).
+type ownHold struct {
+	seq uint64
+	at  time.Time
+	n   int64
 }
 
 // refill makes a quota whose reset has passed full again; it is forgotten (unknown) when its
@@ -111,6 +127,7 @@ func (t *Tracker) refill(k Kind, now time.Time) {
 	}
 	reset := q.reset
 	t.endHolds(k, 0, reset)
+	q.own = ownHold{} // counted in the window that ended
 	if q.limit > 0 {
 		q.remaining, q.reset = q.limit, time.Time{}
 		q.from, q.remote, q.refilled = Reservation{at: reset}, true, true
@@ -163,6 +180,42 @@ func (t *Tracker) endHolds(k Kind, seq uint64, sent time.Time) {
 	t.n = j
 }
 
+// replaceOwn is called as quota k takes a reading of a request sent after the one held: its
+// own request holds again unless the new reading is known to count it (counted: its answer
+// had arrived before the new reading's request was sent).
+func (t *Tracker) replaceOwn(k Kind, counted bool) {
+	q := &t.q[k]
+	o := q.own
+	q.own = ownHold{}
+	if o.n == 0 || counted {
+		return
+	}
+	var amount [numKinds]int64
+	amount[k] = o.n
+	q.ended += o.n
+	t.addEnded(endedHold{seq: o.seq, at: o.at, amount: amount})
+}
+
+// addEnded keeps e among the ended holds, in the order of their answers. When they are full
+// the oldest two become one that ends when the later of them would.
+func (t *Tracker) addEnded(e endedHold) {
+	if t.n == maxEnded {
+		a, b := &t.ended[0], &t.ended[1]
+		for k := range b.amount {
+			b.amount[k] += a.amount[k]
+		}
+		copy(t.ended[:], t.ended[1:t.n])
+		t.n--
+	}
+	i := t.n
+	for i > 0 && t.ended[i-1].seq > e.seq {
+		t.ended[i] = t.ended[i-1]
+		i--
+	}
+	t.ended[i] = e
+	t.n++
+}
+
 // hold keeps what an answered request held of the known quotas (amount, per kind) until a
 // reading counts it.
 func (t *Tracker) hold(amount [numKinds]int64, now time.Time) {
@@ -177,17 +230,8 @@ func (t *Tracker) hold(amount [numKinds]int64, now time.Time) {
 	if amount == ([numKinds]int64{}) {
 		return
 	}
-	if t.n == maxEnded {
-		a, b := &t.ended[0], &t.ended[1]
-		for k := range b.amount {
-			b.amount[k] += a.amount[k]
-		}
-		copy(t.ended[:], t.ended[1:t.n])
-		t.n--
-	}
 	t.seq++
-	t.ended[t.n] = endedHold{seq: t.seq, at: now, amount: amount}
-	t.n++
+	t.addEnded(endedHold{seq: t.seq, at: now, amount: amount})
 }
 
 // Verdict is Reserve's answer for a request that does not fit.
@@ -241,6 +285,10 @@ func (t *Tracker) Observe(res *Reservation, r *Reading, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var keep [numKinds]int64
+	// answered orders this answer among admissions: a request admitted after it is sent after
+	// it arrived.
+	t.seq++
+	answered := t.seq
 	for k := range t.q {
 		t.refill(Kind(k), now)
 		w, q := &r.Windows[k], &t.q[k]
@@ -255,9 +303,15 @@ func (t *Tracker) Observe(res *Reservation, r *Reading, now time.Time) {
 			continue
 		}
 		if res.held {
+			// The reading held is of a request sent before this one; this one's reading
+			// counts it only if it was answered before this one was sent.
+			t.replaceOwn(Kind(k), q.own.seq < res.seq)
 			t.endHolds(Kind(k), res.seq, time.Time{})
 			q.from, q.remote, q.refilled = *res, false, false
 			q.from.held = false
+			q.own = ownHold{seq: answered, at: now, n: res.need.amount(Kind(k))}
+		} else {
+			q.own = ownHold{}
 		}
 		q.known, q.remaining = true, w.Remaining
 		if w.Has&HasLimit != 0 {
@@ -360,6 +414,7 @@ func (t *Tracker) Merge(fleet [NumKinds]Shared, now time.Time) {
 		if f.At.IsZero() || (q.known && !q.newerAt(f.At)) || (!f.Reset.IsZero() && !now.Before(f.Reset)) || f.Remaining < 0 {
 			continue
 		}
+		t.replaceOwn(Kind(k), q.own.at.Before(f.At))
 		t.endHolds(Kind(k), 0, f.At)
 		q.known, q.from, q.remote, q.refilled = true, Reservation{at: f.At}, true, false
 		q.limit, q.remaining, q.reset = max(f.Limit, 0), f.Remaining, f.Reset
