@@ -53,6 +53,7 @@ package extproc
 
 import (
 	"errors"
+	"hash/maphash"
 	"io"
 	"log/slog"
 	"runtime/debug"
@@ -106,6 +107,8 @@ type Server struct {
 	refusals *refusalLog
 	// tracer records requests' spans; nil when tracing is off.
 	tracer *tracer
+	// attempts follows the attempts of admitted requests (envoy.upstream_filter).
+	attempts attemptTable
 
 	// beforeHandle, set only by tests, runs before each message is handled.
 	beforeHandle func(*extprocv3.ProcessingRequest)
@@ -120,6 +123,7 @@ func NewServer(engine *policy.Engine, o Options) *Server {
 	}
 	s := &Server{engine: engine, log: o.Logger, memLimit: o.MemoryLimit, epoch: engine.Now(), systemClock: engine.SystemClock(), refusals: newRefusalLog(o.Logger)}
 	s.idle.srv, s.idle.wake = s, make(chan struct{}, 1)
+	s.attempts.seed = maphash.MakeSeed()
 	s.tracer = newTracer(o.Tracing)
 	s.metrics = newMetrics(s)
 	return s
@@ -163,6 +167,9 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		return status.Errorf(codes.ResourceExhausted, "llm-bulkhead already serves %d ext_proc streams (server.max_streams)", limit)
 	}
 	defer s.active.Add(-1)
+	if isUpstreamStream(stream) {
+		return s.processAttempt(stream)
+	}
 
 	p := newProcessor(s, stream)
 	defer func() {
