@@ -65,10 +65,13 @@ const attemptShards = 32
 type attemptTable struct {
 	seed   maphash.Seed
 	n      atomic.Int64
-	shards [attemptShards]struct {
-		mu sync.Mutex
-		m  map[string]*attemptEntry
-	}
+	shards [attemptShards]attemptShard
+}
+
+// attemptShard is one lock's part of the table.
+type attemptShard struct {
+	mu sync.Mutex
+	m  map[string]*attemptEntry
 }
 
 // attemptEntry is one admitted request as its attempts see it.
@@ -91,10 +94,7 @@ type attemptState struct {
 	outcome         policy.Outcome
 }
 
-func (t *attemptTable) shard(id string) *struct {
-	mu sync.Mutex
-	m  map[string]*attemptEntry
-} {
+func (t *attemptTable) shard(id string) *attemptShard {
 	return &t.shards[maphash.String(t.seed, id)%attemptShards]
 }
 
