@@ -2,8 +2,18 @@ package envoysim
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"sync"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/upstream_codec/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	yaml "go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/encoding/protojson"
 )
 
 // UpstreamFilter returns an Upstream that runs every call through a simulated ext_proc filter
@@ -22,8 +32,9 @@ import (
 //     router does not retry it;
 //   - the response streams back through the filter chunk by chunk as it does downstream.
 //
-// cfg.InitialMetadata is sent on every stream (grpc_service.initial_metadata). The downstream
-// filter of a RoundTrip through sim is not involved: use a Sim for each position.
+// cfg.InitialMetadata is sent on every stream (grpc_service.initial_metadata). sim may be the
+// one the downstream filter uses: Envoy reaches the same ext_proc cluster from both positions,
+// and cfg replaces sim's own filter config for the attempts.
 func UpstreamFilter(sim *Sim, cfg FilterConfig, up Upstream) Upstream {
 	return UpstreamFunc(func(ctx context.Context, ureq *UpstreamRequest) (*UpstreamResponse, error) {
 		req := &Request{Method: ureq.Method, Path: ureq.Path, Authority: ureq.Authority, Scheme: ureq.Scheme,
@@ -132,3 +143,48 @@ func (b *attemptBody) Next(ctx context.Context) ([]byte, error) {
 
 // Trailers implements TrailerSource.
 func (b *attemptBody) Trailers() Headers { return b.pipe.getTrailers() }
+
+// UpstreamFilterFromClusterYAML reads the ext_proc filter of an Envoy cluster's upstream HTTP
+// filters (typed_extension_protocol_options HttpProtocolOptions http_filters), as Envoy loads
+// the cluster: YAML → proto3 JSON with unknown fields rejected, Envoy's validation rules, and
+// upstream_codec last, which Envoy requires of an upstream filter chain.
+func UpstreamFilterFromClusterYAML(data []byte) (FilterConfig, error) {
+	var v any
+	if err := yaml.Unmarshal(data, &v); err != nil {
+		return FilterConfig{}, err
+	}
+	js, err := json.Marshal(v)
+	if err != nil {
+		return FilterConfig{}, err
+	}
+	var c clusterv3.Cluster
+	if err := protojson.Unmarshal(js, &c); err != nil {
+		return FilterConfig{}, fmt.Errorf("not a Cluster: %w", err)
+	}
+	if err := c.ValidateAll(); err != nil {
+		return FilterConfig{}, err
+	}
+	raw := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+	if raw == nil {
+		return FilterConfig{}, fmt.Errorf("cluster %s: no HttpProtocolOptions, so no upstream filters", c.GetName())
+	}
+	var opts httpv3.HttpProtocolOptions
+	if err := raw.UnmarshalTo(&opts); err != nil {
+		return FilterConfig{}, err
+	}
+	filters := opts.GetHttpFilters()
+	if n := len(filters); n == 0 || filters[n-1].GetName() != "envoy.filters.http.upstream_codec" {
+		return FilterConfig{}, fmt.Errorf("cluster %s: the upstream filters must end with envoy.filters.http.upstream_codec", c.GetName())
+	}
+	for _, f := range filters {
+		if f.GetName() != "envoy.filters.http.ext_proc" {
+			continue
+		}
+		var ep extprocfilterv3.ExternalProcessor
+		if err := f.GetTypedConfig().UnmarshalTo(&ep); err != nil {
+			return FilterConfig{}, err
+		}
+		return FromProto(&ep)
+	}
+	return FilterConfig{}, errors.New("cluster " + c.GetName() + ": no envoy.filters.http.ext_proc upstream filter")
+}

@@ -13,10 +13,7 @@ import (
 	"net/http"
 	"time"
 
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/upstream_codec/v3"
-	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	yaml "go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -178,32 +175,7 @@ func FilterFromPolicy(p *config.Policy) (envoysim.FilterConfig, error) {
 // UpstreamFilter reads the upstream (per-attempt) ext_proc filter of envoy/upstream.yaml's
 // provider cluster into the simulator's filter settings, as Envoy loads it.
 func UpstreamFilter() (envoysim.FilterConfig, error) {
-	var v any
-	if err := yaml.Unmarshal(envoy.Upstream, &v); err != nil {
-		return envoysim.FilterConfig{}, err
-	}
-	js, err := json.Marshal(v)
-	if err != nil {
-		return envoysim.FilterConfig{}, err
-	}
-	var c clusterv3.Cluster
-	if err := protojson.Unmarshal(js, &c); err != nil {
-		return envoysim.FilterConfig{}, err
-	}
-	var opts upstreamhttpv3.HttpProtocolOptions
-	if err := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].UnmarshalTo(&opts); err != nil {
-		return envoysim.FilterConfig{}, err
-	}
-	for _, f := range opts.GetHttpFilters() {
-		if f.GetName() == "envoy.filters.http.ext_proc" {
-			var ep extprocfilterv3.ExternalProcessor
-			if err := f.GetTypedConfig().UnmarshalTo(&ep); err != nil {
-				return envoysim.FilterConfig{}, err
-			}
-			return envoysim.FromProto(&ep)
-		}
-	}
-	return envoysim.FilterConfig{}, errors.New("envoy/upstream.yaml: no ext_proc upstream filter")
+	return envoysim.UpstreamFilterFromClusterYAML(envoy.Upstream)
 }
 
 // Do runs one request through the simulator to the mock LLM.
