@@ -2,18 +2,14 @@ package envoysim
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"sync"
 
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/upstream_codec/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
-	yaml "go.yaml.in/yaml/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 )
 
 // UpstreamFilter returns an Upstream that runs every call through a simulated ext_proc filter
@@ -149,17 +145,9 @@ func (b *attemptBody) Trailers() Headers { return b.pipe.getTrailers() }
 // the cluster: YAML → proto3 JSON with unknown fields rejected, Envoy's validation rules, and
 // upstream_codec last, which Envoy requires of an upstream filter chain.
 func UpstreamFilterFromClusterYAML(data []byte) (FilterConfig, error) {
-	var v any
-	if err := yaml.Unmarshal(data, &v); err != nil {
-		return FilterConfig{}, err
-	}
-	js, err := json.Marshal(v)
+	c, err := parseCluster(data)
 	if err != nil {
 		return FilterConfig{}, err
-	}
-	var c clusterv3.Cluster
-	if err := protojson.Unmarshal(js, &c); err != nil {
-		return FilterConfig{}, fmt.Errorf("not a Cluster: %w", err)
 	}
 	if err := c.ValidateAll(); err != nil {
 		return FilterConfig{}, err

@@ -3,6 +3,7 @@ package envoysim
 import (
 	"context"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -124,6 +125,53 @@ func TestUpstreamFilterOpensAStreamPerAttempt(t *testing.T) {
 		}
 		if wantStatus == "" && (s.ended == nil || strings.Contains(s.ended.Error(), "EOF")) {
 			t.Errorf("the failed attempt's stream ended with %v, want a reset", s.ended)
+		}
+	}
+}
+
+// FuzzUpstreamFilterFromClusterYAML: any input is a filter config or an error, never a panic;
+// a config read from a cluster is one the simulator accepts. Seeds: the shipped
+// envoy/upstream.yaml, a cluster with no upstream filters, one whose chain does not end with
+// upstream_codec.
+func FuzzUpstreamFilterFromClusterYAML(f *testing.F) {
+	shipped, err := os.ReadFile("../../envoy/upstream.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(shipped)
+	f.Add([]byte(clusterYAML("STATIC", "{pipe: {path: /run/lb.sock}}", "")))
+	f.Add([]byte(strings.Replace(string(shipped), "- name: envoy.filters.http.upstream_codec", "- name: envoy.filters.http.other", 1)))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := UpstreamFilterFromClusterYAML(data)
+		if err == nil {
+			if verr := c.Validate(); verr != nil {
+				t.Fatalf("a filter config the simulator refuses (%v) from %q", verr, data)
+			}
+		}
+	})
+}
+
+// TestUpstreamFilterFromClusterYAML: the shipped envoy/upstream.yaml gives a headers-only,
+// fail-open filter marked by its initial metadata; a cluster without upstream filters, or whose
+// chain does not end with upstream_codec, is refused as Envoy refuses it.
+func TestUpstreamFilterFromClusterYAML(t *testing.T) {
+	shipped, err := os.ReadFile("../../envoy/upstream.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := UpstreamFilterFromClusterYAML(shipped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.FailureModeAllow || c.InitialMetadata.Get("x-llm-bulkhead-filter") != "upstream" || c.Mode.RequestBody != BodyNone || c.Mode.ResponseBody != BodyNone {
+		t.Errorf("filter %+v: want fail-open, marked upstream, headers only", c)
+	}
+	for name, src := range map[string]string{
+		"no upstream filters": clusterYAML("STATIC", "{pipe: {path: /run/lb.sock}}", ""),
+		"codec not last":      strings.Replace(string(shipped), "- name: envoy.filters.http.upstream_codec", "- name: envoy.filters.http.other", 1),
+	} {
+		if _, err := UpstreamFilterFromClusterYAML([]byte(src)); err == nil {
+			t.Errorf("%s: accepted", name)
 		}
 	}
 }
