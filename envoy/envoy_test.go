@@ -261,13 +261,11 @@ func TestHostedProviderClusters(t *testing.T) {
 	}
 }
 
-// TestShippedFilterMatchesPolicy: the filter in envoy.yaml is the one `llm-bulkhead
-// envoy-config` prints for the example policy.
-func TestShippedFilterMatchesPolicy(t *testing.T) {
-	hcm, _ := bootstrapFilters(t)
-	shipped := extProcOf(t, hcm)
-
-	p, err := config.Load("policy.yaml", examples.DefaultPolicy, nil)
+// exampleEnvoyConfig is what `llm-bulkhead envoy-config` prints for the example policy with the
+// overrides env (LLM_BULKHEAD_… settings).
+func exampleEnvoyConfig(t *testing.T, env []string) []byte {
+	t.Helper()
+	p, err := config.Load("policy.yaml", examples.DefaultPolicy, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,6 +273,16 @@ func TestShippedFilterMatchesPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return out
+}
+
+// TestShippedFilterMatchesPolicy: the filter in envoy.yaml is the one `llm-bulkhead
+// envoy-config` prints for the example policy.
+func TestShippedFilterMatchesPolicy(t *testing.T) {
+	hcm, _ := bootstrapFilters(t)
+	shipped := extProcOf(t, hcm)
+
+	out := exampleEnvoyConfig(t, nil)
 	var generated struct {
 		HTTPFilters []any `yaml:"http_filters"`
 		Clusters    []any `yaml:"clusters"`
@@ -421,5 +429,47 @@ func TestUpstreamFilterClusterIsValid(t *testing.T) {
 		m.GetRequestBodyMode() != extprocfilterv3.ProcessingMode_NONE || m.GetResponseBodyMode() != extprocfilterv3.ProcessingMode_NONE ||
 		m.GetRequestTrailerMode() != extprocfilterv3.ProcessingMode_SKIP || m.GetResponseTrailerMode() != extprocfilterv3.ProcessingMode_SKIP {
 		t.Errorf("processing_mode %v, want headers only", m)
+	}
+}
+
+// TestShippedUpstreamFilterMatchesPolicy: upstream.yaml's upstream filter chain is the one
+// `llm-bulkhead envoy-config` prints for the example policy with envoy.upstream_filter on, and
+// nothing is printed for it with the option off.
+func TestShippedUpstreamFilterMatchesPolicy(t *testing.T) {
+	var c clusterv3.Cluster
+	unmarshalYAML(t, envoy.Upstream, &c)
+	var shipped upstreamhttpv3.HttpProtocolOptions
+	if err := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].UnmarshalTo(&shipped); err != nil {
+		t.Fatal(err)
+	}
+	for _, on := range []bool{false, true} {
+		var env []string
+		if on {
+			env = []string{"LLM_BULKHEAD_ENVOY__UPSTREAM_FILTER=true"}
+		}
+		out := exampleEnvoyConfig(t, env)
+		var generated struct {
+			Upstream []any `yaml:"upstream_http_filters"`
+		}
+		if err := yaml.Unmarshal(out, &generated); err != nil {
+			t.Fatal(err)
+		}
+		if !on {
+			if generated.Upstream != nil {
+				t.Errorf("upstream filters printed with envoy.upstream_filter off:\n%s", out)
+			}
+			continue
+		}
+		wrapped, _ := yaml.Marshal(map[string]any{"http_filters": generated.Upstream, "explicit_http_config": map[string]any{"http_protocol_options": map[string]any{}}})
+		var gen upstreamhttpv3.HttpProtocolOptions
+		unmarshalYAML(t, wrapped, &gen)
+		if len(gen.GetHttpFilters()) != len(shipped.GetHttpFilters()) {
+			t.Fatalf("generated %d upstream filters, upstream.yaml has %d", len(gen.GetHttpFilters()), len(shipped.GetHttpFilters()))
+		}
+		for i, f := range gen.GetHttpFilters() {
+			if !proto.Equal(f, shipped.GetHttpFilters()[i]) {
+				t.Errorf("upstream filter %d differs from envoy/upstream.yaml's:\nshipped:   %v\ngenerated: %v", i, shipped.GetHttpFilters()[i], f)
+			}
+		}
 	}
 }
