@@ -36,6 +36,8 @@
 //   - metadata.go: the request's dynamic metadata, written in protobuf's wire form onto the
 //     replies that carry it.
 //   - idle.go: silent streams and the reaper that ends them (EndableStreams).
+//   - attempts.go: streams of the upstream (per-attempt) filter, which admit nothing, and the
+//     table that matches them to their admitted request by x-request-id (envoy.upstream_filter).
 //   - codec.go, decode.go: the gRPC codec (ServerOption) and its decoder of Envoy's requests.
 //   - settings.go: the policy settings the adapter reads, compiled once per snapshot.
 //   - cache.go: settings and reply pieces built once per policy snapshot.
