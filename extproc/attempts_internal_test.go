@@ -196,6 +196,51 @@ func TestRetriesNotRecordedInHalfOpen(t *testing.T) {
 	}
 }
 
+// TestRetriedAttemptRetryAfterHoldsTenant: a retried attempt's 429 with retry-after holds its
+// tenant back as a final one does (retry_after_scope: tenant): the router's next attempt goes
+// on (it was admitted), but the tenant's next request is refused at once, another tenant's not.
+func TestRetriedAttemptRetryAfterHoldsTenant(t *testing.T) {
+	_, srv := internalServer(t, `
+envoy: {upstream_filter: true}
+classification:
+  tenant: {rules: [{header: x-tenant-id, trusted: true}]}
+providers: {default: {breaker: b}}
+breakers: {b: {sliding_window_type: COUNT_BASED, sliding_window_size: 100, minimum_calls: 100, failure_rate_threshold: 50,
+  wait_in_open: 60s, honor_retry_after: true, retry_after_scope: tenant}}
+features: {default: {max_concurrent: 10}}
+`, nil)
+	headers := func(id, tenant string) *extprocv3.ProcessingRequest {
+		return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+			RequestHeaders: headersMsg(true, ":method", "POST", ":path", "/v1/chat/completions", "x-request-id", id, "x-tenant-id", tenant)}}
+	}
+	pr := newProcessor(srv, quietStream{ctx: context.Background()})
+	pr.afterSend(pr.handle(headers("r1", "acme")))
+	if pr.phase != phaseAdmitted {
+		t.Fatal("not admitted")
+	}
+	defer pr.finish()
+	if err := srv.Process(newReplay(true, headers("r1", "acme"), resHeaders("429", "retry-after", "30"))); err != nil {
+		t.Fatal(err)
+	}
+	second := newReplay(true, headers("r1", "acme"))
+	if err := srv.Process(second); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(second.replies[0], continueRequestHeaders) {
+		t.Fatalf("the router's next attempt was not let through: %v", second.replies[0])
+	}
+	for tenant, refused := range map[string]bool{"acme": true, "other": false} {
+		st := newReplay(false, headers("n-"+tenant, tenant))
+		if err := srv.Process(st); err != nil {
+			t.Fatal(err)
+		}
+		_, isRefusal := st.replies[0].Response.(*extprocv3.ProcessingResponse_ImmediateResponse)
+		if isRefusal != refused {
+			t.Errorf("tenant %s's next request refused %v, want %v: %v", tenant, isRefusal, refused, st.replies[0])
+		}
+	}
+}
+
 // TestDuplicateRequestIDUntracked: a request whose x-request-id another request in flight has
 // is not followed (its attempts could not be told apart); the first keeps its entry.
 func TestDuplicateRequestIDUntracked(t *testing.T) {
