@@ -27,6 +27,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead/app"
 	"github.com/llm-bulkhead/llm-bulkhead/envoy"
 	"github.com/llm-bulkhead/llm-bulkhead/examples"
+	"github.com/llm-bulkhead/llm-bulkhead/extproc"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
@@ -260,13 +261,11 @@ func TestHostedProviderClusters(t *testing.T) {
 	}
 }
 
-// TestShippedFilterMatchesPolicy: the filter in envoy.yaml is the one `llm-bulkhead
-// envoy-config` prints for the example policy.
-func TestShippedFilterMatchesPolicy(t *testing.T) {
-	hcm, _ := bootstrapFilters(t)
-	shipped := extProcOf(t, hcm)
-
-	p, err := config.Load("policy.yaml", examples.DefaultPolicy, nil)
+// exampleEnvoyConfig is what `llm-bulkhead envoy-config` prints for the example policy with the
+// overrides env (LLM_BULKHEAD_… settings).
+func exampleEnvoyConfig(t *testing.T, env []string) []byte {
+	t.Helper()
+	p, err := config.Load("policy.yaml", examples.DefaultPolicy, env)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,6 +273,16 @@ func TestShippedFilterMatchesPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return out
+}
+
+// TestShippedFilterMatchesPolicy: the filter in envoy.yaml is the one `llm-bulkhead
+// envoy-config` prints for the example policy.
+func TestShippedFilterMatchesPolicy(t *testing.T) {
+	hcm, _ := bootstrapFilters(t)
+	shipped := extProcOf(t, hcm)
+
+	out := exampleEnvoyConfig(t, nil)
 	var generated struct {
 		HTTPFilters []any `yaml:"http_filters"`
 		Clusters    []any `yaml:"clusters"`
@@ -364,5 +373,103 @@ func TestRateLimitSnippetIsValid(t *testing.T) {
 	}
 	if key(check) != key(charge) || check.GetActions()[0].GetRequestHeaders().GetHeaderName() != charge.GetActions()[0].GetRequestHeaders().GetHeaderName() {
 		t.Error("the check and the charge must produce the same descriptor")
+	}
+}
+
+// TestUpstreamFilterClusterIsValid: upstream.yaml is a provider cluster of envoy.yaml with
+// llm-bulkhead as its upstream ext_proc filter, before upstream_codec (which must be last),
+// sending only headers, marked by the gRPC metadata the server tells the position by, and
+// failing open: an attempt must never fail because the server could not be reached.
+func TestUpstreamFilterClusterIsValid(t *testing.T) {
+	var c clusterv3.Cluster
+	unmarshalYAML(t, envoy.Upstream, &c)
+	_, b := bootstrapFilters(t)
+	var shipped *clusterv3.Cluster
+	for _, bc := range b.GetStaticResources().GetClusters() {
+		if bc.GetName() == c.GetName() {
+			shipped = bc
+		}
+	}
+	if shipped == nil || c.GetName() == "llm_bulkhead" {
+		t.Fatalf("upstream.yaml's cluster %q is not a provider cluster of envoy.yaml", c.GetName())
+	}
+	if !proto.Equal(shipped.GetLoadAssignment(), c.GetLoadAssignment()) || !proto.Equal(shipped.GetCircuitBreakers(), c.GetCircuitBreakers()) {
+		t.Errorf("upstream.yaml's %s differs from envoy.yaml's beyond its upstream filters", c.GetName())
+	}
+	var opts upstreamhttpv3.HttpProtocolOptions
+	if err := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].UnmarshalTo(&opts); err != nil {
+		t.Fatalf("no HTTP protocol options: %v", err)
+	}
+	filters := opts.GetHttpFilters()
+	if len(filters) != 2 || filters[0].GetName() != "envoy.filters.http.ext_proc" || filters[1].GetName() != "envoy.filters.http.upstream_codec" {
+		t.Fatalf("upstream filters %v, want ext_proc then upstream_codec", filters)
+	}
+	var ep extprocfilterv3.ExternalProcessor
+	if err := filters[0].GetTypedConfig().UnmarshalTo(&ep); err != nil {
+		t.Fatal(err)
+	}
+	if err := ep.ValidateAll(); err != nil {
+		t.Fatal(err)
+	}
+	if !ep.GetFailureModeAllow() {
+		t.Error("the upstream filter must fail open (failure_mode_allow: true)")
+	}
+	if got := ep.GetGrpcService().GetEnvoyGrpc().GetClusterName(); got != "llm_bulkhead" {
+		t.Errorf("the upstream filter calls cluster %q, want llm_bulkhead", got)
+	}
+	marked := false
+	for _, h := range ep.GetGrpcService().GetInitialMetadata() {
+		marked = marked || (h.GetKey() == extproc.FilterPositionKey && h.GetValue() == extproc.FilterPositionUpstream)
+	}
+	if !marked {
+		t.Errorf("initial_metadata %v lacks %s: %s", ep.GetGrpcService().GetInitialMetadata(), extproc.FilterPositionKey, extproc.FilterPositionUpstream)
+	}
+	m := ep.GetProcessingMode()
+	if m.GetRequestHeaderMode() != extprocfilterv3.ProcessingMode_SEND || m.GetResponseHeaderMode() != extprocfilterv3.ProcessingMode_SEND ||
+		m.GetRequestBodyMode() != extprocfilterv3.ProcessingMode_NONE || m.GetResponseBodyMode() != extprocfilterv3.ProcessingMode_NONE ||
+		m.GetRequestTrailerMode() != extprocfilterv3.ProcessingMode_SKIP || m.GetResponseTrailerMode() != extprocfilterv3.ProcessingMode_SKIP {
+		t.Errorf("processing_mode %v, want headers only", m)
+	}
+}
+
+// TestShippedUpstreamFilterMatchesPolicy: upstream.yaml's upstream filter chain is the one
+// `llm-bulkhead envoy-config` prints for the example policy with envoy.upstream_filter on, and
+// nothing is printed for it with the option off.
+func TestShippedUpstreamFilterMatchesPolicy(t *testing.T) {
+	var c clusterv3.Cluster
+	unmarshalYAML(t, envoy.Upstream, &c)
+	var shipped upstreamhttpv3.HttpProtocolOptions
+	if err := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].UnmarshalTo(&shipped); err != nil {
+		t.Fatal(err)
+	}
+	for _, on := range []bool{false, true} {
+		var env []string
+		if on {
+			env = []string{"LLM_BULKHEAD_ENVOY__UPSTREAM_FILTER=true"}
+		}
+		out := exampleEnvoyConfig(t, env)
+		var generated struct {
+			Upstream []any `yaml:"upstream_http_filters"`
+		}
+		if err := yaml.Unmarshal(out, &generated); err != nil {
+			t.Fatal(err)
+		}
+		if !on {
+			if generated.Upstream != nil {
+				t.Errorf("upstream filters printed with envoy.upstream_filter off:\n%s", out)
+			}
+			continue
+		}
+		wrapped, _ := yaml.Marshal(map[string]any{"http_filters": generated.Upstream, "explicit_http_config": map[string]any{"http_protocol_options": map[string]any{}}})
+		var gen upstreamhttpv3.HttpProtocolOptions
+		unmarshalYAML(t, wrapped, &gen)
+		if len(gen.GetHttpFilters()) != len(shipped.GetHttpFilters()) {
+			t.Fatalf("generated %d upstream filters, upstream.yaml has %d", len(gen.GetHttpFilters()), len(shipped.GetHttpFilters()))
+		}
+		for i, f := range gen.GetHttpFilters() {
+			if !proto.Equal(f, shipped.GetHttpFilters()[i]) {
+				t.Errorf("upstream filter %d differs from envoy/upstream.yaml's:\nshipped:   %v\ngenerated: %v", i, shipped.GetHttpFilters()[i], f)
+			}
+		}
 	}
 }

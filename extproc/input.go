@@ -22,14 +22,7 @@ const attributesKey = "envoy.filters.http.ext_proc"
 // Header implements policy.Input over the current message's headers. The value aliases the
 // message's bytes (protobuf gives every message its own), so reading does not allocate; code
 // that keeps a value beyond the request must copy it.
-func (p *processor) Header(name string) (string, bool) {
-	for _, h := range p.headers {
-		if h.Key == name {
-			return headerValue(h), true
-		}
-	}
-	return "", false
-}
+func (p *processor) Header(name string) (string, bool) { return findHeader(p.headers, name) }
 
 // headerValue is a header's value as Envoy sent it (raw_value, or value from an Envoy that
 // does not send raw values), without a copy: valid while the message is.

@@ -56,6 +56,10 @@ type metrics struct {
 	admissionsReleased prometheus.Counter
 
 	protocolErrors [violKinds]prometheus.Counter
+	// Per-attempt outcomes (envoy.upstream_filter): streams of the upstream filter, retried
+	// attempts the breaker recorded or left out, attempt streams no admitted request matched,
+	// and admitted requests whose attempts could not be followed.
+	attemptStreams, attemptsRecorded, attemptsNotRecorded, attemptsUnmatched, attemptsUntracked prometheus.Counter
 	// refusedMaxStreams counts streams refused because server.max_streams were open.
 	refusedMaxStreams prometheus.Counter
 	idleReleased      prometheus.Counter
@@ -189,6 +193,17 @@ func newMetrics(s *Server) *metrics {
 		Help: "Requests refused with server_busy because holding their body would pass server.max_buffered_body_bytes."})
 	buffered := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: "extproc_buffered_body_bytes",
 		Help: "Request-body bytes held now: from a body's arrival until its request is decided and the reply that carries it is written."}, func() float64 { return float64(s.buffered.Load()) })
+	attemptStreams := prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "extproc_attempt_streams_total",
+		Help: "Streams of the upstream ext_proc filter (gRPC metadata x-llm-bulkhead-filter: upstream): one per attempt Envoy's router makes."})
+	m.attemptStreams = attemptStreams
+	attempts := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "extproc_attempts_total",
+		Help: "Attempts seen by the upstream ext_proc filter that the router retried (the last attempt's outcome is its request's), by result: recorded (in the provider's breaker), not_recorded (the breaker was not closed or has none, or the status is one it ignores), unmatched (an attempt stream whose x-request-id no admitted request has)."},
+		[]string{"result"})
+	m.attemptsRecorded, m.attemptsNotRecorded = attempts.WithLabelValues("recorded"), attempts.WithLabelValues("not_recorded")
+	m.attemptsUnmatched = attempts.WithLabelValues("unmatched")
+	untracked := prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "extproc_attempts_untracked_requests_total",
+		Help: "Admitted requests whose attempts could not be followed with envoy.upstream_filter on: no x-request-id, one another request in flight has, or too many requests in flight."})
+	m.attemptsUntracked = untracked
 	latency := []float64{0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300}
 	m.upHeaders = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "upstream_headers_seconds",
 		Help: "Time from admission to the provider's response headers, by provider.", Buckets: latency}, []string{"provider"})
@@ -201,7 +216,7 @@ func newMetrics(s *Server) *metrics {
 	m.up = map[string]*upstreamObs{}
 	m.all = []prometheus.Collector{m.upHeaders, m.upFirstToken, m.upTotal, m.upResponses,
 		m.streams, m.passthrough, m.panics, m.overrides, m.endedEarly, m.admissionsEnded, m.admissionsReleased, hist, active,
-		protocol, refused, m.idleReleased, m.bodiesRefused, buffered, timedOut}
+		protocol, refused, m.idleReleased, m.bodiesRefused, buffered, timedOut, attemptStreams, attempts, untracked}
 	return m
 }
 

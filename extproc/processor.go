@@ -145,6 +145,10 @@ type processor struct {
 	onQueueFn func(time.Duration)
 	// trace is the request's span, nil unless tracing is on and the request is sampled.
 	trace *requestTrace
+	// attempts is the request's entry in the server's attempt table (envoy.upstream_filter),
+	// kept under attemptsKey; nil when its attempts are not followed.
+	attempts    *attemptEntry
+	attemptsKey string
 
 	idle idleWatch
 
@@ -381,6 +385,7 @@ func (p *processor) ended(how end) {
 // finish runs when Process returns, whatever the reason: nothing may stay held.
 func (p *processor) finish() {
 	p.stopIdle()
+	defer p.endAttempts()
 	p.dropBody()
 	p.releaseHold()
 	if p.dec.ticket.Admitted() {

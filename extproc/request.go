@@ -255,6 +255,7 @@ func (p *processor) decide(at int) *extprocv3.ProcessingResponse {
 	}
 	p.phase = phaseAdmitted
 	p.dec.admittedAt = p.dec.ticket.GrantedAt()
+	p.followAttempts()
 	p.armIdle()
 	return p.admitReply(at)
 }

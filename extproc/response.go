@@ -165,6 +165,9 @@ func (p *processor) settleOnce(cancelled bool) {
 // message loop (stream end), where a panic would take the whole server down; the ticket releases
 // its slots before any settlement work, so a failed settlement leaves nothing held.
 func (p *processor) settle(cancelled bool) {
+	// The request is over: the attempts before its last were retried (the last one's outcome is
+	// the request's, below).
+	p.endAttempts()
 	if !p.claimTicket() {
 		// The idle watch released the ticket while the stream was silent.
 		return

@@ -38,6 +38,8 @@
 //   - metadata.go: the request's dynamic metadata, written in protobuf's wire form onto the
 //     replies that carry it.
 //   - idle.go: silent streams and the reaper that ends them (EndableStreams).
+//   - attempts.go: streams of the upstream (per-attempt) filter, which admit nothing, and the
+//     table that matches them to their admitted request by x-request-id (envoy.upstream_filter).
 //   - codec.go, decode.go: the gRPC codec (ServerOption) and its decoder of Envoy's requests.
 //   - receive.go: counting a buffered request body in the codec as it arrives, before it is
 //     copied (Server.ServerOption).
@@ -57,6 +59,7 @@ package extproc
 
 import (
 	"errors"
+	"hash/maphash"
 	"io"
 	"log/slog"
 	"runtime/debug"
@@ -113,6 +116,8 @@ type Server struct {
 	refusals *refusalLog
 	// tracer records requests' spans; nil when tracing is off.
 	tracer *tracer
+	// attempts follows the attempts of admitted requests (envoy.upstream_filter).
+	attempts attemptTable
 
 	// beforeHandle, set only by tests, runs before each message is handled.
 	beforeHandle func(*extprocv3.ProcessingRequest)
@@ -127,6 +132,7 @@ func NewServer(engine *policy.Engine, o Options) *Server {
 	}
 	s := &Server{engine: engine, log: o.Logger, memLimit: o.MemoryLimit, epoch: engine.Now(), systemClock: engine.SystemClock(), refusals: newRefusalLog(o.Logger)}
 	s.idle.srv, s.idle.wake = s, make(chan struct{}, 1)
+	s.attempts.seed = maphash.MakeSeed()
 	s.tracer = newTracer(o.Tracing)
 	s.metrics = newMetrics(s)
 	return s
@@ -170,6 +176,9 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		return status.Errorf(codes.ResourceExhausted, "llm-bulkhead already serves %d ext_proc streams (server.max_streams)", limit)
 	}
 	defer s.active.Add(-1)
+	if isUpstreamStream(stream) {
+		return s.processAttempt(stream)
+	}
 
 	p := newProcessor(s, stream)
 	defer func() {

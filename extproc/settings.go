@@ -57,6 +57,8 @@ type Settings struct {
 	MaxBufferedBodyBytes int64
 	// MaxStreams bounds the ext_proc streams open at once.
 	MaxStreams int
+	// UpstreamFilter is envoy.upstream_filter: the attempts of admitted requests are followed.
+	UpstreamFilter bool
 }
 
 // compileSettings compiles p's settings for a process whose memory is limited to memLimit bytes
@@ -78,6 +80,7 @@ func compileSettings(p *config.Policy, memLimit int64) Settings {
 		StreamIdleTimeout:    p.Server.StreamIdleTimeout.D(),
 		MaxBufferedBodyBytes: p.BufferedBodyBytes(memLimit),
 		MaxStreams:           p.Server.MaxStreams,
+		UpstreamFilter:       p.Envoy.UpstreamFilter,
 
 		NoRetryAbove:            p.Refusals.NoRetryAboveOrDefault(),
 		RefusalRateLimitHeaders: p.Refusals.RateLimitHeadersOrDefault(),

@@ -32,7 +32,9 @@
 //   - breakers.go, adaptive.go, spendbudget.go, providerquota.go: providers' breakers, adaptive
 //     limits, spend budgets and prices, and providers' own quotas (their rate-limit headers).
 //   - decision.go (reasons and the Decision), ticket.go, admit.go (the admission pipeline),
-//     settle.go (outcome and settlement), refusal.go (what a refusal tells the client).
+//     settle.go (outcome and settlement), refusal.go (what a refusal tells the client),
+//     attempts.go (the retried attempts of an admitted request, reported to its breaker and
+//     quota).
 //   - shared.go, share.go, exact.go, leased.go: cluster mode — the shared store, a replica's
 //     part while it cannot count the others, exact and leased admission.
 //   - record.go: the Recorder the engine tells what it does; livestate.go, views.go,

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,8 +27,15 @@ import (
 // newBulkhead builds llm-bulkhead's ext_proc service for the example policy with
 // LimitOverrides, as app.New does, without the listeners.
 func newBulkhead(tb testing.TB) *extproc.Server {
+	srv, _ := newBulkheadWith(tb)
+	return srv
+}
+
+// newBulkheadWith is newBulkhead with more overrides (LLM_BULKHEAD_… settings); it returns the
+// registry of the server's and engine's metrics too.
+func newBulkheadWith(tb testing.TB, overrides ...string) (*extproc.Server, *prometheus.Registry) {
 	tb.Helper()
-	p, _, err := app.LoadPolicy("", LimitOverrides)
+	p, _, err := app.LoadPolicy("", append(slices.Clone(LimitOverrides), overrides...))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -40,7 +48,7 @@ func newBulkhead(tb testing.TB) *extproc.Server {
 	srv := extproc.NewServer(eng, extproc.Options{Logger: log})
 	reg.MustRegister(srv.Collectors()...)
 	tb.Cleanup(srv.Close)
-	return srv
+	return srv, reg
 }
 
 // serve runs srv on a loopback port until the test ends and returns its address.

@@ -158,19 +158,29 @@ func dnsMatch(san, name string) bool {
 // ClusterFromYAML reads one Envoy cluster (an entry of static_resources.clusters) as Envoy
 // does, YAML → proto3 JSON with unknown fields rejected, then ClusterFromProto.
 func ClusterFromYAML(data []byte) (Cluster, error) {
-	var v any
-	if err := yaml.Unmarshal(data, &v); err != nil {
-		return Cluster{}, err
-	}
-	js, err := json.Marshal(v)
+	c, err := parseCluster(data)
 	if err != nil {
 		return Cluster{}, err
 	}
+	return ClusterFromProto(c)
+}
+
+// parseCluster reads an Envoy cluster from YAML (or JSON) as Envoy does: YAML → proto3 JSON,
+// unknown fields rejected.
+func parseCluster(data []byte) (*clusterv3.Cluster, error) {
+	var v any
+	if err := yaml.Unmarshal(data, &v); err != nil {
+		return nil, err
+	}
+	js, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
 	var c clusterv3.Cluster
 	if err := protojson.Unmarshal(js, &c); err != nil {
-		return Cluster{}, fmt.Errorf("not a Cluster: %w", err)
+		return nil, fmt.Errorf("not a Cluster: %w", err)
 	}
-	return ClusterFromProto(&c)
+	return &c, nil
 }
 
 // ClusterFromProto converts the ext_proc cluster Envoy would load: one endpoint (a socket

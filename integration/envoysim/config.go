@@ -207,6 +207,9 @@ type FilterConfig struct {
 	// RateLimit, when set, puts Envoy's global rate limit filter before the ext_proc filter
 	// (see RateLimit). The pointer is shared by copies of the config and never changed.
 	RateLimit *RateLimit
+	// InitialMetadata is grpc_service.initial_metadata: gRPC metadata sent when each stream
+	// opens (keys lower-case).
+	InitialMetadata Headers
 }
 
 // withDefaults returns c with every unset field replaced by Envoy's default.
@@ -314,6 +317,9 @@ func FromProto(p *extprocfilterv3.ExternalProcessor) (FilterConfig, error) {
 		RequestAttributes:        append([]string(nil), p.GetRequestAttributes()...),
 		ResponseAttributes:       append([]string(nil), p.GetResponseAttributes()...),
 		RouteCacheAction:         p.GetRouteCacheAction().String(),
+	}
+	for _, h := range p.GetGrpcService().GetInitialMetadata() {
+		c.InitialMetadata = append(c.InitialMetadata, Header{Key: strings.ToLower(h.GetKey()), Value: h.GetValue()})
 	}
 	if p.GetMessageTimeout() == nil {
 		c.MessageTimeout = 0

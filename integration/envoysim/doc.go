@@ -38,6 +38,16 @@
 // dynamic metadata the processor left) when the request is over. Its rules
 // can be read from the same YAML Envoy loads (RateLimitFromVirtualHostYAML).
 //
+// Retrying plays the router's retry_policy behind the filter (retry_on reset, connect-failure,
+// retriable status codes; num_retries; back-off and retry-after; x-envoy-attempt-count).
+// UpstreamFilter puts an ext_proc filter in Envoy's upstream HTTP filter position (a cluster's
+// HttpProtocolOptions http_filters, before upstream_codec): wrapped by Retrying, it runs once
+// per attempt, so each attempt opens its own stream with the attempt's request headers (the
+// client's x-request-id on every one) and then its response; an attempt that fails before
+// response headers fails to the router and its stream is reset. FilterConfig.InitialMetadata
+// is grpc_service.initial_metadata, sent when each stream opens. What is not modelled: hedging
+// (parallel attempts), per_try_timeout, retry budgets and the jitter of the back-off.
+//
 // Where Envoy's source and the project's protocol notes differ, the
 // simulator follows the source (ext_proc.cc, processor_state.cc,
 // mutation_utils.cc); the differences are listed on the types and functions

@@ -399,7 +399,7 @@ func (f *filter) openStream() openState {
 	if f.stream != nil {
 		return openOK
 	}
-	st, err := openStream(f.sim.client, f.events, f.loopDone)
+	st, err := openStream(f.sim.client, f.cfg.InitialMetadata, f.events, f.loopDone)
 	if err != nil {
 		f.res.Stream = StreamOpenFailed
 		f.res.StreamCode = status.Code(err)

@@ -17,10 +17,11 @@ import (
 // cluster. Real clients (curl, SDKs) can be pointed at it. A Proxy is safe
 // for concurrent use.
 type Proxy struct {
-	sim   *Sim
-	up    *HTTPUpstream
-	cfg   FilterConfig
-	retry *RetryPolicy
+	sim      *Sim
+	up       *HTTPUpstream
+	cfg      FilterConfig
+	retry    *RetryPolicy
+	upstream *FilterConfig
 }
 
 var _ http.Handler = (*Proxy)(nil)
@@ -46,6 +47,17 @@ func (p *Proxy) Upstream() *HTTPUpstream { return p.up }
 // the filter. Call it before serving.
 func (p *Proxy) SetRetry(r RetryPolicy) { p.retry = &r }
 
+// SetUpstreamFilter adds an ext_proc filter with cfg in the upstream (per-attempt) position,
+// reached over the proxy's Sim (see UpstreamFilter): behind SetRetry's router it runs once per
+// attempt. Call it before serving.
+func (p *Proxy) SetUpstreamFilter(cfg FilterConfig) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("upstream filter config: %w", err)
+	}
+	p.upstream = &cfg
+	return nil
+}
+
 // ServeHTTP runs one request through the simulated filter and writes what
 // Envoy would send downstream, flushing every body chunk. A downstream
 // reset is an aborted connection.
@@ -69,8 +81,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req.Filter = &cfg
 	sk := &httpSink{w: w, rc: rc}
 	var up Upstream = p.up
+	if p.upstream != nil {
+		up = UpstreamFilter(p.sim, *p.upstream, up)
+	}
 	if p.retry != nil {
-		up = Retrying(p.up, *p.retry)
+		up = Retrying(up, *p.retry)
 	}
 	f, err := p.sim.prepare(r.Context(), req, up, sk)
 	if err != nil {

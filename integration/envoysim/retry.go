@@ -26,6 +26,9 @@ type RetryPolicy struct {
 	// MaxRetryAfter bounds a retry-after the router waits instead of BackOff
 	// (rate_limited_retry_back_off.max_interval); a longer one is not honoured and BackOff applies.
 	MaxRetryAfter time.Duration
+	// IncludeAttemptCount sets x-envoy-attempt-count on every attempt (1 for the first), as the
+	// virtual host's include_request_attempt_count does.
+	IncludeAttemptCount bool
 	// OnAttempt, when set, is called after every attempt with its status (0 for a failure before
 	// headers) and whether the router retries it.
 	OnAttempt func(status int, retried bool)
@@ -34,7 +37,9 @@ type RetryPolicy struct {
 // Retrying returns an Upstream that retries like Envoy's router with policy p: the request
 // body is buffered, and a retriable answer is dropped and the request sent again. Only the last
 // attempt's response (or failure) comes back to the filter, which is where ext_proc sits as a
-// downstream HTTP filter: the processor never sees the attempts that were retried.
+// downstream HTTP filter: the processor never sees the attempts that were retried. Wrap up in
+// UpstreamFilter to put an ext_proc filter in the upstream (per-attempt) position as well: the
+// router calls up once per attempt, so every attempt runs that filter anew.
 func Retrying(up Upstream, p RetryPolicy) Upstream {
 	return UpstreamFunc(func(ctx context.Context, req *UpstreamRequest) (*UpstreamResponse, error) {
 		body, err := io.ReadAll(req.Body)
@@ -45,6 +50,9 @@ func Retrying(up Upstream, p RetryPolicy) Upstream {
 		for attempt := 0; ; attempt++ {
 			r := *req
 			r.Headers = req.Headers.Clone()
+			if p.IncludeAttemptCount {
+				r.Headers.Set("x-envoy-attempt-count", strconv.Itoa(attempt+1))
+			}
 			r.Body = bytes.NewReader(body)
 			r.trailers = func() Headers { return trailers }
 			resp, err := up.Serve(ctx, &r)

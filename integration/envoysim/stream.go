@@ -9,6 +9,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -35,8 +36,11 @@ type procStream struct {
 	sendDone chan struct{}
 }
 
-func openStream(client extprocv3.ExternalProcessorClient, events chan<- event, loopDone <-chan struct{}) (*procStream, error) {
+func openStream(client extprocv3.ExternalProcessorClient, initial Headers, events chan<- event, loopDone <-chan struct{}) (*procStream, error) {
 	ctx, cancel := context.WithCancel(context.Background())
+	for _, h := range initial {
+		ctx = metadata.AppendToOutgoingContext(ctx, h.Key, h.Value)
+	}
 	st, err := client.Process(ctx)
 	if err != nil {
 		cancel()

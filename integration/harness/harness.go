@@ -19,6 +19,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead/app"
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/mockllm/mock"
+	"github.com/llm-bulkhead/llm-bulkhead/envoy"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
@@ -169,6 +170,12 @@ func FilterFromPolicy(p *config.Policy) (envoysim.FilterConfig, error) {
 	// Envoy routes that carry LLM bodies need a buffer as large as the policy allows.
 	fc.BufferLimit = int(p.Envoy.MaxRequestBody)
 	return fc, nil
+}
+
+// UpstreamFilter reads the upstream (per-attempt) ext_proc filter of envoy/upstream.yaml's
+// provider cluster into the simulator's filter settings, as Envoy loads it.
+func UpstreamFilter() (envoysim.FilterConfig, error) {
+	return envoysim.UpstreamFilterFromClusterYAML(envoy.Upstream)
 }
 
 // Do runs one request through the simulator to the mock LLM.

@@ -234,6 +234,20 @@ func (b *Breaker) Acquire(now time.Time) (Permit, error) {
 	return p, err
 }
 
+// Unlimited returns a permit for a call made without asking the breaker — a retry the proxy
+// made on its own — when the breaker is CLOSED or METRICS_ONLY, where every call is permitted
+// and a permit limits nothing. In any other state it returns false and counts nothing: the call
+// was not the breaker's to refuse, and OPEN or HALF_OPEN judge only the calls they permitted.
+// Safe for concurrent use; it takes no lock.
+func (b *Breaker) Unlimited() (Permit, bool) {
+	w := b.word.Load()
+	switch st := State(w & 0xff); st {
+	case Closed, MetricsOnly:
+		return Permit{gen: w >> 8, state: st}, true
+	}
+	return Permit{}, false
+}
+
 func (b *Breaker) acquireLocked(now time.Time, ev *pending) (Permit, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

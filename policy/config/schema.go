@@ -276,6 +276,18 @@ type Envoy struct {
 	// MaxRequestBody is the largest request body the server accepts in one message (Envoy's buffer
 	// limit for the route); it sizes the gRPC receive limit. Default 8MiB.
 	MaxRequestBody Size `koanf:"max_request_body" json:"max_request_body,omitempty"`
+	// UpstreamFilter says llm-bulkhead also runs as Envoy's upstream ext_proc filter, on the
+	// provider clusters (HttpProtocolOptions http_filters, before upstream_codec): one stream
+	// per attempt of the router, retries included, each marked by the gRPC initial metadata
+	// `x-llm-bulkhead-filter: upstream` (grpc_service.initial_metadata). Such a stream admits
+	// nothing, charges no budget, never waits and changes nothing: it reads the attempt's
+	// status, time to response headers and rate-limit headers, so that every attempt the
+	// router retried counts in the provider's breaker and quota, while admission, budgets and
+	// settlement stay once per client request, on this (downstream) filter. Attempts are
+	// matched to their request by x-request-id, the same on every attempt. Configure the
+	// upstream filter with failure_mode_allow: true. Default false: streams marked upstream
+	// pass through unread. See docs/envoy.md, "Per-attempt outcomes".
+	UpstreamFilter bool `koanf:"upstream_filter" json:"upstream_filter,omitempty"`
 }
 
 // Classification holds one ordered rule list per dimension.

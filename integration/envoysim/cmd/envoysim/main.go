@@ -74,6 +74,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	routeHeader := fs.String("route-header", "", "request header whose value selects an upstream from -routes")
 	routes := fs.String("routes", "", "comma-separated value=baseURL pairs for -route-header")
 	retries := fs.Int("retries", 0, "route retry_policy num_retries on reset, connect-failure, 503 and 429, as envoy/envoy.yaml (0: no retries)")
+	upstreamFilter := fs.String("upstream-filter-config", "", "Envoy cluster whose upstream http_filters hold an ext_proc filter, run once per attempt (YAML or JSON, e.g. envoy/upstream.yaml)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -142,6 +143,19 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 				return fmt.Errorf("-routes entry %q: want value=baseURL", pair)
 			}
 			proxy.Upstream().Routes[k] = v
+		}
+	}
+	if *upstreamFilter != "" {
+		data, err := os.ReadFile(*upstreamFilter)
+		if err != nil {
+			return err
+		}
+		uc, err := envoysim.UpstreamFilterFromClusterYAML(data)
+		if err != nil {
+			return fmt.Errorf("-upstream-filter-config: %w", err)
+		}
+		if err := proxy.SetUpstreamFilter(uc); err != nil {
+			return err
 		}
 	}
 	if *retries > 0 {

@@ -11,12 +11,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -26,7 +28,13 @@ type rejector struct {
 	extprocv3.UnimplementedExternalProcessorServer
 }
 
+// upstreamStreams counts the streams that came marked as the upstream (per-attempt) filter's.
+var upstreamStreams atomic.Int64
+
 func (rejector) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	if v := metadata.ValueFromIncomingContext(srv.Context(), "x-llm-bulkhead-filter"); len(v) == 1 && v[0] == "upstream" {
+		upstreamStreams.Add(1)
+	}
 	for {
 		req, err := srv.Recv()
 		if err != nil {
@@ -95,11 +103,15 @@ func TestRun(t *testing.T) {
 	tests := []struct {
 		name string
 		args []string
+		// attemptStreams is how many streams of the upstream filter the two requests open.
+		attemptStreams int64
 	}{
-		{"mode flags", []string{"-request-body-mode", "buffered", "-response-body-mode", "STREAMED"}},
-		{"filter config file", []string{"-filter-config", cfgFile}},
+		{"mode flags", []string{"-request-body-mode", "buffered", "-response-body-mode", "STREAMED"}, 0},
+		{"filter config file", []string{"-filter-config", cfgFile}, 0},
 		// The cluster, not -extproc (which points nowhere here), says where the server is.
-		{"cluster config file", []string{"-filter-config", cfgFile, "-extproc", "127.0.0.1:1", "-cluster-config", clusterFile}},
+		{"cluster config file", []string{"-filter-config", cfgFile, "-extproc", "127.0.0.1:1", "-cluster-config", clusterFile}, 0},
+		// The refused request never reaches the router; the admitted one is one attempt.
+		{"upstream filter", []string{"-retries", "2", "-upstream-filter-config", "../../../../envoy/upstream.yaml"}, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -115,6 +127,7 @@ func TestRun(t *testing.T) {
 			}
 			go func() { _, _ = io.Copy(io.Discard, pr) }()
 			base := strings.Fields(line)[3]
+			before := upstreamStreams.Load()
 			for path, want := range map[string]string{"/ok": "200 upstream says hi", "/v1/chat/completions": "429 slow down"} {
 				resp, err := http.Post(base+path, "application/json", strings.NewReader("{}"))
 				if err != nil {
@@ -125,6 +138,9 @@ func TestRun(t *testing.T) {
 				if got := fmt.Sprintf("%d %s", resp.StatusCode, body); got != want {
 					t.Fatalf("%s: got %q, want %q", path, got, want)
 				}
+			}
+			if n := upstreamStreams.Load() - before; n != tc.attemptStreams {
+				t.Errorf("%d streams of the upstream filter, want %d", n, tc.attemptStreams)
 			}
 			http.DefaultClient.CloseIdleConnections()
 			cancel()
@@ -144,6 +160,8 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"bad routes", []string{"-route-header", "x-p", "-routes", "nonsense"}},
 		{"missing config file", []string{"-filter-config", "/nonexistent/filter.yaml"}},
 		{"missing cluster file", []string{"-cluster-config", "/nonexistent/cluster.yaml"}},
+		{"missing upstream filter file", []string{"-upstream-filter-config", "/nonexistent/upstream.yaml"}},
+		{"cluster without upstream filters", []string{"-upstream-filter-config", "../../../../envoy/envoy.yaml"}},
 		{"unknown flag", []string{"-nope"}},
 	}
 	for _, tc := range tests {
