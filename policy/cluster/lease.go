@@ -748,6 +748,9 @@ func (ls *Lease) chunkValidity(w *Window) time.Duration {
 	return min(max(2*ls.l.o.Interval, 500*time.Millisecond), max(w.Length/60, time.Millisecond))
 }
 
+// idleRate is the use of a window per interval, on average, below which the window is idle.
+const idleRate = 0.01
+
 // Reserve takes n from window i's chunks. ok is false, and nothing is taken, when they hold less
 // than n: the request should wait for the next report (Kick, then Round) and try again.
 func (ls *Lease) Reserve(i int, n int64, now time.Time) (budget.Charge, bool) {
@@ -1112,14 +1115,14 @@ func (ls *Lease) due(now time.Time) (w why, drop bool) {
 	for i := range ls.wins {
 		a := &ls.wins[i]
 		a.expire(now)
-		if len(a.chunks) > 0 || len(a.returns) > 0 || a.debt > 0 || a.used > 0 || a.need > 0 || a.rate > 0.01 {
+		if len(a.chunks) > 0 || len(a.returns) > 0 || a.debt > 0 || a.used > 0 || a.need > 0 || a.rate > idleRate {
 			busy = true
 		}
 		var have int64
 		for _, ch := range a.chunks {
 			have += ch.left
 		}
-		if unsteady == whyNone && (len(a.returns) > 0 || a.debt > 0 || a.need > 0 || (a.rate > 0.01 && float64(have) < 2*a.rate)) {
+		if unsteady == whyNone && (len(a.returns) > 0 || a.debt > 0 || a.need > 0 || (a.rate > idleRate && float64(have) < 2*a.rate)) {
 			unsteady = whyWindow
 		}
 	}
@@ -1257,7 +1260,9 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 		// granted, so a replica holding it keeps it from the others. A window whose pace is
 		// below one a chunk (a few requests a minute) is reserved one request at a time.
 		want := max(min(int64(math.Ceil(3*a.rate)), a.pace)-have, 0)
-		if a.pace < 2 {
+		if a.pace < 2 || a.rate <= idleRate {
+			// One at a time, or no use to speak of: nothing ahead of requests (an idle lease
+			// lets its last chunk expire, gives it back, and is not reported again).
 			want = 0
 		}
 		// Every request waiting for the chunks asks for its part: ask for all of it.
