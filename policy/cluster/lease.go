@@ -673,6 +673,7 @@ type Lease struct {
 	// peak and peakTokens are the recent peak of what the compartment held and waited for,
 	// decaying: a lease is not given back between two requests.
 	peak, peakTokens float64
+	observed         time.Time
 	wins             []allowance
 	// resend is a report whose answer was lost: the next report carries its sequence number and
 	// what it gave back, so that Redis applies them once.
@@ -681,8 +682,8 @@ type Lease struct {
 
 // allowance is this replica's part of one window: chunks granted and not yet used.
 type allowance struct {
-	// pace is twice the window's even pace over a chunk's life: the most a chunk holds. Below
-	// 2 the window is reserved one request at a time, and what comes back goes back at once.
+	// pace is twice the window's even pace over chunkSpan: the most a chunk holds. Below 2 the
+	// window is reserved one request at a time, and what comes back goes back at once.
 	pace   int64
 	chunks []chunk // oldest first
 	// debt is what settled requests cost beyond what their chunks covered, charged to the window
@@ -723,7 +724,7 @@ func (ls *Lease) setLimits(lim LeaseLimits) {
 	}
 	for i := range lim.Windows {
 		w := &lim.Windows[i]
-		ls.wins[i].pace = int64(math.Ceil(2 * float64(w.Capacity) * float64(ls.chunkValidity(w)) / float64(w.Length)))
+		ls.wins[i].pace = int64(math.Ceil(2 * float64(w.Capacity) * float64(ls.chunkSpan(w)) / float64(w.Length)))
 	}
 	ls.wkeys = keys
 	ls.mark(whyOther)
@@ -743,13 +744,61 @@ func slicesEqual(a, b []string) bool {
 
 // chunkValidity is how long a granted chunk may be used: it was charged to the window when
 // granted, so using it later would count it earlier than it ran. Bounded by the window's slot
-// (the window's own resolution) and at least two intervals.
+// (the window's own resolution); within that, long enough to last from one renewal to the next
+// (a steady replica need not report sooner for its chunks), and at least two intervals.
 func (ls *Lease) chunkValidity(w *Window) time.Duration {
-	return min(max(2*ls.l.o.Interval, 500*time.Millisecond), max(w.Length/60, time.Millisecond))
+	return min(max(renewSteps*ls.l.o.Interval, 500*time.Millisecond), windowSlot(w))
+}
+
+// chunkSpan is the time over which a chunk's most (twice the window's even pace over it) is
+// counted: two intervals, at least 500 ms, within the window's slot.
+func (ls *Lease) chunkSpan(w *Window) time.Duration {
+	return min(max(2*ls.l.o.Interval, 500*time.Millisecond), windowSlot(w))
+}
+
+// windowSlot is the window's resolution: a sixtieth of it.
+func windowSlot(w *Window) time.Duration { return max(w.Length/60, time.Millisecond) }
+
+// chunkCover is how many intervals at the recent rate a chunk is asked for: until the renewal
+// after the next (or the chunk's end, when sooner) and one more, at least three.
+func (ls *Lease) chunkCover(w *Window) float64 {
+	steps := min(int64(ls.chunkValidity(w)/ls.l.o.Interval), renewSteps)
+	return float64(max(steps+1, 3))
 }
 
 // idleRate is the use of a window per interval, on average, below which the window is idle.
 const idleRate = 0.01
+
+// haveAt returns what the chunks hold that is still theirs to use at t.
+func (a *allowance) haveAt(t time.Time) int64 {
+	var have int64
+	for _, ch := range a.chunks {
+		if t.Before(ch.until) {
+			have += ch.left
+		}
+	}
+	return have
+}
+
+// windowDue reports whether window i has news that cannot wait for the lease's renewal: a
+// request waits for its chunks; at the recent rate, what they hold that is still valid at the
+// next round runs out before the round after; or there is something to give back or charge
+// while the window is tight (one request at a time, no report yet, a need that did not fit, or
+// less than a quarter of its capacity free, less what is owed, at the last report): the
+// others may be waiting for it. Otherwise what expired or was under-estimated goes with the
+// next report, at the latest the renewal.
+func (ls *Lease) windowDue(i int, now time.Time) bool {
+	a := &ls.wins[i]
+	switch {
+	case a.need > 0:
+		return true
+	case a.rate > idleRate && float64(a.haveAt(now.Add(ls.l.o.Interval))) < 2*a.rate:
+		return true
+	case len(a.returns) == 0 && a.debt == 0:
+		return false
+	}
+	return a.pace < 2 || !a.known || a.wait > 0 || 4*(a.remaining-a.debt) < ls.lim.Windows[i].Capacity
+}
 
 // Reserve takes n from window i's chunks. ok is false, and nothing is taken, when they hold less
 // than n: the request should wait for the next report (Kick, then Round) and try again.
@@ -1099,6 +1148,9 @@ func (ls *Lease) mark(w why) {
 // whether it holds nothing, wants nothing, and can be forgotten.
 func (ls *Lease) due(now time.Time) (w why, drop bool) {
 	u := ls.usage(false)
+	if !ls.pressure {
+		ls.observe(u, now)
+	}
 	holds := ls.grant > 0 || ls.tgrant > 0
 	busy := u.InFlight > 0 || u.Waiting > 0 || u.Tokens > 0
 	// steady: nothing to say that cannot wait for the renewal — the lease covers what is used
@@ -1118,11 +1170,7 @@ func (ls *Lease) due(now time.Time) (w why, drop bool) {
 		if len(a.chunks) > 0 || len(a.returns) > 0 || a.debt > 0 || a.used > 0 || a.need > 0 || a.rate > idleRate {
 			busy = true
 		}
-		var have int64
-		for _, ch := range a.chunks {
-			have += ch.left
-		}
-		if unsteady == whyNone && (len(a.returns) > 0 || a.debt > 0 || a.need > 0 || (a.rate > idleRate && float64(have) < 2*a.rate)) {
+		if unsteady == whyNone && ls.windowDue(i, now) {
 			unsteady = whyWindow
 		}
 	}
@@ -1145,6 +1193,20 @@ func (ls *Lease) due(now time.Time) (w why, drop bool) {
 		return whyRenew, false
 	}
 	return whyNone, false
+}
+
+// observe takes the compartment's use u at now into its recent peak of what it held and waited
+// for, sampled every round whether reported or not, and halving every renewal: a lease is not
+// handed back between two requests only to be asked for again, and a compartment whose
+// requests come and go within its lease (in flight up one moment, down the next) stays steady.
+func (ls *Lease) observe(u LeaseUsage, now time.Time) {
+	decay := 0.5
+	if since := now.Sub(ls.observed); since < ls.l.renew {
+		decay = math.Exp2(-float64(max(since, 0)) / float64(ls.l.renew))
+	}
+	ls.observed = now
+	ls.peak = max(float64(u.InFlight+u.Waiting+ls.needSlots), ls.peak*decay)
+	ls.peakTokens = max(float64(u.Tokens+u.WaitingTokens+ls.needTokens), ls.peakTokens*decay)
 }
 
 // leaseReport is one report's keys and arguments, with the returns and debt it sent per window.
@@ -1200,14 +1262,12 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 		slotLimit = ls.lim.Learned.Max
 	}
 	// Demand is what is held and waited for now, or, unless another replica is short, the
-	// recent peak of it halving with every report: a lease is not handed back between two
-	// requests only to be asked for again.
+	// recent peak of it (observe).
 	need, needTokens := u.InFlight+u.Waiting+ls.needSlots, u.Tokens+u.WaitingTokens+ls.needTokens
-	cur, curTokens := float64(need), float64(needTokens)
 	if ls.pressure {
-		ls.peak, ls.peakTokens = cur, curTokens
+		ls.peak, ls.peakTokens = float64(need), float64(needTokens)
 	} else {
-		ls.peak, ls.peakTokens = max(cur, ls.peak/2), max(curTokens, ls.peakTokens/2)
+		ls.observe(u, now)
 	}
 	ws := wantOf(u.InFlight, max(int64(math.Ceil(ls.peak-0.5))-u.InFlight, 0), slotLimit, !ls.pressure)
 	wt := wantOf(u.Tokens, max(int64(math.Ceil(ls.peakTokens-0.5))-u.Tokens, 0), ls.lim.MaxTokens, !ls.pressure)
@@ -1251,15 +1311,15 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 		}
 		a.rate = 0.5*a.rate + 0.5*per
 		a.used = 0
-		var have int64
-		for _, ch := range a.chunks {
-			have += ch.left
-		}
-		// Enough for three intervals at the recent rate, but never more than twice the
-		// window's even pace over a chunk's life: a chunk is charged to the window when it is
-		// granted, so a replica holding it keeps it from the others. A window whose pace is
-		// below one a chunk (a few requests a minute) is reserved one request at a time.
-		want := max(min(int64(math.Ceil(3*a.rate)), a.pace)-have, 0)
+		// What the chunks hold that is still valid at the next round: one that ends before
+		// then is no reason to ask for less.
+		have := a.haveAt(now.Add(ls.l.o.Interval))
+		// Enough at the recent rate until the renewal after this report (chunkCover), but never
+		// more than twice the window's even pace over chunkSpan: a chunk is charged to the
+		// window when it is granted, so a replica holding it keeps it from the others. A window
+		// whose pace is below one a chunk (a few requests a minute) is reserved one request at
+		// a time.
+		want := max(min(int64(math.Ceil(ls.chunkCover(w)*a.rate)), a.pace)-have, 0)
 		if a.pace < 2 || a.rate <= idleRate {
 			// One at a time, or no use to speak of: nothing ahead of requests (an idle lease
 			// lets its last chunk expire, gives it back, and is not reported again).
