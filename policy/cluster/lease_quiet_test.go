@@ -41,14 +41,21 @@ func dueNow(f *fleet, ls *Lease) why {
 	return w
 }
 
+// leaseInUse returns a replica's lease of a compartment limited to 100 at once, past its first
+// recovery, with inFlight requests in flight.
+func leaseInUse(t *testing.T, prefix string, inFlight int64) (*fleet, *use, *Lease) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), prefix, 1, time.Minute)
+	h := &use{u: LeaseUsage{InFlight: inFlight}}
+	ls := f.leasers[0].Lease("feature/chat", LeaseLimits{MaxConcurrent: 100}, h)
+	f.pastRecovery(t, ls)
+	return f, h, ls
+}
+
 // A compartment whose requests come and go within its lease (in flight 4, then 1, then 4 …) is
 // steady: it is renewed every renewSteps intervals, not reported every interval.
 func TestFluctuatingUseWithinTheLeaseIsSteady(t *testing.T) {
-	srv := redistest.Standalone(t)
-	f := newFleet(t, srv.Addr(), "fluct", 1, time.Minute)
-	h := &use{u: LeaseUsage{InFlight: 4}}
-	ls := f.leasers[0].Lease("feature/chat", LeaseLimits{MaxConcurrent: 100}, h)
-	f.pastRecovery(t, ls)
+	f, h, _ := leaseInUse(t, "fluct", 4)
 	for range 2 * renewSteps {
 		f.round()
 	}
@@ -65,11 +72,7 @@ func TestFluctuatingUseWithinTheLeaseIsSteady(t *testing.T) {
 
 // Use that comes up to the lease is reported at the next round, not at the renewal.
 func TestUseReachingTheLeaseIsReportedAtOnce(t *testing.T) {
-	srv := redistest.Standalone(t)
-	f := newFleet(t, srv.Addr(), "reach", 1, time.Minute)
-	h := &use{u: LeaseUsage{InFlight: 2}}
-	ls := f.leasers[0].Lease("feature/chat", LeaseLimits{MaxConcurrent: 100}, h)
-	f.pastRecovery(t, ls)
+	f, h, ls := leaseInUse(t, "reach", 2)
 	f.round()
 	if w := dueNow(f, ls); w != whyNone {
 		t.Fatalf("a lease whose use did not change is due (%v) one round after its report", w)
