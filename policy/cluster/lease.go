@@ -1111,7 +1111,7 @@ const (
 	whyNone why = iota
 	// whyRenew: steady, renewed every renewSteps intervals.
 	whyRenew
-	// whyChanged: the compartment's use came near its lease, or requests queue for it.
+	// whyChanged: the compartment's requests fill its lease, or queue for it.
 	whyChanged
 	// whyContended: another replica wants more than it holds, or the compartment recovers.
 	whyContended
