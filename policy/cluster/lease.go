@@ -231,7 +231,8 @@ func (l *Leaser) listen() {
 func (ls *Lease) heard() (spare bool) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	ls.urgent, ls.pressure = true, true
+	ls.pressure = true
+	ls.mark(whyHeard)
 	return ls.spare(ls.usage(false))
 }
 
@@ -285,7 +286,11 @@ func (l *Leaser) Close(ctx context.Context) {
 	l.cancel()
 	l.wg.Wait()
 	if l.st.Available() {
-		l.report(ctx, all, l.spend.build(l.o.Now(), true), true)
+		whys := make([]why, len(all))
+		for i := range whys {
+			whys[i] = whyOther
+		}
+		l.report(ctx, all, whys, l.spend.build(l.o.Now(), true), true)
 	}
 }
 
@@ -481,16 +486,18 @@ func (l *Leaser) Round() {
 	available := l.st.Available()
 	l.mu.Lock()
 	due := make([]*Lease, 0, len(l.leases))
+	whys := make([]why, 0, len(l.leases))
 	idle := make([]*Lease, 0)
 	for name, ls := range l.leases {
 		ls.mu.Lock()
-		d, drop := ls.due(now)
+		w, drop := ls.due(now)
 		ls.mu.Unlock()
 		switch {
 		case drop:
 			delete(l.leases, name)
-		case d:
+		case w != whyNone:
 			due = append(due, ls)
+			whys = append(whys, w)
 		default:
 			idle = append(idle, ls)
 		}
@@ -502,7 +509,7 @@ func (l *Leaser) Round() {
 	}
 	if (len(due) > 0 || sr != nil) && available {
 		ctx, cancel := context.WithTimeout(l.ctx, l.st.o.Timeout)
-		l.report(ctx, due, sr, false)
+		l.report(ctx, due, whys, sr, false)
 		cancel()
 	} else {
 		idle = append(idle, due...)
@@ -535,10 +542,10 @@ func (l *Leaser) availability(available bool) {
 	}
 }
 
-// report sends one report per lease, and sr (the spend windows' report, when not nil),
-// pipelined (one round trip per Redis node), and applies the answers. final gives everything
-// back.
-func (l *Leaser) report(ctx context.Context, due []*Lease, sr *spendReport, final bool) {
+// report sends one report per lease (whys[i] is why due[i] is sent), and sr (the spend windows'
+// report, when not nil), pipelined (one round trip per Redis node), and applies the answers.
+// final gives everything back.
+func (l *Leaser) report(ctx context.Context, due []*Lease, whys []why, sr *spendReport, final bool) {
 	now := l.o.Now()
 	pipe := l.st.client.Pipeline()
 	reps := make([]*leaseReport, len(due))
@@ -566,9 +573,11 @@ func (l *Leaser) report(ctx context.Context, due []*Lease, sr *spendReport, fina
 		_, err = pipe.Exec(ctx)
 	}
 	l.st.met.observe("lease", start, err)
-	l.st.met.leaseReports.Add(float64(len(due)))
+	for _, w := range whys {
+		l.st.met.leaseReports[w].Inc()
+	}
 	if sr != nil {
-		l.st.met.leaseReports.Add(1)
+		l.st.met.leaseReports[whySpend].Inc()
 		if res, serr := spendReply(scmd); serr != nil {
 			l.spend.failed(sr)
 		} else {
@@ -650,7 +659,8 @@ type Lease struct {
 	// cannot grow the lease before another replica's report gives some back.
 	starved  bool
 	lastSent time.Time
-	urgent   bool
+	// urgent is why the lease is to be reported at the next round (0: nothing urgent).
+	urgent why
 	// drained: a request above the lease (it shrank below what was held) ended since the last
 	// round; set without the lock (the holder's scheduler does, under its own).
 	drained atomic.Bool
@@ -663,6 +673,7 @@ type Lease struct {
 	// peak and peakTokens are the recent peak of what the compartment held and waited for,
 	// decaying: a lease is not given back between two requests.
 	peak, peakTokens float64
+	observed         time.Time
 	wins             []allowance
 	// resend is a report whose answer was lost: the next report carries its sequence number and
 	// what it gave back, so that Redis applies them once.
@@ -671,8 +682,8 @@ type Lease struct {
 
 // allowance is this replica's part of one window: chunks granted and not yet used.
 type allowance struct {
-	// pace is twice the window's even pace over a chunk's life: the most a chunk holds. Below
-	// 2 the window is reserved one request at a time, and what comes back goes back at once.
+	// pace is twice the window's even pace over chunkSpan: the most a chunk holds. Below 2 the
+	// window is reserved one request at a time, and what comes back goes back at once.
 	pace   int64
 	chunks []chunk // oldest first
 	// debt is what settled requests cost beyond what their chunks covered, charged to the window
@@ -713,10 +724,10 @@ func (ls *Lease) setLimits(lim LeaseLimits) {
 	}
 	for i := range lim.Windows {
 		w := &lim.Windows[i]
-		ls.wins[i].pace = int64(math.Ceil(2 * float64(w.Capacity) * float64(ls.chunkValidity(w)) / float64(w.Length)))
+		ls.wins[i].pace = int64(math.Ceil(2 * float64(w.Capacity) * float64(ls.chunkSpan(w)) / float64(w.Length)))
 	}
 	ls.wkeys = keys
-	ls.urgent = true
+	ls.mark(whyOther)
 }
 
 func slicesEqual(a, b []string) bool {
@@ -733,9 +744,60 @@ func slicesEqual(a, b []string) bool {
 
 // chunkValidity is how long a granted chunk may be used: it was charged to the window when
 // granted, so using it later would count it earlier than it ran. Bounded by the window's slot
-// (the window's own resolution) and at least two intervals.
+// (the window's own resolution); within that, long enough to last from one renewal to the next
+// (a steady replica need not report sooner for its chunks), and at least two intervals.
 func (ls *Lease) chunkValidity(w *Window) time.Duration {
-	return min(max(2*ls.l.o.Interval, 500*time.Millisecond), max(w.Length/60, time.Millisecond))
+	return min(max(renewSteps*ls.l.o.Interval, 500*time.Millisecond), windowSlot(w))
+}
+
+// chunkSpan is the time over which a chunk's most (twice the window's even pace over it) is
+// counted: two intervals, at least 500 ms, within the window's slot.
+func (ls *Lease) chunkSpan(w *Window) time.Duration {
+	return min(max(2*ls.l.o.Interval, 500*time.Millisecond), windowSlot(w))
+}
+
+// windowSlot is the window's resolution: a sixtieth of it.
+func windowSlot(w *Window) time.Duration { return max(w.Length/60, time.Millisecond) }
+
+// chunkCover is how many intervals at the recent rate a chunk is asked for: until the renewal
+// after the next (or the chunk's end, when sooner) and one more, at least three.
+func (ls *Lease) chunkCover(w *Window) float64 {
+	steps := min(int64(ls.chunkValidity(w)/ls.l.o.Interval), renewSteps)
+	return float64(max(steps+1, 3))
+}
+
+// idleRate is the use of a window per interval, on average, below which the window is idle.
+const idleRate = 0.01
+
+// haveAt returns what the chunks hold that is still theirs to use at t.
+func (a *allowance) haveAt(t time.Time) int64 {
+	var have int64
+	for _, ch := range a.chunks {
+		if t.Before(ch.until) {
+			have += ch.left
+		}
+	}
+	return have
+}
+
+// windowDue reports whether window i has news that cannot wait for the lease's renewal: a
+// request waits for its chunks; at the recent rate, what they hold that is still valid at the
+// next round runs out before the round after; or there is something to give back or charge
+// while the window is tight (one request at a time, no report yet, a need that did not fit, or
+// less than a quarter of its capacity free, less what is owed, at the last report): the
+// others may be waiting for it. Otherwise what expired or was under-estimated goes with the
+// next report, at the latest the renewal.
+func (ls *Lease) windowDue(i int, now time.Time) bool {
+	a := &ls.wins[i]
+	switch {
+	case a.need > 0:
+		return true
+	case a.rate > idleRate && float64(a.haveAt(now.Add(ls.l.o.Interval))) < 2*a.rate:
+		return true
+	case len(a.returns) == 0 && a.debt == 0:
+		return false
+	}
+	return a.pace < 2 || !a.known || a.wait > 0 || 4*(a.remaining-a.debt) < ls.lim.Windows[i].Capacity
 }
 
 // Reserve takes n from window i's chunks. ok is false, and nothing is taken, when they hold less
@@ -750,7 +812,7 @@ func (ls *Lease) Reserve(i int, n int64, now time.Time) (budget.Charge, bool) {
 		have += ch.left
 	}
 	if have < n {
-		ls.urgent = true
+		ls.mark(whyShort)
 		return budget.Charge{}, false
 	}
 	a.used += n
@@ -768,7 +830,7 @@ func (ls *Lease) NeedWindow(i int, n int64) {
 	a := &ls.wins[i]
 	a.need = max(a.need, n)
 	a.needSum += n
-	ls.urgent = true
+	ls.mark(whyShort)
 }
 
 // UnneedWindow withdraws a need of n that NeedWindow added: the request got its chunk, or gave up.
@@ -863,7 +925,7 @@ func (ls *Lease) settle(a *allowance, c budget.Charge, back int64, now time.Time
 		if a.pace < 2 {
 			// Reserved one request at a time: give it back to the fleet at once.
 			a.giveBack(c.Slot(), back)
-			ls.urgent = true
+			ls.mark(whyWindow)
 			ls.l.Kick()
 			return
 		}
@@ -943,7 +1005,8 @@ func (ls *Lease) State(now time.Time) LeaseState {
 // later Leaser.Lease of the same name takes it up again.
 func (ls *Lease) Close() {
 	ls.mu.Lock()
-	ls.closed, ls.urgent = true, true
+	ls.closed = true
+	ls.mark(whyOther)
 	ls.mu.Unlock()
 }
 
@@ -953,7 +1016,7 @@ func (ls *Lease) Valid(now time.Time) bool { return now.UnixNano() < ls.validUnt
 // Urgent asks for this lease to be reported at the next round, and for the round to come now.
 func (ls *Lease) Urgent() {
 	ls.mu.Lock()
-	ls.urgent = true
+	ls.mark(whyOther)
 	ls.mu.Unlock()
 	ls.l.Kick()
 }
@@ -980,7 +1043,7 @@ func (ls *Lease) Propose(from, to int64) {
 	ls.proposeTo = to
 	cut := to < from
 	if cut {
-		ls.urgent = true
+		ls.mark(whyOther)
 	}
 	ls.mu.Unlock()
 	if cut {
@@ -995,7 +1058,7 @@ func (ls *Lease) Propose(from, to int64) {
 // every lease it lacks room in (CanGrow): a request that will queue anyway must not start one.
 func (ls *Lease) Need(tokens int64) {
 	ls.mu.Lock()
-	ls.urgent = true
+	ls.mark(whyShort)
 	ls.needSlots++
 	ls.needTokens += tokens
 	ls.mu.Unlock()
@@ -1040,46 +1103,110 @@ func (ls *Lease) stateAt(now time.Time, available bool) LeaseState {
 	return st
 }
 
-// due says whether the lease should be reported at this round, and drop whether it holds
-// nothing, wants nothing, and can be forgotten.
-func (ls *Lease) due(now time.Time) (due, drop bool) {
+// why is what makes a lease due for a report: the reason label of
+// llm_bulkhead_cluster_lease_reports_total.
+type why uint8
+
+const (
+	whyNone why = iota
+	// whyRenew: steady, renewed every renewSteps intervals.
+	whyRenew
+	// whyChanged: the compartment's requests fill its lease, or queue for it.
+	whyChanged
+	// whyContended: another replica wants more than it holds, or the compartment recovers.
+	whyContended
+	// whyWindow: a window's chunks run low, or there is something to give back or charge.
+	whyWindow
+	// whyShort: a request here found the lease (slots or a window's chunk) short.
+	whyShort
+	// whyHeard: another replica published that it is short in the compartment.
+	whyHeard
+	// whyDrained: a request held above a lease that shrank ended.
+	whyDrained
+	// whyResend: the last report got no answer.
+	whyResend
+	// whyOther: the lease was taken up or its limits changed, it was closed, or the learned
+	// limit was cut.
+	whyOther
+	// whySpend: the round's report of the spend windows in use.
+	whySpend
+	whyCount
+)
+
+var whyNames = [whyCount]string{"", "renew", "changed", "contended", "window", "short", "heard_short", "drained", "resend", "other", "spend"}
+
+func (w why) String() string { return whyNames[w] }
+
+// mark makes the lease due at the next round for w, unless it already is for another reason.
+func (ls *Lease) mark(w why) {
+	if ls.urgent == whyNone {
+		ls.urgent = w
+	}
+}
+
+// due says why the lease should be reported at this round (whyNone: it need not be), and drop
+// whether it holds nothing, wants nothing, and can be forgotten.
+func (ls *Lease) due(now time.Time) (w why, drop bool) {
 	u := ls.usage(false)
+	if !ls.pressure {
+		ls.observe(u, now)
+	}
 	holds := ls.grant > 0 || ls.tgrant > 0
 	busy := u.InFlight > 0 || u.Waiting > 0 || u.Tokens > 0
 	// steady: nothing to say that cannot wait for the renewal — the lease covers what is used
 	// with room to spare, nobody waits, and every window holds enough for its pace.
-	steady := u.Waiting == 0 && ls.needSlots == 0 && !ls.pressure && !ls.recovers && ls.proposeTo == 0 &&
-		(ls.lim.MaxConcurrent <= 0 && ls.lim.Learned.Max <= 0 || u.InFlight < ls.target) &&
-		(ls.lim.MaxTokens <= 0 || u.Tokens < ls.ttarget)
+	var unsteady why
+	switch {
+	case ls.pressure || ls.recovers:
+		unsteady = whyContended
+	case u.Waiting > 0 || ls.needSlots > 0 || ls.proposeTo != 0 ||
+		(ls.lim.MaxConcurrent > 0 || ls.lim.Learned.Max > 0) && u.InFlight >= ls.target ||
+		ls.lim.MaxTokens > 0 && u.Tokens >= ls.ttarget:
+		unsteady = whyChanged
+	}
 	for i := range ls.wins {
 		a := &ls.wins[i]
 		a.expire(now)
-		if len(a.chunks) > 0 || len(a.returns) > 0 || a.debt > 0 || a.used > 0 || a.need > 0 || a.rate > 0.01 {
+		if len(a.chunks) > 0 || len(a.returns) > 0 || a.debt > 0 || a.used > 0 || a.need > 0 || a.rate > idleRate {
 			busy = true
 		}
-		var have int64
-		for _, ch := range a.chunks {
-			have += ch.left
-		}
-		if len(a.returns) > 0 || a.debt > 0 || a.need > 0 || (a.rate > 0.01 && float64(have) < 2*a.rate) {
-			steady = false
+		if unsteady == whyNone && ls.windowDue(i, now) {
+			unsteady = whyWindow
 		}
 	}
 	if ls.drained.Swap(false) {
-		ls.urgent = true
+		ls.mark(whyDrained)
 	}
 	switch {
-	case ls.resend != nil || ls.urgent:
-		return true, false
+	case ls.resend != nil:
+		return whyResend, false
+	case ls.urgent != whyNone:
+		return ls.urgent, false
 	case !holds && !busy:
 		// Nothing to report; a lease its owner closed can be forgotten.
-		return false, ls.closed
-	case steady:
-		// Renewed often enough that a compartment whose hash Redis lost hears from every
-		// holder within its recovery.
-		return now.Sub(ls.lastSent) >= ls.l.renew, false
+		return whyNone, ls.closed
+	case unsteady != whyNone:
+		return unsteady, false
+	case now.Sub(ls.lastSent) >= ls.l.renew:
+		// Steady: renewed often enough that a compartment whose hash Redis lost hears from
+		// every holder within its recovery.
+		return whyRenew, false
 	}
-	return true, false
+	return whyNone, false
+}
+
+// observe takes the compartment's use u at now into its recent peak of what it held and waited
+// for, sampled every round whether reported or not, and halving every renewal: a lease is not
+// handed back between two requests only to be asked for again, and a compartment whose
+// requests come and go within its lease (in flight up one moment, down the next) stays steady.
+func (ls *Lease) observe(u LeaseUsage, now time.Time) {
+	decay := 0.5
+	if since := now.Sub(ls.observed); since < ls.l.renew {
+		decay = math.Exp2(-float64(max(since, 0)) / float64(ls.l.renew))
+	}
+	ls.observed = now
+	ls.peak = max(float64(u.InFlight+u.Waiting+ls.needSlots), ls.peak*decay)
+	ls.peakTokens = max(float64(u.Tokens+u.WaitingTokens+ls.needTokens), ls.peakTokens*decay)
 }
 
 // leaseReport is one report's keys and arguments, with the returns and debt it sent per window.
@@ -1111,7 +1238,7 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 		ls.applied.Slots = -1
 	}
 	prev := ls.resend
-	ls.urgent = false
+	ls.urgent = 0
 	ls.lastSent = now
 	r := &leaseReport{}
 	if prev != nil {
@@ -1135,14 +1262,12 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 		slotLimit = ls.lim.Learned.Max
 	}
 	// Demand is what is held and waited for now, or, unless another replica is short, the
-	// recent peak of it halving with every report: a lease is not handed back between two
-	// requests only to be asked for again.
+	// recent peak of it (observe).
 	need, needTokens := u.InFlight+u.Waiting+ls.needSlots, u.Tokens+u.WaitingTokens+ls.needTokens
-	cur, curTokens := float64(need), float64(needTokens)
 	if ls.pressure {
-		ls.peak, ls.peakTokens = cur, curTokens
+		ls.peak, ls.peakTokens = float64(need), float64(needTokens)
 	} else {
-		ls.peak, ls.peakTokens = max(cur, ls.peak/2), max(curTokens, ls.peakTokens/2)
+		ls.observe(u, now)
 	}
 	ws := wantOf(u.InFlight, max(int64(math.Ceil(ls.peak-0.5))-u.InFlight, 0), slotLimit, !ls.pressure)
 	wt := wantOf(u.Tokens, max(int64(math.Ceil(ls.peakTokens-0.5))-u.Tokens, 0), ls.lim.MaxTokens, !ls.pressure)
@@ -1186,16 +1311,18 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 		}
 		a.rate = 0.5*a.rate + 0.5*per
 		a.used = 0
-		var have int64
-		for _, ch := range a.chunks {
-			have += ch.left
-		}
-		// Enough for three intervals at the recent rate, but never more than twice the
-		// window's even pace over a chunk's life: a chunk is charged to the window when it is
-		// granted, so a replica holding it keeps it from the others. A window whose pace is
-		// below one a chunk (a few requests a minute) is reserved one request at a time.
-		want := max(min(int64(math.Ceil(3*a.rate)), a.pace)-have, 0)
-		if a.pace < 2 {
+		// What the chunks hold that is still valid at the next round: one that ends before
+		// then is no reason to ask for less.
+		have := a.haveAt(now.Add(ls.l.o.Interval))
+		// Enough at the recent rate until the renewal after this report (chunkCover), but never
+		// more than twice the window's even pace over chunkSpan: a chunk is charged to the
+		// window when it is granted, so a replica holding it keeps it from the others. A window
+		// whose pace is below one a chunk (a few requests a minute) is reserved one request at
+		// a time.
+		want := max(min(int64(math.Ceil(ls.chunkCover(w)*a.rate)), a.pace)-have, 0)
+		if a.pace < 2 || a.rate <= idleRate {
+			// One at a time, or no use to speak of: nothing ahead of requests (an idle lease
+			// lets its last chunk expire, gives it back, and is not reported again).
 			want = 0
 		}
 		// Every request waiting for the chunks asks for its part: ask for all of it.
@@ -1247,7 +1374,7 @@ func wantOf(used, waiting, limit int64, headroom bool) int64 {
 // sequence number makes Redis apply it once).
 func (ls *Lease) failed(r *leaseReport) {
 	ls.resend = r
-	ls.urgent = true
+	ls.mark(whyResend)
 }
 
 // apply takes the answer to report r sent at now.

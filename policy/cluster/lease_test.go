@@ -371,7 +371,7 @@ func TestDrainedLeaseIsReportedAtOnce(t *testing.T) {
 		ls.mu.Lock()
 		due, _ := ls.due(f.clock.Now())
 		ls.mu.Unlock()
-		return d.running() == 2 && !due
+		return d.running() == 2 && due == whyNone
 	})
 	select {
 	case <-f.leasers[0].kick:
@@ -386,8 +386,8 @@ func TestDrainedLeaseIsReportedAtOnce(t *testing.T) {
 	ls.mu.Lock()
 	due, _ := ls.due(f.clock.Now())
 	ls.mu.Unlock()
-	if !due {
-		t.Error("a drained lease is not due at the next round")
+	if due != whyDrained {
+		t.Error("a drained lease is not due at the next round, as drained")
 	}
 }
 

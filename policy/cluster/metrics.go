@@ -28,7 +28,7 @@ type metrics struct {
 	// leaseWaits and leaseReports are leased admission's (registered in either mode, so that a
 	// dashboard finds them).
 	leaseWaits   *prometheus.CounterVec
-	leaseReports prometheus.Counter
+	leaseReports [whyCount]prometheus.Counter
 }
 
 const ns = "llm_bulkhead"
@@ -68,10 +68,14 @@ func newMetrics() *metrics {
 	m.leaseWaits.WithLabelValues("slot")
 	m.leaseWaits.WithLabelValues("window")
 	m.leaseWaits.WithLabelValues("spend")
-	m.leaseReports = prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "cluster_lease_reports_total",
-		Help: "Lease reports sent to Redis (leased admission): one per compartment in use, every lease_interval while its use changes, every fifth while steady, and one per round for the spend windows in use."})
+	reports := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "cluster_lease_reports_total",
+		Help: "Lease reports sent to Redis (leased admission), by reason: renew (steady, every fifth lease_interval), changed (its requests fill the lease, or queue), contended (another replica wants more than it holds, or the compartment recovers), window (a window's chunks run low, or something to give back to or charge to a tight window), short (a request here found the lease short), heard_short (another replica is short), drained (a request held above a shrunk lease ended), resend (the last report got no answer), other (limits set or changed, lease closed, learned limit cut), spend (the round's report of the spend windows in use)."},
+		[]string{"reason"})
+	for w := whyRenew; w < whyCount; w++ {
+		m.leaseReports[w] = reports.WithLabelValues(w.String())
+	}
 	m.all = []prometheus.Collector{m.latency, m.errors, m.available, m.live, m.leases, m.queue, m.dropped, m.resyncs, m.updates, m.clockOffset, m.synced, m.lost,
-		m.leaseWaits, m.leaseReports}
+		m.leaseWaits, reports}
 	for _, c := range []string{causeLost, causeExpired, causeReplaced, causeCorrupt} {
 		m.lost.WithLabelValues(c)
 	}

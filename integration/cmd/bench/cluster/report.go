@@ -107,6 +107,8 @@ type WorkStats struct {
 	CallP50           bench.Spread `json:"redis_call_p50_us"`
 	CallP99           bench.Spread `json:"redis_call_p99_us"`
 	WithoutRedis      float64      `json:"without_redis"`
+	// Reasons is the last run's lease reports per replica-second, by reason.
+	Reasons map[string]float64 `json:"lease_reports_per_replica_second_by_reason,omitempty"`
 	// Commands is the last run's, by command.
 	Commands map[string]CommandCost `json:"last_run_commands_per_admission,omitempty"`
 }
@@ -186,6 +188,7 @@ func summarizeWork(ws []Work) WorkStats {
 	}
 	if len(ws) > 0 {
 		st.Commands = ws[len(ws)-1].Commands
+		st.Reasons = ws[len(ws)-1].Reasons
 	}
 	return st
 }
@@ -511,6 +514,9 @@ func (r *Report) Markdown() string {
 		for _, f := range r.Fleets {
 			if f.Replicas == slices.Max(c.Replicas) && f.Redis == r.Fleets[len(r.Fleets)-1].Redis {
 				commandTable(&b, fmt.Sprintf("%s, %d replicas on %s Redis (the last run)", f.Admission, f.Replicas, f.Redis), f.Work.Commands)
+				if len(f.Work.Reasons) > 0 {
+					fmt.Fprintf(&b, "\nLease reports per replica-second, by reason (the last run): %s.\n", reasonsOf(f.Work.Reasons))
+				}
 			}
 		}
 	}
@@ -638,4 +644,18 @@ func opt(v float64, format string) string {
 		return "—"
 	}
 	return fmt.Sprintf(format, v)
+}
+
+// reasonsOf lists lease reports per replica-second by reason, most first.
+func reasonsOf(m map[string]float64) string {
+	names := make([]string, 0, len(m))
+	for k := range m {
+		names = append(names, k)
+	}
+	slices.SortFunc(names, func(a, b string) int { return cmpDesc(m[a], m[b], a, b) })
+	parts := make([]string, len(names))
+	for i, k := range names {
+		parts[i] = fmt.Sprintf("%s %.1f", k, m[k])
+	}
+	return strings.Join(parts, ", ")
 }

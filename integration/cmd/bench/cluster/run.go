@@ -64,6 +64,8 @@ type Work struct {
 	WindowWaits    Num `json:"window_waits_per_admission"`
 	// ReportsPerReplica is lease reports per second per replica.
 	ReportsPerReplica Num `json:"lease_reports_per_replica_second"`
+	// Reasons is lease reports per second per replica, by reason (the metric's label).
+	Reasons map[string]float64 `json:"lease_reports_per_replica_second_by_reason,omitempty"`
 	// CallP50 and CallP99 are the round trip of the replicas' calls for admissions (op admit
 	// for exact, lease for leased), from their histogram interpolated within its buckets, µs.
 	CallP50 Num `json:"redis_call_p50_us"`
@@ -417,6 +419,9 @@ func (b *bencher) measure(ctx context.Context, be fleet.Backend, admission strin
 	return &w, nil
 }
 
+// reportReasons are the reason labels of llm_bulkhead_cluster_lease_reports_total.
+var reportReasons = []string{"renew", "changed", "contended", "window", "short", "heard_short", "drained", "resend", "other", "spend"}
+
 // workOf is the work between two readings, per admission.
 func workOf(r0, r1 reading, admission string) Work {
 	d := r1.cmds.Sub(r0.cmds)
@@ -449,6 +454,14 @@ func workOf(r0, r1 reading, admission string) Work {
 		Commands:       map[string]CommandCost{},
 	}
 	w.ReportsPerReplica = Num(sum("llm_bulkhead_cluster_lease_reports_total") / secs / float64(max(len(r1.m), 1)))
+	for _, why := range reportReasons {
+		if v := sum("llm_bulkhead_cluster_lease_reports_total", "reason", why); v > 0 {
+			if w.Reasons == nil {
+				w.Reasons = map[string]float64{}
+			}
+			w.Reasons[why] = v / secs / float64(max(len(r1.m), 1))
+		}
+	}
 	for k, v := range d.Calls {
 		if k != "info" && n > 0 {
 			w.Commands[k] = CommandCost{Calls: float64(v) / n, Usec: float64(d.Usec[k]) / n}
@@ -554,6 +567,9 @@ func (b *bencher) fleet(ctx context.Context, be fleet.Backend, kind string, n in
 		b.rep.Fleet = append(b.rep.Fleet, fs)
 		b.logf("  rep %d/%d: %.0f streams/s, p50 %.0fµs, %.3f client commands and %.1f in scripts per admission, Redis %.1fµs CPU per admission (%.2f cores), errors %d",
 			r+1, b.cfg.FleetReps, fs.Rate, fs.P50, w.ClientCommands, w.InScripts, w.RedisCPU, w.RedisCores, fs.Errors)
+		if len(w.Reasons) > 0 {
+			b.logf("    lease reports per replica-second by reason: %s", reasonsOf(w.Reasons))
+		}
 	}
 	return nil
 }
