@@ -213,6 +213,8 @@ func (s *Server) processAttempt(stream extprocv3.ExternalProcessor_ProcessServer
 		idx     = -1
 		started time.Time
 		replied bool // response headers came
+		// sent places the attempt's quota reading by when it was sent.
+		sent quota.Reservation
 	)
 	for {
 		req, err := stream.Recv()
@@ -241,6 +243,7 @@ func (s *Server) processAttempt(stream extprocv3.ExternalProcessor_ProcessServer
 			}
 			started = s.engine.Now()
 			idx = e.begin(s.metrics)
+			sent = e.target.QuotaSent(started)
 		case *extprocv3.ProcessingRequest_ResponseHeaders:
 			resp = continueResponseHeaders
 			if e == nil || idx < 0 || replied {
@@ -265,7 +268,7 @@ func (s *Server) processAttempt(stream extprocv3.ExternalProcessor_ProcessServer
 						invalid++
 					}
 				}
-				e.target.ObserveQuota(&r, invalid, now)
+				e.target.ObserveQuota(&sent, &r, invalid, now)
 			}
 			e.known(idx, o, s.metrics)
 		default:

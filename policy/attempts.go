@@ -69,10 +69,20 @@ func (a *AttemptTarget) RecordRetried(o Outcome) bool {
 	return true
 }
 
-// ObserveQuota applies what a retried attempt's rate-limit headers said (r, parsed by
-// quota.ParseHeader) to the provider's quotas, for a provider whose policy follows them. The
-// request's own hold stays until its last attempt's response (Ticket.ObserveQuota) or its end.
-func (a *AttemptTarget) ObserveQuota(r *quota.Reading, invalid int, now time.Time) {
+// QuotaSent marks an attempt sent at now, for the reading of its response (ObserveQuota); the
+// zero Reservation when the provider's quota is not followed.
+func (a *AttemptTarget) QuotaSent(now time.Time) quota.Reservation {
+	if a.quota == nil {
+		return quota.Reservation{}
+	}
+	return a.quota.Sent(now)
+}
+
+// ObserveQuota applies what an attempt's rate-limit headers said (r, parsed by
+// quota.ParseHeader) to the provider's quotas, for a provider whose policy follows them; sent is
+// the attempt's QuotaSent. The request's own hold stays until its last attempt's response
+// (Ticket.ObserveQuota) or its end.
+func (a *AttemptTarget) ObserveQuota(sent *quota.Reservation, r *quota.Reading, invalid int, now time.Time) {
 	if a.quota == nil {
 		return
 	}
@@ -82,8 +92,7 @@ func (a *AttemptTarget) ObserveQuota(r *quota.Reading, invalid int, now time.Tim
 	if r.Empty() {
 		return
 	}
-	var none quota.Reservation
-	a.quota.Observe(&none, r, now)
+	a.quota.Observe(sent, r, now)
 }
 
 // TracksQuota reports whether the request's provider follows its rate-limit headers.

@@ -147,10 +147,12 @@ func TestDeriveProviderLimit(t *testing.T) {
 // report's business, not this test's.
 func TestBrownoutSmoke(t *testing.T) {
 	sc := BrownoutScenario()
-	sc.Duration = 12 * time.Second
+	// The brownout phase is the longest (6 s, 0.6 s of wall time): long enough for chat and
+	// batch to reach the provider in it on a loaded machine.
+	sc.Duration = 14 * time.Second
 	sc.Chat = []TenantShare{{Tenant: "acme", Users: 4}, {Tenant: "globex", Users: 2}}
 	sc.ThinkMin, sc.ThinkMax = time.Second, 2*time.Second
-	sc.Brownout = mock.CapacitySchedule{{At: 0, Capacity: 10}, {At: 4 * time.Second, Capacity: 4}, {At: 8 * time.Second, Capacity: 10}}
+	sc.Brownout = mock.CapacitySchedule{{At: 0, Capacity: 10}, {At: 4 * time.Second, Capacity: 4}, {At: 10 * time.Second, Capacity: 10}}
 	cfgs := BrownoutConfigurations("", nil, DefaultAdaptive)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

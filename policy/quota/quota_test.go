@@ -416,3 +416,32 @@ func TestTrackerFleetNeverOvershoots(t *testing.T) {
 		t.Fatalf("the fleet admitted %d requests with 1 left", admitted)
 	}
 }
+
+// TestTrackerTakesEachRetriedAttemptsReading: a request Envoy's router sends three times (two
+// attempts retried) takes one request of the quota per attempt. Each attempt's reading is
+// placed by when the attempt was sent (Sent) and taken, and the quota never shows more than
+// the provider has; the request's own hold ends with its last response.
+func TestTrackerTakesEachRetriedAttemptsReading(t *testing.T) {
+	var tr Tracker
+	reading := func(left int64) *Reading {
+		return &Reading{Windows: [numKinds]Window{Requests: {Limit: 10, Remaining: left, Reset: t0.Add(time.Hour), Has: HasLimit | HasRemaining | HasReset}}}
+	}
+	first, _, _ := tr.Reserve(Need{}, 0, false, t0)
+	tr.Observe(&first, reading(5), t0)
+	res, _, ok := tr.Reserve(Need{}, 0, false, t0)
+	if !ok {
+		t.Fatal("refused with 5 left")
+	}
+	for _, left := range []int64{4, 3, 2} {
+		sent := tr.Sent(t0)
+		tr.Observe(&sent, reading(left), t0)
+		st := tr.States(t0)
+		if len(st) != 1 || st[0].Remaining != left || st[0].Remaining-st[0].Pending > left {
+			t.Fatalf("after the attempt the provider answered with %d left: %+v", left, st)
+		}
+	}
+	tr.Observe(&res, reading(2), t0)
+	if st := tr.States(t0); len(st) != 1 || st[0].Remaining != 2 || st[0].Remaining-st[0].Pending > 2 {
+		t.Fatalf("after the request's last response: %+v", st)
+	}
+}

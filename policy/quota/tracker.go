@@ -234,6 +234,17 @@ func (t *Tracker) hold(amount [numKinds]int64, now time.Time) {
 	t.addEnded(endedHold{seq: t.seq, at: now, amount: amount})
 }
 
+// Sent marks a request sent again without a reservation of its own (an attempt Envoy's router
+// retried: the request's reservation holds for its last attempt) at now, so that the reading
+// of its response (Observe) is placed among the others by when it was sent, and it holds what
+// it took (one request) once answered, until a reading counts it.
+func (t *Tracker) Sent(now time.Time) Reservation {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.seq++
+	return Reservation{seq: t.seq, at: now}
+}
+
 // Verdict is Reserve's answer for a request that does not fit.
 type Verdict struct {
 	// Kind is the first quota that cannot cover the request.
@@ -289,10 +300,12 @@ func (t *Tracker) Observe(res *Reservation, r *Reading, now time.Time) {
 	// it arrived.
 	t.seq++
 	answered := t.seq
+	// placed: res says when its request was sent (admitted, or Sent).
+	placed := res.held || res.seq != 0
 	for k := range t.q {
 		t.refill(Kind(k), now)
 		w, q := &r.Windows[k], &t.q[k]
-		if !res.held {
+		if !placed {
 			// A reading with no request of its own (none was admitted against the quota):
 			// the oldest there can be.
 			if w.Has&HasRemaining == 0 || q.known {
@@ -302,7 +315,7 @@ func (t *Tracker) Observe(res *Reservation, r *Reading, now time.Time) {
 			keep[k] = res.need.amount(Kind(k))
 			continue
 		}
-		if res.held {
+		if placed {
 			// The reading held is of a request sent before this one; this one's reading
 			// counts it only if it was answered before this one was sent.
 			t.replaceOwn(Kind(k), q.own.seq < res.seq)
@@ -324,7 +337,8 @@ func (t *Tracker) Observe(res *Reservation, r *Reading, now time.Time) {
 		}
 		t.refill(Kind(k), now)
 	}
-	if t.release(res) {
+	if t.release(res) || placed {
+		// Answered: the request holds on where this reading was not taken for it.
 		t.hold(keep, now)
 	}
 }

@@ -238,9 +238,10 @@ func TestRunSmall(t *testing.T) {
 		t.Fatalf("fleets %+v: want 2 Redis × 1 size × 2 admissions", rep.Fleets)
 	}
 	for _, f := range rep.Fleets {
-		// Exact admission calls Redis once per admission; leased never on a request's path.
+		// Exact admission calls Redis once per admission (a little more when a request that
+		// waited for a slot asks again, as on a loaded machine); leased never on a request's path.
 		admit := f.Work.AdmitCalls.Median
-		if f.Admission == Exact && math.Abs(admit-1) > 0.05 || f.Admission == Leased && admit != 0 {
+		if f.Admission == Exact && (admit < 0.95 || admit > 1.2) || f.Admission == Leased && admit != 0 {
 			t.Errorf("%d %s replicas on %s: %.3f admission calls per admission", f.Replicas, f.Admission, f.Redis, admit)
 		}
 		if f.Work.ClientCommands.N == 0 || f.Work.RedisCPU.N == 0 || f.Errors != 0 {
