@@ -42,6 +42,9 @@ type Dims struct {
 	// modelGroup indexes the snapshot's model groups (Model's first models glob), set by
 	// admission when a family keys or filters by model.
 	modelGroup int
+	// accounts are the values the providers' quota account sources read (the classifier's
+	// accounts, in order): a provider's quota is tracked for the account its source gives.
+	accounts [config.MaxAccountSources]string
 }
 
 // dimNames are the dimensions' names in the policy, by dim.
@@ -89,6 +92,8 @@ type classifier struct {
 	featureIdx, tierIdx, providerIdx map[string]int
 	tenantTier                       map[string]int
 	models                           []modelRule
+	// accounts read the providers' quota accounts (config.Policy.AccountSources).
+	accounts []dimension
 	// dirKeys are the API keys of the tenant directory (key_sha256), fileKeys those of
 	// tenants.keys_file; rejectUnknownKey is tenants.unknown_key: reject.
 	dirKeys, fileKeys *apikey.Table

@@ -22,10 +22,10 @@ func TestShareQuota(t *testing.T) {
 	reset := now.Add(time.Minute).UnixMilli()
 
 	// a read 5 of 10 requests left and holds 2 in flight; b knows nothing and holds 1.
-	if _, err := a.ShareQuota("openai", []QuotaShare{{At: ms, Limit: 10, Remaining: 5, Reset: reset, Pending: 2}, {}}, now); err != nil {
+	if _, err := a.ShareQuota("openai", "", []QuotaShare{{At: ms, Limit: 10, Remaining: 5, Reset: reset, Pending: 2}, {}}, now); err != nil {
 		t.Fatal(err)
 	}
-	got, err := b.ShareQuota("openai", []QuotaShare{{Pending: 1}, {}}, now)
+	got, err := b.ShareQuota("openai", "", []QuotaShare{{Pending: 1}, {}}, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,16 +33,16 @@ func TestShareQuota(t *testing.T) {
 		t.Fatalf("b got %+v, want %+v and nothing of the second quota", got, want)
 	}
 	// b's earlier reading does not replace a's; a sees b's holding.
-	got, err = b.ShareQuota("openai", []QuotaShare{{At: ms - 1000, Limit: 10, Remaining: 9, Reset: reset, Pending: 1}, {}}, now)
+	got, err = b.ShareQuota("openai", "", []QuotaShare{{At: ms - 1000, Limit: 10, Remaining: 9, Reset: reset, Pending: 1}, {}}, now)
 	if err != nil || got[0].Remaining != 5 {
 		t.Fatalf("after an earlier reading: %+v %v", got, err)
 	}
-	if got, err = a.ShareQuota("openai", []QuotaShare{{At: ms, Limit: 10, Remaining: 5, Reset: reset, Pending: 2}, {}}, now); err != nil || got[0].Pending != 1 {
+	if got, err = a.ShareQuota("openai", "", []QuotaShare{{At: ms, Limit: 10, Remaining: 5, Reset: reset, Pending: 2}, {}}, now); err != nil || got[0].Pending != 1 {
 		t.Fatalf("a: %+v %v, want b's 1 request in flight", got, err)
 	}
 	// Past lease_ttl without a call from a, its holdings no longer count for b.
 	later := now.Add(time.Minute + time.Second)
-	if got, err = b.ShareQuota("openai", []QuotaShare{{Pending: 1}, {}}, later); err != nil || got[0].Pending != 0 {
+	if got, err = b.ShareQuota("openai", "", []QuotaShare{{Pending: 1}, {}}, later); err != nil || got[0].Pending != 0 {
 		t.Fatalf("b after a went silent: %+v %v, want nothing held elsewhere", got, err)
 	}
 
@@ -51,7 +51,7 @@ func TestShareQuota(t *testing.T) {
 	if _, err := rd.Do("SET", key, "x"); err != nil {
 		t.Fatal(err)
 	}
-	if got, err = a.ShareQuota("openai", []QuotaShare{{At: ms, Limit: 10, Remaining: 4, Reset: reset, Pending: 1}, {}}, now); err != nil || got[0].Remaining != 4 {
+	if got, err = a.ShareQuota("openai", "", []QuotaShare{{At: ms, Limit: 10, Remaining: 4, Reset: reset, Pending: 1}, {}}, now); err != nil || got[0].Remaining != 4 {
 		t.Fatalf("over a string: %+v %v", got, err)
 	}
 	ctx := context.Background()
@@ -59,12 +59,12 @@ func TestShareQuota(t *testing.T) {
 	for i := range 5000 {
 		rc.HSet(ctx, key, fmt.Sprintf("p:fake%d", i), fmt.Sprintf("%d,1000000", now.Add(time.Hour).UnixMilli()))
 	}
-	if got, err = b.ShareQuota("openai", []QuotaShare{{Pending: 0}, {}}, now); err != nil || got[0].Pending != 0 {
+	if got, err = b.ShareQuota("openai", "", []QuotaShare{{Pending: 0}, {}}, now); err != nil || got[0].Pending != 0 {
 		t.Fatalf("after a flood of fake replicas: %+v %v, want the flood dropped", got, err)
 	}
 	// One fake replica that never expires holds nothing either.
 	rc.HSet(ctx, key, "p:forever", fmt.Sprintf("%d,1000000", now.Add(24*time.Hour).UnixMilli()))
-	if got, err = b.ShareQuota("openai", []QuotaShare{{Pending: 0}, {}}, now); err != nil || got[0].Pending != 0 {
+	if got, err = b.ShareQuota("openai", "", []QuotaShare{{Pending: 0}, {}}, now); err != nil || got[0].Pending != 0 {
 		t.Fatalf("with an entry set to expire in a day: %+v %v, want it dropped", got, err)
 	}
 	if n, _ := rc.HLen(ctx, key).Result(); n > 10 {
