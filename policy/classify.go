@@ -43,8 +43,26 @@ type Dims struct {
 	// admission when a family keys or filters by model.
 	modelGroup int
 	// accounts are the values the providers' quota account sources read (the classifier's
-	// accounts, in order): a provider's quota is tracked for the account its source gives.
-	accounts [config.MaxAccountSources]string
+	// accounts, in order), joined by NUL (a byte no value has): a provider's quota is tracked
+	// for the account its source gives. One string rather than an array keeps Dims, copied at
+	// every step of admission, small.
+	accounts string
+}
+
+// account returns the value the i-th account source read.
+func (d *Dims) account(i int) string {
+	s := d.accounts
+	for ; i > 0; i-- {
+		j := strings.IndexByte(s, 0)
+		if j < 0 {
+			return ""
+		}
+		s = s[j+1:]
+	}
+	if j := strings.IndexByte(s, 0); j >= 0 {
+		return s[:j]
+	}
+	return s
 }
 
 // dimNames are the dimensions' names in the policy, by dim.

@@ -577,9 +577,15 @@ func (s *Snapshot) Classify(in Input) Dims {
 		}
 	}
 	for i := range c.accounts {
-		d.accounts[i], _, bad = c.accounts[i].eval(in, c, &d, nil)
+		// Only policies with several account sources join values (and allocate).
+		v, _, bad := c.accounts[i].eval(in, c, &d, nil)
 		if bad.rule >= 0 {
 			s.invalidValueOf(&c.accounts[i].rules[bad.rule], "invalid_account", "providers' quota account", bad.err)
+		}
+		if i == 0 {
+			d.accounts = v
+		} else {
+			d.accounts += "\x00" + v
 		}
 	}
 	return d

@@ -16,7 +16,7 @@ type providerQuota struct {
 	// tracker is the provider's one account's (nil when accounts is set).
 	tracker *quota.Tracker
 	// accounts are the trackers of the provider's accounts, the one of a request given by its
-	// Dims.accounts[src] (nil: one account).
+	// Dims.account(src) (nil: one account).
 	accounts *quota.Accounts
 	src      int
 	enforce  bool
@@ -71,7 +71,7 @@ func (s *Snapshot) trackerFor(pq *providerQuota, dims *Dims) *quota.Tracker {
 	if pq.accounts == nil {
 		return pq.tracker
 	}
-	t, other, first := pq.accounts.Tracker(dims.accounts[pq.src])
+	t, other, first := pq.accounts.Tracker(dims.account(pq.src))
 	if first {
 		name := s.providers[dims.Provider].name
 		s.engine.log.Warn("a provider's requests use more accounts than its quota tracks apart: the requests of the accounts beyond share one quota, account "+quota.OtherAccount+
