@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
@@ -180,4 +182,47 @@ func TestProviderQuotaAccountsSurviveAReload(t *testing.T) {
 	if d, _ := accountAdmit(t, e, "direct", "team-a", ""); d.Verdict != policy.Admit {
 		t.Fatalf("after the account source changed: %v, want a fresh quota", d.Err())
 	}
+}
+
+// TestProviderQuotaAccountsSharedAcrossTheFleet: replica a hears that team-a's key at direct
+// has no request left; replica b, which had only sent team-a one request, learns it within an
+// interval and refuses team-a's next request, while team-b's key (its own quota at the fleet)
+// still admits.
+func TestProviderQuotaAccountsSharedAcrossTheFleet(t *testing.T) {
+	forModes(t, func(t *testing.T, mode string) {
+		rd := redistest.Standalone(t)
+		section := fmt.Sprintf("cluster:\n  backend: redis\n  addresses: [%q]\n  key_prefix: pqa\n  timeout: 500ms\n  lease_ttl: 2s\n  heartbeat: 250ms\n", rd.Addr())
+		a := clusterEngine(t, accountPolicy+section+"  replica_id: a\n"+modeSection(t, mode))
+		b := clusterEngine(t, accountPolicy+section+"  replica_id: b\n"+modeSection(t, mode))
+		for _, e := range []*policy.Engine{a, b} {
+			waitFor(t, "the shared state to be available", func() bool { return e.Cluster().Available() })
+		}
+		if d, tk := accountAdmit(t, b, "direct", "team-a", ""); d.Verdict != policy.Admit {
+			t.Fatalf("b, team-a before any reading: %+v", d)
+		} else {
+			tk.Done(policy.Outcome{Status: 200})
+		}
+		d, first := accountAdmit(t, a, "direct", "team-a", "")
+		if d.Verdict != policy.Admit {
+			t.Fatalf("a, team-a before any reading: %+v", d)
+		}
+		first.ObserveQuota(requestsLeft(0, 10, a.Now().Add(time.Minute)), 0, a.Now())
+		first.Done(policy.Outcome{Status: 200})
+		waitFor(t, "b to learn team-a's reading", func() bool {
+			for _, v := range b.ProviderQuotas() {
+				if v.Provider == "direct" && v.Account == "team-a" && len(v.Quotas) == 1 && v.Quotas[0].Remaining == 0 {
+					return true
+				}
+			}
+			return false
+		})
+		if d, _ := accountAdmit(t, b, "direct", "team-a", ""); d.Verdict != policy.Reject || d.Reason != policy.ReasonProviderQuota {
+			t.Fatalf("b, team-a with none left at the fleet: %+v, want provider_quota", d)
+		}
+		d, other := accountAdmit(t, b, "direct", "team-b", "")
+		if d.Verdict != policy.Admit {
+			t.Fatalf("b, team-b: %+v", d)
+		}
+		other.Done(policy.Outcome{Status: 200})
+	})
 }

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -69,5 +70,39 @@ func TestShareQuota(t *testing.T) {
 	}
 	if n, _ := rc.HLen(ctx, key).Result(); n > 10 {
 		t.Fatalf("the flooded hash still has %d fields", n)
+	}
+}
+
+// TestShareQuotaPerAccount: each account of a provider is shared apart from the others and from
+// the provider's one-account quota, in the provider's hash slot whatever the account holds
+// (braces included: they never reach the hash tag).
+func TestShareQuotaPerAccount(t *testing.T) {
+	rd := redistest.Standalone(t)
+	a := open(t, options(rd.Addr(), "pqa", "a"))
+	b := open(t, options(rd.Addr(), "pqa", "b"))
+	now := time.Now()
+	ms := now.UnixMilli()
+	reset := now.Add(time.Minute).UnixMilli()
+	for i, account := range []string{"team-a", "}{x}", ""} {
+		mine := []QuotaShare{{At: ms, Limit: 10, Remaining: int64(i), Reset: reset, Pending: 1}}
+		if _, err := a.ShareQuota("openai", account, mine, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, account := range []string{"team-a", "}{x}", ""} {
+		got, err := b.ShareQuota("openai", account, []QuotaShare{{}}, now)
+		if err != nil || got[0].Remaining != int64(i) || got[0].Pending != 1 {
+			t.Errorf("account %q at b: %+v %v, want %d left and 1 held at a", account, got, err, i)
+		}
+	}
+	ctx := context.Background()
+	keys, err := inspect(t, rd.Addr()).Keys(ctx, "*pq:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(keys)
+	want := []string{"{pqa|pq:openai}:pq", "{pqa|pq:openai}:pq:a:team-a", "{pqa|pq:openai}:pq:a:}{x}"}
+	if !slices.Equal(keys, want) {
+		t.Errorf("keys %q, want %q", keys, want)
 	}
 }
