@@ -576,19 +576,38 @@ func (s *Snapshot) Classify(in Input) Dims {
 			d.Priority, d.HasPriority = c.levels[v], true
 		}
 	}
+	if len(c.accounts) > 0 {
+		d.accounts = s.classifyAccounts(in, &d)
+	}
+	return d
+}
+
+// classifyAccounts reads the providers' quota account sources for request in, their values
+// joined by NUL (see Dims.accounts). Only a policy with several sources allocates, once.
+func (s *Snapshot) classifyAccounts(in Input, d *Dims) string {
+	c := &s.classifier
+	var vals [config.MaxAccountSources]string
+	n := 0
 	for i := range c.accounts {
-		// Only policies with several account sources join values (and allocate).
-		v, _, bad := c.accounts[i].eval(in, c, &d, nil)
+		v, _, bad := c.accounts[i].eval(in, c, d, nil)
 		if bad.rule >= 0 {
 			s.invalidValueOf(&c.accounts[i].rules[bad.rule], "invalid_account", "providers' quota account", bad.err)
 		}
-		if i == 0 {
-			d.accounts = v
-		} else {
-			d.accounts += "\x00" + v
-		}
+		vals[i] = v
+		n += len(v) + 1
 	}
-	return d
+	if len(c.accounts) == 1 {
+		return vals[0]
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for i := range c.accounts {
+		if i > 0 {
+			b.WriteByte(0)
+		}
+		b.WriteString(vals[i])
+	}
+	return b.String()
 }
 
 // invalidValue counts a request one of whose rules for dimension d read a value that cannot be

@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -225,4 +226,36 @@ func TestProviderQuotaAccountsSharedAcrossTheFleet(t *testing.T) {
 		}
 		other.Done(policy.Outcome{Status: 200})
 	})
+}
+
+// BenchmarkAdmitDoneQuotaAccount measures admission to a provider whose quota is tracked per
+// account: classify (reading the account), find the account's tracker, hold and release; with
+// one account source (no allocation) and with two (their values joined once).
+func BenchmarkAdmitDoneQuotaAccount(b *testing.B) {
+	oneSource := `
+classification:
+  provider: {default: openai}
+features:
+  default: {max_concurrent: 100}
+providers:
+  openai: {quota: {mode: enforce, account: {header: x-llm-account, trusted: true}}}
+`
+	for _, bc := range []struct{ name, policy string }{{"one_source", oneSource}, {"two_sources", accountPolicy}} {
+		b.Run(bc.name, func(b *testing.B) {
+			e, _ := engine(b, bc.policy)
+			s := e.Snapshot()
+			in := &input{headers: map[string]string{"x-llm-provider": "openai", "x-llm-account": "team-a"}}
+			tk := &policy.Ticket{}
+			ctx := context.Background()
+			o := policy.Outcome{Status: 200, Usage: policy.Usage{Known: true, PromptKnown: true}}
+			b.ReportAllocs()
+			for b.Loop() {
+				r := policy.Request{Dims: s.Classify(in), Estimate: policy.Estimate{Prompt: 500, Output: 500, Total: 1000}}
+				if dec := e.Admit(ctx, s, &r, tk, nil); dec.Verdict != policy.Admit {
+					b.Fatal(dec.Err())
+				}
+				tk.Done(o)
+			}
+		})
+	}
 }
