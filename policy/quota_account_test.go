@@ -259,3 +259,23 @@ providers:
 		})
 	}
 }
+
+// TestProviderQuotaAccountValueWithControlCharacters: an account value that cannot be an
+// account (a control character) is skipped as classification skips such values: the request
+// uses the default account, and it is counted.
+func TestProviderQuotaAccountValueWithControlCharacters(t *testing.T) {
+	e, c, reg := accountEngine(t, accountPolicy)
+	_, none := accountAdmit(t, e, "direct", "", "")
+	none.ObserveQuota(requestsLeft(0, 10, c.Now().Add(time.Minute)), 0, c.Now())
+	if d, _ := accountAdmit(t, e, "direct", "team\x01a", ""); d.Verdict != policy.Reject {
+		t.Fatalf("an account value with a control character: %v, want the default account's refusal", d.Verdict)
+	}
+	if got := metricValue(t, reg, "llm_bulkhead_classify_errors_total", map[string]string{"reason": "invalid_account"}); got != 1 {
+		t.Errorf("invalid_account counted %v, want 1", got)
+	}
+	for _, v := range e.ProviderQuotas() {
+		if v.Provider == "direct" && v.Account != "default" {
+			t.Errorf("direct has account %q", v.Account)
+		}
+	}
+}
