@@ -297,9 +297,12 @@ func (v *validator) quotaAccount(path string, q ProviderQuota) {
 	if q.Mode == "" || q.Mode == QuotaOff {
 		v.add(path+".account", "the quota is not tracked (mode off): set mode shadow or enforce, or remove account")
 	}
-	if a.Header == "" && a.Metadata == nil {
+	switch {
+	case a.Header == "" && a.Metadata == nil:
 		v.add(path+".account", "needs a source: header or metadata")
-	} else {
+	case a.Header != "" && a.Metadata != nil:
+		v.add(path+".account", "reads one source, header or metadata, not both")
+	default:
 		v.rule(path+".account", DimAccount, a.AccountRule())
 	}
 	if slices.Contains([]string{HeaderAuthorization, HeaderAPIKey, "api-key", "proxy-authorization"}, a.Header) {
