@@ -251,3 +251,57 @@ func TestProviderQuotaShadowChangesNothing(t *testing.T) {
 		t.Errorf("shadow changed the answers:\noff    %q\nshadow %q", outcomes["off"], outcomes["shadow"])
 	}
 }
+
+// TestProviderQuotaPerAccount: the platform reaches deepseek with one key per team (the route
+// sets x-llm-account, trusted), and the mock deepseek allows each key 3 requests a window. Team
+// a uses up its key: its next request is re-routed to qwen before deepseek can refuse it, while
+// team b's three requests still go to deepseek. No client sees a 429, and /admin/quotas shows
+// each account.
+func TestProviderQuotaPerAccount(t *testing.T) {
+	s := start(t, harness.Options{
+		Env: []string{
+			"LLM_BULKHEAD_PROVIDERS__DEEPSEEK__QUOTA__MODE=enforce",
+			"LLM_BULKHEAD_PROVIDERS__DEEPSEEK__QUOTA__ACCOUNT__HEADER=x-llm-account",
+			"LLM_BULKHEAD_PROVIDERS__DEEPSEEK__QUOTA__ACCOUNT__TRUSTED=true",
+		},
+		Mock: mock.Options{TimeScale: 0.001, QuotaAccountHeader: "x-llm-account",
+			Quotas: map[string]mock.RequestQuota{"deepseek": {Limit: 3, Window: 60000 * time.Second}}},
+	})
+	ctx := context.Background()
+	send := func(account string) string {
+		t.Helper()
+		req := deepseekChat()
+		req.Headers = append(req.Headers, envoysim.Header{Key: "x-llm-account", Value: account})
+		r, err := s.Do(ctx, req)
+		if err != nil || r.Status != 200 {
+			t.Fatalf("a request of %s: %v %+v", account, err, r)
+		}
+		return upstreamHeader(r, "x-llm-provider")
+	}
+	var got []string
+	for _, account := range []string{"team-a", "team-a", "team-a", "team-a", "team-b", "team-b", "team-b", "team-a"} {
+		got = append(got, account+":"+send(account))
+	}
+	want := []string{"team-a:deepseek", "team-a:deepseek", "team-a:deepseek", "team-a:qwen", "team-b:deepseek", "team-b:deepseek", "team-b:deepseek", "team-a:qwen"}
+	if !slices.Equal(got, want) {
+		t.Errorf("sent to %v\nwant %v", got, want)
+	}
+	if n := s.Mock.Stats().ByOutcome[mock.OutcomeQuota]; n != 0 {
+		t.Errorf("deepseek refused %d requests for its quota", n)
+	}
+	var quotas struct {
+		Providers []policy.ProviderQuotaView `json:"providers"`
+	}
+	if err := s.Get("/admin/quotas", &quotas); err != nil {
+		t.Fatal(err)
+	}
+	var accounts []string
+	for _, p := range quotas.Providers {
+		if len(p.Quotas) == 1 {
+			accounts = append(accounts, fmt.Sprintf("%s/%s:%d", p.Provider, p.Account, p.Quotas[0].Remaining))
+		}
+	}
+	if !slices.Equal(accounts, []string{"deepseek/team-a:0", "deepseek/team-b:0"}) {
+		t.Errorf("/admin/quotas: %v, want deepseek's team-a and team-b with nothing left", accounts)
+	}
+}

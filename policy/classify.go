@@ -42,6 +42,27 @@ type Dims struct {
 	// modelGroup indexes the snapshot's model groups (Model's first models glob), set by
 	// admission when a family keys or filters by model.
 	modelGroup int
+	// accounts are the values the providers' quota account sources read (the classifier's
+	// accounts, in order), joined by NUL (a byte no value has): a provider's quota is tracked
+	// for the account its source gives. One string rather than an array keeps Dims, copied at
+	// every step of admission, small.
+	accounts string
+}
+
+// account returns the value the i-th account source read.
+func (d *Dims) account(i int) string {
+	s := d.accounts
+	for ; i > 0; i-- {
+		j := strings.IndexByte(s, 0)
+		if j < 0 {
+			return ""
+		}
+		s = s[j+1:]
+	}
+	if j := strings.IndexByte(s, 0); j >= 0 {
+		return s[:j]
+	}
+	return s
 }
 
 // dimNames are the dimensions' names in the policy, by dim.
@@ -89,6 +110,8 @@ type classifier struct {
 	featureIdx, tierIdx, providerIdx map[string]int
 	tenantTier                       map[string]int
 	models                           []modelRule
+	// accounts read the providers' quota accounts (config.Policy.AccountSources).
+	accounts []dimension
 	// dirKeys are the API keys of the tenant directory (key_sha256), fileKeys those of
 	// tenants.keys_file; rejectUnknownKey is tenants.unknown_key: reject.
 	dirKeys, fileKeys *apikey.Table

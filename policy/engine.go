@@ -456,6 +456,10 @@ func (s *Snapshot) buildClassifier() {
 	c.provider = compileDimension(p.Classification.Provider, true)
 	c.model = compileDimension(p.Classification.Model, true)
 	c.priority, c.levels = compileDimension(config.Dimension{Rules: p.Classification.Priority.Rules}, true), p.Classification.Priority.Levels
+	srcs, _ := p.AccountSources()
+	for _, a := range srcs {
+		c.accounts = append(c.accounts, compileDimension(config.Dimension{Default: a.Default, Rules: []config.Rule{a.AccountRule()}, CaseSensitive: true}, false))
+	}
 	c.featureIdx, c.tierIdx, c.providerIdx = s.featureIdx, s.tierIdx, s.providerIdx
 	c.tiers = s.tiers
 	for _, pr := range s.providers {
@@ -572,7 +576,38 @@ func (s *Snapshot) Classify(in Input) Dims {
 			d.Priority, d.HasPriority = c.levels[v], true
 		}
 	}
+	if len(c.accounts) > 0 {
+		d.accounts = s.classifyAccounts(in, &d)
+	}
 	return d
+}
+
+// classifyAccounts reads the providers' quota account sources for request in, their values
+// joined by NUL (see Dims.accounts). Only a policy with several sources allocates, once.
+func (s *Snapshot) classifyAccounts(in Input, d *Dims) string {
+	c := &s.classifier
+	var vals [config.MaxAccountSources]string
+	n := 0
+	for i := range c.accounts {
+		v, _, bad := c.accounts[i].eval(in, c, d, nil)
+		if bad.rule >= 0 {
+			s.invalidValueOf(&c.accounts[i].rules[bad.rule], "invalid_account", "providers' quota account", bad.err)
+		}
+		vals[i] = v
+		n += len(v) + 1
+	}
+	if len(c.accounts) == 1 {
+		return vals[0]
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for i := range c.accounts {
+		if i > 0 {
+			b.WriteByte(0)
+		}
+		b.WriteString(vals[i])
+	}
+	return b.String()
 }
 
 // invalidValue counts a request one of whose rules for dimension d read a value that cannot be
@@ -582,16 +617,20 @@ func (s *Snapshot) invalidValue(d dim, bad invalidValue) {
 	if bad.rule < 0 {
 		return
 	}
+	s.invalidValueOf(&s.classifier.dimension(d).rules[bad.rule], "invalid_"+dimNames[d], fmt.Sprintf("classification.%s.rules[%d]", dimNames[d], bad.rule), bad.err)
+}
+
+// invalidValueOf counts a request rule r (at where in the policy) read a value of that cannot
+// be a dimension's value (err) under reason, and logs it at most once a minute.
+func (s *Snapshot) invalidValueOf(r *rule, reason, where string, err error) {
 	e := s.engine
-	e.rec.ClassifyErrors("invalid_"+dimNames[d], 1)
+	e.rec.ClassifyErrors(reason, 1)
 	if !e.logDue(&e.invalidLog) {
 		return
 	}
-	r := &s.classifier.dimension(d).rules[bad.rule]
 	e.log.Warn("classification skipped a value with control characters, bytes that are not UTF-8 or too many bytes, as if its rule had read nothing "+
 		"(further cases this minute are only counted in llm_bulkhead_classify_errors_total)",
-		"rule", fmt.Sprintf("classification.%s.rules[%d]", dimNames[d], bad.rule), "source", r.source(),
-		"problem", bad.err.Error(), "reason", "invalid_"+dimNames[d])
+		"rule", where, "source", r.source(), "problem", err.Error(), "reason", reason)
 }
 
 // Names is a request's dimensions as names, for headers, logs and metadata.

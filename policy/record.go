@@ -53,6 +53,9 @@ type Recorder interface {
 	// QuotaHeadersInvalid hears of n rate-limit headers of the named provider's response whose
 	// value was malformed or absurd and changed nothing.
 	QuotaHeadersInvalid(provider string, n int)
+	// QuotaAccountOverflow hears of a request of the named provider whose account found no
+	// tracker of its own (beyond quota.max_accounts): it shares the _other account's quota.
+	QuotaAccountOverflow(provider string)
 }
 
 // FeatureRecorder hears of one feature's requests.
@@ -114,6 +117,7 @@ func (nopRecorder) BreakerRefused(*breaker.Breaker, time.Duration, string, time.
 func (nopRecorder) ClusterUnavailable(string)                                         {}
 func (nopRecorder) QuotaShort(string, string, string)                                 {}
 func (nopRecorder) QuotaHeadersInvalid(string, int)                                   {}
+func (nopRecorder) QuotaAccountOverflow(string)                                       {}
 func (nopFeature) Admitted()                                                          {}
 func (nopFeature) Rejected(Reason)                                                    {}
 func (nopFeature) TokensReserved(int64)                                               {}

@@ -109,6 +109,7 @@ Flags:
 		cfg.opts.Quotas[name] = q
 		return nil
 	})
+	fs.StringVar(&cfg.opts.QuotaAccountHeader, "quota-account-header", "", "keep each -provider-quota per value of this request header (one account per value, as per API key), each account with the provider's limits")
 	fs.Int64Var(&cfg.opts.DefaultCompletionTokens, "default-completion-tokens", mock.DefaultCompletionTokens, "completion tokens when the request gives no max_tokens/max_completion_tokens/max_output_tokens")
 	fs.DurationVar(&cfg.opts.Latency.Base, "base-latency", mock.DefaultBaseLatency, "fixed part of each request's latency")
 	fs.Float64Var(&cfg.opts.Latency.TokensPerSecond, "tokens-per-second", mock.DefaultTokensPerSecond, "latency grows by tokens/this seconds (tokens = prompt + completion)")

@@ -21,7 +21,7 @@ type QuotaShare struct {
 	At, Limit, Remaining, Reset, Pending int64
 }
 
-// luaQuota shares one provider's quotas across the fleet. KEYS[1] is the provider's hash:
+// luaQuota shares one provider account's quotas across the fleet. KEYS[1] is the provider's hash:
 // per quota kind k, field "r<k>" the latest reading ("at,limit,remaining,reset"), and per
 // replica field "p:<id>" what its requests in flight hold ("expires,p0,p1,…"). ARGV: replica
 // id, now (ms), how long this replica's entry counts (ms), the number of kinds, then per kind
@@ -85,13 +85,25 @@ return out
 
 var quotaScript = redis.NewScript(luaQuota)
 
-// ShareQuota tells the fleet what this replica knows of provider's quotas (mine, one per quota
-// kind) and returns what the fleet knows: per kind the latest reading any replica took and what
+// quotaKey is the hash of a provider account's quotas: the provider's own for its one account
+// (account ""), else one per account in the same hash slot. The account (a value read from
+// requests) follows the hash tag, so that nothing it holds can change the slot or reach another
+// provider's keys.
+func (s *Store) quotaKey(provider, account string) string {
+	key := "{" + s.o.KeyPrefix + "|pq:" + provider + "}:pq"
+	if account != "" {
+		key += ":a:" + account
+	}
+	return key
+}
+
+// ShareQuota tells the fleet what this replica knows of the quotas of provider's account
+// (account "" for a provider with one account; mine, one per quota kind) and returns what the fleet knows: per kind the latest reading any replica took and what
 // the other replicas' requests in flight hold. This replica's holdings count for the others
 // for lease_ttl after the call. One round trip, off the request path; bounded by the write
 // timeout.
-func (s *Store) ShareQuota(provider string, mine []QuotaShare, now time.Time) ([]QuotaShare, error) {
-	key := "{" + s.o.KeyPrefix + "|pq:" + provider + "}:pq"
+func (s *Store) ShareQuota(provider, account string, mine []QuotaShare, now time.Time) ([]QuotaShare, error) {
+	key := s.quotaKey(provider, account)
 	args := make([]any, 0, 4+QuotaFields*len(mine))
 	args = append(args, s.o.ReplicaID, now.UnixMilli(), s.o.LeaseTTL.Milliseconds(), len(mine))
 	for _, q := range mine {

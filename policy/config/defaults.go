@@ -75,6 +75,18 @@ const (
 	// DimPriority names the priority rules (classification.priority); it is not a compartment
 	// key.
 	DimPriority = "priority"
+	// DimAccount names a provider quota's account source (providers.<name>.quota.account); it
+	// is not a compartment key.
+	DimAccount = "account"
+)
+
+// Provider quota accounts: the default account and max_accounts, and how many distinct
+// account sources the providers may use together (each is read at classification).
+const (
+	DefaultQuotaAccount     = "default"
+	DefaultMaxQuotaAccounts = 64
+	MaxQuotaAccounts        = 4096
+	MaxAccountSources       = 4
 )
 
 func (p *Policy) applyDefaults() {
@@ -170,6 +182,13 @@ func (p *Policy) applyDefaults() {
 		}
 		if f.IdleTTL == 0 {
 			f.IdleTTL = Duration(10 * time.Minute)
+		}
+	}
+	for name, pr := range p.Providers {
+		if a := pr.Quota.Account; a != nil {
+			a.Default = orString(a.Default, DefaultQuotaAccount)
+			pr.Quota.MaxAccounts = int(orInt(int64(pr.Quota.MaxAccounts), DefaultMaxQuotaAccounts))
+			p.Providers[name] = pr
 		}
 	}
 	for name, f := range p.Features {
@@ -435,6 +454,37 @@ func (p *Policy) TracksProviderQuota() bool {
 		}
 	}
 	return false
+}
+
+// AccountRule is the classification rule that reads a provider quota's account.
+func (a *QuotaAccount) AccountRule() Rule {
+	return Rule{Header: a.Header, Metadata: a.Metadata, Trusted: a.Trusted}
+}
+
+// AccountSources returns the distinct account sources of the providers whose quota is tracked
+// (mode shadow or enforce) and has an account, in the order of the sorted provider names, and
+// each such provider's index into them.
+func (p *Policy) AccountSources() (sources []QuotaAccount, of map[string]int) {
+	of = map[string]int{}
+	for _, name := range sortedKeys(p.Providers) {
+		q := p.Providers[name].Quota
+		if q.Account == nil || (q.Mode != QuotaShadow && q.Mode != QuotaEnforce) {
+			continue
+		}
+		i := slices.IndexFunc(sources, func(s QuotaAccount) bool { return s.Same(q.Account) })
+		if i < 0 {
+			i = len(sources)
+			sources = append(sources, *q.Account)
+		}
+		of[name] = i
+	}
+	return sources, of
+}
+
+// Same reports whether a and b read the same account.
+func (a QuotaAccount) Same(b *QuotaAccount) bool {
+	return a.Header == b.Header && a.Trusted == b.Trusted && a.Default == b.Default &&
+		(a.Metadata == nil) == (b.Metadata == nil) && (a.Metadata == nil || *a.Metadata == *b.Metadata)
 }
 
 func setNames[V any](m map[string]V, def string) []string {

@@ -665,6 +665,35 @@ type ProviderQuota struct {
 	// while less than that is left, so interactive traffic keeps the last of it. 0 to 0.9.
 	// Default 0.
 	Reserve float64 `koanf:"reserve" json:"reserve,omitempty"`
+	// Account says which of the provider's accounts (API keys) a request uses, for a provider
+	// the platform reaches with several keys (one per team, or a pool), each with rate limits
+	// of its own: each account's quota is then tracked apart, from the responses of its own
+	// requests, and a request is admitted against its account's quota. The source is a
+	// request header or Envoy metadata, read as classification rules read them; a request
+	// re-routed to a fallback uses the fallback's account source. Default none: one account
+	// for the provider.
+	Account *QuotaAccount `koanf:"account" json:"account,omitempty"`
+	// MaxAccounts bounds the accounts tracked apart (account values come from requests): the
+	// requests of any account beyond the first max_accounts seen share one quota, shown as
+	// account _other (logged once). 1 to 4096; default 64. Only with account.
+	MaxAccounts int `koanf:"max_accounts" json:"max_accounts,omitempty"`
+}
+
+// QuotaAccount names where a request's provider account is read. Exactly one of header and
+// metadata is set. The value is trimmed and must be an identity like a tenant id (at most
+// 256 bytes of UTF-8, no control characters); a request whose value is missing or not one
+// uses Default.
+type QuotaAccount struct {
+	// Header reads a request header (lower-case name), e.g. one the route sets with the
+	// upstream key it chooses. Needs trusted: true, as a tenant header does: a client must not
+	// spend another account's quota by sending the header.
+	Header string `koanf:"header" json:"header,omitempty"`
+	// Metadata reads Envoy dynamic metadata forwarded in metadata_context.
+	Metadata *MetadataRef `koanf:"metadata" json:"metadata,omitempty"`
+	// Trusted marks a header as set (or stripped from the client's request) by Envoy.
+	Trusted bool `koanf:"trusted" json:"trusted,omitempty"`
+	// Default is the account of requests the source gives no value. Default "default".
+	Default string `koanf:"default" json:"default,omitempty"`
 }
 
 // ModelMapping maps a model glob to the model a provider is sent instead.

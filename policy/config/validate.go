@@ -217,7 +217,7 @@ func (v *validator) valueSet(dim string) []string {
 // trustedOnly reports whether dimension dim takes values only from trusted sources: a request
 // must not choose its own tenant, tier or queue priority.
 func trustedOnly(dim string) bool {
-	return dim == DimTenant || dim == DimTier || dim == DimPriority
+	return dim == DimTenant || dim == DimTier || dim == DimPriority || dim == DimAccount
 }
 
 // priority checks classification.priority: levels name values a rule can yield, and rules have
@@ -279,6 +279,41 @@ func (v *validator) classification() {
 			}
 		}
 	}
+	if srcs, _ := v.p.AccountSources(); len(srcs) > MaxAccountSources {
+		v.add("providers", "the providers' quotas read their accounts from %d different sources, at most %d can be read (use the same header or metadata for several providers)", len(srcs), MaxAccountSources)
+	}
+}
+
+// quotaAccount checks a provider quota's account source, as a classification rule reading a
+// header (trusted) or Envoy metadata, and max_accounts.
+func (v *validator) quotaAccount(path string, q ProviderQuota) {
+	a := q.Account
+	if a == nil {
+		if q.MaxAccounts != 0 {
+			v.add(path+".max_accounts", "bounds the accounts of account, which is not set")
+		}
+		return
+	}
+	if q.Mode == "" || q.Mode == QuotaOff {
+		v.add(path+".account", "the quota is not tracked (mode off): set mode shadow or enforce, or remove account")
+	}
+	switch {
+	case a.Header == "" && a.Metadata == nil:
+		v.add(path+".account", "needs a source: header or metadata")
+	case a.Header != "" && a.Metadata != nil:
+		v.add(path+".account", "reads one source, header or metadata, not both")
+	default:
+		v.rule(path+".account", DimAccount, a.AccountRule())
+	}
+	if slices.Contains([]string{HeaderAuthorization, HeaderAPIKey, "api-key", "proxy-authorization"}, a.Header) {
+		v.add(path+".account.header", "%q holds a credential: an account is shown by /admin/quotas and in metric labels; read a header that names the account (set by the route that picks the key)", a.Header)
+	}
+	if err := CheckIdentity(a.Default); err != nil {
+		v.add(path+".account.default", "%q cannot be an account: %v", a.Default, err)
+	}
+	if q.MaxAccounts < 1 || q.MaxAccounts > MaxQuotaAccounts {
+		v.add(path+".max_accounts", "must be between 1 and %d, got %d", MaxQuotaAccounts, q.MaxAccounts)
+	}
 }
 
 func (v *validator) rule(path, dim string, r Rule) {
@@ -327,10 +362,14 @@ func (v *validator) rule(path, dim string, r Rule) {
 		}
 		if trustedOnly(dim) && !r.Trusted {
 			from := "trusted metadata or the tenant directory"
-			if dim == DimPriority {
+			if dim == DimPriority || dim == DimAccount {
 				from = "trusted metadata"
 			}
-			v.add(path+".header", "header %q is supplied by the client, so a %s taken from it can be forged; take %s from %s, or set trusted: true only if Envoy strips the client's copy (see envoy/identity.yaml)", r.Header, dim, dim, from)
+			article := "a"
+			if dim == DimAccount {
+				article = "an"
+			}
+			v.add(path+".header", "header %q is supplied by the client, so %s %s taken from it can be forged; take %s from %s, or set trusted: true only if Envoy strips the client's copy (see envoy/identity.yaml)", r.Header, article, dim, dim, from)
 		}
 	case "path_prefix":
 		if !strings.HasPrefix(r.PathPrefix, "/") {
@@ -679,6 +718,7 @@ func (v *validator) providers() {
 		if pr.Quota.Reserve < 0 || pr.Quota.Reserve > 0.9 || math.IsNaN(pr.Quota.Reserve) {
 			v.add(path+".quota.reserve", "must be between 0 and 0.9 (a share of each quota's limit), got %v", pr.Quota.Reserve)
 		}
+		v.quotaAccount(path+".quota", pr.Quota)
 		if pr.Fallback == "" {
 			continue
 		}

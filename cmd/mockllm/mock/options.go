@@ -164,6 +164,11 @@ type Options struct {
 	// rate-limit headers and enforced with 429 (see RequestQuota). Providers
 	// not listed have none and send no such headers.
 	Quotas map[string]RequestQuota
+	// QuotaAccountHeader, when set, keeps each provider's quota per value of
+	// this request header, as a provider keeps one per API key: every account
+	// gets the provider's Quotas entry for itself (requests without the header
+	// share the account ""; beyond 1024 accounts, later ones share "other").
+	QuotaAccountHeader string
 	// QuotaClock is the clock of the quotas' windows and of the resets their
 	// headers announce (nil: the system clock), so that a test can step it
 	// together with the proxy's clock.

@@ -31,12 +31,17 @@ type RequestQuota struct {
 	Window time.Duration
 }
 
-// quotas holds the quotas of each provider that has one.
+// quotas holds the quotas of each provider that has one: one per account (the value of the
+// account header) when accounts are kept apart.
 type quotas struct {
 	mu    sync.Mutex
 	scale float64
-	by    map[string]*quotaState
+	cfg   map[string]RequestQuota
+	by    map[quotaKey]*quotaState
 }
+
+// quotaKey is a provider's account ("" when accounts are not kept apart).
+type quotaKey struct{ provider, account string }
 
 type quotaState struct {
 	RequestQuota
@@ -54,22 +59,29 @@ type quotaLeft struct {
 }
 
 func newQuotas(by map[string]RequestQuota, scale float64) *quotas {
-	q := &quotas{scale: scale, by: map[string]*quotaState{}}
-	for p, rq := range by {
-		q.by[p] = &quotaState{RequestQuota: rq}
-	}
-	return q
+	return &quotas{scale: scale, cfg: by, by: map[quotaKey]*quotaState{}}
 }
 
-// take counts a request of provider needing tokens against its quota: ok false when the
-// request or the token quota cannot cover it (then nothing is taken). has is false when the
-// provider has no quota.
-func (q *quotas) take(provider string, tokens int64, now time.Time) (has, ok bool, left quotaLeft) {
+// take counts a request of provider's account needing tokens against its quota: ok false
+// when the request or the token quota cannot cover it (then nothing is taken). has is false
+// when the provider has no quota.
+func (q *quotas) take(provider, account string, tokens int64, now time.Time) (has, ok bool, left quotaLeft) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	st := q.by[provider]
-	if st == nil {
+	rq, has := q.cfg[provider]
+	if !has {
 		return false, true, quotaLeft{}
+	}
+	k := quotaKey{provider, account}
+	st := q.by[k]
+	if st == nil {
+		if len(q.by) >= maxTrackedLabels {
+			k.account = overflowLabel
+		}
+		if st = q.by[k]; st == nil {
+			st = &quotaState{RequestQuota: rq}
+			q.by[k] = st
+		}
 	}
 	window := time.Duration(float64(st.Window) * q.scale)
 	if st.start.IsZero() || now.Sub(st.start) >= window || now.Before(st.start) {
@@ -88,9 +100,7 @@ func (q *quotas) take(provider string, tokens int64, now time.Time) (has, ok boo
 func (q *quotas) reset() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for _, st := range q.by {
-		st.start, st.used, st.tokens = time.Time{}, 0, 0
-	}
+	clear(q.by)
 }
 
 // setQuotaHeaders writes what is left of the quota in the API's own rate-limit headers; now

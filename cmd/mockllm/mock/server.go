@@ -407,7 +407,11 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request, rt route) {
 	delay := s.scale(time.Duration(f.DelayHeaders))
 
 	now := s.now()
-	if has, ok, left := s.quotas.take(provider, e.usage.Prompt+e.usage.Completion, now); has {
+	var account string
+	if s.opts.QuotaAccountHeader != "" {
+		account = r.Header.Get(s.opts.QuotaAccountHeader)
+	}
+	if has, ok, left := s.quotas.take(provider, account, e.usage.Prompt+e.usage.Completion, now); has {
 		// The reset is in real time: it is when the quota really refills.
 		e.setQuotaHeaders(left, now, r.Header.Get(HeaderRateLimitMalformed) == "true")
 		if !ok {
