@@ -147,52 +147,62 @@ func TestMetricsDocumented(t *testing.T) {
 	}
 }
 
-// TestClusterMetricsExposed: a replica sharing its limits through Redis exposes every cluster
-// metric docs/metrics.md lists (once Redis went away, so that the error and unavailable-admission
-// series exist too), and the scrape passes promtool's lint.
+// TestClusterMetricsExposed: a replica sharing its limits through Redis, with either admission,
+// exposes every cluster metric docs/metrics.md lists (once Redis went away, so that the error and
+// unavailable series exist too), and the scrape passes promtool's lint.
 func TestClusterMetricsExposed(t *testing.T) {
 	promtool := tool(t, "promtool")
-	rd := redistest.Standalone(t)
-	s := start(t, harness.Options{PolicyPath: dashboardClusterPolicy(t, rd.Addr(), "metrics-a", "exact"), Mock: mock.Options{TimeScale: 0.001}})
-	if r, err := s.Do(context.Background(), chatRequest("chat")); err != nil || r.Status != 200 {
-		t.Fatalf("%v %v", r, err)
-	}
-	rd.Kill()
-	e := s.App.Engine()
-	waitFor(t, func() bool { return !e.Cluster().Available() })
-	if r, err := s.Do(context.Background(), chatRequest("chat")); err != nil || r.Status != 200 {
-		t.Fatalf("with Redis gone (on_unavailable local): %v %v", r, err)
-	}
-	resp, err := http.Get(s.AdminURL() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if out := run(t, body, promtool, "check", "metrics"); strings.TrimSpace(out) != "" {
-		t.Errorf("promtool check metrics:\n%s", out)
-	}
 	doc, err := os.ReadFile("../docs/metrics.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for _, m := range docName.FindAllStringSubmatch(string(doc), -1) {
-		if !strings.HasPrefix(m[1], "llm_bulkhead_cluster_") {
-			continue
-		}
-		n++
-		if !regexp.MustCompile(`(?m)^# TYPE ` + m[1] + ` `).Match(body) {
-			t.Errorf("%s is documented but a replica in cluster mode does not expose it", m[1])
-		}
-	}
-	if n < 10 {
-		t.Errorf("docs/metrics.md lists %d cluster metrics, want every one of them", n)
-	}
-	for _, want := range []string{`llm_bulkhead_cluster_available 0`, `llm_bulkhead_cluster_unavailable_admissions_total{action="local"} 1`} {
-		if !strings.Contains(string(body), want) {
-			t.Errorf("scrape lacks %s", want)
-		}
+	for _, mode := range []string{"exact", "leased"} {
+		t.Run(mode, func(t *testing.T) {
+			rd := redistest.Standalone(t)
+			s := start(t, harness.Options{PolicyPath: dashboardClusterPolicy(t, rd.Addr(), "metrics-"+mode, mode), Mock: mock.Options{TimeScale: 0.001}})
+			if r, err := s.Do(context.Background(), chatRequest("chat")); err != nil || r.Status != 200 {
+				t.Fatalf("%v %v", r, err)
+			}
+			rd.Kill()
+			e := s.App.Engine()
+			waitFor(t, func() bool { return !e.Cluster().Available() })
+			// Exact admission decides on the replica's part (on_unavailable local); leased
+			// admission against the lease it holds.
+			if r, err := s.Do(context.Background(), chatRequest("chat")); err != nil || r.Status != 200 {
+				t.Fatalf("with Redis gone: %v %v", r, err)
+			}
+			resp, err := http.Get(s.AdminURL() + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if out := run(t, body, promtool, "check", "metrics"); strings.TrimSpace(out) != "" {
+				t.Errorf("promtool check metrics:\n%s", out)
+			}
+			n := 0
+			for _, m := range docName.FindAllStringSubmatch(string(doc), -1) {
+				if !strings.HasPrefix(m[1], "llm_bulkhead_cluster_") {
+					continue
+				}
+				n++
+				if !regexp.MustCompile(`(?m)^# TYPE ` + m[1] + ` `).Match(body) {
+					t.Errorf("%s is documented but a replica in cluster mode does not expose it", m[1])
+				}
+			}
+			if n < 10 {
+				t.Errorf("docs/metrics.md lists %d cluster metrics, want every one of them", n)
+			}
+			want := []string{`llm_bulkhead_cluster_available 0`}
+			if mode == "exact" {
+				want = append(want, `llm_bulkhead_cluster_unavailable_admissions_total{action="local"} 1`)
+			}
+			for _, w := range want {
+				if !strings.Contains(string(body), w) {
+					t.Errorf("scrape lacks %s", w)
+				}
+			}
+		})
 	}
 }
 

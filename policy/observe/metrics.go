@@ -137,6 +137,11 @@ func NewMetrics(log *slog.Logger) *Metrics {
 	for _, dim := range policy.DimensionNames() {
 		m.classifyKnown["invalid_"+dim] = m.classifyErrors.WithLabelValues("invalid_" + dim)
 	}
+	// Both actions from the start, at 0: a rate or an alert over them needs the series before
+	// the first outage.
+	for _, action := range []string{"local", "refused"} {
+		m.unavailable.WithLabelValues(action)
+	}
 	m.spend.init()
 	m.quota.init()
 	return m
