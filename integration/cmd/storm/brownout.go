@@ -29,13 +29,22 @@ type scenarioFlags struct {
 	policy     string
 }
 
+// onlyApplicable reports whether none of the flags names, which do not apply to scenario, was
+// given (set); the first one given is said on stderr.
+func onlyApplicable(set map[string]bool, scenario string, stderr io.Writer, names ...string) bool {
+	for _, name := range names {
+		if set[name] {
+			fmt.Fprintf(stderr, "storm: --%s does not apply to --scenario %s\n", name, scenario)
+			return false
+		}
+	}
+	return true
+}
+
 // runBrownout is the command for --scenario brownout; set holds the flags given.
 func runBrownout(ctx context.Context, set map[string]bool, f scenarioFlags, stdout, stderr io.Writer) int {
-	for _, name := range []string{"demo", "capacity", "batch-concurrency", "policy", "pooled-policy", "quota-policy"} {
-		if set[name] {
-			fmt.Fprintf(stderr, "storm: --%s does not apply to --scenario %s\n", name, scenarioBrownout)
-			return 2
-		}
+	if !onlyApplicable(set, scenarioBrownout, stderr, "demo", "capacity", "batch-concurrency", "policy", "pooled-policy", "quota-policy") {
+		return 2
 	}
 	sc := storm.BrownoutScenario()
 	if f.duration != 0 {

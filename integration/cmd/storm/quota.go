@@ -11,11 +11,8 @@ import (
 
 // runQuota is the command for --scenario quota; set holds the flags given.
 func runQuota(ctx context.Context, set map[string]bool, f scenarioFlags, stdout, stderr io.Writer) int {
-	for _, name := range []string{"demo", "capacity", "batch-concurrency", "policy", "pooled-policy", "brownout", "adaptive", "brownout-policy"} {
-		if set[name] {
-			fmt.Fprintf(stderr, "storm: --%s does not apply to --scenario %s\n", name, scenarioQuota)
-			return 2
-		}
+	if !onlyApplicable(set, scenarioQuota, stderr, "demo", "capacity", "batch-concurrency", "policy", "pooled-policy", "brownout", "adaptive", "brownout-policy") {
+		return 2
 	}
 	sc := storm.QuotaScenario()
 	if f.duration != 0 {
