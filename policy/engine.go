@@ -1,5 +1,8 @@
 package policy
 
+// The engine and its snapshot in one file: a snapshot is built, committed and retired by the
+// engine's Apply, and the classification it compiles is read only through the snapshot.
+
 import (
 	"context"
 	"fmt"

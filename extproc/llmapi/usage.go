@@ -1,5 +1,8 @@
 package llmapi
 
+// The usage scanner's state machine in one file: its modes (JSON, SSE, AWS event stream), error
+// detection and the tally of usage fields are driven byte by byte on the hot path, together.
+
 import (
 	"bytes"
 	"errors"

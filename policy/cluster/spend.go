@@ -1,5 +1,8 @@
 package cluster
 
+// Shared spend windows in one file: their keys, the reservation script's arguments and replies,
+// and the queue that batches settlements describe one Redis hash and change together.
+
 // Spend windows: the sums of spend budgets (money, in micro-units of the policy's currency),
 // shared by every replica. Unlike token budgets they are calendar windows (an hour, a day, a
 // month in the policy's time zone), chosen by the caller: it names each window by its budget,

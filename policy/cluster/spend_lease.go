@@ -1,5 +1,8 @@
 package cluster
 
+// Leased spend windows in one file: a round's report of a window is built, sent and applied under
+// the window's lease, and the chunk a request reserves from is the one the last report granted.
+
 import (
 	"context"
 	"fmt"

@@ -1,5 +1,8 @@
 package cluster
 
+// Fleet usage in one file: the Lua that merges a table, the store that numbers and sends deltas
+// and the reads of the fleet's answer share one encoding of a row, and change together.
+
 // Usage by tenant and model, fleet-wide. Each replica's usage.Tracker keeps an outbox of what it
 // counted (usage.Tracker.Share); a UsageStore takes it every UsageFlushInterval (and at Close)
 // and adds each table to the fleet's tables in Redis, one per grouping and bucket of time, by the

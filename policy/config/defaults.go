@@ -1,5 +1,8 @@
 package config
 
+// Every default and derived value of a policy in one file, so that what an unset key means can be
+// read in one place.
+
 import (
 	"fmt"
 	"math"

@@ -1,5 +1,8 @@
 package spend
 
+// The ledger, its reservations and the store interfaces it talks to in one file: a reservation's
+// lifetime (reserve, settle or release, carry across a time-zone change) spans all three.
+
 import (
 	"context"
 	"errors"
