@@ -216,9 +216,9 @@ func (t *Tracker) addEnded(e endedHold) {
 	t.n++
 }
 
-// hold keeps what an answered request held of the known quotas (amount, per kind) until a
-// reading counts it.
-func (t *Tracker) hold(amount [numKinds]int64, now time.Time) {
+// hold keeps what a request answered at answered (its place among admissions) held of the known
+// quotas (amount, per kind) until a reading counts it.
+func (t *Tracker) hold(amount [numKinds]int64, answered uint64, now time.Time) {
 	for k := range t.q {
 		if !t.q[k].known {
 			// No reading yet: the first one is taken whatever it missed, as it would be
@@ -230,8 +230,7 @@ func (t *Tracker) hold(amount [numKinds]int64, now time.Time) {
 	if amount == ([numKinds]int64{}) {
 		return
 	}
-	t.seq++
-	t.addEnded(endedHold{seq: t.seq, at: now, amount: amount})
+	t.addEnded(endedHold{seq: answered, at: now, amount: amount})
 }
 
 // Sent marks a request sent again without a reservation of its own (an attempt Envoy's router
@@ -337,9 +336,10 @@ func (t *Tracker) Observe(res *Reservation, r *Reading, now time.Time) {
 		}
 		t.refill(Kind(k), now)
 	}
-	if t.release(res) || placed {
+	t.release(res)
+	if placed {
 		// Answered: the request holds on where this reading was not taken for it.
-		t.hold(keep, now)
+		t.hold(keep, answered, now)
 	}
 }
 
@@ -357,7 +357,8 @@ func (t *Tracker) Settle(res *Reservation, used Need, now time.Time) {
 		t.refill(Kind(k), now)
 		amount[k] = used.amount(Kind(k))
 	}
-	t.hold(amount, now)
+	t.seq++
+	t.hold(amount, t.seq, now)
 }
 
 // Release gives back a reservation without charging anything: the request never reached the
