@@ -11,6 +11,16 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
+// Field numbers of ProcessingRequest's request oneof (request_headers … response_trailers), its
+// request_body, and HttpBody's body, for the decoders of the wire form (decodeRequest and the
+// codec's findRequestBody).
+const (
+	fieldFirstMember   = 2
+	fieldLastMember    = 7
+	fieldRequestBodyIn = 4
+	fieldBodyIn        = 1
+)
+
 // decodeRequest decodes the ProcessingRequest messages Envoy sends on every stream — headers,
 // bodies and trailers with the metadata context Envoy adds to each, and the protocol
 // configuration and observability flag of the first message — into m, which must be new. It
@@ -34,15 +44,16 @@ func decodeRequest(b []byte, m *extprocv3.ProcessingRequest) bool {
 		if typ != protowire.BytesType {
 			return false
 		}
-		if num >= 2 && num <= 7 && m.Request != nil {
+		if num >= fieldFirstMember && num <= fieldLastMember && m.Request != nil {
 			return false // a second member of the request oneof replaces the first: protobuf's to do
 		}
 		switch num {
 		case 2, 3:
 			x := new(headersMember)
 			return decodeHeaders(field, x.attach(m, num == 2), &x.headers)
-		case 4, 5:
-			return decodeBody(field, new(bodyMember).attach(m, num == 4), num == 4)
+		case fieldRequestBodyIn, 5:
+			request := num == fieldRequestBodyIn
+			return decodeBody(field, new(bodyMember).attach(m, request), request)
 		case 6, 7:
 			x := new(trailersMember)
 			return decodeTrailers(field, x.attach(m, num == 6), &x.trailers)
@@ -240,7 +251,7 @@ func decodeHeaderValue(b []byte, h *corev3.HeaderValue) bool {
 // decoded by protobuf, which copies), so the server may rewrite the body in place.
 func decodeBody(b []byte, body *extprocv3.HttpBody, room bool) bool {
 	return eachField(b, func(num protowire.Number, typ protowire.Type, field []byte, v uint64) bool {
-		if num == 1 {
+		if num == fieldBodyIn {
 			body.Body = alias(field)
 			if room && len(field) > 0 {
 				body.Body = field

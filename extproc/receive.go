@@ -136,15 +136,6 @@ type bodySpan struct {
 	field, start, end          int
 }
 
-// Field numbers of ProcessingRequest's request oneof (request_headers … response_trailers), its
-// request_body, and HttpBody's body.
-const (
-	fieldFirstMember   = 2
-	fieldLastMember    = 7
-	fieldRequestBodyIn = 4
-	fieldBodyIn        = 1
-)
-
 // findRequestBody finds the request body in data, a ProcessingRequest's wire form of total
 // bytes, without copying it. It reports false unless the message is a request_body message
 // read as every decoder reads it: request_body once and no other member of the oneof, the body
