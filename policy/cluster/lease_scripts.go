@@ -67,7 +67,7 @@ package cluster
 // status is 0, or 2 when the hash held more fields than a compartment can (it was rewritten).
 // pressure is 1 when another replica wants more than it holds. wait is, when a single need did
 // not fit, the time until it would.
-var luaLease = luaCommon + luaEpochCommon + `
+var luaLease = luaWindows + luaEpochCommon + `
 local MAXFIELDS = 1100
 local me, ttl = ARGV[1], tonumber(ARGV[2])
 local hasEpoch, recov = ARGV[3] == '1', tonumber(ARGV[4])
@@ -109,9 +109,13 @@ if not sane(L, MAXFIELDS) then status = 2 end
 -- Read the leases, dropping entries that are expired or cannot be. A replica's entry is one
 -- field, "r:<replica>" → "<slots>|<tokens>|<slots wanted>|<tokens wanted>|<expiry ms>|
 -- <incarnation>:<report count>|<kind>=<chunk wanted>,…".
+-- Every report reads every entry: each is matched once, and the other replicas' go to flat
+-- arrays (field F, slots S, tokens T, slots wanted WS, tokens wanted WT; n of them), of which the
+-- shares below need only sums in the common case.
 local h = redis.call('HGETALL', L)
-local born, al, ali
-local reps = {}
+local myf = me ~= '' and 'r:' .. me
+local born, al, ali, mine
+local F, S, T, WS, WT, n = {}, {}, {}, {}, {}, 0
 local bad = {}
 for i = 1, #h, 2 do
   local f, v = h[i], h[i + 1]
@@ -122,30 +126,44 @@ for i = 1, #h, 2 do
     al = whole(v)
   elseif f == 'ali' then
     ali = whole(v)
-  else
-    local r = string.match(f, '^r:(.+)$')
+  elseif f == myf then
     local es, et, ews, ewt, ex, qi, qn, ds = string.match(v, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+):(%d+)|(.*)$')
     local e
-    if r and es then
+    if es then
       e = {s = whole(es), t = whole(et), ws = whole(ews), wt = whole(ewt), x = whole(ex), q = {qi, tonumber(qn)}, d = {}}
       for k, dv in string.gmatch(ds, '(%w+)=(%d+)') do e.d[k] = whole(dv) end
     end
-    -- A replica's leases expire its lease ttl after its last report ran, by this same clock:
-    -- an expiry beyond the longest ttl a policy may set cannot be. One beyond this replica's
-    -- ttl is another replica's longer one (a slow replica, a rolling change of the cluster
-    -- section): outside Redis Cluster it must be a replica registered live.
-    if e == nil or e.s == nil or e.t == nil or e.ws == nil or e.wt == nil or e.x == nil or
-        (r ~= me and (e.x < now or e.x > now + MAXTTL + 1000 or
-          (hasEpoch and e.x > now + ttl + 1000 and (tonumber(redis.call('ZSCORE', KEYS[3], r)) or 0) < now))) then
+    if e == nil or e.s == nil or e.t == nil or e.ws == nil or e.wt == nil or e.x == nil then
       bad[#bad + 1] = f
     else
-      reps[r] = e
+      mine = e
+    end
+  else
+    -- Another replica's: digits (so whole numbers) of at most 1e15. Its leases expire its lease
+    -- ttl after its last report ran, by this same clock: an expiry beyond the longest ttl a
+    -- policy may set cannot be. One beyond this replica's ttl is another replica's longer one
+    -- (a slow replica, a rolling change of the cluster section): outside Redis Cluster it must
+    -- be a replica registered live.
+    -- (Digits convert as operands: "+ 0" costs less than a call of tonumber. A number of 15
+    -- digits or fewer is below 1e15; the expiry's bound is below it too.)
+    local es, et, ews, ewt, ex
+    if string.find(f, '^r:.') then
+      es, et, ews, ewt, ex = string.match(v, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|%d+:%d+|')
+    end
+    local x = ex and ex + 0
+    if es == nil or (#es > 15 and es + 0 > 1e15) or (#et > 15 and et + 0 > 1e15) or (#ews > 15 and ews + 0 > 1e15) or
+        (#ewt > 15 and ewt + 0 > 1e15) or x < now or x > now + MAXTTL + 1000 or
+        (hasEpoch and x > now + ttl + 1000 and (tonumber(redis.call('ZSCORE', KEYS[3], string.sub(f, 3))) or 0) < now) then
+      bad[#bad + 1] = f
+    else
+      n = n + 1
+      F[n], S[n], WS[n] = f, es + 0, ews + 0
+      if maxt > 0 then T[n], WT[n] = et + 0, ewt + 0 end
     end
   end
 end
 if #bad > 0 then redis.call('HDEL', L, unpack(bad)) end
 
-local mine = reps[me]
 -- The epoch: read (and kept) here where the script can reach its key, else as the replica last
 -- learned it.
 local epoch = known
@@ -170,49 +188,63 @@ elseif mine == nil and hs > 0 and now - born >= recov then
 end
 local recovering = now - born < recov
 local hadEntry = mine ~= nil
-if mine == nil then mine = {d = {}}; reps[me] = mine end
+if mine == nil then mine = {d = {}} end
 -- Deltas (returns, extra) apply once per report: a report resent after its answer was lost
 -- carries the number it had. A replica restarted under the same id counts anew.
 local fresh = mine.q == nil or mine.q[1] ~= inc or seq > mine.q[2]
-mine.s, mine.t, mine.ws, mine.wt = hs, ht, ws, wt
 
--- fairshare is the max-min fair share of cap that replica me gets, given each replica's want
--- (field fw); ties are broken by replica id so that every replica computes the same order.
-local function fairshare(fw, cap, demands)
-  local list = {}
-  for r, e in pairs(reps) do
-    local w
-    if demands then w = e.d[fw] or 0 else w = e[fw] or 0 end
-    if w > 0 then list[#list + 1] = {r, w} end
+-- fairshare is the max-min fair share of cap that this replica gets when it wants mine and the
+-- others want W (total: their sum): in (want, replica id) order, each gets the least of its want
+-- and an even part of what those before it left. Every replica computes the same order.
+-- Without sorting: when the wants fit, each gets its want; else those below the level where an
+-- even part stops covering a want get their want, and the rest split what they leave evenly,
+-- the first in that order one more.
+local function fairshare(W, total, want, cap)
+  if want <= 0 then return 0 end
+  if total + want <= cap then return want end
+  local v = {want}
+  for i = 1, n do
+    if W[i] > 0 then v[#v + 1] = W[i] end
   end
-  table.sort(list, function(a, b) if a[2] ~= b[2] then return a[2] < b[2] end return a[1] < b[1] end)
-  local left, n = cap, #list
-  for k, it in ipairs(list) do
-    local give = math.min(it[2], math.ceil(left / (n - k + 1)))
-    if it[1] == me then return give end
-    left = left - give
+  table.sort(v)
+  local m, left = #v, cap
+  for k = 1, m do
+    local level = v[k]
+    if level >= math.ceil(left / (m - k + 1)) then
+      if want < level then return want end
+      local before = 0
+      for i = 1, n do
+        local w = W[i]
+        if w >= level and (w < want or (w == want and string.sub(F[i], 3) < me)) then before = before + 1 end
+      end
+      local even = math.floor(left / (m - k + 1))
+      if before < left - even * (m - k + 1) then return even + 1 end
+      return even
+    end
+    left = left - level
   end
-  return 0
+  return want
 end
 
--- lease computes the grant and the target of one held resource (field f, want field fw), of
--- which this replica's requests use used and need need (queued ones included): the grant never
--- below what this replica holds, the target never above its fair share nor what the others'
--- leases leave (a limit lowered below the leases admits nothing new until they drain).
-local function lease(f, fw, cap, held, used, need)
+-- lease computes the grant and the target of one held resource (the others hold H and want W),
+-- of which this replica wants want, its requests use used and need need (queued ones
+-- included): the grant never below what this replica holds, the target never above its fair
+-- share nor what the others' leases leave (a limit lowered below the leases admits nothing new
+-- until they drain).
+local function lease(H, W, want, cap, held, used, need)
   if cap <= 0 then return held, held, false, 0 end
-  local others, unmet, pressure = 0, 0, false
-  for r, e in pairs(reps) do
-    if r ~= me then
-      local v = math.min(e[f] or 0, cap)
-      others = others + v
-      if (e[fw] or 0) > v then
-        pressure = true
-        unmet = unmet + math.min(e[fw], cap) - v
-      end
+  local others, unmet, pressure, total = 0, 0, false, 0
+  for i = 1, n do
+    local v, w = H[i], W[i]
+    if v > cap then v = cap end
+    others, total = others + v, total + w
+    if w > v then
+      pressure = true
+      if w > cap then w = cap end
+      unmet = unmet + w - v
     end
   end
-  local fair = fairshare(fw, cap)
+  local fair = fairshare(W, total, want, cap)
   local room = cap - others
   local grant = held
   if not recovering and fair > held and room > held then grant = math.min(fair, room) end
@@ -250,9 +282,8 @@ if amax > 0 then
   redis.call('HSET', L, 'al', al)
   maxs = al
 end
-local gs, tgs, ps, fs = lease('s', 'ws', maxs, hs, us, needs)
-local gt, tgt, pt, ft = lease('t', 'wt', maxt, ht, ut, needt)
-mine.s, mine.t = gs, gt
+local gs, tgs, ps, fs = lease(S, WS, ws, maxs, hs, us, needs)
+local gt, tgt, pt, ft = lease(T, WT, wt, maxt, ht, ut, needt)
 
 local out = {status, gs, tgs, gt, tgt, 0, 0, 0, al or 0, epoch, fs, ft}
 if ps or pt then out[6] = 1 end
@@ -269,19 +300,17 @@ for i = 1, nw do
   if not sane(key, 2 * SLOTS + 8) then status = 2 end
   local w = wload(key, slotlen, now)
   for _ = 1, nret do
-    local s, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+    local s, back = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
     a = a + 2
-    if fresh and n > 0 and s > w.cur - SLOTS and s <= w.cur then
+    if fresh and back > 0 and s > w.cur - SLOTS and s <= w.cur then
       w.extra = tonumber(redis.call('HGET', key, s))
-      wrefund(w, s, n)
+      wrefund(w, s, back)
     end
   end
   if fresh and extra > 0 then
-    local n = math.min(extra, wroom(w, cap, debt))
-    if n > 0 then wcharge(w, n) end
+    local more = math.min(extra, wroom(w, cap, debt))
+    if more > 0 then wcharge(w, more) end
   end
-  local df = 'd' .. kind
-  mine[df] = want
   if want > 0 or need > 0 then idle = false end
   -- A report that gives back or charges something keeps this replica's entry, and with it the
   -- report's number, until the next report: sent again after a lost answer, it applies nothing
@@ -290,7 +319,7 @@ for i = 1, nw do
   -- Chunks come out of the window's capacity, never its debt bound (settlements' only).
   local room = math.max(cap - w.sum, 0)
   local g = 0
-  if want > 0 then g = math.min(want, fairshare(df, room)) end
+  if want > 0 then g = math.min(want, room) end
   local wait = 0
   if need > 0 and g < need then
     if need <= room then
@@ -313,7 +342,6 @@ end
 -- Write this replica's entry (or drop it: an idle replica holds nothing).
 if idle then
   if hadEntry then redis.call('HDEL', L, 'r:' .. me) end
-  reps[me] = nil
 else
   local q = ARGV[5]
   if not fresh then q = mine.q[1] .. ':' .. mine.q[2] end
@@ -322,10 +350,9 @@ else
     if v > 0 then ds[#ds + 1] = k .. '=' .. v end
   end
   redis.call('HSET', L, 'r:' .. me, gs .. '|' .. gt .. '|' .. ws .. '|' .. wt .. '|' .. (now + ttl) .. '|' .. q .. '|' .. table.concat(ds, ','))
+  n = n + 1
 end
-local holders = 0
-for _ in pairs(reps) do holders = holders + 1 end
-out[8] = holders
+out[8] = n
 -- Keep the hash (and its birth) a good while after the last holder left, so that a compartment
 -- coming back is not taken for one that lost its state.
 redis.call('PEXPIRE', L, math.max(3600000, 4 * ttl))
@@ -362,6 +389,6 @@ end
 //
 //	KEYS: 1 the epoch key
 //	ARGV: 1 the epoch this replica knows ("" when none), 2 recovery ms
-var luaEpoch = luaCommon + luaEpochCommon + `
+var luaEpoch = luaWindows + luaEpochCommon + `
 return epochOf(KEYS[1], ARGV[1], nowms(), tonumber(ARGV[2]))
 `

@@ -1,9 +1,11 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -770,4 +772,73 @@ func TestNewDeploymentDoesNotRecover(t *testing.T) {
 	if e := f.leasers[1].Epoch(); !strings.HasSuffix(e, ":l") {
 		t.Fatalf("epoch %q, want a lost one", e)
 	}
+}
+
+// TestLeaseShareIsMaxMinFair: whatever the replicas want, a replica's share of a compartment's
+// slots is its max-min fair share, replicas of equal wants ordered by id: in that order each
+// gets the least of its want and an even part of what those before it left. The script
+// computes it without sorting the replicas; the reference here is that definition, over random
+// wants with many ties, against the script run on entries written as replicas write them.
+func TestLeaseShareIsMaxMinFair(t *testing.T) {
+	srv := redistest.Standalone(t)
+	rc := inspect(t, srv.Addr())
+	ctx := context.Background()
+	sc := redis.NewScript(luaLease)
+	rng := rand.New(rand.NewPCG(7, 31))
+	key := "{fair|c}:ls"
+	for i := range 400 {
+		now, err := rc.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Other replicas hold nothing and want a few slots each; the reporting replica holds
+		// nothing either, so that its target is its share.
+		wants := map[string]int64{}
+		fields := []any{"born", now.Add(-time.Hour).UnixMilli()}
+		for r := range rng.IntN(14) {
+			id := fmt.Sprintf("r%02d", r)
+			wants[id] = int64(rng.IntN(7))
+			fields = append(fields, "r:"+id, fmt.Sprintf("0|0|%d|0|%d|1:1|", wants[id], now.Add(time.Minute).UnixMilli()))
+		}
+		me := fmt.Sprintf("r%02d", rng.IntN(16))
+		wants[me] = 1 + int64(rng.IntN(8))
+		limit := 1 + int64(rng.IntN(40))
+		rc.Del(ctx, key)
+		rc.HSet(ctx, key, fields...)
+		res, err := sc.Run(ctx, rc, []string{key}, me, 10000, "0", 2000, "1:"+strconv.Itoa(i+1),
+			limit, 0, 0, wants[me], 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, "", "c", "0:0", "").Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := maxMinShare(wants, me, limit)
+		if got := res[2].(int64); got != want {
+			t.Fatalf("limit %d, wants %v: %s's share is %d, want %d", limit, wants, me, got, want)
+		}
+	}
+}
+
+// maxMinShare is replica me's max-min fair share of limit among wants, by definition.
+func maxMinShare(wants map[string]int64, me string, limit int64) int64 {
+	ids := make([]string, 0, len(wants))
+	for id, w := range wants {
+		if w > 0 {
+			ids = append(ids, id)
+		}
+	}
+	slices.SortFunc(ids, func(a, b string) int {
+		if c := cmp.Compare(wants[a], wants[b]); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	left := limit
+	for k, id := range ids {
+		n := int64(len(ids) - k)
+		give := min(wants[id], (left+n-1)/n)
+		if id == me {
+			return give
+		}
+		left -= give
+	}
+	return 0
 }

@@ -52,7 +52,11 @@ const (
 )
 
 // luaCommon is shared by the scripts: time, the window arithmetic and slot totals.
-var luaCommon = `
+var luaCommon = luaWindows + luaSlots
+
+// luaWindows is the part of luaCommon that the lease script uses too: time, bounds and the
+// window arithmetic (a script defines every function it includes at every run).
+var luaWindows = `
 local SLOTS = 60
 local MAXR, MAXTTL, DROPS = ` + strconv.Itoa(MaxReplicas) + `, ` + strconv.FormatInt(maxLeaseTTL.Milliseconds(), 10) + `, ` + strconv.Itoa(dropBatch) + `
 local function nowms()
@@ -303,6 +307,11 @@ local function wreset(w)
   return math.max((k + SLOTS) * w.slotlen - w.now, 0)
 end
 
+`
+
+// luaSlots is the part of luaCommon that exact admission's scripts use: slot totals, the
+// membership and the epoch's wait.
+const luaSlots = `
 -- live returns whether replica r is live: registered, its registration not expired. memo keeps
 -- the answers of one script run, so each replica is looked up once whatever the number of
 -- compartments: the admission path never reads the membership whole (however many members a
