@@ -106,12 +106,22 @@ end
 
 if not sane(L, MAXFIELDS) then status = 2 end
 
+-- The windows' kinds: each replica's entry says what it wants of each, per chunk; D[kind] will
+-- hold the other replicas' wants.
+local D, DL = {}, {}
+local a = 25
+for i = 1, nw do
+  DL[i] = {}
+  D[ARGV[a]] = DL[i]
+  a = a + 8 + 2 * tonumber(ARGV[a + 7])
+end
+
 -- Read the leases, dropping entries that are expired or cannot be. A replica's entry is one
 -- field, "r:<replica>" → "<slots>|<tokens>|<slots wanted>|<tokens wanted>|<expiry ms>|
 -- <incarnation>:<report count>|<kind>=<chunk wanted>,…".
 -- Every report reads every entry: each is matched once, and the other replicas' go to flat
--- arrays (field F, slots S, tokens T, slots wanted WS, tokens wanted WT; n of them), of which the
--- shares below need only sums in the common case.
+-- arrays (field F, slots S, tokens T, slots wanted WS, tokens wanted WT, chunks wanted D[kind];
+-- n of them), of which the shares below need only sums in the common case.
 local h = redis.call('HGETALL', L)
 local myf = me ~= '' and 'r:' .. me
 local born, al, ali, mine
@@ -127,11 +137,10 @@ for i = 1, #h, 2 do
   elseif f == 'ali' then
     ali = whole(v)
   elseif f == myf then
-    local es, et, ews, ewt, ex, qi, qn, ds = string.match(v, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+):(%d+)|(.*)$')
+    local es, et, ews, ewt, ex, qi, qn = string.match(v, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+):(%d+)|')
     local e
     if es then
-      e = {s = whole(es), t = whole(et), ws = whole(ews), wt = whole(ewt), x = whole(ex), q = {qi, tonumber(qn)}, d = {}}
-      for k, dv in string.gmatch(ds, '(%w+)=(%d+)') do e.d[k] = whole(dv) end
+      e = {s = whole(es), t = whole(et), ws = whole(ews), wt = whole(ewt), x = whole(ex), q = {qi, tonumber(qn)}}
     end
     if e == nil or e.s == nil or e.t == nil or e.ws == nil or e.wt == nil or e.x == nil then
       bad[#bad + 1] = f
@@ -146,9 +155,14 @@ for i = 1, #h, 2 do
     -- be a replica registered live.
     -- (Digits convert as operands: "+ 0" costs less than a call of tonumber. A number of 15
     -- digits or fewer is below 1e15; the expiry's bound is below it too.)
-    local es, et, ews, ewt, ex
+    -- What it wants of windows is, when it has one or none, matched with the rest (k and dv);
+    -- otherwise (ds) read pair by pair.
+    local es, et, ews, ewt, ex, k, dv, ds
     if string.find(f, '^r:.') then
-      es, et, ews, ewt, ex = string.match(v, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|%d+:%d+|')
+      es, et, ews, ewt, ex, k, dv = string.match(v, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|%d+:%d+|(%w*)=?(%d*)$')
+      if es == nil then
+        es, et, ews, ewt, ex, ds = string.match(v, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|%d+:%d+|(.*)$')
+      end
     end
     local x = ex and ex + 0
     if es == nil or (#es > 15 and es + 0 > 1e15) or (#et > 15 and et + 0 > 1e15) or (#ews > 15 and ews + 0 > 1e15) or
@@ -159,6 +173,16 @@ for i = 1, #h, 2 do
       n = n + 1
       F[n], S[n], WS[n] = f, es + 0, ews + 0
       if maxt > 0 then T[n], WT[n] = et + 0, ewt + 0 end
+      if nw > 0 then
+        for j = 1, nw do DL[j][n] = 0 end
+        if ds then
+          for k2, dv2 in string.gmatch(ds, '(%w+)=(%d+)') do
+            if D[k2] then D[k2][n] = whole(dv2) or 0 end
+          end
+        elseif dv ~= '' and k ~= '' and D[k] and (#dv < 16 or dv + 0 <= 1e15) then
+          D[k][n] = dv + 0
+        end
+      end
     end
   end
 end
@@ -290,7 +314,8 @@ if ps or pt then out[6] = 1 end
 if recovering then out[7] = 1 end
 
 -- Windows.
-local a = 25
+a = 25
+local ds = {}
 local idle = gs == 0 and gt == 0 and ws == 0 and wt == 0
 for i = 1, nw do
   local kind, cap, debt, slotlen = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
@@ -319,7 +344,13 @@ for i = 1, nw do
   -- Chunks come out of the window's capacity, never its debt bound (settlements' only).
   local room = math.max(cap - w.sum, 0)
   local g = 0
-  if want > 0 then g = math.min(want, room) end
+  if want > 0 then
+    -- This replica's fair share of the window's room, by the chunks replicas want.
+    local A, total = D[kind], 0
+    for j = 1, n do total = total + A[j] end
+    g = fairshare(A, total, want, room)
+    ds[#ds + 1] = kind .. '=' .. want
+  end
   local wait = 0
   if need > 0 and g < need then
     if need <= room then
@@ -345,10 +376,6 @@ if idle then
 else
   local q = ARGV[5]
   if not fresh then q = mine.q[1] .. ':' .. mine.q[2] end
-  local ds = {}
-  for k, v in pairs(mine.d) do
-    if v > 0 then ds[#ds + 1] = k .. '=' .. v end
-  end
   redis.call('HSET', L, 'r:' .. me, gs .. '|' .. gt .. '|' .. ws .. '|' .. wt .. '|' .. (now + ttl) .. '|' .. q .. '|' .. table.concat(ds, ','))
   n = n + 1
 end

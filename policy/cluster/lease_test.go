@@ -842,3 +842,44 @@ func maxMinShare(wants map[string]int64, me string, limit int64) int64 {
 	}
 	return 0
 }
+
+// TestWindowChunksAreSharedByDemand: near a window's end, its last room is shared by what the
+// replicas want of it per chunk, max-min fair, not taken whole by whichever reports first. Each
+// report records what its replica wants, and the others' reports read it.
+func TestWindowChunksAreSharedByDemand(t *testing.T) {
+	srv := redistest.Standalone(t)
+	rc := inspect(t, srv.Addr())
+	ctx := context.Background()
+	sc := redis.NewScript(luaLease)
+	keys := []string{"{share|c}:ls", "{share|c}:w:tpm:60000"}
+	// report runs replica me's report wanting want tokens of a window of 1000 (slots of 1 s),
+	// and returns the chunk granted.
+	seq := 0
+	report := func(me string, want int64) int64 {
+		seq++
+		res, err := sc.Run(ctx, rc, keys, me, 10000, "0", 2000, "1:"+strconv.Itoa(seq),
+			0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, "", "c", "0:0", "",
+			"tpm", 1000, 0, 1000, want, 0, 0, 0).Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[12].(int64)
+	}
+	if g := report("a", 600); g != 600 {
+		t.Fatalf("a alone got %d of an empty window, want the 600 it asked for", g)
+	}
+	// 400 left; a still wants 600 a chunk, b asks for 800: b's fair share is half.
+	if g := report("b", 800); g != 200 {
+		t.Fatalf("b got %d of the 400 left while a wants 600 and b 800, want 200", g)
+	}
+	if v, _ := rc.HGet(ctx, keys[0], "r:b").Result(); !strings.HasSuffix(v, "|tpm=800") {
+		t.Fatalf("b's entry %q does not say what it wants of the window", v)
+	}
+	// a wants no more: b gets all that is left.
+	if g := report("a", 0); g != 0 {
+		t.Fatalf("a got %d, having asked for nothing", g)
+	}
+	if g := report("b", 800); g != 200 {
+		t.Fatalf("b got %d of the 200 left, want all of it", g)
+	}
+}
