@@ -137,15 +137,14 @@ for i = 1, #h, 2 do
   elseif f == 'ali' then
     ali = whole(v)
   elseif f == myf then
+    -- This replica's own: what it holds and wants it says anew; only the number of its last
+    -- report applied is read.
     local es, et, ews, ewt, ex, qi, qn = string.match(v, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+):(%d+)|')
-    local e
-    if es then
-      e = {s = whole(es), t = whole(et), ws = whole(ews), wt = whole(ewt), x = whole(ex), q = {qi, tonumber(qn)}}
-    end
-    if e == nil or e.s == nil or e.t == nil or e.ws == nil or e.wt == nil or e.x == nil then
+    if es == nil or (#es > 15 and es + 0 > 1e15) or (#et > 15 and et + 0 > 1e15) or (#ews > 15 and ews + 0 > 1e15) or
+        (#ewt > 15 and ewt + 0 > 1e15) or (#ex > 15 and ex + 0 > 1e15) then
       bad[#bad + 1] = f
     else
-      mine = e
+      mine = {q = {qi, qn + 0}}
     end
   else
     -- Another replica's: digits (so whole numbers) of at most 1e15. Its leases expire its lease
@@ -212,7 +211,7 @@ elseif mine == nil and hs > 0 and now - born >= recov then
 end
 local recovering = now - born < recov
 local hadEntry = mine ~= nil
-if mine == nil then mine = {d = {}} end
+if mine == nil then mine = {} end
 -- Deltas (returns, extra) apply once per report: a report resent after its answer was lost
 -- carries the number it had. A replica restarted under the same id counts anew.
 local fresh = mine.q == nil or mine.q[1] ~= inc or seq > mine.q[2]
