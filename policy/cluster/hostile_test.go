@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -425,6 +426,144 @@ func FuzzCorruptWindow(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCorruptLeaseEntry: whatever another replica's entry in a compartment's lease hash holds, a
+// report still answers, grants no more than what the entries that can be leave of the limit,
+// and drops the entry unless it is one a replica could have written: "r:<id>" →
+// "<slots>|<tokens>|<slots wanted>|<tokens wanted>|<expiry ms>|<incarnation>:<count>|…", counts
+// of at most 1e15, an expiry neither past nor beyond the longest lease ttl, 512 bytes at most. A
+// window's chunk is never more than the window's room.
+func FuzzCorruptLeaseEntry(f *testing.F) {
+	rd := redistest.Standalone(f)
+	rc := redis.NewClient(&redis.Options{Addr: rd.Addr(), MaxRetries: -1})
+	f.Cleanup(func() { _ = rc.Close() })
+	sc := redis.NewScript(luaLease)
+	for _, seed := range [][2]string{
+		{"r:x", "4|0|4|0|+60000|1:1|tpm=300"},
+		{"r:x", "4|0|4|0|+60000|1:1|tpm=300,rpm=2"},
+		{"r:x", "9|0|9|0|+60000|1:1|tpm=9999999999999999"},
+		{"r:x", "2000000000000000|0|1|0|+60000|1:1|"},
+		{"r:x", "4|0|4|0|-5|1:1|"},
+		{"r:x", "4|0|4|0|+60000|1:1"},
+		{"r:x", "4|0|4|0|+60000|1:1|tpm5=|=7|tpm"},
+		{"r:", "4|0|4|0|+60000|1:1|"},
+		{"x", "4|0|4|0|+60000|1:1|"},
+		{"r:me", "900|0|900|0|+60000|1:1|tpm=1"},
+		{"born", "-1"},
+	} {
+		f.Add(seed[0], seed[1])
+	}
+	const limit, room = 10, 1000
+	var n int
+	f.Fuzz(func(t *testing.T, field, value string) {
+		ctx := context.Background()
+		n++
+		keys := []string{fmt.Sprintf("{fuzzl|c%d}:ls", n), fmt.Sprintf("{fuzzl|c%d}:w:tpm:60000", n)}
+		defer rc.Del(ctx, keys...)
+		now, err := rc.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms := now.UnixMilli()
+		// "+d" and "-d" in the value stand for an expiry d ms from now.
+		value = relativeExpiry.ReplaceAllStringFunc(value, func(m string) string {
+			d, _ := strconv.ParseInt(m[1:], 10, 64)
+			if m[0] == '-' {
+				d = -d
+			}
+			return strconv.FormatInt(ms+d, 10)
+		})
+		ok := fmt.Sprintf("3|0|3|0|%d|1:1|tpm=100", ms+60000)
+		if err := rc.HSet(ctx, keys[0], "born", ms-3600000, "r:ok", ok, field, value).Err(); err != nil {
+			t.Fatal(err)
+		}
+		res, err := sc.Run(ctx, rc, keys, "me", 10000, "0", 2000, "1:1", limit, 0, 0, limit,
+			0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, "", "c", "0:0", "",
+			"tpm", room, 0, 1000, 500, 0, 0, 0).Slice()
+		if err != nil {
+			t.Fatalf("%q → %q: %v", field, value, err)
+		}
+		// What the others hold, by what a replica can have written.
+		others := int64(3)
+		if field == "r:ok" {
+			others = 0
+		}
+		valid, slots, ambiguous := leaseEntry(field, value, ms)
+		if valid && field != "r:me" {
+			others += min(slots, limit)
+		}
+		if field == "born" {
+			others = 3
+		}
+		if g := res[1].(int64); !ambiguous && g > max(limit-others, 0) {
+			t.Fatalf("%q → %q: granted %d slots, the others hold %d of %d", field, value, g, others, limit)
+		}
+		if g := res[12].(int64); g < 0 || g > room {
+			t.Fatalf("%q → %q: a chunk of %d of a window with room for %d", field, value, g, room)
+		}
+		if _, err := rc.HGet(ctx, keys[0], field).Result(); err == nil && strings.HasPrefix(field, "r:") &&
+			field != "r:me" && field != "r:ok" && !valid && !ambiguous {
+			t.Fatalf("%q → %q: an entry no replica writes is kept", field, value)
+		}
+	})
+}
+
+// TestLeaseEntryLongerThanAnyReplicaWritesIsDropped: an entry shaped as a replica's but longer
+// than any replica writes (what it wants of windows padded to 100 000 bytes) is dropped by the
+// next report, as an entry that cannot be: matching such entries, a thousand of them, would
+// hold Redis for seconds.
+func TestLeaseEntryLongerThanAnyReplicaWritesIsDropped(t *testing.T) {
+	rd := redistest.Standalone(t)
+	rc := inspect(t, rd.Addr())
+	ctx := context.Background()
+	keys := []string{"{long|c}:ls", "{long|c}:w:tpm:60000"}
+	now, err := rc.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := fmt.Sprintf("4|0|4|0|%d|1:1|", now.Add(time.Minute).UnixMilli()) + strings.Repeat("1", 100_000) + "!"
+	rc.HSet(ctx, keys[0], "born", now.Add(-time.Hour).UnixMilli(), "r:long", long)
+	res, err := redis.NewScript(luaLease).Run(ctx, rc, keys, "me", 10000, "0", 2000, "1:1", 10, 0, 0, 10,
+		0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, "", "c", "0:0", "", "tpm", 1000, 0, 1000, 500, 0, 0, 0).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := rc.HExists(ctx, keys[0], "r:long").Result(); n {
+		t.Fatal("the 100 000-byte entry is kept")
+	}
+	if res[1] != int64(10) {
+		t.Fatalf("granted %d of 10 slots, the long entry's 4 counted as held", res[1])
+	}
+}
+
+// relativeExpiry matches the expiries of FuzzCorruptLeaseEntry's seeds, given from now.
+var relativeExpiry = regexp.MustCompile(`[+-][0-9]{1,9}\b`)
+
+// leaseEntry reads another replica's entry as the lease script must: valid, the slots leased to
+// it, and ambiguous when its expiry is so near a bound that the script's clock decides.
+func leaseEntry(field, value string, now int64) (valid bool, slots int64, ambiguous bool) {
+	m := leaseEntryForm.FindStringSubmatch(value)
+	if !strings.HasPrefix(field, "r:") || len(field) < 3 || len(value) > 512 || m == nil {
+		return false, 0, false
+	}
+	var n [5]int64
+	for i := range n {
+		v, err := strconv.ParseFloat(m[i+1], 64)
+		if err != nil || v > 1e15 {
+			return false, 0, false
+		}
+		n[i] = int64(v)
+	}
+	lo, hi := now, now+maxLeaseTTL.Milliseconds()+1000
+	x := n[4]
+	if x > lo-5000 && x < lo+5000 || x > hi-5000 && x < hi+5000 {
+		return false, 0, true
+	}
+	return x >= lo && x <= hi, n[0], false
+}
+
+// leaseEntryForm is a replica's entry as the lease script reads it.
+var leaseEntryForm = regexp.MustCompile(`^([0-9]+)\|([0-9]+)\|([0-9]+)\|([0-9]+)\|([0-9]+)\|[0-9]+:[0-9]+\|`)
 
 // TestLeaseHashOverwrittenIsRepairedAndReported: a string written over a compartment's lease
 // hash is deleted by the next report, which rewrites this replica's lease in the same call; the

@@ -69,6 +69,9 @@ package cluster
 // not fit, the time until it would.
 var luaLease = luaWindows + luaEpochCommon + `
 local MAXFIELDS = 1100
+-- No replica writes an entry longer than about 200 bytes (five counts, a report number and a
+-- want per window); a longer one would only make matching it slow.
+local MAXENTRY = 512
 local me, ttl = ARGV[1], tonumber(ARGV[2])
 local hasEpoch, recov = ARGV[3] == '1', tonumber(ARGV[4])
 -- The deployment's epoch as this replica knows it ("" when it knows none yet).
@@ -118,7 +121,7 @@ end
 
 -- Read the leases, dropping entries that are expired or cannot be. A replica's entry is one
 -- field, "r:<replica>" → "<slots>|<tokens>|<slots wanted>|<tokens wanted>|<expiry ms>|
--- <incarnation>:<report count>|<kind>=<chunk wanted>,…".
+-- <incarnation>:<report count>|<kind>=<chunk wanted>,…", at most MAXENTRY bytes.
 -- Every report reads every entry: each is matched once, and the other replicas' go to flat
 -- arrays (field F, slots S, tokens T, slots wanted WS, tokens wanted WT, chunks wanted D[kind];
 -- n of them), of which the shares below need only sums in the common case.
@@ -139,7 +142,8 @@ for i = 1, #h, 2 do
   elseif f == myf then
     -- This replica's own: what it holds and wants it says anew; only the number of its last
     -- report applied is read.
-    local es, et, ews, ewt, ex, qi, qn = string.match(v, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+):(%d+)|')
+    local es, et, ews, ewt, ex, qi, qn
+    if #v <= MAXENTRY then es, et, ews, ewt, ex, qi, qn = string.match(v, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|(%d+):(%d+)|') end
     if es == nil or (#es > 15 and es + 0 > 1e15) or (#et > 15 and et + 0 > 1e15) or (#ews > 15 and ews + 0 > 1e15) or
         (#ewt > 15 and ewt + 0 > 1e15) or (#ex > 15 and ex + 0 > 1e15) then
       bad[#bad + 1] = f
@@ -154,11 +158,12 @@ for i = 1, #h, 2 do
     -- be a replica registered live.
     -- (Digits convert as operands: "+ 0" costs less than a call of tonumber. A number of 15
     -- digits or fewer is below 1e15; the expiry's bound is below it too.)
-    -- What it wants of windows is, when it has one or none, matched with the rest (k and dv);
-    -- otherwise (ds) read pair by pair.
-    local es, et, ews, ewt, ex, k, dv, ds
-    if string.find(f, '^r:.') then
-      es, et, ews, ewt, ex, k, dv = string.match(v, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|%d+:%d+|(%w*)=?(%d*)$')
+    -- What it wants of windows ("<kind>=<want>" pairs, comma-separated) is, when it has one or
+    -- none, matched with the rest (k, eq and dv); otherwise (ds) read pair by pair. (Every
+    -- pattern here takes time linear in the entry's length.)
+    local es, et, ews, ewt, ex, k, eq, dv, ds
+    if #v <= MAXENTRY and string.find(f, '^r:.') then
+      es, et, ews, ewt, ex, k, eq, dv = string.match(v, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|%d+:%d+|(%a*)(=?)(%d*)$')
       if es == nil then
         es, et, ews, ewt, ex, ds = string.match(v, '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|%d+:%d+|(.*)$')
       end
@@ -175,10 +180,11 @@ for i = 1, #h, 2 do
       if nw > 0 then
         for j = 1, nw do DL[j][n] = 0 end
         if ds then
-          for k2, dv2 in string.gmatch(ds, '(%w+)=(%d+)') do
-            if D[k2] then D[k2][n] = whole(dv2) or 0 end
+          for pair in string.gmatch(ds, '[^,]+') do
+            local k2, dv2 = string.match(pair, '^(%w+)=(%d+)$')
+            if k2 and D[k2] then D[k2][n] = whole(dv2) or 0 end
           end
-        elseif dv ~= '' and k ~= '' and D[k] and (#dv < 16 or dv + 0 <= 1e15) then
+        elseif eq ~= '' and k ~= '' and dv ~= '' and D[k] and (#dv < 16 or dv + 0 <= 1e15) then
           D[k][n] = dv + 0
         end
       end
