@@ -153,7 +153,7 @@ func TestBrownoutSmoke(t *testing.T) {
 	sc.Chat = []TenantShare{{Tenant: "acme", Users: 4}, {Tenant: "globex", Users: 2}}
 	sc.ThinkMin, sc.ThinkMax = time.Second, 2*time.Second
 	sc.Brownout = mock.CapacitySchedule{{At: 0, Capacity: 10}, {At: 4 * time.Second, Capacity: 4}, {At: 10 * time.Second, Capacity: 10}}
-	cfgs := BrownoutConfigurations("", nil, DefaultAdaptive)
+	cfgs := BrownoutConfigurations("", nil, DefaultAdaptive, DefaultFollowDelay)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rep, err := Run(ctx, Options{Scenario: sc, Configurations: cfgs, TimeScale: 0.1, Seed: 3})

@@ -46,6 +46,10 @@ type Configuration struct {
 	// the moment it changes. It shows the best a limit can do that, like every limit here,
 	// never revokes a request it admitted. ProviderLimit is then the first capacity.
 	FollowCapacity bool `json:"follow_capacity,omitempty"`
+	// FollowDelay, with FollowCapacity, makes each change of the limit come this long (in
+	// simulated time) after the capacity's: an operator as well informed but as late as a limit
+	// learned from the provider's answers must be.
+	FollowDelay time.Duration `json:"follow_delay,omitempty"`
 	// ProviderQuota gives the scenario's QuotaProvider its account quota
 	// (Scenario.ProviderQuota) at the upstream; without it the account has no limit.
 	ProviderQuota bool `json:"provider_quota,omitempty"`
@@ -98,6 +102,7 @@ const (
 	ConfigStatic4    = "static-4"
 	ConfigAdaptive   = "adaptive"
 	ConfigFollow     = "follow-capacity"
+	ConfigFollowLate = "follow-capacity-late"
 )
 
 // BrownoutPolicy is the brownout experiment's built-in policy (brownout-policy.yaml): chat
@@ -118,9 +123,10 @@ var DefaultAdaptive = map[string]string{"min": "2", "max": "20", "initial": "10"
 // BrownoutConfigurations returns the brownout experiment's configurations in table order: the
 // provider's limit at 10 without a brownout (the baseline), then under the brownout the limit
 // at 10 (the provider's healthy capacity), at 4 (its brownout capacity), adaptive with the
-// settings given, and set to the capacity at each change (FollowCapacity). policyPath names
-// the policy and policy is its text (BrownoutPolicy when nil).
-func BrownoutConfigurations(policyPath string, policy []byte, adaptive map[string]string) []Configuration {
+// settings given, set to the capacity at each change (FollowCapacity), and set to it
+// followDelay after each change. policyPath names the policy and policy is its text
+// (BrownoutPolicy when nil).
+func BrownoutConfigurations(policyPath string, policy []byte, adaptive map[string]string, followDelay time.Duration) []Configuration {
 	if policy == nil {
 		policy = BrownoutPolicy
 	}
@@ -133,11 +139,18 @@ func BrownoutConfigurations(policyPath string, policy []byte, adaptive map[strin
 		{Name: ConfigStatic4, Label: "brownout, static limit 4", Storm: true, Brownout: true, PolicyPath: policyPath, PolicyText: policy, ProviderLimit: "4"},
 		{Name: ConfigAdaptive, Label: "brownout, adaptive limit", Storm: true, Brownout: true, PolicyPath: policyPath, PolicyText: policy, ProviderLimit: "adaptive", Adaptive: adaptive},
 		{Name: ConfigFollow, Label: "brownout, limit set to the capacity at each change", Storm: true, Brownout: true, PolicyPath: policyPath, PolicyText: policy, ProviderLimit: "10", FollowCapacity: true},
+		{Name: ConfigFollowLate, Label: "brownout, limit set to the capacity " + followDelay.String() + " after each change", Storm: true, Brownout: true, PolicyPath: policyPath, PolicyText: policy, ProviderLimit: "10", FollowCapacity: true, FollowDelay: followDelay},
 	}
 }
 
+// DefaultFollowDelay is how late the follow-capacity-late configuration follows each change of
+// the capacity (simulated time): about when the adaptive limit, in this scenario, can first
+// see a drop (the first request admitted after it has waited tolerance times its no-load time
+// to first token; its first cut comes 0.12–0.36 s after the change, as the trace samples it).
+const DefaultFollowDelay = 250 * time.Millisecond
+
 // BrownoutConfigurationNames are the brownout configurations a plain run executes: all of them.
-var BrownoutConfigurationNames = []string{ConfigNoBrownout, ConfigStatic10, ConfigStatic4, ConfigAdaptive, ConfigFollow}
+var BrownoutConfigurationNames = []string{ConfigNoBrownout, ConfigStatic10, ConfigStatic4, ConfigAdaptive, ConfigFollow, ConfigFollowLate}
 
 // Names of the provider quota configurations.
 const (

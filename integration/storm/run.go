@@ -658,8 +658,8 @@ func retryAfterHeader(res *envoysim.Result) (time.Duration, bool) {
 }
 
 // followCapacity rewrites the run's policy file (its own copy) with every provider's
-// max_concurrent set to the upstream's new capacity at each change of the brownout, and reloads
-// it, until ctx ends.
+// max_concurrent set to the upstream's new capacity at each change of the brownout (FollowDelay
+// after it), and reloads it, until ctx ends.
 func (r *run) followCapacity(ctx context.Context, path string) error {
 	src := r.cfg.PolicyText
 	if src == nil {
@@ -669,7 +669,7 @@ func (r *run) followCapacity(ctx context.Context, path string) error {
 		}
 	}
 	for _, st := range r.sc.Brownout[1:] {
-		if !r.sleep(ctx, st.At-r.simSince()) {
+		if !r.sleep(ctx, st.At+r.cfg.FollowDelay-r.simSince()) {
 			return nil
 		}
 		v := r.cfg.variant(r.scale)

@@ -18,7 +18,9 @@
 //     Tolerance/r above, at most halving it;
 //   - otherwise, when the limit was saturated (a request was admitted at the limit, or queued)
 //     and the window's 90th percentile TTFB ratio is within Tolerance too: limit + max(1,
-//     limit/20);
+//     limit/20), the step doubling with each window in a row that raises it while the limit
+//     is below the highest one congestion ever cut (so a capacity that came back is found in
+//     a few windows, and a limit at the capacity probes one step beyond it);
 //   - otherwise the limit holds.
 //
 // Between windows, the controller follows the requests still waiting for their first token
@@ -26,8 +28,10 @@
 // to its prompt, is queued at the provider. When requests newly turn out queued (at least one,
 // or a tenth of the limit) while the limit is in full use, the limit drops at once to the
 // requests in flight that are not queued, the provider's apparent concurrency, but never
-// below half of what it was an Interval earlier. A brownout is thus seen while the first
-// requests it catches are still waiting, not once they have answered.
+// below half of what it was an Interval earlier; within an Interval of such a cut it cuts
+// again only when more requests are queued than the cut found. A brownout is thus seen while
+// the first requests it catches are still waiting, not once they have answered, and a probe
+// one request above the capacity costs one cut, not two.
 //
 // Requests admitted before the limit last fell are ignored (they ran under a higher limit),
 // unless their first token took more than twice as long as those the cut answered; those
@@ -237,6 +241,15 @@ type Controller struct {
 	queuedSeen bool
 	floorLimit float64
 	floorSince time.Time
+	// cutAt is when the queue rule last cut the limit, cutQueued how many requests it then
+	// found queued: within an Interval it cuts again only for a longer queue.
+	cutAt     time.Time
+	cutQueued int
+	// growRun counts the windows in a row that raised the limit. ceiling is the highest limit
+	// congestion ever made fall: below it each raise of a run is twice the one before (up to
+	// it), above it every raise is one step.
+	growRun int
+	ceiling float64
 
 	scratch [2 * windowCap]float64
 }
@@ -464,6 +477,12 @@ func (c *Controller) scan(now time.Time) {
 	if c.queuedNow < max(1, int(c.limit/10)) || int64(c.inflight) < c.current() {
 		return
 	}
+	if now.Sub(c.cutAt) < c.s.Interval && c.queuedNow <= c.cutQueued {
+		// Within an Interval of a cut, the queue is no longer than the cut found it: a request
+		// found queued since (one admitted under the higher limit that reached its threshold
+		// later, as another left the queue) is the congestion the cut answered, not more of it.
+		return
+	}
 	if now.Sub(c.floorSince) >= c.s.Interval {
 		c.floorLimit, c.floorSince = c.limit, now
 	}
@@ -472,7 +491,9 @@ func (c *Controller) scan(now time.Time) {
 		return
 	}
 	before := c.current()
-	c.limit = target
+	c.ceiling = max(c.ceiling, c.limit)
+	c.limit, c.growRun = target, 0
+	c.cutAt, c.cutQueued = now, c.queuedNow
 	c.decreases[CauseLatency]++
 	if after := c.current(); after != before {
 		c.changedAt, c.decreasedAt = now, now
@@ -617,14 +638,17 @@ func (c *Controller) evaluate() {
 		c.lastRatio = r
 	}
 	lo, hi := float64(c.s.Min), float64(c.s.Max)
+	raised := false
 	switch {
 	case c.backoffs > 0:
+		c.ceiling = max(c.ceiling, c.limit)
 		f := float64(c.backoffs) / float64(c.count)
 		c.limit = max(lo, c.limit*(1-f/2))
 		c.decreases[CauseUpstream]++
 	case judged && r > c.s.Tolerance:
 		// Half the gradient when the excess is mild (it damps oscillation around the
 		// capacity); the whole of it, at most halving, when the provider's queue is long.
+		c.ceiling = max(c.ceiling, c.limit)
 		g := c.s.Tolerance / r
 		if r < 2*c.s.Tolerance {
 			g = 1 - (1-g)/2
@@ -632,8 +656,26 @@ func (c *Controller) evaluate() {
 		c.limit = max(lo, c.limit*max(g, 0.5))
 		c.decreases[CauseLatency]++
 	case grow && c.saturated && !c.queuedSeen && c.queuedNow == 0 && c.limit < hi:
-		c.limit = min(hi, c.limit+max(1, c.limit*growFraction))
+		// One step (5%, at least 1) above the highest limit congestion was last met at: a
+		// limit at the capacity probes one step beyond it and falls back. Below that level the
+		// step doubles with each window in a row that raises it, up to the level: a provider
+		// whose capacity came back is found within a few windows, while one still short stops
+		// the run at its first step.
+		step := max(1, c.limit*growFraction)
+		if c.limit < c.ceiling {
+			step = max(step, min(step*float64(uint(1)<<min(c.growRun, 8)), c.ceiling-c.limit))
+		}
+		c.limit = min(hi, c.limit+step)
 		c.increases++
+		raised = true
+	}
+	switch {
+	case raised:
+		c.growRun++
+	case (judged && !grow) || c.backoffs > 0 || c.queuedSeen || c.queuedNow > 0:
+		// A window that held the limit on evidence (latency, a request queued at the
+		// provider) ends the run; one that had nothing to judge leaves it.
+		c.growRun = 0
 	}
 	c.limit = min(max(c.limit, lo), hi)
 	// Pinned at min with latency still beyond tolerance: the traffic here no longer explains

@@ -89,6 +89,79 @@ func TestRecoversAfterBrownout(t *testing.T) {
 	}
 }
 
+// belowFor returns how long, over [from, to), the limit in force was below n.
+func (x *sim) belowFor(from, to time.Time, n int64) time.Duration {
+	var below time.Duration
+	last, prev := x.ctl.s.Initial, from
+	for _, p := range x.trace {
+		if p.at.Before(from) {
+			last = p.limit
+			continue
+		}
+		if !p.at.Before(to) {
+			break
+		}
+		if last < n {
+			below += p.at.Sub(prev)
+		}
+		last, prev = p.limit, p.at
+	}
+	if last < n {
+		below += to.Sub(prev)
+	}
+	return below
+}
+
+// TestProbeAboveCapacityCostsOneCut: a limit at the provider's capacity probes one request
+// above it; that request queues at the provider and the limit falls back to the capacity. A
+// second request found waiting soon after (admitted under the probe, it reaches its threshold
+// later) is the same congestion: cutting again for it would leave the limit below the
+// capacity, and the provider idle, after every probe. Over eight seeded runs the limit spends
+// under a tenth of the settled minute below the capacity (a quarter when every request found
+// waiting cut again).
+func TestProbeAboveCapacityCostsOneCut(t *testing.T) {
+	var below, total time.Duration
+	for seed := uint64(1); seed <= 8; seed++ {
+		x := newSimSeed(settings(10), llmProvider(10), 40, seed)
+		x.run(120 * time.Second)
+		below += x.belowFor(at(60), at(120), 10)
+		total += time.Minute
+	}
+	if share := below.Seconds() / total.Seconds(); share >= 0.10 {
+		t.Errorf("the settled limit was below the capacity %.0f%% of the time; want under 10%%", 100*share)
+	}
+}
+
+// TestRecoveryClimbsBackInFewWindows: after a brownout (capacity 30, then 12 for two minutes,
+// then 30 again), once the limit finds room it climbs back with doubling steps up to the level
+// it had fallen from, instead of one step (5%) a window: it is back at 90% of the capacity
+// within 12s of the capacity's return in every seeded run (a step a window took 17–23s).
+func TestRecoveryClimbsBackInFewWindows(t *testing.T) {
+	for seed := uint64(1); seed <= 8; seed++ {
+		p := llmProvider(30)
+		x := newSimSeed(settings(30), p, 120, seed)
+		x.run(120 * time.Second)
+		p.capacity = 12
+		x.run(120 * time.Second)
+		p.capacity = 30
+		back := time.Duration(-1)
+		for step := range 120 {
+			x.run(250 * time.Millisecond)
+			if x.ctl.Limit() >= 27 {
+				back = time.Duration(step+1) * 250 * time.Millisecond
+				break
+			}
+		}
+		if back < 0 || back > 12*time.Second {
+			t.Errorf("seed %d: the limit was back at 27 after %v; want within 12s", seed, back)
+		}
+		// It does not overshoot far: the climb stops at the level it fell from, then probes.
+		if _, hi, _ := x.limits(at(240), at(270)); hi > 36 {
+			t.Errorf("seed %d: the limit reached %d after the brownout; want at most 36", seed, hi)
+		}
+	}
+}
+
 // TestBrownoutOnsetSeenWhileWaiting: when the capacity drops, requests admitted since wait in
 // the provider's queue and their first tokens come only once the queue drains, seconds later.
 // The controller sees them waiting beyond tolerance before then and cuts the limit, so the

@@ -98,8 +98,11 @@ type point struct {
 
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func newSim(s Settings, p *provider, clients int) *sim {
-	x := &sim{now: epoch, prov: p, rng: rand.New(rand.NewPCG(1, 2))}
+func newSim(s Settings, p *provider, clients int) *sim { return newSimSeed(s, p, clients, 1) }
+
+// newSimSeed is newSim with the random source seeded by seed.
+func newSimSeed(s Settings, p *provider, clients int, seed uint64) *sim {
+	x := &sim{now: epoch, prov: p, rng: rand.New(rand.NewPCG(seed, 2))}
 	x.ctl = New(s, x.now)
 	x.prompt = func(r *rand.Rand) int64 { return 200 + r.Int64N(1800) }
 	x.output = func(r *rand.Rand) int64 { return 150 + r.Int64N(100) }

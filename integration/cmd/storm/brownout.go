@@ -26,7 +26,9 @@ type scenarioFlags struct {
 	verbose    bool
 	brownout   string
 	adaptive   string
-	policy     string
+	// followDelay is how late the follow-capacity-late configuration follows the capacity.
+	followDelay time.Duration
+	policy      string
 }
 
 // onlyApplicable reports whether none of the flags names, which do not apply to scenario, was
@@ -76,7 +78,7 @@ func runBrownout(ctx context.Context, set map[string]bool, f scenarioFlags, stdo
 	case f.fast:
 		o.TimeScale = fastScale
 	}
-	o.Configurations, err = storm.SelectConfigurations(storm.BrownoutConfigurations(f.policy, policy, adaptive), configNames(f.configs, storm.BrownoutConfigurationNames))
+	o.Configurations, err = storm.SelectConfigurations(storm.BrownoutConfigurations(f.policy, policy, adaptive, f.followDelay), configNames(f.configs, storm.BrownoutConfigurationNames))
 	if err != nil {
 		fmt.Fprintf(stderr, "storm: %v\n", err)
 		return 2

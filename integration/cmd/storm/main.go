@@ -86,6 +86,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		scenario   = fs.String("scenario", scenarioIncident, "incident: the batch-export storm; brownout: the provider brownout (default time scale "+fmt.Sprint(brownoutScale)+"; configurations "+strings.Join(storm.BrownoutConfigurationNames, ",")+"); quota: the provider's account quota runs out (time scale "+fmt.Sprint(brownoutScale)+"; configurations "+strings.Join(storm.QuotaConfigurationNames, ",")+")")
 		brownout   = fs.String("brownout", storm.BrownoutScenario().Brownout.String(), "brownout scenario: the provider's capacity over the run, capacity@offset steps in simulated time (mockllm's -capacity-schedule)")
 		adaptive   = fs.String("adaptive", storm.FormatAdaptive(storm.DefaultAdaptive), "brownout scenario: the adaptive configuration's adaptive settings, key=value pairs (keys of a limit's adaptive: in the policy; durations in simulated time)")
+		follow     = fs.Duration("follow-delay", storm.DefaultFollowDelay, "brownout scenario: how late (simulated time) the "+storm.ConfigFollowLate+" configuration sets the limit to each new capacity")
 		boPolicy   = fs.String("brownout-policy", "", "brownout scenario: the policy (default: the built-in one, integration/storm/brownout-policy.yaml); its providers' max_concurrent is replaced per configuration")
 		qPolicy    = fs.String("quota-policy", "", "quota scenario: the policy (default: the built-in one, integration/storm/quota-policy.yaml); its providers' quota.mode is replaced per configuration")
 	)
@@ -108,7 +109,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *scenario == scenarioBrownout {
 		return runBrownout(ctx, set, scenarioFlags{
 			out: *out, fast: *fast, scale: *scale, seed: *seed, repeat: *repeat, configs: *configs, duration: *duration,
-			batchRetry: *batchRetry, verbose: *verbose, brownout: *brownout, adaptive: *adaptive, policy: *boPolicy,
+			batchRetry: *batchRetry, verbose: *verbose, brownout: *brownout, adaptive: *adaptive, followDelay: *follow, policy: *boPolicy,
 		}, stdout, stderr)
 	}
 	if *scenario == scenarioQuota {
@@ -121,7 +122,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "storm: unknown scenario %q (known: %s, %s, %s)\n", *scenario, scenarioIncident, scenarioBrownout, scenarioQuota)
 		return 2
 	}
-	for name, sc := range map[string]string{"brownout": scenarioBrownout, "adaptive": scenarioBrownout, "brownout-policy": scenarioBrownout, "quota-policy": scenarioQuota} {
+	for name, sc := range map[string]string{"brownout": scenarioBrownout, "adaptive": scenarioBrownout, "follow-delay": scenarioBrownout, "brownout-policy": scenarioBrownout, "quota-policy": scenarioQuota} {
 		if set[name] {
 			fmt.Fprintf(stderr, "storm: --%s applies to --scenario %s only\n", name, sc)
 			return 2

@@ -11,7 +11,7 @@ import (
 
 // runQuota is the command for --scenario quota; set holds the flags given.
 func runQuota(ctx context.Context, set map[string]bool, f scenarioFlags, stdout, stderr io.Writer) int {
-	if !onlyApplicable(set, scenarioQuota, stderr, "demo", "capacity", "batch-concurrency", "policy", "pooled-policy", "brownout", "adaptive", "brownout-policy") {
+	if !onlyApplicable(set, scenarioQuota, stderr, "demo", "capacity", "batch-concurrency", "policy", "pooled-policy", "brownout", "adaptive", "follow-delay", "brownout-policy") {
 		return 2
 	}
 	sc := storm.QuotaScenario()
