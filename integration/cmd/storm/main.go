@@ -5,12 +5,14 @@
 // distributions and the raw numbers as JSON to --out.
 //
 //	storm [--fast | --demo] [--out DIR] [--repeat N] [--seed N] [--capacity N] [--configs a,b]
-//	storm --scenario brownout [--fast] [--out DIR] [--brownout SCHEDULE] [--adaptive k=v,...]
+//	storm --scenario brownout [--fast] [--out DIR] [--brownout SCHEDULE] [--adaptive k=v,...] [--follow-delay D]
 //	storm --scenario quota [--fast] [--out DIR] [--quota-policy FILE]
 //
 // --scenario brownout runs the provider brownout instead: chat users and a steady batch load on
 // one provider whose capacity drops from 10 to 4 and recovers, with the provider's limit at 10
-// without a brownout (the baseline), and under the brownout at 10, at 4 and adaptive.
+// without a brownout (the baseline), and under the brownout at 10, at 4, adaptive, and set to
+// the capacity at each change (an oracle) or --follow-delay after it (an oracle as late as a
+// limit learned from the provider's answers must be).
 //
 // --scenario quota runs the provider quota: the same load on a provider whose account quota
 // (requests and tokens a window) runs out mid-run and refills at its reset, without a quota
