@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -74,8 +75,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength > 0 {
 		req.Headers = append(req.Headers, Header{Key: "content-length", Value: strconv.FormatInt(r.ContentLength, 10)})
 	}
+	var body *requestBody
 	if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
-		req.BodySource = &requestBody{r: r, src: ReaderSource(r.Body, 32<<10), remaining: r.ContentLength}
+		body = &requestBody{r: r, src: ReaderSource(r.Body, 32<<10), remaining: r.ContentLength}
+		req.BodySource = body
 	}
 	cfg := p.cfg
 	req.Filter = &cfg
@@ -93,6 +96,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f.run()
+	// The stream is over; its helpers may still be reading the request body (the processor
+	// failed, or the response ended before the request). Once this handler returns the body is
+	// net/http's: no read of it may outlive the handler.
+	body.stop(rc)
 	if !p.sim.background(f.finish) {
 		f.finish()
 	}
@@ -136,13 +143,28 @@ func sortedHeaders(hh http.Header) Headers {
 
 // requestBody exposes the request trailers once the body has been read,
 // and, for a content-length body, lets the last chunk carry end_of_stream.
+// Reads stop for good at stop: the handler that owns the body is returning.
 type requestBody struct {
-	r         *http.Request
+	r *http.Request
+	// mu is held while the body is read; stopped is set (under it) by stop.
+	mu        sync.Mutex
+	stopped   bool
 	src       BodySource
 	remaining int64
 }
 
+// errBodyStopped is what a read of a request body whose handler has returned gets.
+var errBodyStopped = errors.New("envoysim: the downstream request ended")
+
+// stopGrace is how long stop lets a read already under way finish on its own.
+const stopGrace = 50 * time.Millisecond
+
 func (b *requestBody) Next(ctx context.Context) ([]byte, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return nil, errBodyStopped
+	}
 	p, err := b.src.Next(ctx)
 	if b.remaining > 0 {
 		b.remaining -= int64(len(p))
@@ -150,9 +172,48 @@ func (b *requestBody) Next(ctx context.Context) ([]byte, error) {
 	return p, err
 }
 
-func (b *requestBody) More() bool { return b.remaining != 0 }
+// stop ends every read of the body, waiting for one under way: within stopGrace, or at once by
+// the connection's read deadline when the client keeps it waiting (net/http then closes the
+// connection, as Envoy closes one whose request was not read whole when the response ended).
+// Then it closes the body, which reads what is left of it here, in the handler: with full
+// duplex on, net/http would otherwise do that after the handler returned, racing its own read
+// of the next request (Go issue 68560: "invalid concurrent Body.Read call"). A nil body has
+// nothing to stop.
+func (b *requestBody) stop(rc *http.ResponseController) {
+	if b == nil {
+		return
+	}
+	if !b.mu.TryLock() {
+		locked := make(chan struct{})
+		go func() {
+			b.mu.Lock()
+			close(locked)
+		}()
+		t := time.NewTimer(stopGrace)
+		select {
+		case <-locked:
+		case <-t.C:
+			_ = rc.SetReadDeadline(time.Now())
+			<-locked
+		}
+		t.Stop()
+	}
+	b.stopped = true
+	_ = b.r.Body.Close()
+	b.mu.Unlock()
+}
 
-func (b *requestBody) Trailers() Headers { return sortedHeaders(b.r.Trailer) }
+func (b *requestBody) More() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.remaining != 0
+}
+
+func (b *requestBody) Trailers() Headers {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return sortedHeaders(b.r.Trailer)
+}
 
 type httpSink struct {
 	w       http.ResponseWriter

@@ -2,9 +2,12 @@ package envoysim
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"log"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -246,6 +249,65 @@ func TestProxyRequestBodyOverLimit(t *testing.T) {
 		if m.GetRequestBody() != nil {
 			t.Fatal("the body must never reach the server")
 		}
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the server's logger and the test to share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestProxyUnreachableProcessorAnswers500: with no ext_proc server listening, every request with
+// a body is answered 500, as Envoy answers a stream whose processor cannot be reached
+// (failure_mode_allow false), over one kept-alive connection. The proxy stops reading the
+// request body before its handler returns: a read after it is one net/http turns into a panic
+// ("invalid concurrent Body.Read call") and a broken connection.
+func TestProxyUnreachableProcessorAnswers500(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := lis.Addr().String()
+	_ = lis.Close()
+	llm := fakeLLM(t, "primary")
+	cfg := FilterConfig{Mode: ProcessingMode{RequestBody: BodyBuffered}}
+	p, err := NewProxy(newSim(t, gone, cfg), llm.URL, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs lockedBuffer
+	srv := httptest.NewUnstartedServer(p)
+	srv.Config.ErrorLog = log.New(&logs, "", 0)
+	srv.Start()
+	defer srv.Close()
+	client := srv.Client()
+	for i := range 20 {
+		resp, err := client.Post(srv.URL+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatalf("request %d: %v\n%s", i, err, logs.String())
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusInternalServerError {
+			t.Fatalf("request %d: status %d, want 500", i, resp.StatusCode)
+		}
+	}
+	if l := logs.String(); strings.Contains(l, "panic") {
+		t.Fatalf("the server logged a panic:\n%s", l)
 	}
 }
 
