@@ -1,13 +1,11 @@
 package extproc_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -15,35 +13,19 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
+	"github.com/llm-bulkhead/llm-bulkhead/internal/syncbuf"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // serveLogged is serve with the server's JSON log (at level) kept.
-func serveLogged(t *testing.T, yaml string, level slog.Level) (*envoysim.Sim, *syncBuffer) {
+func serveLogged(t *testing.T, yaml string, level slog.Level) (*envoysim.Sim, *syncbuf.Buffer) {
 	t.Helper()
 	p, err := config.Load("p.yaml", []byte(yaml), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf := &syncBuffer{}
+	buf := &syncbuf.Buffer{}
 	log := slog.New(slog.NewJSONHandler(buf, &slog.HandlerOptions{Level: level}))
 	eng, err := policy.NewEngine(p, policy.Options{Logger: log})
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
+	"github.com/llm-bulkhead/llm-bulkhead/internal/syncbuf"
 )
 
 // Recognisable keys: a known one (acme's, in the keys file) and an unknown one.
@@ -118,7 +119,7 @@ func (s *spanSink) String() string {
 // appear nowhere the server writes: not in any log line (at debug), metric, span, dynamic
 // metadata field, reply to Envoy or admin response — nor do their full hashes.
 func TestAPIKeyTenantsThroughEnvoy(t *testing.T) {
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	sink, endpoint := startSpanSink(t)
 	s := start(t, harness.Options{PolicyPath: keysPolicyFile(t), Logs: logs,
 		Env: []string{"OTEL_SERVICE_NAME=keys-under-test", "OTEL_EXPORTER_OTLP_ENDPOINT=" + endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"}})

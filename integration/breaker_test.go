@@ -5,7 +5,6 @@ import (
 	"context"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/mockllm/mock"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/harness"
+	"github.com/llm-bulkhead/llm-bulkhead/internal/syncbuf"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/breaker"
 )
@@ -146,30 +146,12 @@ func TestBreakerAdmin(t *testing.T) {
 	}
 }
 
-// lockedBuffer collects the server's log lines from several goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestBreakerEventsEndpoint: GET /admin/breakers/{name}/events serves a per-model breaker (a
 // name with a slash) its transitions with the calls before them, beside the POST route of the
 // same names; refusals are logged once per breaker per second with a count of the rest.
 func TestBreakerEventsEndpoint(t *testing.T) {
 	clk := newManualClock()
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	s := start(t, harness.Options{Clock: clk, Logs: logs, Mock: mock.Options{TimeScale: 0.001, Seed: 7},
 		Env: []string{"LLM_BULKHEAD_ADMIN_TOKEN=s3cret", "LLM_BULKHEAD_PROVIDERS__DEEPSEEK__BREAKER_PER_MODEL=true"}})
 	const name = "deepseek/deepseek-*"

@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/llm-bulkhead/llm-bulkhead/extproc"
+	"github.com/llm-bulkhead/llm-bulkhead/internal/syncbuf"
 )
 
 // runCLI runs the command line and returns its exit status, stdout and stderr.
@@ -111,7 +112,7 @@ func TestHelp(t *testing.T) {
 func TestHealth(t *testing.T) {
 	grpcAddr, adminAddr := freeAddr(t), freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"serve", "--grpc-addr", grpcAddr, "--admin-addr", adminAddr}, []string{}, &bytes.Buffer{}, logs, nil)

@@ -10,13 +10,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/internal/syncbuf"
 )
 
 // runBounded is run with a guard: a command still running after 20 s fails the test (a read
 // that never ends used to hold the process for good).
 func runBounded(t *testing.T, ctx context.Context, args ...string) (int, string) {
 	t.Helper()
-	errOut := &syncBuffer{}
+	errOut := &syncbuf.Buffer{}
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, args, []string{}, &bytes.Buffer{}, errOut, nil) }()
 	select {
@@ -83,7 +85,7 @@ func TestInputsThatAreNotFilesAreRefusedAtOnce(t *testing.T) {
 func TestStateFileFIFODoesNotHangTheStart(t *testing.T) {
 	f := fifo(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"serve", "--state-file", f, "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"},

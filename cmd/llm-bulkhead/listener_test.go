@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/llm-bulkhead/llm-bulkhead/integration/testpki"
+	"github.com/llm-bulkhead/llm-bulkhead/internal/syncbuf"
 )
 
 // pki writes a CA, a server certificate for llm-bulkhead.test and a client certificate into a
@@ -37,7 +38,7 @@ func TestServeMutualTLSOnUnixSocket(t *testing.T) {
 	f := pki(t)
 	sock := "unix://" + filepath.Join(testpki.ShortTempDir(t), "lb.sock")
 	ctx, cancel := context.WithCancel(context.Background())
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"serve", "--grpc-addr", sock, "--admin-addr", freeAddr(t),

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +16,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/llm-bulkhead/llm-bulkhead/internal/syncbuf"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -311,7 +312,7 @@ func TestServeExposedAdminExits2(t *testing.T) {
 // warns about it, and shuts down normally.
 func TestServeAdminInsecure(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"serve", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "0.0.0.0:0", "--admin-insecure"}, []string{}, &bytes.Buffer{}, logs, nil)
@@ -348,7 +349,7 @@ func TestServeLifecycle(t *testing.T) {
 	grpcAddr, adminAddr := freeAddr(t), freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	hup := make(chan os.Signal, 1)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"serve", "--grpc-addr", grpcAddr, "--admin-addr", adminAddr, "--log-level", "debug"}, []string{}, &bytes.Buffer{}, logs, hup)
@@ -416,21 +417,4 @@ func waitUntil(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

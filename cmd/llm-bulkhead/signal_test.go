@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead/app"
+	"github.com/llm-bulkhead/llm-bulkhead/internal/syncbuf"
 )
 
 // TestSignalDuringStartStops: SIGTERM used to be caught and then ignored until the start was
@@ -25,7 +26,7 @@ func TestSignalDuringStartStops(t *testing.T) {
 	t.Cleanup(func() { newApp = app.New })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	errOut := &syncBuffer{}
+	errOut := &syncbuf.Buffer{}
 	go func() {
 		done <- run(ctx, []string{"serve", "--grpc-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"}, []string{}, &bytes.Buffer{}, errOut, nil)
 	}()

@@ -11,14 +11,15 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/mockllm/mock"
 	"github.com/llm-bulkhead/llm-bulkhead/examples"
+	"github.com/llm-bulkhead/llm-bulkhead/internal/syncbuf"
 	policyconfig "github.com/llm-bulkhead/llm-bulkhead/policy/config"
-	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
@@ -164,28 +165,10 @@ func TestHelpDocumentsEveryFlag(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the logger and the test to share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func TestRunServesUntilCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	addrs := make(chan net.Addr, 1)
 	ran := make(chan error, 1)
 	go func() {

@@ -2,7 +2,6 @@ package envoysim
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -20,6 +19,8 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+
+	"github.com/llm-bulkhead/llm-bulkhead/internal/syncbuf"
 )
 
 // fakeLLM is a minimal OpenAI-compatible upstream: JSON or SSE chat
@@ -252,24 +253,6 @@ func TestProxyRequestBodyOverLimit(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer safe for the server's logger and the test to share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestProxyUnreachableProcessorAnswers500: with no ext_proc server listening, every request with
 // a body is answered 500, as Envoy answers a stream whose processor cannot be reached
 // (failure_mode_allow false), over one kept-alive connection. The proxy stops reading the
@@ -288,7 +271,7 @@ func TestProxyUnreachableProcessorAnswers500(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	srv := httptest.NewUnstartedServer(p)
 	srv.Config.ErrorLog = log.New(&logs, "", 0)
 	srv.Start()

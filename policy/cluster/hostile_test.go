@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
+	"github.com/llm-bulkhead/llm-bulkhead/internal/syncbuf"
 )
 
 // What Redis holds is never taken on trust: content no replica writes (a count set by hand, a
@@ -32,24 +31,6 @@ func forModes(t *testing.T, f func(t *testing.T, mode string)) {
 	for _, mode := range admissionModes {
 		t.Run(mode, func(t *testing.T) { f(t, mode) })
 	}
-}
-
-// logBuffer collects a store's log lines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestHostileCountIsRewrittenByItsReplica: a replica's count in a compartment set by hand to a
@@ -115,7 +96,7 @@ func TestMembershipFloodIsBounded(t *testing.T) {
 		// Heartbeats are run by hand below.
 		oa, ob := options(rd.Addr(), prefix, "a"), options(rd.Addr(), prefix, "b")
 		oa.Heartbeat, ob.Heartbeat = time.Hour, time.Hour
-		var logs logBuffer
+		var logs syncbuf.Buffer
 		oa.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		a := open(t, oa)
 		open(t, ob)
@@ -203,7 +184,7 @@ func TestWrongTypeIsRepairedAndReported(t *testing.T) {
 		rd := redistest.Standalone(t)
 		rc := inspect(t, rd.Addr())
 		prefix := "wrongtype-" + mode
-		var logs logBuffer
+		var logs syncbuf.Buffer
 		oa := options(rd.Addr(), prefix, "a")
 		oa.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		a := open(t, oa)
@@ -571,7 +552,7 @@ var leaseEntryForm = regexp.MustCompile(`^([0-9]+)\|([0-9]+)\|([0-9]+)\|([0-9]+)
 func TestLeaseHashOverwrittenIsRepairedAndReported(t *testing.T) {
 	rd := redistest.Standalone(t)
 	rc := inspect(t, rd.Addr())
-	var logs logBuffer
+	var logs syncbuf.Buffer
 	o := options(rd.Addr(), "lhash", "a")
 	o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	s := open(t, o)

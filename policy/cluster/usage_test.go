@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
+	"github.com/llm-bulkhead/llm-bulkhead/internal/syncbuf"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/usage"
 )
 
@@ -233,7 +234,7 @@ func TestFleetUsageCorruptContentIsRepaired(t *testing.T) {
 			rd := redistest.Standalone(t)
 			rc := inspect(t, rd.Addr())
 			clock := &usageClock{now: time.Now()}
-			var logs logBuffer
+			var logs syncbuf.Buffer
 			o := options(rd.Addr(), "corrupt", "a")
 			o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 			a, ta := usageReplica(t, o, clock, 10)

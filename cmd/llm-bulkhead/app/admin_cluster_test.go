@@ -14,6 +14,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead/app"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
+	"github.com/llm-bulkhead/llm-bulkhead/internal/syncbuf"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 )
 
@@ -315,7 +316,7 @@ func TestClusterStartWithRedisMisconfigured(t *testing.T) {
 				if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
 					t.Fatal(err)
 				}
-				var logs lockedBuffer
+				var logs syncbuf.Buffer
 				a, err := app.New(app.Options{ConfigPath: path, GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{}, LogOutput: &logs})
 				if err != nil {
 					t.Fatal(err)

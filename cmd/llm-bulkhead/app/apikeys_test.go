@@ -14,6 +14,7 @@ import (
 
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead/app"
 	"github.com/llm-bulkhead/llm-bulkhead/integration/envoysim"
+	"github.com/llm-bulkhead/llm-bulkhead/internal/syncbuf"
 )
 
 func keyLine(key, tenant string) string {
@@ -72,7 +73,7 @@ compartments:
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	a, err := app.New(app.Options{ConfigPath: policy, GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{}, LogOutput: logs, Watch: true})
 	if err != nil {
 		t.Fatal(err)
@@ -183,7 +184,7 @@ func TestKeysFileChangeNeedsRestart(t *testing.T) {
 		}
 	}
 	write("a")
-	a, err := app.New(app.Options{ConfigPath: policy, GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{}, LogOutput: &lockedBuffer{}})
+	a, err := app.New(app.Options{ConfigPath: policy, GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{}, LogOutput: &syncbuf.Buffer{}})
 	if err != nil {
 		t.Fatal(err)
 	}

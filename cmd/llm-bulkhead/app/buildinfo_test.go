@@ -1,43 +1,23 @@
 package app_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/llm-bulkhead/llm-bulkhead/cmd/llm-bulkhead/app"
+	"github.com/llm-bulkhead/llm-bulkhead/internal/syncbuf"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// lines returns the JSON log lines whose msg is msg.
-func (l *lockedBuffer) lines(t *testing.T, msg string) []map[string]any {
+// logLines returns the JSON log lines in logs whose msg is msg.
+func logLines(t *testing.T, logs *syncbuf.Buffer, msg string) []map[string]any {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []map[string]any
-	for _, line := range strings.Split(l.b.String(), "\n") {
+	for _, line := range strings.Split(logs.String(), "\n") {
 		var m map[string]any
 		if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == msg {
 			out = append(out, m)
@@ -51,7 +31,7 @@ var testBuild = app.BuildInfo{Version: "v1.2.3", Commit: "0123abcd", Modified: t
 // TestBuildInfoMetricAndStartLine: llm_bulkhead_build_info is 1 with the build's version, commit
 // (-dirty for a modified tree), Go version and tags, and the start line names version and commit.
 func TestBuildInfoMetricAndStartLine(t *testing.T) {
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	a, err := app.New(app.Options{GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{}, LogOutput: logs, Build: testBuild})
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +69,7 @@ func TestBuildInfoMetricAndStartLine(t *testing.T) {
 		t.Errorf("series = %v", found)
 	}
 
-	start := logs.lines(t, "llm-bulkhead listening")
+	start := logLines(t, logs, "llm-bulkhead listening")
 	if len(start) != 1 || start[0]["version"] != "v1.2.3" || start[0]["commit"] != "0123abcd-dirty" {
 		t.Errorf("start line = %v", start)
 	}
@@ -102,7 +82,7 @@ func TestReloadLogsEveryProblemInOrder(t *testing.T) {
 	if err := os.WriteFile(path, []byte("features:\n  default: {max_concurrent: 3}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	a, err := app.New(app.Options{ConfigPath: path, GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{}, LogOutput: logs})
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +103,7 @@ compartments:
 	if err := a.Reload("test"); err == nil {
 		t.Fatal("a broken policy was applied")
 	}
-	got := logs.lines(t, "policy reload refused; keeping the running policy")
+	got := logLines(t, logs, "policy reload refused; keeping the running policy")
 	want := []string{path + ":3: features.default.max_concurrent", path + ":4: features.default.max_wait",
 		path + ":5: features.default.max_concurent", path + ":7: features.batch.max_wait"}
 	if len(got) != len(want) {
@@ -148,7 +128,7 @@ func TestNoLimitsWarnedAtStart(t *testing.T) {
 		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		logs := &lockedBuffer{}
+		logs := &syncbuf.Buffer{}
 		a, err := app.New(app.Options{ConfigPath: path, GRPCAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Env: []string{}, LogOutput: logs})
 		if err != nil {
 			t.Fatal(err)
@@ -157,7 +137,7 @@ func TestNoLimitsWarnedAtStart(t *testing.T) {
 			t.Fatal(err)
 		}
 		a.Shutdown(context.Background())
-		got := logs.lines(t, app.NoLimitsWarning(&config.Policy{}))
+		got := logLines(t, logs, app.NoLimitsWarning(&config.Policy{}))
 		if (len(got) == 1) != warned || (warned && got[0]["level"] != "WARN") {
 			t.Errorf("%q: warning lines %v, want warned = %v", body, got, warned)
 		}
