@@ -68,7 +68,7 @@ func TestEveryModeRefusesInTheSameOrder(t *testing.T) {
   addresses: [%q]
   replica_id: a
   key_prefix: %s
-  timeout: 500ms
+  timeout: 1s
   lease_ttl: 10s
 `, rd.Addr(), prefix)+modeSection(t, mode))
 					waitFor(t, "the shared state", func() bool { return e.Cluster().Available() })
