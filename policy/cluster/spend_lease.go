@@ -128,11 +128,13 @@ func (l *Leaser) ReserveSpendLeased(ctx context.Context, ws []SpendWindow, amoun
 			return 0, ErrUnavailable
 		}
 		if !l.Await(ctx, "spend", deadline.Sub(l.o.Now())) {
-			if ctx.Err() == nil && l.st.Available() && l.Answering() {
-				// Redis answers, but the chunks could not cover the request in time (other
-				// replicas hold what is left, and did not give it back yet).
+			if answered && ctx.Err() == nil && l.st.Available() && l.Answering() {
+				// Redis answered a round for this request, but the chunks could not cover it in
+				// time (other replicas hold what is left, and did not give it back yet).
 				return short, nil
 			}
+			// No round ended in time for this request: Redis is slow, and that says nothing
+			// about the window's room (a refusal would name the budget and its reset).
 			return 0, fmt.Errorf("%w: no lease round answered within %s", ErrUnavailable, l.st.o.Timeout)
 		}
 		now = l.o.Now()

@@ -484,6 +484,38 @@ func TestLeasedSpendWholeBudget(t *testing.T) {
 	})
 }
 
+// TestLeasedSpendSlowRoundIsUnavailableNotSpent: a request whose chunk is short asks for a round
+// of reports; when Redis answers none within cluster.timeout (here: paused), that says nothing
+// about the window's room. The request is not refused for the budget (whose retry-after would be
+// the window's end, an hour away) but as Redis being unavailable, which the policy's
+// on_unavailable decides; nothing is held.
+func TestLeasedSpendSlowRoundIsUnavailableNotSpent(t *testing.T) {
+	rd := redistest.Standalone(t)
+	budget := spend.Budget{Name: "feature/chat", Period: spend.Hour, Limit: 10_000_000}
+	if now := time.Now().UTC(); now.Add(time.Minute).Hour() != now.Hour() {
+		t.Skip("too close to the hour: the window would reset during the test")
+	}
+	led, l, _, _ := leasedReplica(t, rd.Addr(), "slow", "a", 200*time.Millisecond)
+	// A first request makes the window's lease and its rounds.
+	var first *spend.Reservation
+	waitFor(t, "a first request admitted", func() bool {
+		r, _, ok := reserveIn(t, led, budget, 1_000)
+		first = r
+		return ok
+	})
+	first.Settle(1_000, time.Now())
+	waitFor(t, "a round answered", l.Answering)
+	rd.Pause(2 * time.Second)
+	defer rd.Resume()
+	_, rf, ok := reserveIn(t, led, budget, 9_000_000)
+	if ok || !rf.Unavailable || rf.Budget == budget {
+		t.Fatalf("$9 of $10 while Redis answers no round: admitted %v, refusal %+v; want unavailable", ok, rf)
+	}
+	if u := spendUnused(l); u != 0 {
+		t.Fatalf("%d held after the refusal", u)
+	}
+}
+
 // TestLeasedTokensAddedBackOnce: tokens a replica counted in its own window while its lease could
 // not be used are added to the fleet's window at its next report; a report whose answer was lost
 // (Redis ran it) is sent again under its number, and the tokens count once.
