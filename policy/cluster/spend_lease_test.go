@@ -462,7 +462,8 @@ func TestLeasedSpendWholeBudget(t *testing.T) {
 		_, _ = led.Configure(spend.Settings{Currency: "USD", Calendar: spend.NewCalendar(time.UTC), AllowSingleOverrun: true}, time.Now())
 	}
 	// The round that grows a's chunk to the whole window may not end within cluster.timeout on
-	// a loaded machine: the request is then refused as short, nothing held, and asks again.
+	// a loaded machine: the request is then refused (Redis unavailable for it), nothing held,
+	// and asks again.
 	var r *spend.Reservation
 	waitFor(t, "a single overrun admitted in an untouched window", func() bool {
 		res, rf, ok := reserveIn(t, a, budget, 5_000_000)
