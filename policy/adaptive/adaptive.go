@@ -656,11 +656,11 @@ func (c *Controller) evaluate() {
 		c.limit = max(lo, c.limit*max(g, 0.5))
 		c.decreases[CauseLatency]++
 	case grow && c.saturated && !c.queuedSeen && c.queuedNow == 0 && c.limit < hi:
-		// One step (5%, at least 1) above the highest limit congestion was last met at: a
-		// limit at the capacity probes one step beyond it and falls back. Below that level the
-		// step doubles with each window in a row that raises it, up to the level: a provider
-		// whose capacity came back is found within a few windows, while one still short stops
-		// the run at its first step.
+		// One step (5%, at least 1) at or above the highest limit congestion ever cut: a limit
+		// at the capacity probes one step beyond it and falls back. Below that level the step
+		// doubles with each window in a row that raises it, up to the level: a provider whose
+		// capacity came back is found within a few windows, while one still short stops the
+		// run at its first step (the probe queues, and the cut ends the run).
 		step := max(1, c.limit*growFraction)
 		if c.limit < c.ceiling {
 			step = max(step, min(step*float64(uint(1)<<min(c.growRun, 8)), c.ceiling-c.limit))
