@@ -301,8 +301,6 @@ func (sp *spendLeases) tighten(key string) bool {
 	return true
 }
 
-// build makes the round's report of the spend windows that are due (nil when none is). final
-// gives every unused chunk back.
 // FlushSpend sends what this replica's chunks settled and Redis does not have yet, at a round
 // started now, and waits for that round (at most wait). A carry of spend into a new time zone's
 // windows runs after it, so that it moves this replica's latest spend too, instead of leaving
@@ -322,6 +320,8 @@ func (l *Leaser) FlushSpend(wait time.Duration) {
 	}
 }
 
+// build makes the round's report of the spend windows that are due (nil when none is). final
+// gives every unused chunk back.
 func (sp *spendLeases) build(now time.Time, final bool) *spendReport {
 	l := sp.l
 	sp.mu.Lock()
@@ -367,12 +367,22 @@ func (sp *spendLeases) build(now time.Time, final bool) *spendReport {
 		if a.tight || final || ended {
 			target = 0
 		}
+		if !final && !ended && a.needSum > 0 && a.avail >= a.needSum {
+			// A chunk granted for the requests waiting on this window, not taken yet, stays
+			// theirs until they look again. (One that covers them only in part goes back as
+			// before, so that two replicas each holding half cannot wait on each other.)
+			target = max(target, a.needSum)
+		}
 		want := max(target-a.avail, 0)
 		if a.avail > target && (prev == nil || target == 0) {
 			a.avail = target
 		}
 		want = max(want, a.needSum-a.avail)
 		need := a.need
+		if a.avail >= a.needSum {
+			// Already covered: asking again would only make the window look short.
+			need = 0
+		}
 		if final || ended {
 			want, need = 0, 0
 		}

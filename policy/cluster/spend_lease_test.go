@@ -517,6 +517,34 @@ func TestLeasedSpendSlowRoundIsUnavailableNotSpent(t *testing.T) {
 	}
 }
 
+// TestLeasedSpendChunkKeptForTheRequestWaitingOnIt: a request short of a chunk asks for a round,
+// which grants it the whole window. A round that starts before the request looks again (the
+// next tick, on a loaded machine) keeps that chunk for it instead of giving it back at the
+// window's pace, which no request has set yet: the request takes it while that round is out,
+// where it used to find the chunk gone and the window's room, its own grant taken out, too
+// small, and was refused for the budget.
+func TestLeasedSpendChunkKeptForTheRequestWaitingOnIt(t *testing.T) {
+	rd := redistest.Standalone(t)
+	_, l, _, drive := leasedReplica(t, rd.Addr(), "keep", "a", time.Second)
+	drive.Lock() // the rounds are this test's to run
+	defer drive.Unlock()
+	ws := []SpendWindow{{Key: "feature/chat|hour|1", Limit: 10_000_000, End: time.Now().Add(time.Hour)}}
+	sp := l.spend
+	if _, short := sp.take(ws, 10_000_000, time.Now(), false); short == 0 {
+		t.Fatal("a chunk before any round")
+	}
+	sp.needFor(ws, 1, 10_000_000)
+	l.Round() // answered: the window granted for the request
+	// The next tick's round is built, and not answered yet, when the request looks again.
+	if r := sp.build(l.o.Now(), false); r == nil {
+		t.Fatal("the window waited on is not reported")
+	}
+	if over, short := sp.take(ws, 10_000_000, time.Now(), true); over != 0 || short != 0 {
+		t.Fatalf("the request that asked for the chunk: over %b, short %b; want it taken", over, short)
+	}
+	sp.unneed(ws, 1, 10_000_000)
+}
+
 // TestLeasedTokensAddedBackOnce: tokens a replica counted in its own window while its lease could
 // not be used are added to the fleet's window at its next report; a report whose answer was lost
 // (Redis ran it) is sent again under its number, and the tokens count once.
