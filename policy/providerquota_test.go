@@ -38,7 +38,14 @@ providers:
 
 func quotaEngine(t *testing.T) (*policy.Engine, *clock, *prometheus.Registry) {
 	t.Helper()
-	p, err := config.Load("quota.yaml", []byte(quotaPolicy), nil)
+	return meteredEngine(t, quotaPolicy)
+}
+
+// meteredEngine is an engine for the policy src on a test clock, its metrics on a registry of
+// its own.
+func meteredEngine(t *testing.T, src string) (*policy.Engine, *clock, *prometheus.Registry) {
+	t.Helper()
+	p, err := config.Load("test.yaml", []byte(src), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

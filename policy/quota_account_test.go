@@ -3,17 +3,12 @@ package policy_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
-	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
 )
 
 // accountPolicy: openai is reached with one key per team, named by the trusted x-llm-account
@@ -37,21 +32,6 @@ providers:
     quota: {mode: enforce, account: {header: x-llm-account, trusted: true}, max_accounts: 2}
 `
 
-func accountEngine(t *testing.T, src string) (*policy.Engine, *clock, *prometheus.Registry) {
-	t.Helper()
-	p, err := config.Load("accounts.yaml", []byte(src), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := newClock()
-	reg := prometheus.NewRegistry()
-	e, err := observe.NewEngine(p, policy.Options{Clock: c, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e, c, reg
-}
-
 // accountAdmit admits a 1 000-token request to provider for account (header; azureKey the
 // Envoy metadata azure's accounts come from, "" for none).
 func accountAdmit(t *testing.T, e *policy.Engine, provider, account, azureKey string) (policy.Decision, *policy.Ticket) {
@@ -71,7 +51,7 @@ func accountAdmit(t *testing.T, e *policy.Engine, provider, account, azureKey st
 // to openai; once azure's account is out too, team-a's are refused and team-b's still pass.
 // /admin/quotas and the gauges show each account.
 func TestProviderQuotaPerAccount(t *testing.T) {
-	e, c, reg := accountEngine(t, accountPolicy)
+	e, c, reg := meteredEngine(t, accountPolicy)
 	provider := func(d policy.Decision) string { return e.Snapshot().Names(d.Dims).Provider }
 	reset := c.Now().Add(30 * time.Second)
 
@@ -126,7 +106,7 @@ func TestProviderQuotaPerAccount(t *testing.T) {
 // TestProviderQuotaAccountDefaultAndOverflow: a request without the header uses the default
 // account; accounts beyond max_accounts share _other, counted.
 func TestProviderQuotaAccountDefaultAndOverflow(t *testing.T) {
-	e, c, reg := accountEngine(t, accountPolicy)
+	e, c, reg := meteredEngine(t, accountPolicy)
 	reset := c.Now().Add(time.Minute)
 	_, none := accountAdmit(t, e, "direct", "", "")
 	none.ObserveQuota(requestsLeft(0, 10, reset), 0, c.Now())
@@ -160,7 +140,7 @@ func TestProviderQuotaAccountDefaultAndOverflow(t *testing.T) {
 // TestProviderQuotaAccountsSurviveAReload: a reload that keeps a provider's account source
 // keeps what each account's responses said; one that changes it starts afresh.
 func TestProviderQuotaAccountsSurviveAReload(t *testing.T) {
-	e, c, _ := accountEngine(t, accountPolicy)
+	e, c, _ := meteredEngine(t, accountPolicy)
 	_, a := accountAdmit(t, e, "direct", "team-a", "")
 	a.ObserveQuota(requestsLeft(0, 10, c.Now().Add(time.Minute)), 0, c.Now())
 	reload := func(src string) {
@@ -264,7 +244,7 @@ providers:
 // account (a control character) is skipped as classification skips such values: the request
 // uses the default account, and it is counted.
 func TestProviderQuotaAccountValueWithControlCharacters(t *testing.T) {
-	e, c, reg := accountEngine(t, accountPolicy)
+	e, c, reg := meteredEngine(t, accountPolicy)
 	_, none := accountAdmit(t, e, "direct", "", "")
 	none.ObserveQuota(requestsLeft(0, 10, c.Now().Add(time.Minute)), 0, c.Now())
 	if d, _ := accountAdmit(t, e, "direct", "team\x01a", ""); d.Verdict != policy.Reject {

@@ -29,11 +29,7 @@ func TestAccountsKeepEachAccountsQuota(t *testing.T) {
 	if _, _, ok := teamB.Reserve(Need{}, 0, false, t0); !ok {
 		t.Error("team-b, whose responses said nothing, refused")
 	}
-	var names []string
-	for _, acc := range a.Each() {
-		names = append(names, acc.Name)
-	}
-	if fmt.Sprint(names) != "[team-a team-b]" {
+	if names := accountNames(a); fmt.Sprint(names) != "[team-a team-b]" {
 		t.Errorf("accounts %v", names)
 	}
 }
@@ -55,13 +51,18 @@ func TestAccountsBeyondMaxShareOther(t *testing.T) {
 	if _, other, _ := a.Tracker("a"); other {
 		t.Error("a known account lost its tracker")
 	}
+	if names := accountNames(a); fmt.Sprint(names) != "[_other a b]" {
+		t.Errorf("accounts %v", names)
+	}
+}
+
+// accountNames names the accounts a tracks, in Each's order.
+func accountNames(a *Accounts) []string {
 	var names []string
 	for _, acc := range a.Each() {
 		names = append(names, acc.Name)
 	}
-	if fmt.Sprint(names) != "[_other a b]" {
-		t.Errorf("accounts %v", names)
-	}
+	return names
 }
 
 // TestAccountsConcurrent: accounts found and created from many goroutines at once stay within
