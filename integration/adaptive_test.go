@@ -3,8 +3,6 @@ package integration_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -109,16 +107,11 @@ func TestAdaptiveLimitEndToEnd(t *testing.T) {
 		if v.MaxConcurrent != v.Adaptive.Limit || v.Adaptive.BaselineTTFB == "" || v.Adaptive.BaselineInterToken == "" {
 			t.Errorf("view %+v / %+v: want the learned limit in force and both baselines known", v, *v.Adaptive)
 		}
-		resp, err := http.Get(s.AdminURL() + "/metrics")
+		text, err := s.Scrape()
 		if err != nil {
 			t.Fatal(err)
 		}
-		text, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		samples, err := harness.ParseSamples(string(text))
+		samples, err := harness.ParseSamples(text)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,8 +2,6 @@ package integration_test
 
 import (
 	"context"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 
@@ -118,16 +116,14 @@ func TestIdentityValuesThatCannotBeHeaderValues(t *testing.T) {
 		})
 	}
 	waitFor(t, func() bool { return s.App.Engine().InFlight() == 0 })
-	resp, err := http.Get(s.AdminURL() + "/metrics")
+	b, err := s.Scrape()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 || !strings.Contains(string(b), `compartment="tenant/acme"`) ||
-		!strings.Contains(string(b), `llm_bulkhead_classify_errors_total{reason="invalid_tenant"} 4`) ||
-		!strings.Contains(string(b), `llm_bulkhead_classify_errors_total{reason="invalid_model"} 1`) {
-		t.Errorf("/metrics: %d\n%s", resp.StatusCode, grepLines(string(b), "tenant/", "classify_errors"))
+	if !strings.Contains(b, `compartment="tenant/acme"`) ||
+		!strings.Contains(b, `llm_bulkhead_classify_errors_total{reason="invalid_tenant"} 4`) ||
+		!strings.Contains(b, `llm_bulkhead_classify_errors_total{reason="invalid_model"} 1`) {
+		t.Errorf("/metrics:\n%s", grepLines(b, "tenant/", "classify_errors"))
 	}
 }
 

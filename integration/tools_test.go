@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -130,21 +128,26 @@ func TestMetricsDocumented(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	resp, err := http.Get(s.AdminURL() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if out := run(t, body, promtool, "check", "metrics"); strings.TrimSpace(out) != "" {
-		t.Errorf("promtool check metrics:\n%s", out)
-	}
+	body := lintedScrape(t, s, promtool)
 	for _, want := range []string{`llm_bulkhead_admitted_total{feature="chat"} 3`, `llm_bulkhead_pool_capacity{pool="interactive_and_batch"} 25`,
 		`llm_bulkhead_breaker_state{breaker="deepseek",state="CLOSED"} 1`, `llm_bulkhead_compartment_max_concurrent{compartment="feature/batch_summarize",family="feature"} 10`} {
-		if !strings.Contains(string(body), want) {
+		if !strings.Contains(body, want) {
 			t.Errorf("scrape lacks %s", want)
 		}
 	}
+}
+
+// lintedScrape returns the server's /metrics, which promtool's lint must pass.
+func lintedScrape(t *testing.T, s *harness.Stack, promtool string) string {
+	t.Helper()
+	body, err := s.Scrape()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := run(t, []byte(body), promtool, "check", "metrics"); strings.TrimSpace(out) != "" {
+		t.Errorf("promtool check metrics:\n%s", out)
+	}
+	return body
 }
 
 // TestClusterMetricsExposed: a replica sharing its limits through Redis, with either admission,
@@ -171,22 +174,14 @@ func TestClusterMetricsExposed(t *testing.T) {
 			if r, err := s.Do(context.Background(), chatRequest("chat")); err != nil || r.Status != 200 {
 				t.Fatalf("with Redis gone: %v %v", r, err)
 			}
-			resp, err := http.Get(s.AdminURL() + "/metrics")
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if out := run(t, body, promtool, "check", "metrics"); strings.TrimSpace(out) != "" {
-				t.Errorf("promtool check metrics:\n%s", out)
-			}
+			body := lintedScrape(t, s, promtool)
 			n := 0
 			for _, m := range docName.FindAllStringSubmatch(string(doc), -1) {
 				if !strings.HasPrefix(m[1], "llm_bulkhead_cluster_") {
 					continue
 				}
 				n++
-				if !regexp.MustCompile(`(?m)^# TYPE ` + m[1] + ` `).Match(body) {
+				if !regexp.MustCompile(`(?m)^# TYPE ` + m[1] + ` `).MatchString(body) {
 					t.Errorf("%s is documented but a replica in cluster mode does not expose it", m[1])
 				}
 			}
@@ -198,7 +193,7 @@ func TestClusterMetricsExposed(t *testing.T) {
 				want = append(want, `llm_bulkhead_cluster_unavailable_admissions_total{action="local"} 1`)
 			}
 			for _, w := range want {
-				if !strings.Contains(string(body), w) {
+				if !strings.Contains(body, w) {
 					t.Errorf("scrape lacks %s", w)
 				}
 			}

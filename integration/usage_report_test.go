@@ -196,22 +196,20 @@ func TestUsageByTenantAndModelIsWhatWasSent(t *testing.T) {
 		t.Errorf("by tenant, top 2: %+v, acme sent %+v", byTenant.Rows, acme)
 	}
 
-	resp, err := http.Get(s.AdminURL() + "/metrics")
+	metrics, err := s.Scrape()
 	if err != nil {
 		t.Fatal(err)
 	}
-	metrics, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
 	for _, line := range []string{
 		fmt.Sprintf(`llm_bulkhead_tenant_requests_total{tenant="acme"} %d`, acme.Requests),
 		fmt.Sprintf(`llm_bulkhead_tenant_tokens_total{kind="prompt",tenant="acme"} %d`, acme.Prompt),
 		fmt.Sprintf(`llm_bulkhead_tenant_tokens_total{kind="cached",tenant="acme"} %d`, acme.Cached),
 	} {
-		if !strings.Contains(string(metrics), line) {
+		if !strings.Contains(metrics, line) {
 			t.Errorf("/metrics lacks %s", line)
 		}
 	}
-	if strings.Contains(string(metrics), `tenant="initech"`) || strings.Contains(string(metrics), `tenant="globex"`) {
+	if strings.Contains(metrics, `tenant="initech"`) || strings.Contains(metrics, `tenant="globex"`) {
 		t.Error("a tenant usage.tenant_metrics does not name has series")
 	}
 }

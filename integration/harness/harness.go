@@ -214,6 +214,20 @@ func (s *Stack) Get(path string, v any) error {
 	return json.NewDecoder(resp.Body).Decode(v)
 }
 
+// Scrape returns the server's /metrics, in the Prometheus text format.
+func (s *Stack) Scrape() (string, error) {
+	resp, err := http.Get(s.AdminURL() + "/metrics")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
+	return string(b), err
+}
+
 // Close stops everything, draining the server.
 func (s *Stack) Close() {
 	if s.proxy != nil {
