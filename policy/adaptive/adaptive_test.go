@@ -92,23 +92,11 @@ func TestRecoversAfterBrownout(t *testing.T) {
 // belowFor returns how long, over [from, to), the limit in force was below n.
 func (x *sim) belowFor(from, to time.Time, n int64) time.Duration {
 	var below time.Duration
-	last, prev := x.ctl.s.Initial, from
-	for _, p := range x.trace {
-		if p.at.Before(from) {
-			last = p.limit
-			continue
+	x.spans(from, to, func(limit int64, d time.Duration) {
+		if limit < n {
+			below += d
 		}
-		if !p.at.Before(to) {
-			break
-		}
-		if last < n {
-			below += p.at.Sub(prev)
-		}
-		last, prev = p.limit, p.at
-	}
-	if last < n {
-		below += to.Sub(prev)
-	}
+	})
 	return below
 }
 

@@ -217,12 +217,10 @@ func (x *sim) observe(s Sample) {
 	x.admit()
 }
 
-// limits returns the min, max and time-weighted mean of the limit in force over [from, to).
-func (x *sim) limits(from, to time.Time) (lo, hi int64, mean float64) {
-	lo, hi = 1<<62, 0
-	var sum float64
-	last := x.ctl.s.Initial
-	prev := from
+// spans calls f for each stretch of [from, to) with one limit in force, with that limit and
+// the stretch's length.
+func (x *sim) spans(from, to time.Time, f func(limit int64, d time.Duration)) {
+	last, prev := x.ctl.s.Initial, from
 	for _, p := range x.trace {
 		if p.at.Before(from) {
 			last = p.limit
@@ -231,11 +229,19 @@ func (x *sim) limits(from, to time.Time) (lo, hi int64, mean float64) {
 		if !p.at.Before(to) {
 			break
 		}
-		sum += float64(last) * p.at.Sub(prev).Seconds()
-		lo, hi = min(lo, last), max(hi, last)
+		f(last, p.at.Sub(prev))
 		last, prev = p.limit, p.at
 	}
-	sum += float64(last) * to.Sub(prev).Seconds()
-	lo, hi = min(lo, last), max(hi, last)
+	f(last, to.Sub(prev))
+}
+
+// limits returns the min, max and time-weighted mean of the limit in force over [from, to).
+func (x *sim) limits(from, to time.Time) (lo, hi int64, mean float64) {
+	lo, hi = 1<<62, 0
+	var sum float64
+	x.spans(from, to, func(limit int64, d time.Duration) {
+		sum += float64(limit) * d.Seconds()
+		lo, hi = min(lo, limit), max(hi, limit)
+	})
 	return lo, hi, sum / to.Sub(from).Seconds()
 }
