@@ -163,6 +163,20 @@ func TestProviderQuotaRefusesWithoutFallback(t *testing.T) {
 	}
 }
 
+// quotaFleet starts replicas a and b of the policy src on one new Redis, with admission mode and
+// keys under prefix, and waits until both reach it.
+func quotaFleet(t *testing.T, src, prefix, mode string) (a, b *policy.Engine) {
+	t.Helper()
+	rd := redistest.Standalone(t)
+	section := fmt.Sprintf("cluster:\n  backend: redis\n  addresses: [%q]\n  key_prefix: %s\n  timeout: 500ms\n  lease_ttl: 2s\n  heartbeat: 250ms\n", rd.Addr(), prefix)
+	a = clusterEngine(t, src+section+"  replica_id: a\n"+modeSection(t, mode))
+	b = clusterEngine(t, src+section+"  replica_id: b\n"+modeSection(t, mode))
+	for _, e := range []*policy.Engine{a, b} {
+		waitFor(t, "the shared state to be available", func() bool { return e.Cluster().Available() })
+	}
+	return a, b
+}
+
 // TestProviderQuotaSharedAcrossTheFleet: a provider's account is one for the fleet. Replica a
 // heard openai's direct account say 2 requests are left and holds one request in flight;
 // replica b, which never had an answer from the provider, learns both within an interval:
@@ -171,13 +185,7 @@ func TestProviderQuotaRefusesWithoutFallback(t *testing.T) {
 // request sent after it counts it.
 func TestProviderQuotaSharedAcrossTheFleet(t *testing.T) {
 	forModes(t, func(t *testing.T, mode string) {
-		rd := redistest.Standalone(t)
-		section := fmt.Sprintf("cluster:\n  backend: redis\n  addresses: [%q]\n  key_prefix: pq\n  timeout: 500ms\n  lease_ttl: 2s\n  heartbeat: 250ms\n", rd.Addr())
-		a := clusterEngine(t, quotaPolicy+section+"  replica_id: a\n"+modeSection(t, mode))
-		b := clusterEngine(t, quotaPolicy+section+"  replica_id: b\n"+modeSection(t, mode))
-		for _, e := range []*policy.Engine{a, b} {
-			waitFor(t, "the shared state to be available", func() bool { return e.Cluster().Available() })
-		}
+		a, b := quotaFleet(t, quotaPolicy, "pq", mode)
 		direct := func(e *policy.Engine) (policy.Decision, *policy.Ticket) { return quotaAdmit(t, e, "direct", "") }
 		requests := func(e *policy.Engine) quota.State {
 			for _, v := range e.ProviderQuotas() {

@@ -2,11 +2,9 @@ package policy_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
-	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 )
@@ -171,13 +169,7 @@ func TestProviderQuotaAccountsSurviveAReload(t *testing.T) {
 // still admits.
 func TestProviderQuotaAccountsSharedAcrossTheFleet(t *testing.T) {
 	forModes(t, func(t *testing.T, mode string) {
-		rd := redistest.Standalone(t)
-		section := fmt.Sprintf("cluster:\n  backend: redis\n  addresses: [%q]\n  key_prefix: pqa\n  timeout: 500ms\n  lease_ttl: 2s\n  heartbeat: 250ms\n", rd.Addr())
-		a := clusterEngine(t, accountPolicy+section+"  replica_id: a\n"+modeSection(t, mode))
-		b := clusterEngine(t, accountPolicy+section+"  replica_id: b\n"+modeSection(t, mode))
-		for _, e := range []*policy.Engine{a, b} {
-			waitFor(t, "the shared state to be available", func() bool { return e.Cluster().Available() })
-		}
+		a, b := quotaFleet(t, accountPolicy, "pqa", mode)
 		if d, tk := accountAdmit(t, b, "direct", "team-a", ""); d.Verdict != policy.Admit {
 			t.Fatalf("b, team-a before any reading: %+v", d)
 		} else {
