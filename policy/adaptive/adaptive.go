@@ -20,7 +20,8 @@
 //     and the window's 90th percentile TTFB ratio is within Tolerance too: limit + max(1,
 //     limit/20), the step doubling with each window in a row that raises it while the limit
 //     is below the highest one congestion ever cut (so a capacity that came back is found in
-//     a few windows, and a limit at the capacity probes one step beyond it);
+//     a few windows, and a limit at the capacity probes one step beyond it), except that a
+//     run below the limit the latest cut fell from stops there first;
 //   - otherwise the limit holds.
 //
 // Between windows, the controller follows the requests still waiting for their first token
@@ -250,6 +251,10 @@ type Controller struct {
 	// it), above it every raise is one step.
 	growRun int
 	ceiling float64
+	// lastCut is the limit the latest cut fell from: a run of raises below it stops there, so
+	// that a limit climbing back probes one step above the capacity it last found, not a
+	// doubled step.
+	lastCut float64
 
 	scratch [2 * windowCap]float64
 }
@@ -491,7 +496,7 @@ func (c *Controller) scan(now time.Time) {
 		return
 	}
 	before := c.current()
-	c.ceiling = max(c.ceiling, c.limit)
+	c.ceiling, c.lastCut = max(c.ceiling, c.limit), c.limit
 	c.limit, c.growRun = target, 0
 	c.cutAt, c.cutQueued = now, c.queuedNow
 	c.decreases[CauseLatency]++
@@ -641,14 +646,14 @@ func (c *Controller) evaluate() {
 	raised := false
 	switch {
 	case c.backoffs > 0:
-		c.ceiling = max(c.ceiling, c.limit)
+		c.ceiling, c.lastCut = max(c.ceiling, c.limit), c.limit
 		f := float64(c.backoffs) / float64(c.count)
 		c.limit = max(lo, c.limit*(1-f/2))
 		c.decreases[CauseUpstream]++
 	case judged && r > c.s.Tolerance:
 		// Half the gradient when the excess is mild (it damps oscillation around the
 		// capacity); the whole of it, at most halving, when the provider's queue is long.
-		c.ceiling = max(c.ceiling, c.limit)
+		c.ceiling, c.lastCut = max(c.ceiling, c.limit), c.limit
 		g := c.s.Tolerance / r
 		if r < 2*c.s.Tolerance {
 			g = 1 - (1-g)/2
@@ -664,6 +669,9 @@ func (c *Controller) evaluate() {
 		step := max(1, c.limit*growFraction)
 		if c.limit < c.ceiling {
 			step = max(step, min(step*float64(uint(1)<<min(c.growRun, 8)), c.ceiling-c.limit))
+		}
+		if c.limit < c.lastCut {
+			step = min(step, max(1, c.lastCut-c.limit))
 		}
 		c.limit = min(hi, c.limit+step)
 		c.increases++
