@@ -460,7 +460,7 @@ func FuzzCorruptLeaseEntry(f *testing.F) {
 		}
 		res, err := sc.Run(ctx, rc, keys, "me", 10000, "0", 2000, "1:1", limit, 0, 0, limit,
 			0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, "", "c", "0:0", "",
-			"tpm", room, 0, 1000, 500, 0, 0, 0).Slice()
+			"tpm", room, 0, 1000, 500, 0, 0, 0, 0).Slice()
 		if err != nil {
 			t.Fatalf("%q → %q: %v", field, value, err)
 		}
@@ -505,7 +505,7 @@ func TestLeaseEntryLongerThanAnyReplicaWritesIsDropped(t *testing.T) {
 	long := fmt.Sprintf("4|0|4|0|%d|1:1|", now.Add(time.Minute).UnixMilli()) + strings.Repeat("1", 100_000) + "!"
 	rc.HSet(ctx, keys[0], "born", now.Add(-time.Hour).UnixMilli(), "r:long", long)
 	res, err := redis.NewScript(luaLease).Run(ctx, rc, keys, "me", 10000, "0", 2000, "1:1", 10, 0, 0, 10,
-		0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, "", "c", "0:0", "", "tpm", 1000, 0, 1000, 500, 0, 0, 0).Slice()
+		0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, "", "c", "0:0", "", "tpm", 1000, 0, 1000, 500, 0, 0, 0, 0).Slice()
 	if err != nil {
 		t.Fatal(err)
 	}

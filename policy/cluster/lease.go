@@ -116,8 +116,10 @@ type Leaser struct {
 	// renew is the longest gap between two reports of a lease that holds something: a lease
 	// that is steady (its use within it, nobody else short) is reported that often, one in use
 	// and changing every interval. recovery is how long a compartment whose hash was lost keeps
-	// every lease from growing: more than renew and a report's round trip.
-	renew, recovery time.Duration
+	// every lease from growing: more than renew and a report's round trip. halfLife is how fast
+	// the recent peak of a compartment's use fades (Lease.observe); spendRenew is the longest
+	// gap between two reports of a spend window in use.
+	renew, recovery, halfLife, spendRenew time.Duration
 	// channel carries the names of compartments where a replica is short while others hold
 	// more than their share: their holders report at once.
 	channel string
@@ -157,10 +159,11 @@ func newLeaser(s *Store, o LeaseOptions, manual bool) *Leaser {
 	l := &Leaser{st: s, o: o, script: redis.NewScript(luaLease), leases: map[string]*Lease{},
 		kick: make(chan struct{}, 1), round: make(chan struct{}), manual: manual}
 	l.epochScript, l.epochKey, l.epochInScripts = redis.NewScript(luaEpoch), s.tag+":le", s.o.Mode != Cluster
-	// A steady lease is reported every renewSteps intervals; the recovery time covers that, a
-	// late tick and a report's round trip.
-	l.renew = renewSteps * o.Interval
+	// A steady lease is reported every renewSteps intervals, and at least twice while a lease
+	// stays valid; the recovery time covers that, a late tick and a report's round trip.
+	l.renew = max(min(renewSteps*o.Interval, l.validFor()/2), o.Interval)
 	l.recovery = l.renew + o.Interval + s.o.Timeout
+	l.halfLife, l.spendRenew = fadeSteps*o.Interval, spendRenewSteps*o.Interval
 	l.channel = s.tag + ":lease"
 	l.inc = strconv.FormatUint(uint64(time.Now().UnixNano())&(1<<52-1), 10)
 	l.spend = newSpendLeases(l)
@@ -175,8 +178,15 @@ func newLeaser(s *Store, o LeaseOptions, manual bool) *Leaser {
 	return l
 }
 
-// renewSteps is how many intervals a steady lease goes between reports.
-const renewSteps = 5
+// renewSteps is how many intervals a steady lease goes between reports (three seconds at the
+// default interval: a replica's steady compartments cost Redis a report each that often, and a
+// window's chunks last as long); fadeSteps how many the recent peak of a compartment's use
+// takes to halve; spendRenewSteps how many a spend window in use goes between reports.
+const (
+	renewSteps      = 15
+	fadeSteps       = 5
+	spendRenewSteps = 5
+)
 
 // listen makes the leases of compartments named on the channel due: a replica there is short,
 // and the others' wants in Redis may be from before their demand fell. A lease that holds more
@@ -686,6 +696,12 @@ type allowance struct {
 	// window is reserved one request at a time, and what comes back goes back at once.
 	pace   int64
 	chunks []chunk // oldest first
+	// slotLen and length are the window's slot and length; moves are chunks' unused parts moved
+	// from the slot they were charged in (or last moved to) to a later one, to report by moveBy
+	// (before the earliest slot moved from ages out of the window, allowing for a late round).
+	slotLen, length time.Duration
+	moves           []move
+	moveBy          time.Time
 	// debt is what settled requests cost beyond what their chunks covered, charged to the window
 	// at the next report.
 	debt int64
@@ -708,6 +724,36 @@ type allowance struct {
 type chunk struct {
 	slot, left int64
 	until      time.Time
+	// slotEnd is when slot ends, as this replica's clock reads it (at the earliest: the report
+	// was sent before Redis ran it).
+	slotEnd time.Time
+}
+
+// move is n of a chunk moved from slot from to slot to.
+type move struct{ from, to, n int64 }
+
+// rebase moves what chunk ch still holds to the slot now falls in, once its slot has ended: a
+// request taking from it now uses it in that slot, and the window must count the use there
+// (counted in an earlier slot, it would age out of the window sooner than it should).
+func (a *allowance) rebase(ch *chunk, now time.Time) {
+	if ch.left <= 0 || ch.slotEnd.IsZero() || now.Before(ch.slotEnd) || a.slotLen <= 0 {
+		return
+	}
+	steps := 1 + int64(now.Sub(ch.slotEnd)/a.slotLen)
+	to := ch.slot + steps
+	// The slot moved from ages out of the window a window's length after it began.
+	if by := ch.slotEnd.Add(a.length - a.slotLen - a.slotLen); a.moveBy.IsZero() || by.Before(a.moveBy) {
+		a.moveBy = by
+	}
+	for k := range a.moves {
+		if m := &a.moves[k]; m.from == ch.slot && m.to == to {
+			m.n += ch.left
+			ch.slot, ch.slotEnd = to, ch.slotEnd.Add(time.Duration(steps)*a.slotLen)
+			return
+		}
+	}
+	a.moves = append(a.moves, move{from: ch.slot, to: to, n: ch.left})
+	ch.slot, ch.slotEnd = to, ch.slotEnd.Add(time.Duration(steps)*a.slotLen)
 }
 
 func (ls *Lease) setLimits(lim LeaseLimits) {
@@ -725,6 +771,7 @@ func (ls *Lease) setLimits(lim LeaseLimits) {
 	for i := range lim.Windows {
 		w := &lim.Windows[i]
 		ls.wins[i].pace = int64(math.Ceil(2 * float64(w.Capacity) * float64(ls.chunkSpan(w)) / float64(w.Length)))
+		ls.wins[i].slotLen, ls.wins[i].length = time.Duration(slotMillis(w.Length))*time.Millisecond, w.Length
 	}
 	ls.wkeys = keys
 	ls.mark(whyOther)
@@ -742,12 +789,14 @@ func slicesEqual(a, b []string) bool {
 	return true
 }
 
-// chunkValidity is how long a granted chunk may be used: it was charged to the window when
-// granted, so using it later would count it earlier than it ran. Bounded by the window's slot
-// (the window's own resolution); within that, long enough to last from one renewal to the next
-// (a steady replica need not report sooner for its chunks), and at least two intervals.
+// chunkValidity is how long a granted chunk may be used: long enough to last from one renewal to
+// the next (a steady replica need not report sooner for its chunks), at least 500 ms, and at
+// most a quarter of the window. A chunk outlives the slot it was charged in: what it still
+// holds is moved to the slot a request takes from it in (allowance.rebase), so a use is never
+// counted earlier than it ran; the moves are reported long before the chunk's first slot ages
+// out of the window.
 func (ls *Lease) chunkValidity(w *Window) time.Duration {
-	return min(max(renewSteps*ls.l.o.Interval, 500*time.Millisecond), windowSlot(w))
+	return min(max(ls.l.renew, 500*time.Millisecond), w.Length/4)
 }
 
 // chunkSpan is the time over which a chunk's most (twice the window's even pace over it) is
@@ -762,7 +811,7 @@ func windowSlot(w *Window) time.Duration { return max(w.Length/60, time.Millisec
 // chunkCover is how many intervals at the recent rate a chunk is asked for: until the renewal
 // after the next (or the chunk's end, when sooner) and one more, at least three.
 func (ls *Lease) chunkCover(w *Window) float64 {
-	steps := min(int64(ls.chunkValidity(w)/ls.l.o.Interval), renewSteps)
+	steps := int64(min(ls.chunkValidity(w), ls.l.renew) / ls.l.o.Interval)
 	return float64(max(steps+1, 3))
 }
 
@@ -781,7 +830,8 @@ func (a *allowance) haveAt(t time.Time) int64 {
 }
 
 // windowDue reports whether window i has news that cannot wait for the lease's renewal: a
-// request waits for its chunks; at the recent rate, what they hold that is still valid at the
+// request waits for its chunks; a chunk's remainder was moved from a slot about to age out of
+// the window (a round or two before it does); at the recent rate, what they hold that is still valid at the
 // next round runs out before the round after; or there is something to give back or charge
 // while the window is tight (one request at a time, no report yet, a need that did not fit, or
 // less than a quarter of its capacity free, less what is owed, at the last report): the
@@ -791,6 +841,8 @@ func (ls *Lease) windowDue(i int, now time.Time) bool {
 	a := &ls.wins[i]
 	switch {
 	case a.need > 0:
+		return true
+	case len(a.moves) > 0 && !now.Add(2*ls.l.o.Interval+ls.l.st.o.Timeout).Before(a.moveBy):
 		return true
 	case a.rate > idleRate && float64(a.haveAt(now.Add(ls.l.o.Interval))) < 2*a.rate:
 		return true
@@ -816,7 +868,7 @@ func (ls *Lease) Reserve(i int, n int64, now time.Time) (budget.Charge, bool) {
 		return budget.Charge{}, false
 	}
 	a.used += n
-	return budget.MakeCharge(a.consume(n), n), true
+	return budget.MakeCharge(a.consume(n, now), n), true
 }
 
 // NeedWindow says that a request waits for n more of window i than its chunks hold, until
@@ -852,10 +904,11 @@ func (ls *Lease) UnneedWindow(i int, n int64) {
 // used-up chunk's slot may hold nothing any more, its requests refunded, and a refund there
 // would be lost), or of the oldest chunk when it took from none. What the chunks do not cover is
 // debt.
-func (a *allowance) consume(n int64) (slot int64) {
+func (a *allowance) consume(n int64, now time.Time) (slot int64) {
 	took := false
 	for k := 0; k < len(a.chunks) && n > 0; k++ {
 		ch := &a.chunks[k]
+		a.rebase(ch, now)
 		take := min(ch.left, n)
 		if k == 0 || take > 0 && !took {
 			slot = ch.slot
@@ -876,7 +929,7 @@ func (ls *Lease) Take(i int, n int64, now time.Time) budget.Charge {
 	a := &ls.wins[i]
 	a.expire(now)
 	a.used += n
-	return budget.MakeCharge(a.consume(n), n)
+	return budget.MakeCharge(a.consume(n, now), n)
 }
 
 // AddBack charges n to window i at the next report: what this replica counted in a window of
@@ -937,7 +990,7 @@ func (ls *Lease) settle(a *allowance, c budget.Charge, back int64, now time.Time
 		}
 		a.giveBack(c.Slot(), back)
 	case back < 0:
-		a.consume(-back)
+		a.consume(-back, now)
 	}
 }
 
@@ -1109,7 +1162,7 @@ type why uint8
 
 const (
 	whyNone why = iota
-	// whyRenew: steady, renewed every renewSteps intervals.
+	// whyRenew: steady, renewed every renewSteps intervals (Leaser.renew).
 	whyRenew
 	// whyChanged: the compartment's requests fill its lease, or queue for it.
 	whyChanged
@@ -1167,7 +1220,7 @@ func (ls *Lease) due(now time.Time) (w why, drop bool) {
 	for i := range ls.wins {
 		a := &ls.wins[i]
 		a.expire(now)
-		if len(a.chunks) > 0 || len(a.returns) > 0 || a.debt > 0 || a.used > 0 || a.need > 0 || a.rate > idleRate {
+		if len(a.chunks) > 0 || len(a.returns) > 0 || len(a.moves) > 0 || a.debt > 0 || a.used > 0 || a.need > 0 || a.rate > idleRate {
 			busy = true
 		}
 		if unsteady == whyNone && ls.windowDue(i, now) {
@@ -1196,13 +1249,13 @@ func (ls *Lease) due(now time.Time) (w why, drop bool) {
 }
 
 // observe takes the compartment's use u at now into its recent peak of what it held and waited
-// for, sampled every round whether reported or not, and halving every renewal: a lease is not
+// for, sampled every round whether reported or not, and halving every fadeSteps intervals: a lease is not
 // handed back between two requests only to be asked for again, and a compartment whose
 // requests come and go within its lease (in flight up one moment, down the next) stays steady.
 func (ls *Lease) observe(u LeaseUsage, now time.Time) {
 	decay := 0.5
-	if since := now.Sub(ls.observed); since < ls.l.renew {
-		decay = math.Exp2(-float64(max(since, 0)) / float64(ls.l.renew))
+	if since := now.Sub(ls.observed); since < ls.l.halfLife {
+		decay = math.Exp2(-float64(max(since, 0)) / float64(ls.l.halfLife))
 	}
 	ls.observed = now
 	ls.peak = max(float64(u.InFlight+u.Waiting+ls.needSlots), ls.peak*decay)
@@ -1215,6 +1268,7 @@ type leaseReport struct {
 	args    []any
 	seq     int64
 	returns [][]chunk
+	moves   [][]move
 	debt    []int64
 	// held and heldTokens are what the report says this replica holds: Redis's grant is never
 	// below them once it applies the report.
@@ -1297,6 +1351,7 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 		ll.Min, ll.Max, ll.Initial, ll.Step.Milliseconds(), ls.proposeFrom, ls.proposeTo, ls.l.channel, ls.name, strconv.FormatInt(r.need, 10)+":"+strconv.FormatInt(r.needTokens, 10), ls.l.Epoch())
 	ls.proposeFrom, ls.proposeTo = 0, 0
 	r.returns = make([][]chunk, len(ls.wins))
+	r.moves = make([][]move, len(ls.wins))
 	r.debt = make([]int64, len(ls.wins))
 	elapsed := now.Sub(ls.sent)
 	for i := range ls.wins {
@@ -1343,14 +1398,18 @@ func (ls *Lease) build(now time.Time, final bool) *leaseReport {
 		if prev != nil && i < len(prev.returns) {
 			// The lost report's returns and debt go again, under its number; what came since
 			// waits for the next report.
-			r.returns[i], r.debt[i] = prev.returns[i], prev.debt[i]
+			r.returns[i], r.debt[i], r.moves[i] = prev.returns[i], prev.debt[i], prev.moves[i]
 		} else {
-			r.returns[i], r.debt[i] = a.returns, a.debt
-			a.returns, a.debt = nil, 0
+			r.returns[i], r.debt[i], r.moves[i] = a.returns, a.debt, a.moves
+			a.returns, a.debt, a.moves, a.moveBy = nil, 0, nil, time.Time{}
 		}
 		r.args = append(r.args, w.Kind, w.Capacity, w.Debt, slotMillis(w.Length), want, need, r.debt[i], len(r.returns[i]))
 		for _, ch := range r.returns[i] {
 			r.args = append(r.args, ch.slot, ch.left)
+		}
+		r.args = append(r.args, len(r.moves[i]))
+		for _, m := range r.moves[i] {
+			r.args = append(r.args, m.from, m.to, m.n)
 		}
 	}
 	return r
@@ -1392,15 +1451,16 @@ func (ls *Lease) apply(r *leaseReport, res []int64, now time.Time) {
 	ls.free, ls.tfree = res[10], res[11]
 	i := 12
 	for k := range ls.wins {
-		if i+4 >= len(res) || k >= len(ls.lim.Windows) {
+		if i+5 >= len(res) || k >= len(ls.lim.Windows) {
 			break
 		}
 		a := &ls.wins[k]
 		g, slot := res[i], res[i+1]
 		if g > 0 {
-			a.chunks = append(a.chunks, chunk{slot: slot, left: g, until: now.Add(ls.chunkValidity(&ls.lim.Windows[k]))})
+			a.chunks = append(a.chunks, chunk{slot: slot, left: g, until: now.Add(ls.chunkValidity(&ls.lim.Windows[k])),
+				slotEnd: now.Add(time.Duration(max(res[i+5], 0)) * time.Millisecond)})
 		}
 		a.remaining, a.reset, a.wait, a.known = res[i+2], time.Duration(res[i+3])*time.Millisecond, time.Duration(res[i+4])*time.Millisecond, true
-		i += 5
+		i += 6
 	}
 }

@@ -39,9 +39,9 @@ func BenchmarkLeaseReport(b *testing.B) {
 				// An unused chunk given back every other report (it was charged in the
 				// window's current slot, or one before).
 				if seq%2 == 0 {
-					args = append(args, 1, 0, 0)
+					args = append(args, 1, 0, 0, 0)
 				} else {
-					args = append(args, 0)
+					args = append(args, 0, 0)
 				}
 				if err := sc.Run(ctx, rc, keys, args...).Err(); err != nil {
 					b.Fatal(err)

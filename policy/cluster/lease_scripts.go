@@ -37,7 +37,7 @@ package cluster
 //	      replica's requests need ("<slots>:<tokens>": in flight, queued and asking), 24 the
 //	      epoch as this replica knows it (see luaEpochCommon; "" when none), then W × (kind,
 //	      capacity, debt bound, slot ms, chunk wanted, largest single need, extra to charge,
-//	      returns R, R × (slot, amount))
+//	      returns R, R × (slot, amount), moves M, M × (from slot, to slot, amount))
 //
 // A replica's lease of slots (and tokens) is what it reports holding: the script trusts a
 // replica's word about itself (a heartbeat rewrites its own truth) and bounds everything else it
@@ -49,8 +49,12 @@ package cluster
 //
 // A window's chunk is charged to the window when granted, at most the replica's fair share (by
 // the chunks replicas want) of the window's room; a single need that fits the window's room is
-// granted whole. Returns are refunds to the slot a chunk was charged in; extra is what settled
-// requests cost beyond their reservations, charged now up to the debt bound.
+// granted whole. A chunk outlives the slot it was charged in: when a request takes from it in a
+// later slot, the replica moves what the chunk still holds to that slot, and reports the move;
+// moves apply first (what is used of a chunk then always lies in a slot no earlier than its use,
+// so it ages out of the window no sooner than it should), and move no more than the origin slot
+// holds. Returns are refunds to the slot a chunk was charged in (or last moved to); extra is
+// what settled requests cost beyond their reservations, charged now up to the debt bound.
 //
 // While a compartment recovers — its hash was found missing in an epoch that may have lost it,
 // or a replica found its own lease gone — no lease of slots or tokens grows: replicas re-assert
@@ -63,7 +67,8 @@ package cluster
 //
 // Returns {status, slots granted, slots target, tokens granted, tokens target, pressure,
 // recovering, replicas holding, learned limit (0: none), the epoch, slots and tokens no lease
-// holds, W × (chunk granted, slot charged, remaining, reset ms, wait ms)}.
+// holds, W × (chunk granted, slot charged, remaining, reset ms, wait ms, ms until the slot
+// charged ends)}.
 // status is 0, or 2 when the hash held more fields than a compartment can (it was rewritten).
 // pressure is 1 when another replica wants more than it holds. wait is, when a single need did
 // not fit, the time until it would.
@@ -117,6 +122,7 @@ for i = 1, nw do
   DL[i] = {}
   D[ARGV[a]] = DL[i]
   a = a + 8 + 2 * tonumber(ARGV[a + 7])
+  a = a + 1 + 3 * (tonumber(ARGV[a]) or 0)
 end
 
 -- Read the leases, dropping entries that are expired or cannot be. A replica's entry is one
@@ -221,6 +227,30 @@ if mine == nil then mine = {} end
 -- Deltas (returns, extra) apply once per report: a report resent after its answer was lost
 -- carries the number it had. A replica restarted under the same id counts anew.
 local fresh = mine.q == nil or mine.q[1] ~= inc or seq > mine.q[2]
+
+-- wmove moves n (at most what slot from holds) from slot from to the later slot to (at most the
+-- window's current slot): what a chunk still held when a request took from it in a later slot.
+-- The window's sum does not change. A slot that aged out holds nothing to move.
+local function wmove(w, from, to, n)
+  to = math.min(to, w.cur)
+  if n == nil or n <= 0 or from == nil or to == nil or to <= from or from <= w.cur - SLOTS then return end
+  local h = redis.call('HMGET', w.key, from, to)
+  local have, there = count(h[1]) or 0, count(h[2]) or 0
+  n = math.min(n, have)
+  if n <= 0 then return end
+  wdrop(w)
+  have, there = have - n, there + n
+  if to == w.cur then w.at = there end
+  if w.newest == nil or to > w.newest then w.newest = to end
+  if w.ring then w.ring[from], w.ring[to] = have, there end
+  if have > 0 then
+    wput(w, 'L', w.cur, from, have, to, there)
+  else
+    if w.ring then w.ring[from] = nil end
+    redis.call('HDEL', w.key, from)
+    wput(w, 'L', w.cur, to, there)
+  end
+end
 
 -- fairshare is the max-min fair share of cap that this replica gets when it wants mine and the
 -- others want W (total: their sum): in (want, replica id) order, each gets the least of its want
@@ -329,9 +359,17 @@ for i = 1, nw do
   local key = KEYS[wk + i - 1]
   if not sane(key, 2 * SLOTS + 8) then status = 2 end
   local w = wload(key, slotlen, now)
-  for _ = 1, nret do
-    local s, back = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-    a = a + 2
+  local ra = a
+  a = a + 2 * nret
+  local nmov = tonumber(ARGV[a]) or 0
+  a = a + 1
+  for _ = 1, nmov do
+    local from, to, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    a = a + 3
+    if fresh then wmove(w, from, to, n) end
+  end
+  for k = 1, nret do
+    local s, back = tonumber(ARGV[ra + 2 * k - 2]), tonumber(ARGV[ra + 2 * k - 1])
     if fresh and back > 0 and s > w.cur - SLOTS and s <= w.cur then
       w.extra = tonumber(redis.call('HGET', key, s))
       wrefund(w, s, back)
@@ -373,6 +411,7 @@ for i = 1, nw do
   out[#out + 1] = cap - w.sum
   out[#out + 1] = wreset(w)
   out[#out + 1] = wait
+  out[#out + 1] = (w.cur + 1) * slotlen - w.now
 end
 
 -- Write this replica's entry (or drop it: an idle replica holds nothing).

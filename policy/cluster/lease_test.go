@@ -859,7 +859,7 @@ func TestWindowChunksAreSharedByDemand(t *testing.T) {
 		seq++
 		res, err := sc.Run(ctx, rc, keys, me, 10000, "0", 2000, "1:"+strconv.Itoa(seq),
 			0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, "", "c", "0:0", "",
-			"tpm", 1000, 0, 1000, want, 0, 0, 0).Slice()
+			"tpm", 1000, 0, 1000, want, 0, 0, 0, 0).Slice()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -39,7 +39,7 @@ import (
 
 // spendChunkIntervals is how many lease intervals of a window's recent pace a chunk holds; a
 // replica asks for more when it holds less than half of that.
-const spendChunkIntervals = 2 * renewSteps
+const spendChunkIntervals = 2 * spendRenewSteps
 
 // spendLeases are this replica's parts of the spend windows it reserves in.
 type spendLeases struct {
@@ -344,7 +344,7 @@ func (sp *spendLeases) build(now time.Time, final bool) *spendReport {
 		_, again := resent[a]
 		ended := !now.Before(a.w.End)
 		if !again && !final && !a.due(now, l) {
-			if ended && a.inflight == 0 && a.spent == 0 || a.idle() && now.Sub(a.lastSent) >= l.renew {
+			if ended && a.inflight == 0 && a.spent == 0 || a.idle() && now.Sub(a.lastSent) >= l.spendRenew {
 				delete(sp.wins, key)
 			}
 			continue
@@ -421,7 +421,7 @@ func (sp *spendLeases) build(now time.Time, final bool) *spendReport {
 	for _, a := range r.wins {
 		r.keys = append(r.keys, st.spendKey(a.w.Key))
 	}
-	head := []any{st.o.ReplicaID, st.o.LeaseTTL.Milliseconds(), spendGrace.Milliseconds(), l.renew.Milliseconds(), r.seq,
+	head := []any{st.o.ReplicaID, st.o.LeaseTTL.Milliseconds(), spendGrace.Milliseconds(), l.spendRenew.Milliseconds(), r.seq,
 		tokenTTL.Milliseconds(), l.channel, len(r.wins)}
 	r.args = append(head, r.args...)
 	return r
@@ -440,7 +440,7 @@ func (a *spendLease) due(now time.Time, l *Leaser) bool {
 		return false
 	}
 	// Renewed (and what was spent added) at least every renewal.
-	return now.Sub(a.lastSent) >= l.renew
+	return now.Sub(a.lastSent) >= l.spendRenew
 }
 
 // idle: the part holds, wants and owes nothing here.
