@@ -31,34 +31,39 @@ func scriptSources(leased bool) []string {
 	return append(src, luaAdmit, luaPeek, luaSpendReserve, luaSpendSettle)
 }
 
-// prepare loads the store's scripts into Redis (every master, in a Redis Cluster) and opens its
-// connection pool, within the write timeout. It never decides availability: a Redis that
-// refuses SCRIPT LOAD (an ACL may) still runs scripts sent whole, and a Redis that does not
-// answer fails the registration that follows.
-func (s *Store) prepare(warm bool) {
+// prepare loads the store's scripts into Redis (every master, in a Redis Cluster) and, with
+// warm, opens its connection pool, within the write timeout. It returns an error only when Redis
+// could not be reached: then nothing is warmed, and the registration fails as it would have. A
+// Redis that refuses SCRIPT LOAD (an ACL may) still runs scripts sent whole: that is logged once.
+func (s *Store) prepare(warm bool) error {
 	ctx, cancel := context.WithTimeout(s.ctx, s.o.WriteTimeout)
 	defer cancel()
 	start := time.Now()
+	var refused error
 	err := s.eachNode(ctx, func(ctx context.Context, c *redis.Client) error {
-		if warm {
-			s.warm(ctx, c)
-		}
 		pipe := c.Pipeline()
 		for _, sc := range s.scripts {
 			pipe.ScriptLoad(ctx, sc)
 		}
 		_, err := pipe.Exec(ctx)
+		var re redis.Error
+		if errors.As(err, &re) {
+			refused, err = err, nil
+		}
+		if err == nil && warm {
+			s.warm(ctx, c)
+		}
 		return err
 	})
-	if ctx.Err() != nil && s.ctx.Err() != nil {
-		return
+	if s.ctx.Err() != nil {
+		return err
 	}
-	s.met.observe("prepare", start, err)
-	var re redis.Error
-	if errors.As(err, &re) && !s.refusedLoad.Swap(true) {
+	s.met.observe("prepare", start, errors.Join(err, refused))
+	if refused != nil && !s.refusedLoad.Swap(true) {
 		s.log.Warn("Redis refused to load the scripts ahead: each is sent whole on its first call after Redis starts",
-			"replica", s.o.ReplicaID, "error", err)
+			"replica", s.o.ReplicaID, "error", refused)
 	}
+	return err
 }
 
 // eachNode calls f for every node scripts run on: the server, the sentinels' master, or every
@@ -73,20 +78,27 @@ func (s *Store) eachNode(ctx context.Context, f func(context.Context, *redis.Cli
 	return nil
 }
 
-// warm opens c's pool towards its size: one ping per connection the pool may hold, all at once,
-// so that each finds no idle connection and opens one (completing its handshake), which then
-// stays idle in the pool. A ping that failed on a connection Redis closed (a restart) drops it,
-// and pings again on a new one.
+// warm opens c's pool to its size: one ping per connection the pool may hold, all at once, so
+// that each finds no idle connection and opens one (completing its handshake), which then stays
+// idle in the pool. A ping that failed on a connection Redis closed (a restart) drops it and
+// pings again; one that finished before the last started lets another reuse its connection: up
+// to three rounds make up for those.
 func (s *Store) warm(ctx context.Context, c *redis.Client) {
-	var wg sync.WaitGroup
-	for range c.Options().PoolSize {
-		wg.Go(func() {
-			if c.Ping(ctx).Err() != nil && ctx.Err() == nil {
-				_ = c.Ping(ctx).Err()
-			}
-		})
+	size := c.Options().PoolSize
+	for range 3 {
+		if ctx.Err() != nil || int(c.PoolStats().TotalConns) >= size {
+			return
+		}
+		var wg sync.WaitGroup
+		for range size {
+			wg.Go(func() {
+				if c.Ping(ctx).Err() != nil && ctx.Err() == nil {
+					_ = c.Ping(ctx).Err()
+				}
+			})
+		}
+		wg.Wait()
 	}
-	wg.Wait()
 }
 
 // run runs sc as redis.Script.Run does (by its SHA, sent whole when Redis does not have it), and

@@ -972,7 +972,7 @@ func (s *Store) heartbeatLoop() {
 		case <-s.beatNow:
 		case <-s.reload:
 			// Redis lost the scripts but may hold the state: load them, and keep the timer.
-			s.prepare(false)
+			_ = s.prepare(false)
 			continue
 		}
 		// Read before anything is asked of Redis: only answers to calls made since the store was
@@ -984,8 +984,10 @@ func (s *Store) heartbeatLoop() {
 		if needResync {
 			// The first requests after the registration find the scripts in Redis and the
 			// pool's connections open.
-			s.prepare(true)
-			waiting, err := s.doResync()
+			waiting, err := int64(0), s.prepare(true)
+			if err == nil {
+				waiting, err = s.doResync()
+			}
 			s.triedOnce.Do(func() { close(s.tried) })
 			if err != nil {
 				if kind, _ := classify(err); kind != errCorrupt {
