@@ -138,6 +138,7 @@ func (e *Engine) openCluster(p *config.Policy) error {
 		LeaseTTL: c.LeaseTTL.D(), Heartbeat: c.Heartbeat.D(), SettleInterval: c.SettleInterval.D(),
 		MaxPending: c.MaxPendingSettlements, Logger: e.log,
 		OnCounts: e.sharedCounts, OnReset: e.sharedReset, OnState: e.sharedState, Watched: e.sharedWatched,
+		Leased: c.Admission == config.AdmissionLeased,
 	})
 	if err != nil {
 		return err

@@ -402,7 +402,7 @@ func (l *Leaser) learnEpoch(e string) {
 func (l *Leaser) refreshEpoch(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, l.st.o.WriteTimeout)
 	defer cancel()
-	e, err := l.epochScript.Run(ctx, l.st.client, []string{l.epochKey}, l.Epoch(), l.recovery.Milliseconds()).Text()
+	e, err := l.st.run(ctx, l.epochScript, []string{l.epochKey}, l.Epoch(), l.recovery.Milliseconds()).Text()
 	if err == nil {
 		l.learnEpoch(e)
 	}
@@ -573,6 +573,7 @@ func (l *Leaser) report(ctx context.Context, due []*Lease, whys []why, sr *spend
 	start := time.Now()
 	_, err := pipe.Exec(ctx)
 	if err != nil && isNoScript(err) {
+		l.st.scriptsLost()
 		pipe = l.st.client.Pipeline()
 		for i := range due {
 			cmds[i] = l.script.Eval(ctx, pipe, reps[i].keys, reps[i].args...)

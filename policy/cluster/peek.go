@@ -52,7 +52,7 @@ func (s *Store) Peek(ctx context.Context, windows []Window, r *Result) (int, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.o.Timeout)
 	start := time.Now()
-	res, err := s.peek.Run(cctx, s.client, keys, args...).Int64Slice()
+	res, err := s.run(cctx, s.peek, keys, args...).Int64Slice()
 	cancel()
 	s.met.observe("peek", start, err)
 	if err != nil {

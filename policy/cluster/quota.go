@@ -112,7 +112,7 @@ func (s *Store) ShareQuota(provider, account string, mine []QuotaShare, now time
 	ctx, cancel := context.WithTimeout(s.ctx, s.o.WriteTimeout)
 	defer cancel()
 	start := time.Now()
-	res, err := quotaScript.Run(ctx, s.client, []string{key}, args...).Int64Slice()
+	res, err := s.run(ctx, quotaScript, []string{key}, args...).Int64Slice()
 	s.met.observe("quota", start, err)
 	if err != nil {
 		return nil, err

@@ -296,7 +296,7 @@ func (s *Store) CarrySpend(ctx context.Context, moves []SpendMove) (int, error) 
 	ctx, cancel := context.WithTimeout(ctx, s.o.WriteTimeout)
 	defer cancel()
 	start := time.Now()
-	n, err := spendCarryScript.Run(ctx, s.client, keys, args...).Int()
+	n, err := s.run(ctx, spendCarryScript, keys, args...).Int()
 	s.met.observe("spend_carry", start, err)
 	return n, err
 }
@@ -327,7 +327,7 @@ func (s *Store) ReserveSpend(ctx context.Context, ws []SpendWindow, amount int64
 	defer s.rewrite.RUnlock()
 	cctx, cancel := context.WithTimeout(ctx, s.o.Timeout)
 	start := time.Now()
-	res, err := s.spendReserve.Run(cctx, s.client, keys, args...).Int64Slice()
+	res, err := s.run(cctx, s.spendReserve, keys, args...).Int64Slice()
 	cancel()
 	s.met.observe("spend_reserve", start, err)
 	if err != nil {
@@ -523,7 +523,7 @@ func (s *Store) runBatch(sc *redis.Script, op string, keys []string, args []any)
 	ctx, cancel := context.WithTimeout(s.ctx, s.o.WriteTimeout)
 	defer cancel()
 	start := time.Now()
-	err := sc.Run(ctx, s.client, keys, args...).Err()
+	err := s.run(ctx, sc, keys, args...).Err()
 	s.met.observe(op, start, err)
 	return err
 }

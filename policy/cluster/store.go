@@ -76,6 +76,9 @@ type Options struct {
 	// with requests waiting here), so that a missed publication delays a waiter by at most one
 	// heartbeat.
 	Watched func() []string
+	// Leased says admission is leased (a Leaser runs on the store): the scripts loaded ahead
+	// are leased admission's rather than exact admission's.
+	Leased bool
 }
 
 // Slot is one compartment an admission takes a slot in.
@@ -299,6 +302,12 @@ type Store struct {
 	beatNow chan struct{}
 	// back wakes the settlement loop from its wait between retries: Redis answers again.
 	back chan struct{}
+	// reload asks the heartbeat loop to load the scripts again (Redis answered NOSCRIPT).
+	reload chan struct{}
+	// scripts are the sources of the scripts loaded before each registration (see prepare);
+	// refusedLoad is set once Redis refused to load them (logged once).
+	scripts     []string
+	refusedLoad atomic.Bool
 	// tried is closed once the first registration was attempted.
 	tried     chan struct{}
 	triedOnce sync.Once
@@ -369,6 +378,7 @@ func Open(o Options) (*Store, error) {
 		o: o, client: client, tag: "{" + o.KeyPrefix + "}", log: o.Logger,
 		leases: map[uint64]lease{}, kick: make(chan struct{}, 1), probe: make(chan struct{}, 1),
 		beatNow: make(chan struct{}, 1), back: make(chan struct{}, 1), tried: make(chan struct{}),
+		reload: make(chan struct{}, 1), scripts: scriptSources(o.Leased),
 		admit: redis.NewScript(luaAdmit), settle: redis.NewScript(luaSettle), peek: redis.NewScript(luaPeek),
 		heartbeat: redis.NewScript(luaHeartbeat), resync: redis.NewScript(luaResync), leave: redis.NewScript(luaLeave),
 		repair:       redis.NewScript(luaRepair),
@@ -467,7 +477,7 @@ func (s *Store) Admit(ctx context.Context, a *Admission, r *Result) error {
 	s.sentTokens.Add(tokens)
 	cctx, cancel := context.WithTimeout(ctx, s.o.Timeout)
 	start := time.Now()
-	res, err := s.admit.Run(cctx, s.client, keys, args...).Int64Slice()
+	res, err := s.run(cctx, s.admit, keys, args...).Int64Slice()
 	cancel()
 	s.met.observe("admit", start, err)
 	if err != nil {
@@ -775,7 +785,7 @@ func (s *Store) repairKeys(op string, keys []typedKey, detail string) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.o.WriteTimeout)
 	defer cancel()
 	start := time.Now()
-	bad, err := s.repair.Run(ctx, s.client, ks, args...).StringSlice()
+	bad, err := s.run(ctx, s.repair, ks, args...).StringSlice()
 	s.met.observe("repair", start, err)
 	if err != nil || len(bad) == 0 {
 		return
@@ -960,6 +970,10 @@ func (s *Store) heartbeatLoop() {
 		case <-t.C:
 		case <-s.probe:
 		case <-s.beatNow:
+		case <-s.reload:
+			// Redis lost the scripts but may hold the state: load them, and keep the timer.
+			_ = s.prepare(false)
+			continue
 		}
 		// Read before anything is asked of Redis: only answers to calls made since the store was
 		// last found unavailable can make it available (see downs).
@@ -968,7 +982,12 @@ func (s *Store) heartbeatLoop() {
 			needResync = true
 		}
 		if needResync {
-			waiting, err := s.doResync()
+			// The first requests after the registration find the scripts in Redis and the
+			// pool's connections open.
+			waiting, err := int64(0), s.prepare(true)
+			if err == nil {
+				waiting, err = s.doResync()
+			}
 			s.triedOnce.Do(func() { close(s.tried) })
 			if err != nil {
 				if kind, _ := classify(err); kind != errCorrupt {
@@ -1120,7 +1139,7 @@ func (s *Store) beat() (beatResult, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.o.WriteTimeout)
 	defer cancel()
 	start := time.Now()
-	res, err := s.heartbeat.Run(ctx, s.client, keys, s.o.ReplicaID, s.o.LeaseTTL.Milliseconds(), s.keys.channel, s.tag,
+	res, err := s.run(ctx, s.heartbeat, keys, s.o.ReplicaID, s.o.LeaseTTL.Milliseconds(), s.keys.channel, s.tag,
 		epoch, b01(confirm), len(h.keys), len(names), heard).Slice()
 	s.met.observe("heartbeat", start, err)
 	if err != nil {
@@ -1302,7 +1321,7 @@ func (s *Store) rewriteLeases(cut bool) (waiting int64, err error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.o.WriteTimeout)
 	defer cancel()
 	start := time.Now()
-	res, err := s.resync.Run(ctx, s.client, keys, args...).Slice()
+	res, err := s.run(ctx, s.resync, keys, args...).Slice()
 	s.met.observe("resync", start, err)
 	if err != nil {
 		tk := s.beatKeys()
@@ -1469,7 +1488,7 @@ func (s *Store) flush() error {
 		}
 		ctx, cancel := context.WithTimeout(s.ctx, s.o.WriteTimeout)
 		start := time.Now()
-		err := s.settle.Run(ctx, s.client, keys, args...).Err()
+		err := s.run(ctx, s.settle, keys, args...).Err()
 		cancel()
 		s.met.observe("settle", start, err)
 		s.pendMu.Lock()
@@ -1582,7 +1601,7 @@ func (s *Store) Close(ctx context.Context) error {
 		if err == nil {
 			keys := []string{s.keys.replicas, s.keys.leases, s.keys.comps, s.keys.seq, s.keys.epoch}
 			start := time.Now()
-			err = s.leave.Run(ctx, s.client, keys, s.o.ReplicaID, s.keys.channel, s.tag).Err()
+			err = s.run(ctx, s.leave, keys, s.o.ReplicaID, s.keys.channel, s.tag).Err()
 			s.met.observe("leave", start, err)
 		}
 		s.rewrite.Unlock()

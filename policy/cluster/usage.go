@@ -430,7 +430,7 @@ func (u *UsageStore) send(op *usageOp) error {
 	ctx, cancel := context.WithTimeout(u.st.ctx, u.st.o.WriteTimeout)
 	defer cancel()
 	start := time.Now()
-	res, err := u.flush.Run(ctx, u.st.client, keys, args...).Slice()
+	res, err := u.st.run(ctx, u.flush, keys, args...).Slice()
 	u.st.met.observe("usage_flush", start, err)
 	if err != nil {
 		return err
@@ -544,7 +544,7 @@ func (u *UsageStore) Report(ctx context.Context, q usage.Query) (usage.Report, e
 	ctx, cancel := context.WithTimeout(ctx, u.st.o.WriteTimeout)
 	defer cancel()
 	start := time.Now()
-	res, err := u.read.Run(ctx, u.st.client, keys, byKind[q.By]).Slice()
+	res, err := u.st.run(ctx, u.read, keys, byKind[q.By]).Slice()
 	u.st.met.observe("usage_read", start, err)
 	if err != nil {
 		return usage.Report{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
