@@ -130,3 +130,17 @@ func TestMeterReadingsNeverDecrease(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkStalled measures a reading of a running meter, as adaptive limits take three per
+// request.
+func BenchmarkStalled(b *testing.B) {
+	m := New()
+	m.Start()
+	defer m.Stop()
+	now := time.Now()
+	var sum time.Duration
+	for b.Loop() {
+		sum += m.Stalled(now)
+	}
+	_ = sum
+}
