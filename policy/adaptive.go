@@ -48,12 +48,13 @@ func (a *adaptiveLimit) apply() {
 	a.mu.Unlock()
 }
 
-// observe feeds one observation to the controller and puts a changed limit in force.
-func (a *adaptiveLimit) observe(now time.Time, x adaptive.Sample) {
+// observe feeds one observation at now, the process having stalled for stalled in all, to the
+// controller and puts a changed limit in force.
+func (a *adaptiveLimit) observe(now time.Time, stalled time.Duration, x adaptive.Sample) {
 	sat := a.c.Saturations()
 	x.Saturated = a.saturations.Swap(sat) != sat
 	a.mu.Lock()
-	a.put(a.ctl.Observe(now, x))
+	a.put(a.ctl.Observe(now, stalled, x))
 	a.mu.Unlock()
 }
 
@@ -85,21 +86,32 @@ func (a *adaptiveLimit) learned(now time.Time, n int64) {
 }
 
 // finish ends the request h and puts a changed limit in force.
-func (a *adaptiveLimit) finish(now time.Time, h adaptive.Handle) {
+func (a *adaptiveLimit) finish(now time.Time, stalled time.Duration, h adaptive.Handle) {
 	a.mu.Lock()
-	a.put(a.ctl.Finish(now, h))
+	a.put(a.ctl.Finish(now, stalled, h))
 	a.mu.Unlock()
 }
 
 // startAdaptive tells the adaptive limits of the ticket's compartments that the request was
 // admitted; they follow its wait for the first token when it asked for a streamed answer
-// (whose first token FirstToken reports as it comes).
+// (whose first token FirstToken reports as it comes). The first admission into an adaptive
+// compartment starts the meter of the process's stalls, whose stalled time the limits
+// discount.
 func (t *Ticket) startAdaptive(stream bool) {
+	started := false
 	for i := 0; i < t.n; i++ {
 		t.handles[i] = 0
-		if a := t.insts[i].adaptive; a != nil {
-			t.handles[i] = a.ctl.Start(t.grantedAt, t.est.Prompt, stream)
+		a := t.insts[i].adaptive
+		if a == nil {
+			continue
 		}
+		if !started {
+			if m := t.engine.stalls; m != nil {
+				m.Start()
+			}
+			t.stalled, started = t.engine.stalled(t.grantedAt), true
+		}
+		t.handles[i] = a.ctl.Start(t.grantedAt, t.stalled, t.est.Prompt, stream)
 	}
 }
 
@@ -145,12 +157,17 @@ func (t *Ticket) FirstToken(ttfb time.Duration) {
 	}
 	// The first token came ttfb after the grant: no clock to read.
 	now := t.grantedAt.Add(ttfb)
+	stalled, read := time.Duration(0), false
 	for i := 0; i < t.n; i++ {
 		a := t.insts[i].adaptive
 		if a == nil {
 			continue
 		}
-		a.observe(now, adaptive.Sample{Admitted: t.grantedAt, TTFB: ttfb, PromptTokens: t.est.Prompt, Handle: t.handles[i]})
+		if !read {
+			stalled, read = t.engine.stalled(now), true
+		}
+		a.observe(now, stalled, adaptive.Sample{Admitted: t.grantedAt, TTFB: ttfb, PromptTokens: t.est.Prompt, Handle: t.handles[i],
+			Stalled: stalled - t.stalled})
 	}
 }
 
@@ -173,16 +190,24 @@ func (t *Ticket) observeAdaptive(o Outcome, now time.Time) {
 		ok = false
 	}
 	x.Admitted = t.grantedAt
+	stalled, read := time.Duration(0), false
 	for i := 0; i < t.n; i++ {
 		a := t.insts[i].adaptive
 		if a == nil {
 			continue
 		}
+		if !read {
+			stalled, read = t.engine.stalled(now), true
+			if x.TTFB > 0 {
+				// Read at the end: a stall after the first token is discounted from it too.
+				x.Stalled = stalled - t.stalled
+			}
+		}
 		if ok {
 			x.Handle = t.handles[i]
-			a.observe(now, x)
+			a.observe(now, stalled, x)
 		}
-		a.finish(now, t.handles[i])
+		a.finish(now, stalled, t.handles[i])
 	}
 }
 

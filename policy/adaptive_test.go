@@ -5,11 +5,13 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/llm-bulkhead/llm-bulkhead/internal/stall"
 	"github.com/llm-bulkhead/llm-bulkhead/policy"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/config"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/observe"
@@ -229,22 +231,7 @@ func TestAdaptiveMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	rounds(t, e, clk, 12, policy.Outcome{Status: 200, TTFB: 100 * time.Millisecond, InterToken: 20 * time.Millisecond})
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			key := mf.GetName()
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "signal" || l.GetName() == "cause" {
-					key += "/" + l.GetValue()
-				}
-			}
-			got[key] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
-		}
-	}
+	got := gathered(t, reg)
 	for key, want := range map[string]float64{
 		"llm_bulkhead_adaptive_limit":                        8,
 		"llm_bulkhead_adaptive_baseline_seconds/ttfb":        0.1 / 1.5, // 500 prompt tokens
@@ -262,6 +249,28 @@ func TestAdaptiveMetrics(t *testing.T) {
 	if got["llm_bulkhead_adaptive_increases_total"] == 0 {
 		t.Error("no increase counted")
 	}
+}
+
+// gathered returns reg's metrics by name, with their signal or cause label appended.
+func gathered(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			key := mf.GetName()
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "signal" || l.GetName() == "cause" {
+					key += "/" + l.GetValue()
+				}
+			}
+			got[key] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	return got
 }
 
 // TestAdaptivePoolMemberRefused: a pool member's concurrency is its share of the pool; an
@@ -288,18 +297,36 @@ pools:
 // controller. BenchmarkAdmitDoneProviderFixed is the same with a fixed provider limit, for
 // comparison.
 func BenchmarkAdmitDoneAdaptive(b *testing.B) {
-	benchProvider(b, "{max_concurrent: adaptive, adaptive: {min: 1, max: 1000, initial: 100}}")
+	benchProvider(b, "{max_concurrent: adaptive, adaptive: {min: 1, max: 1000, initial: 100}}", nil)
+}
+
+// BenchmarkAdmitDoneAdaptiveMetered is BenchmarkAdmitDoneAdaptive with the meter of the
+// process's stalls running, as with the system clock: the stalled time is read at admission,
+// first token and end.
+func BenchmarkAdmitDoneAdaptiveMetered(b *testing.B) {
+	m := stall.New()
+	defer m.Stop()
+	benchProvider(b, "{max_concurrent: adaptive, adaptive: {min: 1, max: 1000, initial: 100}}", m)
 }
 
 func BenchmarkAdmitDoneProviderFixed(b *testing.B) {
-	benchProvider(b, "{max_concurrent: 100}")
+	benchProvider(b, "{max_concurrent: 100}", nil)
 }
 
-func benchProvider(b *testing.B, limits string) {
+func benchProvider(b *testing.B, limits string, stalls policy.StallMeter) {
 	yaml := strings.Replace(seedPolicy, "classification:\n", "classification:\n  provider: {default: openai}\n", 1)
-	e, clk := engine(b, strings.Replace(yaml, "compartments:", "providers:\n  openai: "+limits+`
+	p, err := config.Load("test.yaml", []byte(strings.Replace(yaml, "compartments:", "providers:\n  openai: "+limits+`
 compartments:
-  - {name: provider, key: [provider], limits_from: provider}`, 1))
+  - {name: provider, key: [provider], limits_from: provider}`, 1)), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	clk := newClock()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	e, err := policy.NewEngine(p, policy.Options{Clock: clk, Logger: log, Recorder: observe.NewMetrics(log), Stalls: stalls})
+	if err != nil {
+		b.Fatal(err)
+	}
 	s := e.Snapshot()
 	in := &input{headers: map[string]string{"x-llm-feature": "chat", "x-tenant-id": "acme"}}
 	size := policy.RequestSize{Scanned: true, PromptBytes: 4000, MaxTokens: 500, HasMaxTokens: true, N: 1}
@@ -317,5 +344,88 @@ compartments:
 		clk.Advance(time.Millisecond)
 		tk.FirstToken(200 * time.Millisecond)
 		tk.Done(o)
+	}
+}
+
+// stallMeter is a StallMeter the test sets: the process has been stalled for stalled.
+type stallMeter struct {
+	mu      sync.Mutex
+	stalled time.Duration
+	running bool
+}
+
+func (m *stallMeter) Start() { m.mu.Lock(); m.running = true; m.mu.Unlock() }
+func (m *stallMeter) Stop()  { m.mu.Lock(); m.running = false; m.mu.Unlock() }
+func (m *stallMeter) Stalled(time.Time) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.stalled
+}
+func (m *stallMeter) Total() time.Duration { return m.Stalled(time.Time{}) }
+
+func (m *stallMeter) stall(d time.Duration) { m.mu.Lock(); m.stalled += d; m.mu.Unlock() }
+
+// TestAdaptiveDiscountsProcessStalls: the compartment is full of streamed requests when the
+// process stalls for two seconds; the first token that came meanwhile is handled at the end.
+// Every request waited far beyond its baseline, but for the stall: the limit stays where it was,
+// and the stall is exported. An engine that cannot measure its stalls cuts the limit for it.
+func TestAdaptiveDiscountsProcessStalls(t *testing.T) {
+	p, err := config.Load("test.yaml", []byte(adaptivePolicy), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, measured := range []bool{true, false} {
+		reg := prometheus.NewRegistry()
+		clk := newClock()
+		o := policy.Options{Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		m := &stallMeter{}
+		if measured {
+			o.Stalls = m
+		}
+		e, err := observe.NewEngine(p, o, reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rounds(t, e, clk, 12, policy.Outcome{Status: 200, TTFB: 100 * time.Millisecond, InterToken: 20 * time.Millisecond})
+		if got := adaptiveView(t, e).Adaptive.Limit; got != 8 {
+			t.Fatalf("limit %d after healthy rounds, want max 8", got)
+		}
+		if measured && !m.running {
+			t.Error("the stall meter was not started by admissions into an adaptive compartment")
+		}
+		var streams []*policy.Ticket
+		for range 8 {
+			s := e.Snapshot()
+			tk := &policy.Ticket{}
+			r := policy.Request{Dims: s.Classify(input{}), Estimate: policy.Estimate{Prompt: 500, Output: 500, Total: 1000}, Stream: true}
+			if d := e.Admit(context.Background(), s, &r, tk, nil); d.Verdict != policy.Admit {
+				t.Fatalf("stream not admitted: %+v", d)
+			}
+			streams = append(streams, tk)
+		}
+		clk.Advance(2 * time.Second)
+		m.stall(2 * time.Second)
+		streams[0].FirstToken(2*time.Second + 100*time.Millisecond)
+		v := adaptiveView(t, e).Adaptive
+		if measured && (v.Limit != 8 || v.BackoffsLatency != 0) {
+			t.Errorf("a stall of the process cut the limit to %d (%d cuts for latency), want it at 8", v.Limit, v.BackoffsLatency)
+		}
+		if !measured && v.Limit >= 8 {
+			t.Errorf("without a stall meter the requests held by the stall left the limit at %d; the test shows nothing", v.Limit)
+		}
+		for _, tk := range streams {
+			tk.Done(policy.Outcome{Status: 200})
+		}
+		if measured {
+			if err := e.Close(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if m.running {
+				t.Error("Close left the stall meter running")
+			}
+			if got := gathered(t, reg)["llm_bulkhead_process_stall_seconds_total"]; got != 2 {
+				t.Errorf("llm_bulkhead_process_stall_seconds_total = %v, want 2", got)
+			}
+		}
 	}
 }

@@ -45,7 +45,8 @@
 //     engine's usage.Tracker.
 //
 // Imports: the standard library, its domain packages (adaptive, breaker, budget, bulkhead,
-// cluster, quota, spend, usage), config, apikey, glob and statefile, and internal/throttle; never extproc, observe, Prometheus
+// cluster, quota, spend, usage), config, apikey, glob and statefile, and internal/throttle and
+// internal/stall (the meter of the process's stalls, for adaptive limits); never extproc, observe, Prometheus
 // or anything of Envoy. The domain packages import none of policy, extproc or observe, and
 // config is a leaf (see its doc). Imported by: extproc (the Envoy adapter), policy/observe,
 // the app and the commands.

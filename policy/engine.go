@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/llm-bulkhead/llm-bulkhead/internal/stall"
 	"github.com/llm-bulkhead/llm-bulkhead/internal/throttle"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/apikey"
 	"github.com/llm-bulkhead/llm-bulkhead/policy/bulkhead"
@@ -33,6 +34,21 @@ type SystemClock struct{}
 // Now returns time.Now().
 func (SystemClock) Now() time.Time { return time.Now() }
 
+// StallMeter measures this process's own stalls (a CPU-throttled container, a loaded machine,
+// a long garbage collection), which adaptive limits discount from the waits they judge (see
+// package internal/stall).
+type StallMeter interface {
+	// Start starts measuring; it is called on every admission into an adaptive compartment,
+	// so it must return at once when the meter runs. Stop stops it.
+	Start()
+	Stop()
+	// Stalled returns the stalled time up to now (the engine's clock), a stall in progress
+	// included; it never decreases while the meter runs. Total returns the stalled time
+	// recorded.
+	Stalled(now time.Time) time.Duration
+	Total() time.Duration
+}
+
 // Options configure an Engine.
 type Options struct {
 	// Clock defaults to SystemClock.
@@ -47,6 +63,10 @@ type Options struct {
 	Cluster bool
 	// SpendStore keeps the sums of spend budgets. Default: in this process's memory.
 	SpendStore spend.Store
+	// Stalls measures the process's stalls, from the first admission into a compartment with
+	// an adaptive limit until Close. Default: with the system clock, a stall.Meter; with
+	// another clock, none (no stall is discounted).
+	Stalls StallMeter
 }
 
 // Engine holds the live policy and all state that outlives a policy reload: compartments,
@@ -84,6 +104,8 @@ type Engine struct {
 	ledger *spend.Ledger
 	// usage counts what tenants and models use (usage section).
 	usage *usage.Tracker
+	// stalls measures the process's stalls for adaptive limits (nil: none).
+	stalls StallMeter
 }
 
 // NewEngine builds an engine running policy p.
@@ -95,7 +117,10 @@ func NewEngine(p *config.Policy, o Options) (*Engine, error) {
 		o.Logger = slog.Default()
 	}
 	e := &Engine{clock: o.Clock, log: o.Logger, sched: &bulkhead.Scheduler{Now: o.Clock.Now},
-		retired: map[string]*instance{}, retiredDyn: map[string]*dynStore{}}
+		retired: map[string]*instance{}, retiredDyn: map[string]*dynStore{}, stalls: o.Stalls}
+	if _, system := o.Clock.(SystemClock); system && e.stalls == nil {
+		e.stalls = stall.New()
+	}
 	e.est = newEstimator()
 	e.ledger = spend.NewLedger(o.SpendStore)
 	e.usage = usage.New(usageReasons)
@@ -125,9 +150,31 @@ func (e *Engine) logDue(g *throttle.Gate) bool {
 	return ok
 }
 
-// Close disconnects from the shared state (giving this replica's slots back at once); ctx
-// bounds it. Without a cluster it does nothing.
-func (e *Engine) Close(ctx context.Context) error { return e.closeCluster(ctx) }
+// Close stops the meter of the process's stalls and disconnects from the shared state (giving
+// this replica's slots back at once); ctx bounds it.
+func (e *Engine) Close(ctx context.Context) error {
+	if e.stalls != nil {
+		e.stalls.Stop()
+	}
+	return e.closeCluster(ctx)
+}
+
+// ProcessStalled returns how long this process has been stalled, as far as its meter has
+// measured (it runs from the first admission into an adaptive compartment); 0 without one.
+func (e *Engine) ProcessStalled() time.Duration {
+	if e.stalls == nil {
+		return 0
+	}
+	return e.stalls.Total()
+}
+
+// stalled returns the process's stalled time up to now, for adaptive limits.
+func (e *Engine) stalled(now time.Time) time.Duration {
+	if e.stalls == nil {
+		return 0
+	}
+	return e.stalls.Stalled(now)
+}
 
 // Snapshot returns the live policy. A request should use one Snapshot from start to end.
 func (e *Engine) Snapshot() *Snapshot { return e.cur.Load() }

@@ -47,8 +47,10 @@ type Ticket struct {
 	done      atomic.Bool
 	// firstToken: FirstToken reported the first token to adaptive limits.
 	firstToken atomic.Bool
-	// handles are the request's handles in the adaptive limits of its compartments.
+	// handles are the request's handles in the adaptive limits of its compartments; stalled
+	// the process's stalled time when it was admitted (only with an adaptive limit).
 	handles [maxCompartments]adaptive.Handle
+	stalled time.Duration
 
 	// mode says where the admission's limits were enforced (cluster mode only).
 	mode ticketMode

@@ -70,6 +70,7 @@ func NewReplay(ctx context.Context) (*Replay, error) {
 		gs.Stop()
 		<-done
 		srv.Close()
+		_ = eng.Close(context.Background())
 	}()
 	filter, err := FilterConfig(30 * time.Second)
 	if err != nil {

@@ -51,8 +51,16 @@
 // the lower quartile of the first window: of a burst admitted at once, the earliest requests
 // found the provider idle.
 //
+// Stalls of this process (a CPU-throttled container, a loaded machine, a long garbage
+// collection) are not the provider's: a first token that reached the socket during a stall is
+// processed at its end, as if it had just come, and every request waiting across it would look
+// queued. Start, Observe and Finish take the process's cumulative stalled time with the current
+// time; a wait is judged, and a time to first token counted, without the stalled time that
+// overlapped it. A time to first token the process stalled during is only known to lie within
+// the stall, so it does not move the baselines.
+//
 // The package is pure: it starts no goroutines and reads no clock. Every method takes the
-// current time, so tests drive it with a simulated provider.
+// current time and the stalled time, so tests drive it with a simulated provider.
 //
 // Imports: only the standard library. Imported by: package policy (which runs one controller
 // per adaptive compartment) and policy/observe (which reads its State).
@@ -124,6 +132,10 @@ type Sample struct {
 	// Handle is the request's handle from Start (0 when it was not started). With a TTFB it
 	// ends the request's wait for its first token.
 	Handle Handle
+	// Stalled is how long this process was stalled between the admission and the first token
+	// (the growth of the stalled time given to Start and Observe): TTFB less Stalled is
+	// counted, and only a TTFB with no stall moves the baselines.
+	Stalled time.Duration
 }
 
 // Handle identifies a request from Start to Finish; 0 is none.
@@ -136,6 +148,7 @@ const untracked Handle = 1 << 63
 // waiter is a request waiting for its first token.
 type waiter struct {
 	admitted int64   // Unix nanoseconds
+	stalled  int64   // the process's stalled nanoseconds at admission
 	expect   float64 // 1 + prompt tokens / PromptUnit: its TTFB is expect × its class's baseline
 	class    uint8
 	state    uint8 // waiting, queued or gone
@@ -304,12 +317,13 @@ func sizeClass(n int64) int {
 	return min(bits.Len64(uint64(max(n, 0))/256), sizeClasses-1)
 }
 
-// Observe records an observation and returns the limit in force afterwards. It does not
-// allocate.
-func (c *Controller) Observe(now time.Time, x Sample) int64 {
+// Observe records an observation at now, when the process had been stalled for stalled in
+// all (never less than the stalled time given to an earlier call), and returns the limit in
+// force afterwards. It does not allocate.
+func (c *Controller) Observe(now time.Time, stalled time.Duration, x Sample) int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.scan(now)
+	c.scan(now, stalled)
 	if x.TTFB > 0 && c.release(x.Handle) == queued {
 		// Its wait was counted while it lasted (the queue rule answered it): its time to
 		// first token is not counted a second time.
@@ -317,6 +331,13 @@ func (c *Controller) Observe(now time.Time, x Sample) int64 {
 		if x.InterToken == 0 && !x.Backoff {
 			return c.current()
 		}
+	}
+	// A TTFB the process stalled during is counted without the stall, but the first token
+	// may have come at any moment of it: the TTFB is only known within the stall's length,
+	// so it does not move the baselines.
+	exact := x.Stalled <= 0
+	if !exact {
+		x.TTFB = max(x.TTFB-x.Stalled, 0)
 	}
 	fresh := c.probing || !x.Admitted.Before(c.changedAt)
 	if !c.probing && x.Admitted.Before(c.decreasedAt) {
@@ -335,8 +356,10 @@ func (c *Controller) Observe(now time.Time, x Sample) int64 {
 	if x.TTFB > 0 && !x.Backoff {
 		cls = sizeClass(x.PromptTokens)
 		ttfb = x.TTFB.Seconds() / (1 + float64(max(x.PromptTokens, 0))/PromptUnit)
-		c.class[cls].add(ttfb)
-		c.classSeen[cls]++
+		if exact {
+			c.class[cls].add(ttfb)
+			c.classSeen[cls]++
+		}
 		if b := c.baseTTFB[cls]; b > 0 {
 			ratio = ttfb / b
 			if fresh {
@@ -355,6 +378,9 @@ func (c *Controller) Observe(now time.Time, x Sample) int64 {
 		}
 	}
 	if c.probing {
+		if !exact {
+			ttfb, ratio = 0, 0
+		}
 		c.probe(now, x, cls, ttfb, ratio, itl)
 		return c.current()
 	}
@@ -383,13 +409,14 @@ func (c *Controller) Observe(now time.Time, x Sample) int64 {
 	return c.current()
 }
 
-// Start records that a request was admitted at now, with an estimated prompt of promptTokens,
-// and returns its handle for Observe and Finish. When follow is set (the request's first token
+// Start records that a request was admitted at now (the process's stalled time then being
+// stalled), with an estimated prompt of promptTokens, and returns its handle for Observe and
+// Finish. When follow is set (the request's first token
 // will be observed as it comes, as for a streamed answer) the controller follows its wait: a
 // request waiting longer than Tolerance times its no-load time to first token is queued at
 // the provider, which the controller knows without waiting for the token. It does not
 // allocate.
-func (c *Controller) Start(now time.Time, promptTokens int64, follow bool) Handle {
+func (c *Controller) Start(now time.Time, stalled time.Duration, promptTokens int64, follow bool) Handle {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.inflight++
@@ -398,6 +425,7 @@ func (c *Controller) Start(now time.Time, promptTokens int64, follow bool) Handl
 	}
 	c.waiters[c.tail%trackCap] = waiter{
 		admitted: now.UnixNano(),
+		stalled:  int64(stalled),
 		expect:   1 + float64(max(promptTokens, 0))/PromptUnit,
 		class:    uint8(sizeClass(promptTokens)),
 	}
@@ -405,9 +433,10 @@ func (c *Controller) Start(now time.Time, promptTokens int64, follow bool) Handl
 	return Handle(c.tail)
 }
 
-// Finish records the end of the request h (whatever its outcome) and returns the limit in
-// force afterwards. Every handle Start returned must be finished once. It does not allocate.
-func (c *Controller) Finish(now time.Time, h Handle) int64 {
+// Finish records the end of the request h (whatever its outcome) at now, the process's stalled
+// time then being stalled, and returns the limit in force afterwards. Every handle Start
+// returned must be finished once. It does not allocate.
+func (c *Controller) Finish(now time.Time, stalled time.Duration, h Handle) int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if h == 0 {
@@ -415,7 +444,7 @@ func (c *Controller) Finish(now time.Time, h Handle) int64 {
 	}
 	c.inflight--
 	c.release(h)
-	c.scan(now)
+	c.scan(now, stalled)
 	return c.current()
 }
 
@@ -441,11 +470,12 @@ func (c *Controller) release(h Handle) uint8 {
 }
 
 // scan judges the requests still waiting for their first token: one that has waited more than
-// Tolerance times its class's baseline (scaled to its prompt) is queued at the provider. When
+// Tolerance times its class's baseline (scaled to its prompt), not counting the time the
+// process was stalled since it was admitted, is queued at the provider. When
 // requests newly turn out queued while the limit is saturated, the queue rule puts the limit
 // at the number of requests in flight that are not queued, the provider's apparent
 // concurrency, but within an Interval never below half the limit it started from.
-func (c *Controller) scan(now time.Time) {
+func (c *Controller) scan(now time.Time, stalled time.Duration) {
 	if c.probing || c.head == c.tail {
 		return
 	}
@@ -458,11 +488,13 @@ func (c *Controller) scan(now time.Time) {
 	if floorBase == 0 {
 		return
 	}
-	t := now.UnixNano()
+	t, st := now.UnixNano(), int64(stalled)
 	newly := 0
 	for seq := c.head; seq < c.tail; seq++ {
 		w := &c.waiters[seq%trackCap]
-		waited := float64(t-w.admitted) / 1e9
+		// The process cannot have been stalled longer than the time that passed, so a later
+		// admission has waited no longer than an earlier one.
+		waited := float64(t-w.admitted-max(st-w.stalled, 0)) / 1e9
 		if waited <= c.s.Tolerance*floorBase {
 			break // it and every later admission waited less than any threshold
 		}

@@ -261,7 +261,7 @@ func TestOneSlowRequestDoesNotMoveTheLimit(t *testing.T) {
 	feed := func(n int, ttfb time.Duration) {
 		for range n {
 			now = now.Add(100 * time.Millisecond)
-			c.Observe(now, Sample{Admitted: now.Add(-ttfb), TTFB: ttfb, PromptTokens: 1000})
+			c.Observe(now, 0, Sample{Admitted: now.Add(-ttfb), TTFB: ttfb, PromptTokens: 1000})
 		}
 	}
 	feed(20, 400*time.Millisecond)
@@ -335,7 +335,7 @@ func TestObserveDoesNotAllocate(t *testing.T) {
 	now := epoch
 	allocs := testing.AllocsPerRun(1000, func() {
 		now = now.Add(50 * time.Millisecond)
-		c.Observe(now, Sample{Admitted: now, TTFB: 300 * time.Millisecond, PromptTokens: 500, InterToken: 20 * time.Millisecond, Saturated: true})
+		c.Observe(now, 0, Sample{Admitted: now, TTFB: 300 * time.Millisecond, PromptTokens: 500, InterToken: 20 * time.Millisecond, Saturated: true})
 	})
 	if allocs != 0 {
 		t.Errorf("Observe allocates %.1f times per call", allocs)
@@ -348,7 +348,7 @@ func BenchmarkObserve(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		now = now.Add(time.Millisecond)
-		c.Observe(now, Sample{Admitted: now, TTFB: 300 * time.Millisecond, PromptTokens: 500, InterToken: 20 * time.Millisecond, Saturated: true})
+		c.Observe(now, 0, Sample{Admitted: now, TTFB: 300 * time.Millisecond, PromptTokens: 500, InterToken: 20 * time.Millisecond, Saturated: true})
 	}
 }
 
@@ -363,7 +363,7 @@ func TestBaselineNoiseDoesNotPinTheLimit(t *testing.T) {
 	feed := func(n int, itl time.Duration) {
 		for range n {
 			now = now.Add(100 * time.Millisecond)
-			c.Observe(now, Sample{Admitted: now, TTFB: 150 * time.Millisecond, PromptTokens: 500, InterToken: itl, Saturated: true})
+			c.Observe(now, 0, Sample{Admitted: now, TTFB: 150 * time.Millisecond, PromptTokens: 500, InterToken: itl, Saturated: true})
 		}
 	}
 	feed(300, 20*time.Millisecond)

@@ -1,8 +1,10 @@
 package adaptive
 
 import (
+	"cmp"
 	"container/heap"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -30,19 +32,23 @@ type simReq struct {
 	saturated bool
 	started   time.Time // when the provider began working on it
 	handle    Handle
+	// stalled is what the process's stall meter read when it was admitted.
+	stalled time.Duration
 }
 
 // event is a simulated happening at a point in time.
 type event struct {
 	at   time.Time
 	seq  int
-	kind int // evDone or evArrive
+	kind int // evDone, evArrive or evFirst
 	req  *simReq
-	// ttfb and itl are what the finished request measured; backoff its 429.
-	ttfb, itl time.Duration
-	backoff   bool
+	// itl is what the finished request measured; backoff its 429.
+	itl     time.Duration
+	backoff bool
 }
 
+// Kinds of event, in the order in which the process handles those that came during a stall of
+// its own: ends first (each judges the requests still waiting), then first tokens.
 const (
 	evDone = iota
 	evArrive
@@ -89,6 +95,40 @@ type sim struct {
 	trace []point
 	// completed counts finished requests.
 	completed int
+
+	// stalls are the stretches of time in which our process stalled; lateFirst counts the
+	// first tokens it handled late, at the end of one.
+	stalls    []span
+	lateFirst int
+}
+
+// span is a stretch [from, to) of simulated time.
+type span struct{ from, to time.Time }
+
+// meterBlind is how much of a stall the process's stall meter does not see: the wake-up it
+// misses is due up to a tick after the stall begins, and the lateness it counts starts beyond a
+// threshold (package internal/stall: a tick of 25ms and a threshold of 5ms).
+const meterBlind = 30 * time.Millisecond
+
+// stalled returns what the process's stall meter reads at t: each stall up to t, less the
+// part of it the meter does not see.
+func (x *sim) stalled(t time.Time) time.Duration {
+	var d time.Duration
+	for _, s := range x.stalls {
+		end := s.to
+		if t.Before(end) {
+			end = t
+		}
+		d += max(end.Sub(s.from)-meterBlind, 0)
+	}
+	return d
+}
+
+// stall stalls our process for d from now, and runs the simulation through it: what happens
+// in the stall (first tokens, ends, arrivals) is handled when it ends, ends first.
+func (x *sim) stall(d time.Duration) {
+	x.stalls = append(x.stalls, span{x.now, x.now.Add(d)})
+	x.run(d)
 }
 
 type point struct {
@@ -139,7 +179,7 @@ func (x *sim) admit() {
 		x.inflight++
 		r.admitted = x.now
 		r.saturated = x.inflight >= limit || len(x.waiting) > 0
-		r.handle = x.ctl.Start(x.now, r.prompt, true)
+		r.handle = x.begin(r)
 		x.send(r)
 	}
 }
@@ -168,7 +208,7 @@ func (x *sim) start(r *simReq) {
 	end := first.Add(time.Duration(r.output-1) * itl)
 	// The first token is reported when it comes, the inter-token latency when the answer ends,
 	// as the server reports them.
-	x.push(&event{at: first, kind: evFirst, req: r, ttfb: first.Sub(r.admitted)})
+	x.push(&event{at: first, kind: evFirst, req: r})
 	x.push(&event{at: end, kind: evDone, req: r, itl: itl})
 }
 
@@ -177,17 +217,51 @@ func (x *sim) run(d time.Duration) {
 	until := x.now.Add(d)
 	for x.queue.Len() > 0 && !x.queue[0].at.After(until) {
 		e := heap.Pop(&x.queue).(*event)
-		x.now = e.at
-		switch e.kind {
-		case evArrive:
-			x.arrive()
-		case evDone:
-			x.done(e)
-		case evFirst:
-			x.observe(Sample{Admitted: e.req.admitted, TTFB: e.ttfb, PromptTokens: e.req.prompt, Saturated: e.req.saturated, Handle: e.req.handle})
+		s, stalled := x.stallAt(e.at)
+		if !stalled {
+			x.now = e.at
+			x.handle(e)
+			continue
+		}
+		// Our process is stalled: what happens until the stall ends waits for it, and is
+		// handled then, ends first.
+		late := []*event{e}
+		for x.queue.Len() > 0 && x.queue[0].at.Before(s.to) {
+			late = append(late, heap.Pop(&x.queue).(*event))
+		}
+		slices.SortStableFunc(late, func(a, b *event) int { return cmp.Compare(a.kind, b.kind) })
+		x.now = s.to
+		for _, e := range late {
+			if e.kind == evFirst {
+				x.lateFirst++
+			}
+			x.handle(e)
 		}
 	}
 	x.now = until
+}
+
+// stallAt returns the stall of our process that t falls in, if any.
+func (x *sim) stallAt(t time.Time) (span, bool) {
+	for _, s := range x.stalls {
+		if !t.Before(s.from) && t.Before(s.to) {
+			return s, true
+		}
+	}
+	return span{}, false
+}
+
+func (x *sim) handle(e *event) {
+	switch e.kind {
+	case evArrive:
+		x.arrive()
+	case evDone:
+		x.done(e)
+	case evFirst:
+		// The first token is timed when the process handles it.
+		x.trace = append(x.trace, point{x.now, x.first(e.req)})
+		x.admit()
+	}
 }
 
 func (x *sim) done(e *event) {
@@ -204,7 +278,7 @@ func (x *sim) done(e *event) {
 	x.inflight--
 	x.completed++
 	x.observe(Sample{Admitted: r.admitted, InterToken: e.itl, Backoff: e.backoff, Saturated: r.saturated})
-	limit := x.ctl.Finish(x.now, r.handle)
+	limit := x.finish(r)
 	x.trace = append(x.trace, point{x.now, limit})
 	// The client thinks for a moment, then sends its next request.
 	x.push(&event{at: x.now.Add(x.jit(50 * time.Millisecond)), kind: evArrive})
@@ -212,8 +286,7 @@ func (x *sim) done(e *event) {
 }
 
 func (x *sim) observe(s Sample) {
-	limit := x.ctl.Observe(x.now, s)
-	x.trace = append(x.trace, point{x.now, limit})
+	x.trace = append(x.trace, point{x.now, x.end(s)})
 	x.admit()
 }
 

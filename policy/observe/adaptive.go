@@ -22,8 +22,10 @@ var (
 		"Times an adaptive compartment's limit grew (saturated with latency within tolerance).", []string{"compartment"}, nil)
 	descAdaptiveRemeasuring = prometheus.NewDesc(Namespace+"_adaptive_remeasuring",
 		"1 while an adaptive compartment holds its limit at min to measure its baselines again.", []string{"compartment"}, nil)
+	descProcessStall = prometheus.NewDesc(Namespace+"_process_stall_seconds_total",
+		"Time this process could not run (CPU throttling, a loaded machine, a long GC pause), measured while some compartment has an adaptive limit, which discounts it.", nil, nil)
 	adaptiveDescs = []*prometheus.Desc{descAdaptiveLimit, descAdaptiveBaseline, descAdaptiveSignal, descAdaptiveRatio,
-		descAdaptiveBackoffs, descAdaptiveIncreases, descAdaptiveRemeasuring}
+		descAdaptiveBackoffs, descAdaptiveIncreases, descAdaptiveRemeasuring, descProcessStall}
 )
 
 // collectAdaptive emits the metrics of c's adaptive limit, if it has one.

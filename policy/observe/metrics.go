@@ -330,6 +330,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(descInflightReq, float64(e.InFlight()))
 	gauge(descGen, float64(s.Gen()))
+	counter(descProcessStall, e.ProcessStalled().Seconds())
 
 	emit := func(name, fam string, st bulkhead.Stats, limits bool) {
 		gauge(descInflight, float64(st.InFlight), name, fam)
