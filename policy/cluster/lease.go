@@ -113,6 +113,11 @@ type Leaser struct {
 	epochInScripts bool
 	knownMu        sync.Mutex
 	known          string
+	// reportedEpoch is when (Now, in UnixNano) a lease report last brought the epoch back from
+	// a script that keeps it (outside Redis Cluster): as good as a refresh of its own.
+	reportedEpoch atomic.Int64
+	// refreshes counts the epoch's refreshes of its own (refreshEpoch).
+	refreshes atomic.Int64
 	// renew is the longest gap between two reports of a lease that holds something: a lease
 	// that is steady (its use within it, nobody else short) is reported that often, one in use
 	// and changing every interval. recovery is how long a compartment whose hash was lost keeps
@@ -400,6 +405,7 @@ func (l *Leaser) learnEpoch(e string) {
 
 // refreshEpoch learns the deployment's epoch (making it when Redis has none).
 func (l *Leaser) refreshEpoch(ctx context.Context) error {
+	l.refreshes.Add(1)
 	ctx, cancel := context.WithTimeout(ctx, l.st.o.WriteTimeout)
 	defer cancel()
 	e, err := l.st.run(ctx, l.epochScript, []string{l.epochKey}, l.Epoch(), l.recovery.Milliseconds()).Text()
@@ -474,7 +480,7 @@ func (l *Leaser) loop() {
 		case <-t.C:
 		case <-l.kick:
 		}
-		if now := l.o.Now(); now.Sub(epochAt) >= l.renew && l.st.Available() {
+		if now := l.o.Now(); now.Sub(epochAt) >= l.renew && now.UnixNano()-l.reportedEpoch.Load() >= int64(l.renew) && l.st.Available() {
 			// Known before Redis can lose its state, the epoch tells whoever first finds it
 			// gone that it was lost, not new.
 			if l.refreshEpoch(l.ctx) == nil {
@@ -602,7 +608,12 @@ func (l *Leaser) report(ctx context.Context, due []*Lease, whys []why, sr *spend
 			ls.failed(reps[i])
 		} else {
 			ls.apply(reps[i], res, now)
-			l.learnEpoch(leaseEpoch(cmds[i]))
+			if e := leaseEpoch(cmds[i]); e != "" {
+				l.learnEpoch(e)
+				if l.epochInScripts {
+					l.reportedEpoch.Store(now.UnixNano())
+				}
+			}
 		}
 		ls.mu.Unlock()
 		if cerr == nil && len(res) > 0 && res[0] == 2 {

@@ -166,3 +166,33 @@ func TestChunkUsedAcrossSlotsAgesOutAsUsed(t *testing.T) {
 		t.Fatalf("%d requests admitted within %v by a window of %d per %v", most, span, capacity, length)
 	}
 }
+
+// A replica whose leases are reported learns the epoch from their answers (outside Redis
+// Cluster the lease script keeps the epoch too) and refreshes it on its own only when no report
+// brought it for a renewal: an idle replica refreshes it every renewal.
+func TestReportsBringTheEpochBack(t *testing.T) {
+	srv := redistest.Standalone(t)
+	o := options(srv.Addr(), "epoch", "r0")
+	o.LeaseTTL = time.Minute
+	l := NewLeaser(open(t, o), LeaseOptions{Interval: 20 * time.Millisecond})
+	t.Cleanup(func() { l.Close(context.Background()) })
+	waitFor(t, "the first refresh", func() bool { return l.refreshes.Load() > 0 })
+	// Idle: a refresh every renewal.
+	start, before := time.Now(), l.refreshes.Load()
+	waitFor(t, "refreshes while idle", func() bool { return l.refreshes.Load() >= before+3 })
+	if idle := time.Since(start); idle < 2*l.renew {
+		t.Fatalf("3 refreshes in %v with a renewal of %v", idle, l.renew)
+	}
+	// In use, its lease reported every interval (a request waits for it): no refresh.
+	ls := l.Lease("feature/chat", LeaseLimits{MaxConcurrent: 10}, nil)
+	stop := time.Now().Add(4 * l.renew)
+	waitFor(t, "a report", func() bool { ls.Urgent(); return l.reportedEpoch.Load() != 0 })
+	before = l.refreshes.Load()
+	for time.Now().Before(stop) {
+		ls.Urgent()
+		time.Sleep(l.o.Interval)
+	}
+	if n := l.refreshes.Load() - before; n > 1 {
+		t.Fatalf("%d refreshes of the epoch over %v of reports every interval (renewal %v)", n, 4*l.renew, l.renew)
+	}
+}
