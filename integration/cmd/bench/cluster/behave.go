@@ -515,7 +515,7 @@ func (b *bencher) behaviours(ctx context.Context) error {
 	}
 	br.quiet.Store(false)
 	trace, okEnd := br.snapshot()
-	contended := workOf(r0, r1, Leased)
+	contended := workOf(r0, r1, Leased, math.NaN())
 	bh.Contended = &contended
 	bh.ShareBefore = share(okMid, okEnd, 0)
 	bh.SkewBefore = lastSlots(trace, n)[0]

@@ -24,6 +24,8 @@
 //  2. Fleets: for each Redis (one server, or a three-node Redis Cluster), each number of replicas
 //     and each admission, a fresh fleet of separate processes under --fleet-concurrency streams
 //     each: total streams/s and the same Redis work per admission, summed over the Redis nodes.
+//     Redis's CPU with no client connected is read first, over 3 s (its own timers; a Redis
+//     Cluster's bus between its nodes), and the CPU target is judged on what the fleet adds.
 //  3. Behaviours of leased admission (--behaviours): replicas sharing a compartment whose
 //     max_concurrent (--limit) binds, behind an upstream that holds each request --hold and counts
 //     the requests it holds at once. Skew: one replica gets --skew of the clients; how many lease

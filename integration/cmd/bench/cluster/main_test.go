@@ -268,3 +268,32 @@ func TestRunSmall(t *testing.T) {
 		t.Errorf("behaviours: %d admitted, contended work %+v", bh.Admitted, bh.Contended)
 	}
 }
+
+// A fleet's Redis CPU target is judged on what the replicas add to Redis's own idle (a Redis
+// Cluster's bus costs the same with no client), the whole shown beside it; without an idle
+// measure it is judged on the whole.
+func TestFleetCPUTargetIsOverRedisIdle(t *testing.T) {
+	fleetRun := func(kind string, cpu, over float64) FleetSample {
+		return FleetSample{Redis: kind, Replicas: 10, Admission: Leased, Rep: 1,
+			Work: Work{Admitted: 1000, ClientCommands: 0.01, RedisCPU: Num(cpu), RedisCPUOverIdle: Num(over)}}
+	}
+	r := &Report{Fleet: []FleetSample{fleetRun("cluster", 7, 3), fleetRun("standalone", 4, math.NaN())}}
+	r.Fleets = AggregateFleets(r.Fleet)
+	byName := map[string]Target{}
+	for _, tg := range r.judge() {
+		byName[tg.Name] = tg
+	}
+	if tg := byName["leased: Redis CPU per admission, 10 replicas, cluster Redis"]; tg.Status != "met" || !strings.Contains(tg.Measured, "3.0 µs over Redis's own idle (7.0 µs in all)") {
+		t.Errorf("3 µs over an idle Redis Cluster, 7 in all: %+v", tg)
+	}
+	if tg := byName["leased: Redis CPU per admission, 10 replicas, standalone Redis"]; tg.Status != "met" || strings.Contains(tg.Measured, "idle") {
+		t.Errorf("4 µs, Redis's idle not measured: %+v", tg)
+	}
+	r.Fleet[0].Work.RedisCPUOverIdle = 6
+	r.Fleets = AggregateFleets(r.Fleet)
+	for _, tg := range r.judge() {
+		if tg.Name == "leased: Redis CPU per admission, 10 replicas, cluster Redis" && tg.Status != "missed" {
+			t.Errorf("6 µs over Redis's idle: %+v", tg)
+		}
+	}
+}

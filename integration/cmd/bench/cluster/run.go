@@ -51,6 +51,10 @@ type Work struct {
 	RedisCPU   Num `json:"redis_cpu_us_per_admission"`
 	ScriptUsec Num `json:"redis_script_us_per_admission"`
 	RedisCores Num `json:"redis_cores"`
+	// RedisCPUOverIdle is RedisCPU less what the same Redis spends in as long with no client
+	// connected (its own timers; a Redis Cluster's bus between its nodes), µs per admission;
+	// NaN where that was not measured (the one-replica runs).
+	RedisCPUOverIdle Num `json:"redis_cpu_over_idle_us_per_admission"`
 	// The replicas' own count of their calls to Redis per admission, by operation
 	// (llm_bulkhead_cluster_redis_seconds_count{op}; a lease call is one pipeline of reports),
 	// their lease reports and the requests that waited for a lease to grow (WindowWaits: of them,
@@ -341,7 +345,7 @@ func (b *bencher) compare(ctx context.Context) (err error) {
 				if s.be != nil {
 					rs = []*fleet.Replica{s.r}
 				}
-				smp.Work, err = b.measure(ctx, s.be, s.name, rs, func() (err error) {
+				smp.Work, err = b.measure(ctx, s.be, s.name, rs, math.NaN(), func() (err error) {
 					smp.Load, err = l.Run(ctx)
 					return err
 				})
@@ -395,7 +399,9 @@ func read(ctx context.Context, be fleet.Backend, rs []*fleet.Replica) (reading, 
 
 // measure runs load, whose warm-up starts now and whose window follows it, and, when be is not
 // nil, reads Redis and the replicas rs at the window's edges and returns their work per admission.
-func (b *bencher) measure(ctx context.Context, be fleet.Backend, admission string, rs []*fleet.Replica, load func() error) (*Work, error) {
+//
+// idle is Redis's CPU a second with no client connected (NaN: not measured).
+func (b *bencher) measure(ctx context.Context, be fleet.Backend, admission string, rs []*fleet.Replica, idle float64, load func() error) (*Work, error) {
 	start := time.Now()
 	done := make(chan error, 1)
 	go func() { done <- load() }()
@@ -415,7 +421,7 @@ func (b *bencher) measure(ctx context.Context, be fleet.Backend, admission strin
 	if rerr != nil {
 		return nil, rerr
 	}
-	w := workOf(r0, r1, admission)
+	w := workOf(r0, r1, admission, idle)
 	return &w, nil
 }
 
@@ -423,7 +429,7 @@ func (b *bencher) measure(ctx context.Context, be fleet.Backend, admission strin
 var reportReasons = []string{"renew", "changed", "contended", "window", "short", "heard_short", "drained", "resend", "other", "spend"}
 
 // workOf is the work between two readings, per admission.
-func workOf(r0, r1 reading, admission string) Work {
+func workOf(r0, r1 reading, admission string, idle float64) Work {
 	d := r1.cmds.Sub(r0.cmds)
 	sum := func(name string, match ...string) float64 {
 		var v float64
@@ -443,15 +449,16 @@ func workOf(r0, r1 reading, admission string) Work {
 	w := Work{Admitted: n, WithoutRedis: sum("llm_bulkhead_cluster_unavailable_admissions_total"),
 		ClientCommands: per(float64(d.ClientCommands())), Scripts: per(float64(d.Scripts())), InScripts: per(float64(d.InScripts())),
 		Processed: per(float64(d.Processed)), RedisCPU: per(float64((r1.cpu - r0.cpu).Microseconds())), ScriptUsec: per(float64(d.ScriptUsec())),
-		RedisCores:     Num((r1.cpu - r0.cpu).Seconds() / secs),
-		AdmitCalls:     per(sum("llm_bulkhead_cluster_redis_seconds_count", "op", "admit")),
-		SettleCalls:    per(sum("llm_bulkhead_cluster_redis_seconds_count", "op", "settle")),
-		HeartbeatCalls: per(sum("llm_bulkhead_cluster_redis_seconds_count", "op", "heartbeat")),
-		LeaseCalls:     per(sum("llm_bulkhead_cluster_redis_seconds_count", "op", "lease")),
-		LeaseReports:   per(sum("llm_bulkhead_cluster_lease_reports_total")),
-		LeaseWaits:     per(sum("llm_bulkhead_cluster_lease_waits_total")),
-		WindowWaits:    per(sum("llm_bulkhead_cluster_lease_waits_total", "kind", "window")),
-		Commands:       map[string]CommandCost{},
+		RedisCores:       Num((r1.cpu - r0.cpu).Seconds() / secs),
+		RedisCPUOverIdle: per(float64((r1.cpu - r0.cpu).Microseconds()) - idle*secs),
+		AdmitCalls:       per(sum("llm_bulkhead_cluster_redis_seconds_count", "op", "admit")),
+		SettleCalls:      per(sum("llm_bulkhead_cluster_redis_seconds_count", "op", "settle")),
+		HeartbeatCalls:   per(sum("llm_bulkhead_cluster_redis_seconds_count", "op", "heartbeat")),
+		LeaseCalls:       per(sum("llm_bulkhead_cluster_redis_seconds_count", "op", "lease")),
+		LeaseReports:     per(sum("llm_bulkhead_cluster_lease_reports_total")),
+		LeaseWaits:       per(sum("llm_bulkhead_cluster_lease_waits_total")),
+		WindowWaits:      per(sum("llm_bulkhead_cluster_lease_waits_total", "kind", "window")),
+		Commands:         map[string]CommandCost{},
 	}
 	w.ReportsPerReplica = Num(sum("llm_bulkhead_cluster_lease_reports_total") / secs / float64(max(len(r1.m), 1)))
 	for _, why := range reportReasons {
@@ -488,6 +495,28 @@ func workOf(r0, r1 reading, admission string) Work {
 	return w
 }
 
+// idleWindow is how long Redis's CPU is read with no client connected.
+const idleWindow = 3 * time.Second
+
+// idleCPU returns what Redis (every node of be) spends, in µs of CPU a second, with no client
+// connected: its own timers, and a Redis Cluster's bus between its nodes. A Redis costs that
+// whoever uses it.
+func idleCPU(ctx context.Context, be fleet.Backend) (float64, error) {
+	c0, err := be.CPU()
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if !bench.SleepUntil(ctx, start.Add(idleWindow)) {
+		return 0, ctx.Err()
+	}
+	c1, err := be.CPU()
+	if err != nil {
+		return 0, err
+	}
+	return float64((c1 - c0).Microseconds()) / time.Since(start).Seconds(), nil
+}
+
 // fleets runs, on a Redis of kind, a fresh fleet of each size for each admission (the
 // admissions' order rotating from one size to the next), FleetReps load runs each.
 func (b *bencher) fleets(ctx context.Context, kind string) error {
@@ -496,10 +525,16 @@ func (b *bencher) fleets(ctx context.Context, kind string) error {
 		return err
 	}
 	defer be.Stop()
+	idle, err := idleCPU(ctx, be)
+	if err != nil {
+		return err
+	}
+	b.rep.IdleRedis = append(b.rep.IdleRedis, IdleRedis{Redis: kind, CPU: Num(idle / 1000)})
+	b.logf("redis (%s) with no client: %.2f ms of CPU a second", kind, idle/1000)
 	for i, n := range b.cfg.Replicas {
 		for k := range b.cfg.Admissions {
 			adm := b.cfg.Admissions[(i+k)%len(b.cfg.Admissions)]
-			if err := b.fleet(ctx, be, kind, n, adm); err != nil {
+			if err := b.fleet(ctx, be, kind, n, adm, idle); err != nil {
 				return err
 			}
 		}
@@ -509,7 +544,7 @@ func (b *bencher) fleets(ctx context.Context, kind string) error {
 
 // fleet starts n replicas of admission adm on be, loads them all at once FleetReps times, and
 // stops them.
-func (b *bencher) fleet(ctx context.Context, be fleet.Backend, kind string, n int, adm string) error {
+func (b *bencher) fleet(ctx context.Context, be fleet.Backend, kind string, n int, adm string, idle float64) error {
 	file, err := b.policy(be, adm, fmt.Sprintf("fleet-%s-%d-%s", kind, n, adm))
 	if err != nil {
 		return err
@@ -529,7 +564,7 @@ func (b *bencher) fleet(ctx context.Context, be fleet.Backend, kind string, n in
 	for r := range b.cfg.FleetReps {
 		fs := FleetSample{Redis: kind, Replicas: n, Admission: adm, Rep: r + 1, Concurrency: b.cfg.FleetConcurrency}
 		samples := make([]bench.Sample, len(rs))
-		w, err := b.measure(ctx, be, adm, rs, func() error {
+		w, err := b.measure(ctx, be, adm, rs, idle, func() error {
 			errs := make([]error, len(rs))
 			var wg sync.WaitGroup
 			for i, rp := range rs {
