@@ -134,8 +134,8 @@ func freePort() (int, error) {
 // Pid returns the server's process id.
 func (r *Redis) Pid() int { return r.cmd.Process.Pid }
 
-// CPU returns the CPU time (user + system) the server has used so far.
-func (r *Redis) CPU() (time.Duration, error) { return bench.ProcessCPU(r.Pid()) }
+// CPU returns the CPU time the server's threads have used so far, to the nanosecond.
+func (r *Redis) CPU() (time.Duration, error) { return bench.ThreadsCPU(r.Pid()) }
 
 // Client returns a client of the server (shared; do not close it).
 func (r *Redis) Client() *redis.Client { return r.client }
