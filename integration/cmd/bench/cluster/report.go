@@ -611,7 +611,7 @@ func firstErr(s string) string {
 
 const workLegend = "Redis's work per admission over the measured windows, divided by the admissions the replicas counted (`llm_bulkhead_admitted_total`). " +
 	"Client commands: what clients sent, from `INFO commandstats` without the commands the scripts run (and without this program's INFO); " +
-	"in scripts: the commands the scripts ran inside Redis. CPU: redis-server's (/proc/<pid>/stat, every node); over idle: less what the same Redis spent in as long with no client connected (fleets only). Replica calls: " +
+	"in scripts: the commands the scripts ran inside Redis. CPU: redis-server's threads' time on a CPU (/proc/<pid>/task/*/schedstat, every node); over idle: less what the same Redis spent in as long with no client connected (fleets only). Replica calls: " +
 	"`llm_bulkhead_cluster_redis_seconds_count` by op (a lease call is one pipeline of reports, one per compartment in use) and " +
 	"`llm_bulkhead_cluster_lease_reports_total`; waits: `llm_bulkhead_cluster_lease_waits_total`. Call p50/p99: the round trip of op admit " +
 	"(exact) or lease (leased), from the replicas' histogram."
