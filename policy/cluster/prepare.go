@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,6 +42,17 @@ func (s *Store) prepare(warm bool) error {
 	start := time.Now()
 	var refused error
 	err := s.eachNode(ctx, func(ctx context.Context, c *redis.Client) error {
+		// A ping first: a Redis that refuses this client (a password missing or wrong) says
+		// so to it, where it may close the connection on the scripts' tens of kilobytes
+		// before reading a command.
+		if err := c.Ping(ctx).Err(); err != nil {
+			if strings.Contains(err.Error(), "NOPERM") {
+				// An ACL that allows the scripts only: they are sent whole on first use.
+				refused = err
+				return nil
+			}
+			return err
+		}
 		pipe := c.Pipeline()
 		for _, sc := range s.scripts {
 			pipe.ScriptLoad(ctx, sc)
@@ -82,10 +94,10 @@ func (s *Store) eachNode(ctx context.Context, f func(context.Context, *redis.Cli
 // that each finds no idle connection and opens one (completing its handshake), which then stays
 // idle in the pool. A ping that failed on a connection Redis closed (a restart) drops it and
 // pings again; one that finished before the last started lets another reuse its connection: up
-// to three rounds make up for those.
+// to five rounds make up for those.
 func (s *Store) warm(ctx context.Context, c *redis.Client) {
 	size := c.Options().PoolSize
-	for range 3 {
+	for range 5 {
 		if ctx.Err() != nil || int(c.PoolStats().TotalConns) >= size {
 			return
 		}

@@ -305,8 +305,9 @@ func TestClusterStartWithRedisMisconfigured(t *testing.T) {
 		t.Setenv("TEST_REDIS_PASSWORD", "a-wrong-one")
 		cases := []struct{ name, addr, password, cause string }{
 			{"wrong password", rd.Addr(), "  password_env: TEST_REDIS_PASSWORD\n", "WRONGPASS"},
-			// Redis refuses an unauthenticated client's long command before it can say NOAUTH.
-			{"no password", rd.Addr(), "", "unauthenticated"},
+			// A ping comes first, so Redis says NOAUTH (it would refuse an unauthenticated
+			// client's long command, a script, without saying why).
+			{"no password", rd.Addr(), "", "NOAUTH"},
 			{"unreachable", redistest.ClosedAddr(t), "", "connection refused"},
 		}
 		for _, c := range cases {
