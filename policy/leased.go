@@ -181,8 +181,9 @@ func (e *Engine) reserveWindow(ctx context.Context, t *Ticket, i, k int, n int64
 		cs := e.cluster
 		// The chunks may be short: ask for more, and try again after the round (another
 		// request here may have taken what it brought, so until cluster.timeout has passed).
+		// answered: a round asked for after this request's need ended.
 		deadline := now.Add(cs.timeout)
-		needed := false
+		needed, answered := false, false
 		defer func() {
 			if needed {
 				ls.UnneedWindow(wi, n)
@@ -208,10 +209,14 @@ func (e *Engine) reserveWindow(ctx context.Context, t *Ticket, i, k int, n int64
 			if !cs.store.Available() || !e.awaitLease(ctx, "window", deadline) {
 				break
 			}
+			answered = true
 			now = e.clock.Now()
 		}
-		if ctx.Err() != nil || (cs.store.Available() && cs.leaser.Answering()) {
-			// The lease answers but could not cover n in time: refuse, sooner retried.
+		if ctx.Err() != nil || (cs.store.Available() && cs.leaser.Answering() && answered) {
+			// The lease answers but could not cover n in time (another request here took what
+			// the round brought): refuse, sooner retried. Without a round of its own answered
+			// within cluster.timeout, Redis is too slow for this request, which says nothing of
+			// the window's room: this replica's share decides, as while Redis is gone.
 			t.charged[i][k] = chargedLease
 			return budget.Charge{}, false, cs.leaser.Interval(), false
 		}

@@ -269,3 +269,38 @@ func leaseView(e *policy.Engine) string {
 	}
 	return b.String()
 }
+
+// TestLeasedWindowSlowRoundIsUnavailableNotRefused: a request short of a window's chunk asks for
+// a round; when Redis answers none within cluster.timeout, Redis is slow, which says nothing of
+// the window's room: the request is admitted against this replica's share of the window, as
+// on_unavailable (local) says, instead of refused rate_limit because an earlier round answered.
+func TestLeasedWindowSlowRoundIsUnavailableNotRefused(t *testing.T) {
+	rd := redistest.Standalone(t)
+	e := leasedEngine(t, rd.Addr(), "a", "slowwin")
+	// batch's 30 a minute is leased one request at a time: each request needs a round.
+	d, tk := admit(t, e, feature("batch"), 10)
+	if d.Verdict != policy.Admit {
+		t.Fatalf("the first batch request: %+v", d)
+	}
+	chatDone(tk, 10)
+	// Redis busy for half a second (a slow command, a loaded host): it answers the round, but
+	// after cluster.timeout (200 ms), while the last round before got its answer.
+	slept := make(chan error, 1)
+	go func() {
+		_, err := rd.Do("EVAL", `local t0 = redis.call('TIME')
+while true do
+  local t = redis.call('TIME')
+  if (t[1] - t0[1]) * 1000000 + t[2] - t0[2] > 500000 then return 0 end
+end`, "0")
+		slept <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	d, tk = admit(t, e, feature("batch"), 10)
+	if err := <-slept; err != nil {
+		t.Fatal(err)
+	}
+	if d.Verdict != policy.Admit {
+		t.Fatalf("a batch request while Redis answers no round in time: %v (%s); want admitted against this replica's share", d.Verdict, d.Reason)
+	}
+	chatDone(tk, 10)
+}
