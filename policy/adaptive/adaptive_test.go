@@ -120,17 +120,24 @@ func TestProbeAboveCapacityCostsOneCut(t *testing.T) {
 	}
 }
 
+// inBrownout runs clients, seeded by seed, for two minutes against a provider of capacity
+// healthy and a limit starting there, then for two more with the capacity down to brownout.
+func inBrownout(seed uint64, healthy, brownout, clients int) (*sim, *provider) {
+	p := llmProvider(healthy)
+	x := newSimSeed(settings(int64(healthy)), p, clients, seed)
+	x.run(120 * time.Second)
+	p.capacity = brownout
+	x.run(120 * time.Second)
+	return x, p
+}
+
 // TestRecoveryClimbsBackInFewWindows: after a brownout (capacity 30, then 12 for two minutes,
 // then 30 again), once the limit finds room it climbs back with doubling steps up to the level
 // it had fallen from, instead of one step (5%) a window: it is back at 90% of the capacity
 // within 12s of the capacity's return in every seeded run (a step a window took 17–23s).
 func TestRecoveryClimbsBackInFewWindows(t *testing.T) {
 	for seed := uint64(1); seed <= 8; seed++ {
-		p := llmProvider(30)
-		x := newSimSeed(settings(30), p, 120, seed)
-		x.run(120 * time.Second)
-		p.capacity = 12
-		x.run(120 * time.Second)
+		x, p := inBrownout(seed, 30, 12, 120)
 		p.capacity = 30
 		back := time.Duration(-1)
 		for step := range 120 {
@@ -162,11 +169,7 @@ func TestRecoveryClimbsBackInFewWindows(t *testing.T) {
 func TestBrownoutProbesOneStepAboveTheCapacity(t *testing.T) {
 	var below, total time.Duration
 	for seed := uint64(1); seed <= 40; seed++ {
-		p := llmProvider(10)
-		x := newSimSeed(settings(10), p, 40, seed)
-		x.run(120 * time.Second)
-		p.capacity = 4
-		x.run(120 * time.Second)
+		x, _ := inBrownout(seed, 10, 4, 40)
 		if _, hi, _ := x.limits(at(150), at(240)); hi > 5 {
 			t.Errorf("seed %d: the settled limit reached %d at a capacity of 4; want at most 5", seed, hi)
 		}
