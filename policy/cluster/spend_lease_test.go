@@ -498,13 +498,7 @@ func TestLeasedSpendSlowRoundIsUnavailableNotSpent(t *testing.T) {
 	}
 	led, l, _, _ := leasedReplica(t, rd.Addr(), "slow", "a", 200*time.Millisecond)
 	// A first request makes the window's lease and its rounds.
-	var first *spend.Reservation
-	waitFor(t, "a first request admitted", func() bool {
-		r, _, ok := reserveIn(t, led, budget, 1_000)
-		first = r
-		return ok
-	})
-	first.Settle(1_000, time.Now())
+	reserveSoon(t, led, budget, 1_000, "a first request admitted").Settle(1_000, time.Now())
 	waitFor(t, "a round answered", l.Answering)
 	rd.Pause(2 * time.Second)
 	defer rd.Resume()
@@ -586,13 +580,7 @@ func TestLeasedZoneChangeCarriesSpendNotReportedYet(t *testing.T) {
 	day := spend.Budget{Name: "tenant/acme", Period: spend.Day, Limit: 10_000_000}
 	admitted := 0
 	for range 8 {
-		var r *spend.Reservation
-		waitFor(t, "a $1 reservation", func() bool {
-			res, _, ok := reserveIn(t, a, day, 1_000_000)
-			r = res
-			return ok
-		})
-		r.Settle(1_000_000, time.Now())
+		reserveSoon(t, a, day, 1_000_000, "a $1 reservation").Settle(1_000_000, time.Now())
 		admitted++
 	}
 	// At once, before a report: the zone changes.

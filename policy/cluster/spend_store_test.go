@@ -31,6 +31,19 @@ func reserveIn(t *testing.T, l *spend.Ledger, b spend.Budget, amount spend.Micro
 	return r, rf, ok
 }
 
+// reserveSoon reserves amount in b, trying until a reservation is admitted (a leased replica's
+// first ones wait for its chunks), and returns it.
+func reserveSoon(t *testing.T, l *spend.Ledger, b spend.Budget, amount spend.Micros, what string) *spend.Reservation {
+	t.Helper()
+	var r *spend.Reservation
+	waitFor(t, what, func() bool {
+		res, _, ok := reserveIn(t, l, b, amount)
+		r = res
+		return ok
+	})
+	return r
+}
+
 // TestSpendStoreSharesBudgetsAcrossReplicas: a daily budget of $1.00 is one budget across two
 // replicas, settled to real cost, and both see the same window.
 func TestSpendStoreSharesBudgetsAcrossReplicas(t *testing.T) {
