@@ -113,9 +113,10 @@ type Leaser struct {
 	epochInScripts bool
 	knownMu        sync.Mutex
 	known          string
-	// reportedEpoch is when (Now, in UnixNano) a lease report last brought the epoch back from
-	// a script that keeps it (outside Redis Cluster): as good as a refresh of its own.
-	reportedEpoch atomic.Int64
+	// epochAt is when (Now, in UnixNano) the epoch was last learned from Redis: by a refresh of
+	// its own, or by a lease report's answer from a script that keeps it (outside Redis
+	// Cluster), which is as good.
+	epochAt atomic.Int64
 	// refreshes counts the epoch's refreshes of its own (refreshEpoch).
 	refreshes atomic.Int64
 	// renew is the longest gap between two reports of a lease that holds something: a lease
@@ -472,7 +473,6 @@ func (l *Leaser) loop() {
 	defer l.wg.Done()
 	t := time.NewTicker(l.o.Interval)
 	defer t.Stop()
-	var epochAt time.Time
 	for {
 		select {
 		case <-l.ctx.Done():
@@ -480,11 +480,11 @@ func (l *Leaser) loop() {
 		case <-t.C:
 		case <-l.kick:
 		}
-		if now := l.o.Now(); now.Sub(epochAt) >= l.renew && now.UnixNano()-l.reportedEpoch.Load() >= int64(l.renew) && l.st.Available() {
+		if now := l.o.Now(); now.UnixNano()-l.epochAt.Load() >= int64(l.renew) && l.st.Available() {
 			// Known before Redis can lose its state, the epoch tells whoever first finds it
 			// gone that it was lost, not new.
 			if l.refreshEpoch(l.ctx) == nil {
-				epochAt = now
+				l.epochAt.Store(now.UnixNano())
 			}
 		}
 		l.Round()
@@ -611,7 +611,7 @@ func (l *Leaser) report(ctx context.Context, due []*Lease, whys []why, sr *spend
 			if e := leaseEpoch(cmds[i]); e != "" {
 				l.learnEpoch(e)
 				if l.epochInScripts {
-					l.reportedEpoch.Store(now.UnixNano())
+					l.epochAt.Store(now.UnixNano())
 				}
 			}
 		}
@@ -757,14 +757,14 @@ func (a *allowance) rebase(ch *chunk, now time.Time) {
 	if by := ch.slotEnd.Add(a.length - a.slotLen - a.slotLen); a.moveBy.IsZero() || by.Before(a.moveBy) {
 		a.moveBy = by
 	}
-	for k := range a.moves {
-		if m := &a.moves[k]; m.from == ch.slot && m.to == to {
-			m.n += ch.left
-			ch.slot, ch.slotEnd = to, ch.slotEnd.Add(time.Duration(steps)*a.slotLen)
-			return
-		}
+	k := 0
+	for k < len(a.moves) && (a.moves[k].from != ch.slot || a.moves[k].to != to) {
+		k++
 	}
-	a.moves = append(a.moves, move{from: ch.slot, to: to, n: ch.left})
+	if k == len(a.moves) {
+		a.moves = append(a.moves, move{from: ch.slot, to: to})
+	}
+	a.moves[k].n += ch.left
 	ch.slot, ch.slotEnd = to, ch.slotEnd.Add(time.Duration(steps)*a.slotLen)
 }
 

@@ -186,7 +186,7 @@ func TestReportsBringTheEpochBack(t *testing.T) {
 	// In use, its lease reported every interval (a request waits for it): no refresh.
 	ls := l.Lease("feature/chat", LeaseLimits{MaxConcurrent: 10}, nil)
 	stop := time.Now().Add(4 * l.renew)
-	waitFor(t, "a report", func() bool { ls.Urgent(); return l.reportedEpoch.Load() != 0 })
+	waitFor(t, "a report answered", func() bool { ls.Urgent(); return ls.Valid(time.Now()) })
 	before = l.refreshes.Load()
 	for time.Now().Before(stop) {
 		ls.Urgent()
