@@ -241,6 +241,10 @@ type Store struct {
 	// can have (logged once per episode); repairLog bounds the lines of noteRepaired.
 	floodedMembers atomic.Bool
 	repairLog      throttle.Gate
+	// repairing is held while corrupt content is deleted; the heartbeat loop waits for it
+	// before it registers again, so the registration is not made before the repair that
+	// deletes the epoch.
+	repairing sync.Mutex
 	// rewritten is downs when this replica's slots were last rewritten in Redis. Until they are
 	// rewritten after it was cut off (downs differs), the releases sent settle their windows
 	// but leave their slots counted: this replica's part of each limit counts them as the others
@@ -711,8 +715,13 @@ func (s *Store) fail(op string, err error, keys []typedKey) {
 		}
 		why, gone = "Redis did not answer three calls in a row in time ("+op+")", false
 	case errCorrupt:
+		// Unavailable first, for the reason it is: the repair deletes the epoch, and a heartbeat
+		// that found the registration gone before this would log a loss of state instead.
+		s.repairing.Lock()
+		defer s.repairing.Unlock()
+		s.setUnavailable("Redis refused a call on corrupt content ("+op+")", err, false)
 		s.repairKeys(op, keys, detail)
-		why, gone = "Redis refused a call on corrupt content ("+op+")", false
+		return
 	case errRefused:
 		why = "Redis refused a call (" + op + ")"
 	default:
@@ -982,6 +991,10 @@ func (s *Store) heartbeatLoop() {
 			needResync = true
 		}
 		if needResync {
+			// A repair under way ends before this replica registers again.
+			s.repairing.Lock()
+			//lint:ignore SA2001 a barrier: it waits for the repair, and guards nothing after
+			s.repairing.Unlock()
 			// The first requests after the registration find the scripts in Redis and the
 			// pool's connections open.
 			waiting, err := int64(0), s.prepare(true)

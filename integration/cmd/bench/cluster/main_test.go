@@ -239,10 +239,19 @@ func TestRunSmall(t *testing.T) {
 	}
 	for _, f := range rep.Fleets {
 		// Exact admission calls Redis once per admission (a little more when a request that
-		// waited for a slot asks again, as on a loaded machine); leased never on a request's path.
-		admit := f.Work.AdmitCalls.Median
-		if f.Admission == Exact && (admit < 0.95 || admit > 1.2) || f.Admission == Leased && admit != 0 {
-			t.Errorf("%d %s replicas on %s: %.3f admission calls per admission", f.Replicas, f.Admission, f.Redis, admit)
+		// waited for a slot asks again, as on a loaded machine), but for the admissions decided
+		// without Redis when it did not answer in time (a loaded machine again); leased never on
+		// a request's path. A window this short counts calls and admissions a few requests
+		// apart: those in flight at its edges (2 replicas × 2 streams).
+		admit, w := f.Work.AdmitCalls.Median, f.Work
+		least, most := 0.95, 1.2
+		if w.Admitted > 0 {
+			least = least*(1-w.WithoutRedis/w.Admitted) - 4/w.Admitted
+			most += 4 / w.Admitted
+		}
+		if f.Admission == Exact && (admit < least || admit > most) || f.Admission == Leased && admit != 0 {
+			t.Errorf("%d %s replicas on %s: %.3f admission calls per admission (%.0f of %.0f admissions without Redis)",
+				f.Replicas, f.Admission, f.Redis, admit, w.WithoutRedis, w.Admitted)
 		}
 		if f.Work.ClientCommands.N == 0 || f.Work.RedisCPU.N == 0 || f.Errors != 0 {
 			t.Errorf("fleet %+v: Redis's work not measured, or errors", f)

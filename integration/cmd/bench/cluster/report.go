@@ -115,7 +115,10 @@ type WorkStats struct {
 	ReportsPerReplica bench.Spread `json:"lease_reports_per_replica_second"`
 	CallP50           bench.Spread `json:"redis_call_p50_us"`
 	CallP99           bench.Spread `json:"redis_call_p99_us"`
-	WithoutRedis      float64      `json:"without_redis"`
+	// Admitted is the admissions counted over the repetitions, WithoutRedis those of them
+	// decided without Redis.
+	Admitted     float64 `json:"admitted"`
+	WithoutRedis float64 `json:"without_redis"`
 	// Reasons is the last run's lease reports per replica-second, by reason.
 	Reasons map[string]float64 `json:"lease_reports_per_replica_second_by_reason,omitempty"`
 	// Commands is the last run's, by command.
@@ -194,6 +197,7 @@ func summarizeWork(ws []Work) WorkStats {
 		CallP99:           s(func(w Work) Num { return w.CallP99 }),
 	}
 	for _, w := range ws {
+		st.Admitted += w.Admitted
 		st.WithoutRedis += w.WithoutRedis
 	}
 	if len(ws) > 0 {
