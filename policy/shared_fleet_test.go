@@ -390,3 +390,47 @@ func TestFleetShareFromTheStart(t *testing.T) {
 		})
 	}
 }
+
+// TestLeasedPartsAfterRedisIsGoneAddUpToTheLimit: once Redis is gone and their leases have run
+// out, leased replicas keep to their parts of chat's 10 slots: what Redis last granted each.
+// a last reported holding 3 slots while 7 were free; b and c then took 3 each. Had a's part
+// counted its share of the room it last heard was free, the parts would add up to more than 10.
+func TestLeasedPartsAfterRedisIsGoneAddUpToTheLimit(t *testing.T) {
+	rd := redistest.Standalone(t)
+	f := startFleet(t, rd, "parts", fleetOptions{mode: "leased", onUnavailable: config.OnUnavailableLocal,
+		timeout: time.Second, leaseTTL: 2 * time.Second, heartbeat: 250 * time.Millisecond})
+	// a's lease grows to 3 slots, then a holds 1 of them: its lease is steady (it reports once a
+	// renewal), and it last heard 7 slots free.
+	a := f.hold(0, 3)
+	f.release(a[1:]...)
+	a = a[:1]
+	time.Sleep(40 * time.Millisecond)
+	b := f.hold(1, 3)
+	c := f.hold(2, 3)
+	rd.Kill()
+	for i, e := range f.engines {
+		waitFor(t, f.names[i]+" to find Redis gone", func() bool { return !e.Cluster().Available() })
+	}
+	// Every lease has run out (lease_ttl 2 s, timeout 1 s: a lease is valid for 1 s).
+	time.Sleep(1200 * time.Millisecond)
+	var sum int64
+	var parts []string
+	for i, e := range f.engines {
+		for _, cp := range e.Compartments() {
+			if cp.Name == "feature/chat" {
+				sum += cp.MaxConcurrent
+				parts = append(parts, fmt.Sprintf("%s %d (holds %d)", f.names[i], cp.MaxConcurrent, cp.InFlight))
+				if cp.MaxConcurrent < cp.InFlight {
+					t.Errorf("%s's part is %d slots, below the %d it holds", f.names[i], cp.MaxConcurrent, cp.InFlight)
+				}
+			}
+		}
+	}
+	t.Logf("parts: %v", parts)
+	if sum > fleetLimit {
+		t.Errorf("the parts add up to %d, above chat's %d: %v", sum, fleetLimit, parts)
+	}
+	f.release(a...)
+	f.release(b...)
+	f.release(c...)
+}

@@ -479,7 +479,7 @@ func FuzzCorruptLeaseEntry(f *testing.F) {
 		if g := res[1].(int64); !ambiguous && g > max(limit-others, 0) {
 			t.Fatalf("%q → %q: granted %d slots, the others hold %d of %d", field, value, g, others, limit)
 		}
-		if g := res[12].(int64); g < 0 || g > room {
+		if g := res[13].(int64); g < 0 || g > room {
 			t.Fatalf("%q → %q: a chunk of %d of a window with room for %d", field, value, g, room)
 		}
 		if _, err := rc.HGet(ctx, keys[0], field).Result(); err == nil && strings.HasPrefix(field, "r:") &&
@@ -591,4 +591,34 @@ func lostCorrupt(s *Store) float64 {
 		panic(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// FuzzGrownPublication: whatever a publication on the lease channel holds, grownOf accepts only
+// "g\t<number>\t<slots>\t<tokens>\t<compartment>" with counts that can be, and what it accepts
+// it reads back as written.
+func FuzzGrownPublication(f *testing.F) {
+	for _, seed := range []string{
+		"g\t3\t12\t4000\tfeature/chat",
+		"g\t1\t0\t0\ttenant/a\tb",
+		"g\t-1\t2\t2\tfeature/chat",
+		"g\t1\t2\tfeature/chat",
+		"g\t99999999999999999999\t1\t1\tx",
+		"feature/chat\nr1",
+		"sp:{p}:sp:day",
+		"",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, payload string) {
+		name, s, ok := grownOf(payload)
+		if !ok {
+			return
+		}
+		if s.seq < 0 || s.slots < 0 || s.tokens < 0 {
+			t.Fatalf("%q: read %+v", payload, s)
+		}
+		if again := fmt.Sprintf("g\t%d\t%d\t%d\t%s", s.seq, s.slots, s.tokens, name); !strings.HasPrefix(payload, "g\t") || len(again) > len(payload) {
+			t.Fatalf("%q read as %q %+v", payload, name, s)
+		}
+	})
 }

@@ -86,10 +86,11 @@ type LeaseState struct {
 	Learned int64
 	// Granted and GrantedTokens are what Redis recorded for this replica at the last report
 	// (no more than the report said was held, when its answer was lost), and Free and
-	// FreeTokens what no replica's lease held nor another replica waited for then: while
-	// Redis is unavailable and the lease has run out, this
-	// replica's part of the limits is its grant and an equal part of what was free
-	// (cluster.on_unavailable: local).
+	// FreeTokens what no replica's lease held when one last grew, as this replica heard: while
+	// Redis is unavailable and the lease has run out, this replica's part of the limits is its
+	// grant and an equal part of what was free (cluster.on_unavailable: local). A grant changes
+	// only at its holder's report, and every growth is told to every replica, so the parts of
+	// replicas that heard the same add up to no more than the limit.
 	Granted, GrantedTokens, Free, FreeTokens int64
 	// Known reports that a report got through at least once (the fields above are Redis's).
 	Known bool
@@ -215,6 +216,18 @@ func (l *Leaser) listen() {
 				if !ok {
 					break read
 				}
+				if name, s, ok := grownOf(msg.Payload); ok {
+					// A lease grew: what is free is less.
+					l.mu.Lock()
+					ls := l.leases[name]
+					l.mu.Unlock()
+					if ls != nil {
+						ls.mu.Lock()
+						ls.sums.take(s)
+						ls.mu.Unlock()
+					}
+					continue
+				}
 				if key, ok := strings.CutPrefix(msg.Payload, "sp:"); ok {
 					// A spend window is tight: give back its unused chunk at once.
 					if l.spend.tighten(key) {
@@ -250,6 +263,42 @@ func (ls *Lease) heard() (spare bool) {
 	ls.pressure = true
 	ls.mark(whyHeard)
 	return ls.spare(ls.usage(false))
+}
+
+// sums is what every lease of a compartment held when one grew, and the growth's number.
+type sums struct{ seq, slots, tokens int64 }
+
+// take keeps the later of s and o: the one of the later growth, or of the same growth the
+// larger (leases only shrank between them, so the larger is the earlier, and counts on less
+// free room).
+func (s *sums) take(o sums) {
+	switch {
+	case o.seq > s.seq:
+		*s = o
+	case o.seq == s.seq:
+		s.slots, s.tokens = max(s.slots, o.slots), max(s.tokens, o.tokens)
+	}
+}
+
+// grownOf reads a publication that a compartment's lease grew:
+// "g\t<number>\t<slots>\t<tokens>\t<compartment>".
+func grownOf(payload string) (name string, s sums, ok bool) {
+	rest, ok := strings.CutPrefix(payload, "g\t")
+	if !ok {
+		return "", s, false
+	}
+	f := strings.SplitN(rest, "\t", 4)
+	if len(f) != 4 {
+		return "", s, false
+	}
+	var err [3]error
+	s.seq, err[0] = strconv.ParseInt(f[0], 10, 64)
+	s.slots, err[1] = strconv.ParseInt(f[1], 10, 64)
+	s.tokens, err[2] = strconv.ParseInt(f[2], 10, 64)
+	if err[0] != nil || err[1] != nil || err[2] != nil || s.seq < 0 || s.slots < 0 || s.tokens < 0 {
+		return "", s, false
+	}
+	return f[3], s, true
 }
 
 // spare reports whether the lease holds more than its requests use, u (in flight and queued).
@@ -664,11 +713,12 @@ type Lease struct {
 	holder LeaseHolder
 	closed bool
 
-	// Slots and tokens: granted by Redis, and the target this replica shrinks to; free what no
-	// lease held at the last report.
+	// Slots and tokens: granted by Redis, and the target this replica shrinks to.
 	grant, target   int64
 	tgrant, ttarget int64
-	free, tfree     int64
+	// sums is what every lease of the compartment held at the last growth heard of (by a
+	// report's answer or another replica's publication), and the growth's number.
+	sums sums
 	// sent is when the last report that got through was sent; the lease is valid until sent +
 	// the Leaser's validFor (validUntil, in UnixNano, read without the lock).
 	sent       time.Time
@@ -1158,7 +1208,12 @@ func (ls *Lease) state(now time.Time) (LeaseState, bool) {
 
 func (ls *Lease) stateAt(now time.Time, available bool) LeaseState {
 	st := LeaseState{Slots: ls.target, Tokens: ls.ttarget, Valid: ls.Valid(now), Available: available, Learned: ls.learned,
-		Granted: ls.grant, GrantedTokens: ls.tgrant, Free: ls.free, FreeTokens: ls.tfree, Known: !ls.sent.IsZero()}
+		Granted: ls.grant, GrantedTokens: ls.tgrant, Known: !ls.sent.IsZero()}
+	slots := ls.lim.MaxConcurrent
+	if ls.lim.Learned.Max > 0 {
+		slots = ls.learned
+	}
+	st.Free, st.FreeTokens = max(slots-ls.sums.slots, 0), max(ls.lim.MaxTokens-ls.sums.tokens, 0)
 	if r := ls.resend; r != nil {
 		// The last report got no answer: Redis may have applied it, shrinking the grant to what
 		// it said was held, and passed the rest on to others. Count on no more than is true
@@ -1451,7 +1506,7 @@ func (ls *Lease) failed(r *leaseReport) {
 // apply takes the answer to report r sent at now.
 func (ls *Lease) apply(r *leaseReport, res []int64, now time.Time) {
 	ls.resend = nil
-	if len(res) < 12 {
+	if len(res) < 13 {
 		return
 	}
 	ls.grant, ls.target, ls.tgrant, ls.ttarget = res[1], res[2], res[3], res[4]
@@ -1460,8 +1515,8 @@ func (ls *Lease) apply(r *leaseReport, res []int64, now time.Time) {
 	ls.sent = now
 	ls.validUntil.Store(now.Add(ls.l.validFor()).UnixNano())
 	ls.learned = res[8]
-	ls.free, ls.tfree = res[10], res[11]
-	i := 12
+	ls.sums.take(sums{seq: res[12], slots: res[10], tokens: res[11]})
+	i := 13
 	for k := range ls.wins {
 		if i+5 >= len(res) || k >= len(ls.lim.Windows) {
 			break

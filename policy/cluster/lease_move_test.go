@@ -196,3 +196,41 @@ func TestReportsBringTheEpochBack(t *testing.T) {
 		t.Fatalf("%d refreshes of the epoch over %v of reports every interval (renewal %v)", n, 4*l.renew, l.renew)
 	}
 }
+
+// TestReturnAheadOfRedisClockIsRefunded: a replica tells a slot's end from the answer that
+// granted its chunk, a round trip early, so a request just before the slot's end in Redis may
+// take from the chunk in what the replica counts as the next slot: it moves the chunk there,
+// and gives back what it did not use to that slot. Redis, still in the chunk's slot, moves
+// nothing; the return must still come back, from the slot the chunk is in.
+func TestReturnAheadOfRedisClockIsRefunded(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "ahead", 1, time.Minute)
+	lim := LeaseLimits{Windows: []Window{{Name: "tenant/acme", Kind: "tpm", Length: time.Minute, Capacity: 1000}}}
+	ls := f.leasers[0].Lease("tenant/acme", lim, nil)
+	// At the start of a slot, so that Redis's clock stays in it throughout.
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 20*time.Millisecond)))
+	ls.NeedWindow(0, 400)
+	f.leasers[0].Round()
+	ls.UnneedWindow(0, 400)
+	ls.mu.Lock()
+	from := ls.wins[0].chunks[0].slot
+	ls.wins[0].chunks = nil
+	ls.wins[0].moves = []move{{from: from, to: from + 1, n: 400}}
+	ls.wins[0].returns = []chunk{{slot: from + 1, left: 300}}
+	r := ls.build(time.Now(), false)
+	ls.mu.Unlock()
+	if _, err := leaseReply(f.leasers[0].script.Run(context.Background(), f.stores[0].client, r.keys, r.args...)); err != nil {
+		t.Fatal(err)
+	}
+	rc := inspect(t, srv.Addr())
+	h, err := rc.HGetAll(context.Background(), "{ahead|tenant/acme}:w:tpm:60000").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h["L"] != strconv.FormatInt(from, 10) {
+		t.Skipf("Redis's clock left slot %d before the report (%v): the case needs it not to", from, h)
+	}
+	if h["-1"] != "100" || h[strconv.FormatInt(from, 10)] != "100" {
+		t.Errorf("after 300 of a 400 chunk in slot %d came back to the slot after it: %v; want 100 left in slot %d", from, h, from)
+	}
+}

@@ -66,9 +66,15 @@ package cluster
 // and "ali": when it last rose); each replica's controller proposes how to move it.
 //
 // Returns {status, slots granted, slots target, tokens granted, tokens target, pressure,
-// recovering, replicas holding, learned limit (0: none), the epoch, slots and tokens no lease
-// holds, W × (chunk granted, slot charged, remaining, reset ms, wait ms, ms until the slot
-// charged ends)}.
+// recovering, replicas holding, learned limit (0: none), the epoch, the slots and tokens every
+// lease holds (the limit while the compartment recovers), the number of the last growth,
+// W × (chunk granted, slot charged, remaining, reset ms, wait ms, ms until the slot charged
+// ends)}.
+//
+// A lease that grows takes room every replica heard was free: the script counts the growth in
+// the hash ("gq") and publishes the leases' sums under that number, "g\t<number>\t<slots>\t
+// <tokens>\t<compartment>", so that every replica knows what is free when Redis is lost (its
+// part of the limits is then its lease and an equal part of what no lease holds).
 // status is 0, or 2 when the hash held more fields than a compartment can (it was rewritten).
 // pressure is 1 when another replica wants more than it holds. wait is, when a single need did
 // not fit, the time until it would.
@@ -133,7 +139,7 @@ end
 -- n of them), of which the shares below need only sums in the common case.
 local h = redis.call('HGETALL', L)
 local myf = me ~= '' and 'r:' .. me
-local born, al, ali, mine
+local born, al, ali, gq, mine
 local F, S, T, WS, WT, n = {}, {}, {}, {}, {}, 0
 local bad = {}
 for i = 1, #h, 2 do
@@ -145,6 +151,8 @@ for i = 1, #h, 2 do
     al = whole(v)
   elseif f == 'ali' then
     ali = whole(v)
+  elseif f == 'gq' then
+    gq = whole(v)
   elseif f == myf then
     -- This replica's own: what it holds and wants it says anew; only the number of its last
     -- report applied is read.
@@ -292,16 +300,12 @@ end
 -- until they drain).
 local function lease(H, W, want, cap, held, used, need)
   if cap <= 0 then return held, held, false, 0 end
-  local others, unmet, pressure, total = 0, 0, false, 0
+  local others, pressure, total = 0, false, 0
   for i = 1, n do
     local v, w = H[i], W[i]
     if v > cap then v = cap end
     others, total = others + v, total + w
-    if w > v then
-      pressure = true
-      if w > cap then w = cap end
-      unmet = unmet + w - v
-    end
+    if w > v then pressure = true end
   end
   local fair = fairshare(W, total, want, cap)
   local room = cap - others
@@ -317,10 +321,7 @@ local function lease(H, W, want, cap, held, used, need)
     -- by this replica's, which hears its own publication too.
     redis.call('PUBLISH', chan, cname .. '\n' .. me)
   end
-  -- Free: what no lease holds and no other replica waits for. A replica's part while Redis is
-  -- unavailable is its grant plus an equal share of it, so room another replica wanted at its
-  -- last report, and may have been granted since, is not counted twice.
-  return grant, target, pressure, math.max(room - grant - unmet, 0)
+  return grant, target, pressure, others + grant
 end
 
 if amax > 0 then
@@ -341,10 +342,19 @@ if amax > 0 then
   redis.call('HSET', L, 'al', al)
   maxs = al
 end
-local gs, tgs, ps, fs = lease(S, WS, ws, maxs, hs, us, needs)
-local gt, tgt, pt, ft = lease(T, WT, wt, maxt, ht, ut, needt)
+local gs, tgs, ps, sums = lease(S, WS, ws, maxs, hs, us, needs)
+local gt, tgt, pt, sumt = lease(T, WT, wt, maxt, ht, ut, needt)
+if recovering then
+  -- Holders have yet to re-assert their leases: nothing is known to be free.
+  sums, sumt = maxs, maxt
+end
+if gs > hs or gt > ht then
+  gq = (gq or 0) + 1
+  redis.call('HSET', L, 'gq', gq)
+  if chan ~= '' then redis.call('PUBLISH', chan, 'g\t' .. gq .. '\t' .. sums .. '\t' .. sumt .. '\t' .. cname) end
+end
 
-local out = {status, gs, tgs, gt, tgt, 0, 0, 0, al or 0, epoch, fs, ft}
+local out = {status, gs, tgs, gt, tgt, 0, 0, 0, al or 0, epoch, sums, sumt, gq or 0}
 if ps or pt then out[6] = 1 end
 if recovering then out[7] = 1 end
 
@@ -370,6 +380,10 @@ for i = 1, nw do
   end
   for k = 1, nret do
     local s, back = tonumber(ARGV[ra + 2 * k - 2]), tonumber(ARGV[ra + 2 * k - 1])
+    -- A replica tells a slot's end from the answer that granted the chunk, a round trip early:
+    -- a return to the slot after Redis's clock follows a move to it, which went to the clock's
+    -- slot instead.
+    if s ~= nil and s > w.cur then s = w.cur end
     if fresh and back > 0 and s > w.cur - SLOTS and s <= w.cur then
       w.extra = tonumber(redis.call('HGET', key, s))
       wrefund(w, s, back)

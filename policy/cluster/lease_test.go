@@ -622,10 +622,10 @@ func TestResentReportAppliesOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		granted += res[12]
+		granted += res[13]
 	}
 	if got, want := sum(), before-300+granted; got != want {
-		t.Fatalf("the window holds %d after 300 came back in a report sent twice (and %d granted): want %d", got, granted, want)
+		t.Fatalf("the window holds %d after 300 came back in a report sent twice (and %d granted): want %d; report %v", got, granted, want, r.args)
 	}
 }
 
@@ -863,7 +863,7 @@ func TestWindowChunksAreSharedByDemand(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return res[12].(int64)
+		return res[13].(int64)
 	}
 	if g := report("a", 600); g != 600 {
 		t.Fatalf("a alone got %d of an empty window, want the 600 it asked for", g)
@@ -881,5 +881,53 @@ func TestWindowChunksAreSharedByDemand(t *testing.T) {
 	}
 	if g := report("b", 800); g != 200 {
 		t.Fatalf("b got %d of the 200 left, want all of it", g)
+	}
+}
+
+// TestGrowthIsHeardByEveryReplica: when a lease grows, every replica hears what the leases
+// now hold, so that what it counts as free while Redis is unavailable is no more than is.
+// Newer news wins; of the same growth, the larger sums (the earlier) do.
+func TestGrowthIsHeardByEveryReplica(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "grow", 2, time.Second)
+	lim := LeaseLimits{MaxConcurrent: 10}
+	quiet, busy := &demand{want: 1}, &demand{}
+	lq := f.leasers[0].Lease("feature/chat", lim, quiet)
+	f.leasers[1].Lease("feature/chat", lim, busy)
+	f.pastRecovery(t, lq)
+	free := func() int64 {
+		lq.mu.Lock()
+		defer lq.mu.Unlock()
+		st := lq.stateAt(f.clock.Now(), false)
+		return st.Free
+	}
+	waitFor(t, "replica 0 to hold its slot", func() bool {
+		quiet.settle()
+		f.round()
+		return quiet.running() == 1
+	})
+	lq.mu.Lock()
+	grant := lq.grant
+	lq.mu.Unlock()
+	if got := free(); got != 10-grant {
+		t.Fatalf("replica 0 alone counts %d free, want %d", got, 10-grant)
+	}
+	// Replica 1's lease grows without replica 0 reporting.
+	busy.set(6)
+	waitFor(t, "replica 1 to run 6", func() bool {
+		busy.settle()
+		f.leasers[1].Round()
+		return busy.running() == 6
+	})
+	waitFor(t, "replica 0 to hear of the growth", func() bool { return free() <= 10-grant-6 })
+	// Old news changes nothing.
+	lq.mu.Lock()
+	now := lq.sums
+	lq.sums.take(sums{seq: now.seq - 1, slots: 0})
+	lq.sums.take(sums{seq: now.seq, slots: now.slots - 1})
+	after := lq.sums
+	lq.mu.Unlock()
+	if after != now {
+		t.Errorf("older or smaller news of the same growth moved the sums from %+v to %+v", now, after)
 	}
 }

@@ -933,9 +933,9 @@ type Cluster struct {
 	LeaseInterval Duration `koanf:"lease_interval" json:"lease_interval,omitempty"`
 	// OnUnavailable is what admission does while Redis is slow or gone: "local" enforces this
 	// replica's part of each limit in this process (budgets and rates divided by the live
-	// replicas last seen, at least 1; concurrency the slots Redis counted for it plus an equal
-	// part of the room free), "closed" refuses with 503, reason cluster_unavailable. Default
-	// local.
+	// replicas last seen, at least 1; concurrency the slots Redis counted for it, or with leased
+	// admission the lease it last granted it, plus an equal part of the room free), "closed"
+	// refuses with 503, reason cluster_unavailable. Default local.
 	OnUnavailable string `koanf:"on_unavailable" json:"on_unavailable,omitempty"`
 	// ExpectedReplicas is how many replicas the deployment runs: while a replica enforces its
 	// part of the limits alone, it divides them by at least this many, from its first request
