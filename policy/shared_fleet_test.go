@@ -407,6 +407,9 @@ func TestLeasedPartsAfterRedisIsGoneAddUpToTheLimit(t *testing.T) {
 	time.Sleep(40 * time.Millisecond)
 	b := f.hold(1, 3)
 	c := f.hold(2, 3)
+	// What the leases hold reaches every replica within a moment of the growth (cluster.md:
+	// the last publications before Redis dies may not).
+	time.Sleep(50 * time.Millisecond)
 	rd.Kill()
 	for i, e := range f.engines {
 		waitFor(t, f.names[i]+" to find Redis gone", func() bool { return !e.Cluster().Available() })

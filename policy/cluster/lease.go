@@ -86,11 +86,12 @@ type LeaseState struct {
 	Learned int64
 	// Granted and GrantedTokens are what Redis recorded for this replica at the last report
 	// (no more than the report said was held, when its answer was lost), and Free and
-	// FreeTokens what no replica's lease held when one last grew, as this replica heard: while
-	// Redis is unavailable and the lease has run out, this replica's part of the limits is its
-	// grant and an equal part of what was free (cluster.on_unavailable: local). A grant changes
-	// only at its holder's report, and every growth is told to every replica, so the parts of
-	// replicas that heard the same add up to no more than the limit.
+	// FreeTokens what is free under the latest bound this replica heard on what every lease
+	// holds (see luaLease): while Redis is unavailable and the lease has run out, this
+	// replica's part of the limits is its grant and an equal part of what is free
+	// (cluster.on_unavailable: local). A grant changes only at its holder's report, and every
+	// rise of the bound is told to every replica, so the parts of replicas that heard the last
+	// bound add up to no more than the limit.
 	Granted, GrantedTokens, Free, FreeTokens int64
 	// Known reports that a report got through at least once (the fields above are Redis's).
 	Known bool
@@ -217,7 +218,7 @@ func (l *Leaser) listen() {
 					break read
 				}
 				if name, s, ok := grownOf(msg.Payload); ok {
-					// A lease grew: what is free is less.
+					// The bound on what the leases hold rose: what is free is less.
 					l.mu.Lock()
 					ls := l.leases[name]
 					l.mu.Unlock()
@@ -265,12 +266,11 @@ func (ls *Lease) heard() (spare bool) {
 	return ls.spare(ls.usage(false))
 }
 
-// sums is what every lease of a compartment held when one grew, and the growth's number.
+// sums is a bound on what every lease of a compartment holds, and its number.
 type sums struct{ seq, slots, tokens int64 }
 
-// take keeps the later of s and o: the one of the later growth, or of the same growth the
-// larger (leases only shrank between them, so the larger is the earlier, and counts on less
-// free room).
+// take keeps the later of s and o: the one of the larger number, or of the same number the
+// larger (the bound is lowered without a new number: the larger counts on less free room).
 func (s *sums) take(o sums) {
 	switch {
 	case o.seq > s.seq:
@@ -280,7 +280,7 @@ func (s *sums) take(o sums) {
 	}
 }
 
-// grownOf reads a publication that a compartment's lease grew:
+// grownOf reads a publication that the bound on what a compartment's leases hold rose:
 // "g\t<number>\t<slots>\t<tokens>\t<compartment>".
 func grownOf(payload string) (name string, s sums, ok bool) {
 	rest, ok := strings.CutPrefix(payload, "g\t")
@@ -716,8 +716,8 @@ type Lease struct {
 	// Slots and tokens: granted by Redis, and the target this replica shrinks to.
 	grant, target   int64
 	tgrant, ttarget int64
-	// sums is what every lease of the compartment held at the last growth heard of (by a
-	// report's answer or another replica's publication), and the growth's number.
+	// sums is the latest bound heard (by a report's answer or another replica's publication)
+	// on what every lease of the compartment holds, and its number.
 	sums sums
 	// sent is when the last report that got through was sent; the lease is valid until sent +
 	// the Leaser's validFor (validUntil, in UnixNano, read without the lock).

@@ -67,14 +67,19 @@ package cluster
 //
 // Returns {status, slots granted, slots target, tokens granted, tokens target, pressure,
 // recovering, replicas holding, learned limit (0: none), the epoch, the slots and tokens every
-// lease holds (the limit while the compartment recovers), the number of the last growth,
+// lease holds at most and that bound's number,
 // W × (chunk granted, slot charged, remaining, reset ms, wait ms, ms until the slot charged
 // ends)}.
 //
-// A lease that grows takes room every replica heard was free: the script counts the growth in
-// the hash ("gq") and publishes the leases' sums under that number, "g\t<number>\t<slots>\t
-// <tokens>\t<compartment>", so that every replica knows what is free when Redis is lost (its
-// part of the limits is then its lease and an equal part of what no lease holds).
+// Every replica knows a bound on what the compartment's leases hold, so that while Redis is
+// lost its part of the limits is its lease and an equal part of what is free under the bound.
+// The hash keeps the bound ("gS", "gT") and its number ("gq"). When the leases come to hold
+// more than the bound, it rises to what they hold under a new number, published to every
+// replica as "g\t<number>\t<slots>\t<tokens>\t<compartment>". When they hold less, it is
+// lowered to what they hold without a new number (a replica that knew the higher bound counts
+// on less free room, on the safe side), at most once per recovery time: leases that shrink and
+// grow back within it publish nothing. While the compartment recovers the bound is its limit:
+// nothing is known to be free.
 // status is 0, or 2 when the hash held more fields than a compartment can (it was rewritten).
 // pressure is 1 when another replica wants more than it holds. wait is, when a single need did
 // not fit, the time until it would.
@@ -139,7 +144,7 @@ end
 -- n of them), of which the shares below need only sums in the common case.
 local h = redis.call('HGETALL', L)
 local myf = me ~= '' and 'r:' .. me
-local born, al, ali, gq, mine
+local born, al, ali, gq, gS, gT, gL, mine
 local F, S, T, WS, WT, n = {}, {}, {}, {}, {}, 0
 local bad = {}
 for i = 1, #h, 2 do
@@ -153,6 +158,12 @@ for i = 1, #h, 2 do
     ali = whole(v)
   elseif f == 'gq' then
     gq = whole(v)
+  elseif f == 'gS' then
+    gS = whole(v)
+  elseif f == 'gT' then
+    gT = whole(v)
+  elseif f == 'gL' then
+    gL = whole(v)
   elseif f == myf then
     -- This replica's own: what it holds and wants it says anew; only the number of its last
     -- report applied is read.
@@ -348,13 +359,19 @@ if recovering then
   -- Holders have yet to re-assert their leases: nothing is known to be free.
   sums, sumt = maxs, maxt
 end
-if gs > hs or gt > ht then
-  gq = (gq or 0) + 1
-  redis.call('HSET', L, 'gq', gq)
-  if chan ~= '' then redis.call('PUBLISH', chan, 'g\t' .. gq .. '\t' .. sums .. '\t' .. sumt .. '\t' .. cname) end
+-- The bound on what the leases hold (see above). Its number is Redis's clock (ms), or one more
+-- than the last: a hash Redis lost and made anew numbers its bounds after every bound before.
+gq, gS, gT = gq or 0, gS or 0, gT or 0
+if sums > gS or sumt > gT then
+  gq, gS, gT = math.max(gq + 1, now), math.max(gS, sums), math.max(gT, sumt)
+  redis.call('HSET', L, 'gq', gq, 'gS', gS, 'gT', gT)
+  if chan ~= '' then redis.call('PUBLISH', chan, 'g\t' .. gq .. '\t' .. gS .. '\t' .. gT .. '\t' .. cname) end
+elseif (sums < gS or sumt < gT) and (gL == nil or gL > now or now - gL >= recov) then
+  gS, gT = sums, sumt
+  redis.call('HSET', L, 'gS', gS, 'gT', gT, 'gL', now)
 end
 
-local out = {status, gs, tgs, gt, tgt, 0, 0, 0, al or 0, epoch, sums, sumt, gq or 0}
+local out = {status, gs, tgs, gt, tgt, 0, 0, 0, al or 0, epoch, gS, gT, gq}
 if ps or pt then out[6] = 1 end
 if recovering then out[7] = 1 end
 

@@ -931,3 +931,83 @@ func TestGrowthIsHeardByEveryReplica(t *testing.T) {
 		t.Errorf("older or smaller news of the same growth moved the sums from %+v to %+v", now, after)
 	}
 }
+
+// TestLeaseBoundRisesAloudAndLowersQuietly pins the bound on what a compartment's leases hold
+// (what every replica counts as taken while Redis is lost): it rises, under a new number
+// published to every replica, whenever the leases come to hold more; it is lowered, without a
+// new number or a publication, to what they hold at most once per recovery time; a hash Redis
+// made anew numbers its bounds after every earlier one.
+func TestLeaseBoundRisesAloudAndLowersQuietly(t *testing.T) {
+	srv := redistest.Standalone(t)
+	rc := inspect(t, srv.Addr())
+	ctx := context.Background()
+	const recov = 400 // ms
+	sub := rc.Subscribe(ctx, "{b}:lease")
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sc := redis.NewScript(luaLease)
+	seq := 0
+	// report has replica me report holding held of 10 slots and wanting want, and returns the
+	// bound and its number.
+	report := func(me string, held, want int64) (bound, number int64) {
+		t.Helper()
+		seq++
+		res, err := leaseReply(sc.Run(ctx, rc, []string{"{b|c}:ls"}, me, 10000, "0", recov, "1:"+strconv.Itoa(seq),
+			10, held, held, want, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, "{b}:lease", "feature/chat", "0:0", "1:f"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[10], res[12]
+	}
+	heard := func() []sums {
+		var out []sums
+		for {
+			m, err := sub.ReceiveTimeout(ctx, 100*time.Millisecond)
+			if err != nil {
+				return out
+			}
+			if msg, ok := m.(*redis.Message); ok {
+				if name, s, ok := grownOf(msg.Payload); ok && name == "feature/chat" {
+					out = append(out, s)
+				}
+			}
+		}
+	}
+	b1, n1 := report("a", 0, 6)
+	b2, n2 := report("b", 0, 3)
+	if b1 != 6 || b2 != 9 || n2 <= n1 {
+		t.Fatalf("growths: bounds %d (number %d) then %d (number %d), want 6 then 9 under a larger number", b1, n1, b2, n2)
+	}
+	if got := heard(); len(got) != 2 || got[0] != (sums{seq: n1, slots: 6}) || got[1] != (sums{seq: n2, slots: 9}) {
+		t.Fatalf("published %+v, want both growths", got)
+	}
+	// a's lease shrinks to 2: the bound is lowered to 5 quietly.
+	if b, n := report("a", 2, 2); b != 5 || n != n2 {
+		t.Fatalf("after a shrank: bound %d number %d, want 5 under the same number %d", b, n, n2)
+	}
+	// a grows to 4 again: above the lowered bound, so aloud.
+	b3, n3 := report("a", 2, 4)
+	if b3 != 7 || n3 <= n2 {
+		t.Fatalf("after a grew again: bound %d number %d, want 7 under a larger number", b3, n3)
+	}
+	// a shrinks to 1 within the recovery time of the last lowering: the bound stays.
+	if b, n := report("a", 1, 1); b != 7 || n != n3 {
+		t.Fatalf("a second shrink soon after: bound %d number %d, want 7 and %d still", b, n, n3)
+	}
+	time.Sleep(recov * time.Millisecond)
+	if b, n := report("a", 1, 1); b != 4 || n != n3 {
+		t.Fatalf("a recovery time later: bound %d number %d, want 4 and %d", b, n, n3)
+	}
+	if got := heard(); len(got) != 1 || got[0] != (sums{seq: n3, slots: 7}) {
+		t.Fatalf("published %+v after the first two, want only the growth to 7", got)
+	}
+	// Redis loses the hash: the new one numbers its bounds after every earlier one.
+	if err := rc.Del(ctx, "{b|c}:ls").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, n := report("b", 3, 3); n <= n3 {
+		t.Fatalf("a new hash's bound is numbered %d, not after the lost hash's %d", n, n3)
+	}
+}
