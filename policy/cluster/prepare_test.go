@@ -152,3 +152,26 @@ func TestStoreRegistersWhenRedisRefusesToPrepare(t *testing.T) {
 		t.Fatalf("admission with scripts sent whole: %+v, %v", r, err)
 	}
 }
+
+// TestLeasedStoreKeepsFewConnections: a leased replica calls Redis only from its loops, so it
+// opens a pool of 8 connections per node, not the exact store's 32 or more: a fleet of 30
+// replicas keeps 240 connections on each node instead of about 1 000.
+func TestLeasedStoreKeepsFewConnections(t *testing.T) {
+	rd := redistest.Standalone(t)
+	rc := inspect(t, rd.Addr())
+	o := options(rd.Addr(), "fewconns", "a")
+	o.Leased = true
+	s := open(t, o)
+	waitFor(t, "the leased store to register", s.Available)
+	if n := s.client.PoolStats().TotalConns; n == 0 || n > leasedPool {
+		t.Errorf("a leased replica opened %d connections, want at most %d", n, leasedPool)
+	}
+	list, err := rc.ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// This test's own connection and the store's subscription besides.
+	if n := strings.Count(list, "\n"); n > leasedPool+3 {
+		t.Errorf("Redis lists %d clients with one leased replica connected, want at most %d", n, leasedPool+3)
+	}
+}
