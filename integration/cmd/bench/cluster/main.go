@@ -48,6 +48,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/llm-bulkhead/llm-bulkhead/policy/cluster"
 )
 
 func main() {
@@ -102,6 +104,8 @@ type Config struct {
 	Replicas                    []int
 	Redis                       []string
 	FleetConcurrency, FleetReps int
+	// FleetDuration is each fleet run's measured part.
+	FleetDuration time.Duration
 	// RedisTimeout, LeaseInterval and LeaseTTL are the cluster section's timeout,
 	// lease_interval and lease_ttl.
 	RedisTimeout, LeaseInterval, LeaseTTL time.Duration
@@ -134,6 +138,8 @@ func parse(args []string, stderr io.Writer) (Config, error) {
 	redisKinds := fs.String("redis", RedisStandalone+","+RedisCluster, "the Redis the fleets share, comma-separated: standalone (one redis-server), cluster (a Redis Cluster of three masters)")
 	fleetConc := fs.Int("fleet-concurrency", 4, "concurrent streams per replica in the fleet runs (modest: every replica, Redis and the load share this machine's cores)")
 	fleetReps := fs.Int("fleet-reps", 2, "load runs per fleet")
+	fleetDur := fs.Duration("fleet-duration", 10*time.Second, "measured part of each fleet run: a multiple of the replicas' usage flush (every "+
+		cluster.UsageFlushInterval.String()+", all at once in a fleet started together), so that every window holds as many")
 	redisTimeout := fs.Duration("redis-timeout", time.Second, "cluster.timeout (at most 1s): long, so that a loaded machine never turns an exact admission into a local one")
 	leaseInterval := fs.Duration("lease-interval", 200*time.Millisecond, "cluster.lease_interval of the leased sides")
 	leaseTTL := fs.Duration("lease-ttl", 10*time.Second, "cluster.lease_ttl of every cluster side (the churn's killed replica's share comes back after it)")
@@ -165,7 +171,7 @@ func parse(args []string, stderr io.Writer) (Config, error) {
 		return Config{}, err
 	}
 	cfg := Config{Out: *out, Admissions: adm, Levels: lv, Reps: *reps, Warmup: *warm, Duration: *dur, MessageTimeout: *msgTimeout,
-		Replicas: rs, Redis: rk, FleetConcurrency: *fleetConc, FleetReps: *fleetReps, RedisTimeout: *redisTimeout,
+		Replicas: rs, Redis: rk, FleetConcurrency: *fleetConc, FleetReps: *fleetReps, FleetDuration: *fleetDur, RedisTimeout: *redisTimeout,
 		LeaseInterval: *leaseInterval, LeaseTTL: *leaseTTL, Behaviours: *behaviours, BehaviourReplicas: *behReplicas,
 		Clients: *clients, Limit: *limit, Skew: *skew, Hold: *hold, Phase: *phase, PolicyPath: *policyPath, BulkheadBinary: *bin}
 	return cfg, cfg.validate()
@@ -223,8 +229,8 @@ func (c Config) validate() error {
 		errs = append(errs, errors.New("load runs need --reps ≥ 1, a positive --duration and a non-negative --warmup"))
 	}
 	if len(c.Replicas) > 0 {
-		if slices.Contains(c.Replicas, 1) || c.FleetConcurrency < 1 || c.FleetReps < 1 || len(c.Redis) == 0 {
-			errs = append(errs, errors.New("the fleet runs need --replicas of 2 or more (0: none), --fleet-concurrency ≥ 1, --fleet-reps ≥ 1 and a --redis"))
+		if slices.Contains(c.Replicas, 1) || c.FleetConcurrency < 1 || c.FleetReps < 1 || c.FleetDuration <= 0 || len(c.Redis) == 0 {
+			errs = append(errs, errors.New("the fleet runs need --replicas of 2 or more (0: none), --fleet-concurrency ≥ 1, --fleet-reps ≥ 1, a positive --fleet-duration and a --redis"))
 		}
 	}
 	if c.RedisTimeout <= 0 || c.RedisTimeout > time.Second {

@@ -207,7 +207,7 @@ func TestRunSmall(t *testing.T) {
 	out := t.TempDir()
 	var stdout, stderr bytes.Buffer
 	args := []string{"--out", out, "--bulkhead-bin", os.Args[0], "--policy", "../../../../examples/policy.yaml", "--concurrency", "2", "--reps", "2", "--warmup", "100ms", "--duration", "300ms",
-		"--replicas", "2", "--fleet-concurrency", "2", "--fleet-reps", "1", "--lease-interval", "50ms", "--lease-ttl", "1s",
+		"--replicas", "2", "--fleet-concurrency", "2", "--fleet-reps", "1", "--fleet-duration", "300ms", "--lease-interval", "50ms", "--lease-ttl", "1s",
 		"--behaviour-replicas", "2", "--clients", "3", "--limit", "4", "--hold", "20ms", "--phase", "600ms"}
 	if code := run(context.Background(), args, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr.String())

@@ -40,6 +40,7 @@ type Report struct {
 		Redis            []string `json:"redis"`
 		FleetConcurrency int      `json:"fleet_concurrency"`
 		FleetReps        int      `json:"fleet_reps"`
+		FleetWindow      float64  `json:"fleet_window_seconds"`
 		RedisTimeout     string   `json:"redis_timeout"`
 		LeaseInterval    string   `json:"lease_interval"`
 		LeaseTTL         string   `json:"lease_ttl"`
@@ -151,6 +152,7 @@ func newReport(cfg Config) *Report {
 	c.Admissions, c.Levels, c.Reps = cfg.Admissions, cfg.Levels, cfg.Reps
 	c.WarmupSeconds, c.WindowSeconds = cfg.Warmup.Seconds(), cfg.Duration.Seconds()
 	c.Replicas, c.Redis, c.FleetConcurrency, c.FleetReps = cfg.Replicas, cfg.Redis, cfg.FleetConcurrency, cfg.FleetReps
+	c.FleetWindow = cfg.FleetDuration.Seconds()
 	c.RedisTimeout, c.LeaseInterval, c.LeaseTTL = cfg.RedisTimeout.String(), cfg.LeaseInterval.String(), cfg.LeaseTTL.String()
 	c.Policy = cfg.PolicyPath
 	return r
@@ -519,8 +521,10 @@ func (r *Report) Markdown() string {
 	if len(r.Fleets) > 0 {
 		w("\n## Fleets\n\n")
 		w("A fresh fleet of separate replica processes per row, each replica under its own closed-loop load of %d streams (modest: every replica, "+
-			"Redis and the load generator share this machine), all at once; %d runs per fleet. Streams/s adds the replicas'; p50 is the median "+
-			"replica's, p99 the worst replica's. Redis's figures add up every node's (a Redis Cluster has three masters).\n\n", c.FleetConcurrency, c.FleetReps)
+			"Redis and the load generator share this machine), all at once; %d runs per fleet, %.1fs warm-up + %.1fs measured each (a multiple of the replicas' usage "+
+			"flush, which a fleet started together runs all at once). Streams/s adds the replicas'; p50 is the median "+
+			"replica's, p99 the worst replica's. Redis's figures add up every node's (a Redis Cluster has three masters).\n\n",
+			c.FleetConcurrency, c.FleetReps, c.WarmupSeconds, c.FleetWindow)
 		for _, ir := range r.IdleRedis {
 			w("%s Redis with no client connected, before its fleets: %s ms of CPU a second.\n", ir.Redis, opt(float64(ir.CPU), "%.2f"))
 		}

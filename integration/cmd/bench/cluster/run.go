@@ -345,7 +345,7 @@ func (b *bencher) compare(ctx context.Context) (err error) {
 				if s.be != nil {
 					rs = []*fleet.Replica{s.r}
 				}
-				smp.Work, err = b.measure(ctx, s.be, s.name, rs, math.NaN(), func() (err error) {
+				smp.Work, err = b.measure(ctx, s.be, s.name, rs, math.NaN(), b.cfg.Duration, func() (err error) {
 					smp.Load, err = l.Run(ctx)
 					return err
 				})
@@ -401,7 +401,7 @@ func read(ctx context.Context, be fleet.Backend, rs []*fleet.Replica) (reading, 
 // nil, reads Redis and the replicas rs at the window's edges and returns their work per admission.
 //
 // idle is Redis's CPU a second with no client connected (NaN: not measured).
-func (b *bencher) measure(ctx context.Context, be fleet.Backend, admission string, rs []*fleet.Replica, idle float64, load func() error) (*Work, error) {
+func (b *bencher) measure(ctx context.Context, be fleet.Backend, admission string, rs []*fleet.Replica, idle float64, dur time.Duration, load func() error) (*Work, error) {
 	start := time.Now()
 	done := make(chan error, 1)
 	go func() { done <- load() }()
@@ -411,7 +411,7 @@ func (b *bencher) measure(ctx context.Context, be fleet.Backend, admission strin
 	var r0, r1 reading
 	rerr := errors.New("the run ended before its window")
 	if bench.SleepUntil(ctx, start.Add(b.cfg.Warmup)) {
-		if r0, rerr = read(ctx, be, rs); rerr == nil && bench.SleepUntil(ctx, start.Add(b.cfg.Warmup+b.cfg.Duration)) {
+		if r0, rerr = read(ctx, be, rs); rerr == nil && bench.SleepUntil(ctx, start.Add(b.cfg.Warmup+dur)) {
 			r1, rerr = read(ctx, be, rs)
 		}
 	}
@@ -564,12 +564,12 @@ func (b *bencher) fleet(ctx context.Context, be fleet.Backend, kind string, n in
 	for r := range b.cfg.FleetReps {
 		fs := FleetSample{Redis: kind, Replicas: n, Admission: adm, Rep: r + 1, Concurrency: b.cfg.FleetConcurrency}
 		samples := make([]bench.Sample, len(rs))
-		w, err := b.measure(ctx, be, adm, rs, idle, func() error {
+		w, err := b.measure(ctx, be, adm, rs, idle, b.cfg.FleetDuration, func() error {
 			errs := make([]error, len(rs))
 			var wg sync.WaitGroup
 			for i, rp := range rs {
 				l := bench.Load{Sim: sims[i], Request: b.req, Upstream: up, Concurrency: b.cfg.FleetConcurrency, Warmup: b.cfg.Warmup,
-					Duration: b.cfg.Duration, Admitted: true, Pid: rp.Pid()}
+					Duration: b.cfg.FleetDuration, Admitted: true, Pid: rp.Pid()}
 				wg.Go(func() { samples[i], errs[i] = l.Run(ctx) })
 			}
 			wg.Wait()
