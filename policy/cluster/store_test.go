@@ -31,7 +31,7 @@ func options(addr, prefix, id string) Options {
 }
 
 // open opens a store, closes it when the test ends and waits until it is available.
-func open(t *testing.T, o Options) *Store {
+func open(t testing.TB, o Options) *Store {
 	t.Helper()
 	s, err := Open(o)
 	if err != nil {
@@ -48,7 +48,7 @@ func open(t *testing.T, o Options) *Store {
 
 // waitFor polls cond until it holds, failing the test after 10 s (a bound for a broken build,
 // not a timing assertion).
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {

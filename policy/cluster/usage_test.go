@@ -31,7 +31,7 @@ func (c *usageClock) Now() time.Time {
 
 // usageReplica opens a store and a tracker of table size size sharing through it; the flush
 // loop runs rarely: the tests flush by hand.
-func usageReplica(t *testing.T, o Options, clock *usageClock, size int) (*UsageStore, *usage.Tracker) {
+func usageReplica(t testing.TB, o Options, clock *usageClock, size int) (*UsageStore, *usage.Tracker) {
 	t.Helper()
 	st := open(t, o)
 	tr := usage.New(usageReasons)
