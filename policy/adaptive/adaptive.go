@@ -57,7 +57,7 @@
 // queued. Start, Observe and Finish take the process's cumulative stalled time with the current
 // time; a wait is judged, and a time to first token counted, without the stalled time that
 // overlapped it. A time to first token the process stalled during is only known to lie within
-// the stall, so it does not move the baselines.
+// the stall: the baselines take its upper bound.
 //
 // The package is pure: it starts no goroutines and reads no clock. Every method takes the
 // current time and the stalled time, so tests drive it with a simulated provider.
@@ -134,7 +134,8 @@ type Sample struct {
 	Handle Handle
 	// Stalled is how long this process was stalled between the admission and the first token
 	// (the growth of the stalled time given to Start and Observe): TTFB less Stalled is
-	// counted, and only a TTFB with no stall moves the baselines.
+	// judged, the whole TTFB (an upper bound) moves the baselines down, and only a TTFB with
+	// no stall counts in a re-measurement.
 	Stalled time.Duration
 }
 
@@ -332,10 +333,13 @@ func (c *Controller) Observe(now time.Time, stalled time.Duration, x Sample) int
 			return c.current()
 		}
 	}
-	// A TTFB the process stalled during is counted without the stall, but the first token
-	// may have come at any moment of it: the TTFB is only known within the stall's length,
-	// so it does not move the baselines.
-	exact := x.Stalled <= 0
+	// A TTFB the process stalled during is judged without the stall, but the first token may
+	// have come at any moment of it: the TTFB is only known within the stall's length. The
+	// baselines take it whole, an upper bound: one that is lower still proves the provider
+	// faster, and a first baseline learned through a loaded machine's frequent stalls is the
+	// provider's speed, not only what the queued requests' exact samples show.
+	// A re-measurement may raise the baselines: it takes exact TTFBs only.
+	bound, exact := x.TTFB, x.Stalled <= 0
 	if !exact {
 		x.TTFB = max(x.TTFB-x.Stalled, 0)
 	}
@@ -355,11 +359,10 @@ func (c *Controller) Observe(now time.Time, stalled time.Duration, x Sample) int
 	cls, ttfb, ratio := 0, 0.0, 0.0
 	if x.TTFB > 0 && !x.Backoff {
 		cls = sizeClass(x.PromptTokens)
-		ttfb = x.TTFB.Seconds() / (1 + float64(max(x.PromptTokens, 0))/PromptUnit)
-		if exact {
-			c.class[cls].add(ttfb)
-			c.classSeen[cls]++
-		}
+		scale := 1 + float64(max(x.PromptTokens, 0))/PromptUnit
+		ttfb = x.TTFB.Seconds() / scale
+		c.class[cls].add(bound.Seconds() / scale)
+		c.classSeen[cls]++
 		if b := c.baseTTFB[cls]; b > 0 {
 			ratio = ttfb / b
 			if fresh {
