@@ -50,17 +50,7 @@ func BenchmarkLeaseReport(b *testing.B) {
 			for r := range n {
 				report(r)
 			}
-			cpu0 := redisCPU(b, rc)
-			if err := rc.ConfigResetStat(ctx).Err(); err != nil {
-				b.Fatal(err)
-			}
-			b.ResetTimer()
-			for i := range b.N {
-				report(i % n)
-			}
-			b.StopTimer()
-			cpu := redisCPU(b, rc) - cpu0
-			calls, usec := scriptStats(b, rc)
+			calls, usec, cpu := redisCost(b, rc, func(i int) { report(i % n) })
 			if calls < int64(b.N) {
 				b.Fatalf("%d script calls counted for %d reports", calls, b.N)
 			}
@@ -68,6 +58,23 @@ func BenchmarkLeaseReport(b *testing.B) {
 			b.ReportMetric(cpu/float64(b.N), "redis-cpu-µs/report")
 		})
 	}
+}
+
+// redisCost runs op b.N times, timed, and returns what Redis spent on them: the calls of
+// EVALSHA and EVAL, the µs Redis accounts to them (INFO commandstats), and its CPU µs (INFO cpu).
+func redisCost(b *testing.B, rc *redis.Client, op func(i int)) (calls int64, usec, cpu float64) {
+	cpu0 := redisCPU(b, rc)
+	if err := rc.ConfigResetStat(context.Background()).Err(); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		op(i)
+	}
+	b.StopTimer()
+	cpu = redisCPU(b, rc) - cpu0
+	calls, usec = scriptStats(b, rc)
+	return calls, usec, cpu
 }
 
 // scriptStats returns the calls of EVALSHA and EVAL and the µs Redis spent in them since the

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"context"
 	"strconv"
 	"testing"
 	"time"
@@ -31,17 +30,7 @@ func BenchmarkUsageFlush(b *testing.B) {
 				}
 			}
 			flush()
-			cpu0 := redisCPU(b, rc)
-			if err := rc.ConfigResetStat(context.Background()).Err(); err != nil {
-				b.Fatal(err)
-			}
-			b.ResetTimer()
-			for range b.N {
-				flush()
-			}
-			b.StopTimer()
-			cpu := redisCPU(b, rc) - cpu0
-			calls, usec := scriptStats(b, rc)
+			calls, usec, cpu := redisCost(b, rc, func(int) { flush() })
 			b.ReportMetric(float64(calls)/float64(b.N), "scripts/flush")
 			b.ReportMetric(usec/float64(b.N), "redis-µs/flush")
 			b.ReportMetric(cpu/float64(b.N), "redis-cpu-µs/flush")
