@@ -218,14 +218,8 @@ func (l *Leaser) listen() {
 					break read
 				}
 				if name, s, ok := grownOf(msg.Payload); ok {
-					// The bound on what the leases hold rose: what is free is less.
-					l.mu.Lock()
-					ls := l.leases[name]
-					l.mu.Unlock()
-					if ls != nil {
-						ls.mu.Lock()
-						ls.sums.take(s)
-						ls.mu.Unlock()
+					if ls := l.leaseOf(name); ls != nil {
+						ls.heardBound(s)
 					}
 					continue
 				}
@@ -240,10 +234,7 @@ func (l *Leaser) listen() {
 				if from == l.st.o.ReplicaID {
 					continue
 				}
-				l.mu.Lock()
-				ls := l.leases[name]
-				l.mu.Unlock()
-				if ls != nil && ls.heard() {
+				if ls := l.leaseOf(name); ls != nil && ls.heard() {
 					l.Kick()
 				}
 			}
@@ -254,6 +245,21 @@ func (l *Leaser) listen() {
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// leaseOf returns this replica's lease of the compartment name, nil when it holds none.
+func (l *Leaser) leaseOf(name string) *Lease {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.leases[name]
+}
+
+// heardBound takes a rise of the bound on what the compartment's leases hold: what is free is
+// less.
+func (ls *Lease) heardBound(s sums) {
+	ls.mu.Lock()
+	ls.sums.take(s)
+	ls.mu.Unlock()
 }
 
 // heard takes the news that another replica is short in the lease's compartment, and reports
