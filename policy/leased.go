@@ -57,9 +57,9 @@ func (f *fleetLease) LeaseUsage(freeze bool) cluster.LeaseUsage {
 // LeaseChanged puts the lease in force. A lease that is not valid (not granted yet, or not
 // renewed in time) holds nothing while Redis answers. While Redis is unavailable the compartment
 // holds this replica's part of its limits instead (on_unavailable: closed refuses before the
-// compartment is asked): what Redis last recorded for it plus an equal part of what no lease
-// held when one last grew — so the parts of replicas that were all granted, and heard the same,
-// add up to no more than the limit — or, for a replica that never reached Redis, the limit
+// compartment is asked): what Redis last recorded for it plus an equal part of what is free
+// under the latest bound it heard on what every lease holds — so the parts of replicas that were
+// all granted, and heard the last bound, add up to no more than the limit — or, for a replica that never reached Redis, the limit
 // divided by the replicas (the live ones last seen, and at least cluster.expected_replicas).
 func (f *fleetLease) LeaseChanged(st cluster.LeaseState) {
 	if a := f.adaptive; a != nil && st.Learned > 0 {
