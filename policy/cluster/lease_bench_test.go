@@ -79,7 +79,7 @@ func redisCost(b *testing.B, rc *redis.Client, op func(i int)) (calls int64, use
 
 // scriptStats returns the calls of EVALSHA and EVAL and the µs Redis spent in them since the
 // last CONFIG RESETSTAT.
-func scriptStats(b *testing.B, rc *redis.Client) (calls int64, usec float64) {
+func scriptStats(b testing.TB, rc *redis.Client) (calls int64, usec float64) {
 	info, err := rc.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)

@@ -167,22 +167,23 @@ local function uhset(key, kv)
 end
 `
 
-// luaUsageFlush adds one delta of this process to the fleet tables of its buckets, unless Redis
-// applied it already.
+// luaUsageFlush adds deltas of this process, in order, to the fleet tables of their buckets,
+// each unless Redis applied it already.
 //
-//	KEYS: 1 this process's mark, then the tables to add to
-//	ARGV: 1 the delta's number, 2 the mark's ttl ms, 3 table size, 4 kind (t, m or tm), 5 slack,
-//	      6 total, 7 rows n, then n × (field, row), then per table the time it expires (Unix ms)
+//	KEYS: 1 this process's mark, then each delta's tables to add to
+//	ARGV: 1 the mark's ttl ms, 2 table size, 3 number of deltas D, then D × (the delta's number,
+//	      kind (t, m or tm), slack, total, rows n, n × (field, row), tables m, m × the time the
+//	      table expires (Unix ms))
 //
 // A delta is merged as the tracker merges tables: a group's counts and error are summed, and for
 // each side without a row for it that side's slack is added to its error; the slack is the sum
 // of the slacks. Beyond size rows, the rows of the smallest estimates (error plus weight) are
 // dropped — their counts stay in the total, the rest's — and the largest dropped estimate becomes
 // the slack if it is larger. A table whose time has passed is left alone.
-// Returns {1 if applied, 0 if applied before, then the keys repaired}.
+// Returns {the deltas applied now (the others were before), then the keys repaired}.
 var luaUsageFlush = luaUsage + `
 local now = nowms()
-local id, ttl, size, kind = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local ttl, size, nd = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local repaired = {}
 local mark = redis.pcall('GET', KEYS[1])
 if type(mark) == 'table' then
@@ -196,76 +197,83 @@ elseif mark then
 else
   mark = 0
 end
-if id <= mark then
-  local out = {0}
-  for _, k in ipairs(repaired) do out[#out + 1] = k end
-  return out
-end
-local d = {slack = tonumber(ARGV[5]), total = uvalue(ARGV[6]), rows = {}}
-local n = tonumber(ARGV[7])
-for i = 0, n - 1 do
-  d.rows[ARGV[8 + 2 * i]] = uvalue(ARGV[9 + 2 * i])
-end
-for k = 2, #KEYS do
-  local key, exp = KEYS[k], tonumber(ARGV[8 + 2 * n + k - 2])
-  if exp > now then
-    local t, bad = uload(key, kind)
-    if bad then repaired[#repaired + 1] = key end
-    local st, sd = t.slack, d.slack
-    local dirty = {}
-    if sd > 0 then
-      for f, r in pairs(t.rows) do
-        if d.rows[f] == nil then
-          r[1] = r[1] + sd
-          dirty[f] = true
-        end
+
+-- merge adds delta d to the table at key, of kind, that expires at exp.
+local function merge(key, kind, exp, d)
+  local t, bad = uload(key, kind)
+  if bad then repaired[#repaired + 1] = key end
+  local st, sd = t.slack, d.slack
+  local dirty = {}
+  if sd > 0 then
+    for f, r in pairs(t.rows) do
+      if d.rows[f] == nil then
+        r[1] = r[1] + sd
+        dirty[f] = true
       end
     end
-    for f, x in pairs(d.rows) do
-      local r = t.rows[f]
-      if r then
-        r[1] = r[1] + x[1]
-      else
-        r = uzero()
-        r[1] = x[1] + st
-        t.rows[f] = r
-        t.n = t.n + 1
-      end
-      uadd(r, x)
-      dirty[f] = true
-    end
-    uadd(t.total, d.total)
-    t.slack = st + sd
-    if t.n > size then
-      local list = {}
-      for f, r in pairs(t.rows) do list[#list + 1] = {f, r[1] + uweight(r)} end
-      table.sort(list, function(a, b)
-        if a[2] ~= b[2] then return a[2] > b[2] end
-        return a[1] < b[1]
-      end)
-      t.slack = math.max(t.slack, list[size + 1][2])
-      local gone = {}
-      for i = size + 1, #list do
-        local f = list[i][1]
-        gone[#gone + 1] = f
-        t.rows[f], dirty[f] = nil, nil
-      end
-      for i = 1, #gone, 1000 do
-        redis.call('HDEL', key, unpack(gone, i, math.min(i + 999, #gone)))
-      end
-    end
-    local kv = {'S', string.format('%.0f', t.slack), 'N', uformat(t.total)}
-    for f in pairs(dirty) do
-      kv[#kv + 1] = f
-      kv[#kv + 1] = uformat(t.rows[f])
-    end
-    uhset(key, kv)
-    redis.call('PEXPIREAT', key, exp)
   end
+  for f, x in pairs(d.rows) do
+    local r = t.rows[f]
+    if r then
+      r[1] = r[1] + x[1]
+    else
+      r = uzero()
+      r[1] = x[1] + st
+      t.rows[f] = r
+      t.n = t.n + 1
+    end
+    uadd(r, x)
+    dirty[f] = true
+  end
+  uadd(t.total, d.total)
+  t.slack = st + sd
+  if t.n > size then
+    local list = {}
+    for f, r in pairs(t.rows) do list[#list + 1] = {f, r[1] + uweight(r)} end
+    table.sort(list, function(a, b)
+      if a[2] ~= b[2] then return a[2] > b[2] end
+      return a[1] < b[1]
+    end)
+    t.slack = math.max(t.slack, list[size + 1][2])
+    local gone = {}
+    for i = size + 1, #list do
+      local f = list[i][1]
+      gone[#gone + 1] = f
+      t.rows[f], dirty[f] = nil, nil
+    end
+    for i = 1, #gone, 1000 do
+      redis.call('HDEL', key, unpack(gone, i, math.min(i + 999, #gone)))
+    end
+  end
+  local kv = {'S', string.format('%.0f', t.slack), 'N', uformat(t.total)}
+  for f in pairs(dirty) do
+    kv[#kv + 1] = f
+    kv[#kv + 1] = uformat(t.rows[f])
+  end
+  uhset(key, kv)
+  redis.call('PEXPIREAT', key, exp)
 end
-redis.call('SET', KEYS[1], id, 'PX', ttl)
-local out = {1}
-for _, k in ipairs(repaired) do out[#out + 1] = k end
+
+local a, k, applied = 4, 2, 0
+for _ = 1, nd do
+  local id, kind, n = tonumber(ARGV[a]), ARGV[a + 1], tonumber(ARGV[a + 4])
+  local rows, m = a + 5, tonumber(ARGV[a + 5 + 2 * n])
+  if id > mark then
+    local d = {slack = tonumber(ARGV[a + 2]), total = uvalue(ARGV[a + 3]), rows = {}}
+    for i = 0, n - 1 do
+      d.rows[ARGV[rows + 2 * i]] = uvalue(ARGV[rows + 2 * i + 1])
+    end
+    for j = 1, m do
+      local exp = tonumber(ARGV[rows + 2 * n + j])
+      if exp > now then merge(KEYS[k + j - 1], kind, exp, d) end
+    end
+    mark, applied = id, applied + 1
+  end
+  a, k = rows + 2 * n + 1 + m, k + m
+end
+if applied > 0 then redis.call('SET', KEYS[1], mark, 'PX', ttl) end
+local out = {applied}
+for _, key in ipairs(repaired) do out[#out + 1] = key end
 return out
 `
 
@@ -366,8 +374,9 @@ func (u *UsageStore) tableKey(by usage.By, b usage.Bucket) string {
 }
 
 // Flush sends what the tracker counted since the last flush, after what an earlier flush could
-// not send. It returns at the first delta Redis did not apply (it stays queued, and is sent again
-// by the next flush), each call bounded by the write timeout.
+// not send: a flush's deltas (one per table) in one call, more when earlier ones wait. It
+// returns at the first call Redis did not answer (its deltas stay queued, and are sent again by
+// the next flush), each call bounded by the write timeout.
 func (u *UsageStore) Flush() error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -389,44 +398,63 @@ func (u *UsageStore) Flush() error {
 		if !u.st.available.Load() {
 			return ErrUnavailable
 		}
-		if err := u.send(&u.queue[0]); err != nil {
+		// Deltas go together up to flushBatch rows, at least one.
+		n, rows := 1, len(u.queue[0].d.Table.Rows)
+		for n < len(u.queue) && rows+len(u.queue[n].d.Table.Rows) <= flushBatch {
+			rows += len(u.queue[n].d.Table.Rows)
+			n++
+		}
+		if err := u.send(u.queue[:n]); err != nil {
 			return err
 		}
-		u.queue[0] = usageOp{}
-		u.queue = u.queue[1:]
+		clear(u.queue[:n])
+		u.queue = u.queue[n:]
 	}
 }
 
-// send adds one delta to the fleet tables that can still be asked for. u.mu is held.
-func (u *UsageStore) send(op *usageOp) error {
+// flushBatch is how many rows, at most, one usage flush call carries (unless one delta has more):
+// the script runs as long as its tables take to merge.
+const flushBatch = 4096
+
+// send adds deltas, in order, to the fleet tables that can still be asked for. u.mu is held.
+func (u *UsageStore) send(ops []usageOp) error {
 	now := u.now()
-	ft := &op.d.Table
-	keys := []string{u.markKey}
-	var exps []any
-	for _, b := range op.d.Targets {
-		if exp := b.End.Add(usage.Keep(b.Level)); exp.After(now) {
-			keys = append(keys, u.tableKey(ft.By, b))
-			exps = append(exps, exp.UnixMilli())
-		}
-	}
-	if len(exps) == 0 {
-		return nil
-	}
 	reasons := u.tr.Reasons()
-	args := make([]any, 0, 7+2*len(ft.Rows)+len(exps))
-	args = append(args, op.id, usage.Keep(usage.LevelDay).Milliseconds(), max(u.tr.TableSize(), usage.MinTableSize), byKind[ft.By],
-		ft.Slack, formatUsage(0, &ft.Total, reasons), 0)
-	n := 0
-	for i := range ft.Rows {
-		r := &ft.Rows[i]
-		if len(r.Key.Tenant) > maxUsageName || len(r.Key.Model) > maxUsageName {
+	keys := []string{u.markKey}
+	args := []any{usage.Keep(usage.LevelDay).Milliseconds(), max(u.tr.TableSize(), usage.MinTableSize), 0}
+	nd := 0
+	for i := range ops {
+		op := &ops[i]
+		ft := &op.d.Table
+		var exps []any
+		for _, b := range op.d.Targets {
+			if exp := b.End.Add(usage.Keep(b.Level)); exp.After(now) {
+				keys = append(keys, u.tableKey(ft.By, b))
+				exps = append(exps, exp.UnixMilli())
+			}
+		}
+		if len(exps) == 0 {
 			continue
 		}
-		args = append(args, usageField(r.Key), formatUsage(r.Err, &r.Counts, reasons))
-		n++
+		nd++
+		args = append(args, op.id, byKind[ft.By], ft.Slack, formatUsage(0, &ft.Total, reasons), 0)
+		at, n := len(args)-1, 0
+		for i := range ft.Rows {
+			r := &ft.Rows[i]
+			if len(r.Key.Tenant) > maxUsageName || len(r.Key.Model) > maxUsageName {
+				continue
+			}
+			args = append(args, usageField(r.Key), formatUsage(r.Err, &r.Counts, reasons))
+			n++
+		}
+		args[at] = n
+		args = append(args, len(exps))
+		args = append(args, exps...)
 	}
-	args[6] = n
-	args = append(args, exps...)
+	if nd == 0 {
+		return nil
+	}
+	args[2] = nd
 	ctx, cancel := context.WithTimeout(u.st.ctx, u.st.o.WriteTimeout)
 	defer cancel()
 	start := time.Now()

@@ -171,10 +171,8 @@ func TestFleetUsageDeltaWhoseAnswerWasLostCountsOnce(t *testing.T) {
 		a.last++
 		a.queue = append(a.queue, usageOp{id: a.last, d: d})
 	}
-	for i := range a.queue {
-		if err := a.send(&a.queue[i]); err != nil {
-			t.Fatal(err)
-		}
+	if err := a.send(a.queue); err != nil {
+		t.Fatal(err)
 	}
 	a.mu.Unlock()
 	// When the next flush sends it again, with what was counted since
@@ -375,5 +373,30 @@ func TestFleetUsageTablesStayBounded(t *testing.T) {
 	}
 	if r.MaxOvercount > 2*total/size {
 		t.Errorf("overcount bound %d above 2N/size = %d", r.MaxOvercount, 2*total/size)
+	}
+}
+
+// A flush is one call to Redis, whatever the tables and buckets it adds to: a fleet's replicas
+// each flush every few seconds, and every call wakes Redis.
+func TestAUsageFlushIsOneCall(t *testing.T) {
+	rd := redistest.Standalone(t)
+	rc := inspect(t, rd.Addr())
+	clock := &usageClock{now: time.Now()}
+	a, ta := usageReplica(t, options(rd.Addr(), "onecall", "a"), clock, 10)
+	served(ta, clock.Now(), "acme", "gpt-4o", 100, 10)
+	served(ta, clock.Now(), "globex", "claude", 50, 5)
+	if err := rc.ConfigResetStat(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if calls, _ := scriptStats(t, rc); calls != 1 {
+		t.Fatalf("a flush of three tables made %d script calls, want 1", calls)
+	}
+	for _, by := range []usage.By{usage.ByTenant, usage.ByModel, usage.ByTenantModel} {
+		if r := fleetReport(t, a, by, usage.Hour); r.Total.Requests != 2 || r.Total.Prompt != 150 || len(r.Rows) != 2 {
+			t.Errorf("fleet table by %v after one flush: %+v, want 2 requests, 150 prompt tokens in 2 rows", by, r)
+		}
 	}
 }
