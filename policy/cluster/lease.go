@@ -177,8 +177,7 @@ func newLeaser(s *Store, o LeaseOptions, manual bool) *Leaser {
 	l.spend = newSpendLeases(l)
 	s.onAvailability(l.availability)
 	l.ctx, l.cancel = context.WithCancel(context.Background())
-	l.wg.Add(1)
-	go l.listen()
+	s.listen(l.channel, l.heard)
 	if !l.manual {
 		l.wg.Add(1)
 		go l.loop()
@@ -186,64 +185,45 @@ func newLeaser(s *Store, o LeaseOptions, manual bool) *Leaser {
 	return l
 }
 
-// renewSteps is how many intervals a steady lease goes between reports (three seconds at the
-// default interval: a replica's steady compartments cost Redis a report each that often, and a
+// renewSteps is how many intervals a steady lease goes between reports, at most (five seconds at
+// the default interval, less under a short lease ttl: a lease is renewed at least twice while it
+// stays valid; a replica's steady compartments cost Redis a report each that often, and a
 // window's chunks last as long); fadeSteps how many the recent peak of a compartment's use
 // takes to halve; spendRenewSteps how many a spend window in use goes between reports.
 const (
-	renewSteps      = 15
+	renewSteps      = 25
 	fadeSteps       = 5
 	spendRenewSteps = 5
 )
 
-// listen makes the leases of compartments named on the channel due: a replica there is short,
+// heard makes the leases of compartments named on the channel due: a replica there is short,
 // and the others' wants in Redis may be from before their demand fell. A lease that holds more
 // than its requests use (in flight and queued) is reported at once, giving that back; any other
 // at the next round: every short replica's report names the compartment, and rounds for each
 // would follow each other back to back (once given back, a lease holds no more than its
 // requests use, and further news starts no round). A name this replica published itself is no
-// news: it is the one that is short there (its lease must not shrink for it).
-func (l *Leaser) listen() {
-	defer l.wg.Done()
-	for l.ctx.Err() == nil {
-		ps := l.st.client.Subscribe(l.ctx, l.channel)
-		ch := ps.Channel(redis.WithChannelHealthCheckInterval(l.st.o.Heartbeat))
-	read:
-		for {
-			select {
-			case <-l.ctx.Done():
-				break read
-			case msg, ok := <-ch:
-				if !ok {
-					break read
-				}
-				if name, s, ok := grownOf(msg.Payload); ok {
-					if ls := l.leaseOf(name); ls != nil {
-						ls.heardBound(s)
-					}
-					continue
-				}
-				if key, ok := strings.CutPrefix(msg.Payload, "sp:"); ok {
-					// A spend window is tight: give back its unused chunk at once.
-					if l.spend.tighten(key) {
-						l.Kick()
-					}
-					continue
-				}
-				name, from := shortOf(msg.Payload)
-				if from == l.st.o.ReplicaID {
-					continue
-				}
-				if ls := l.leaseOf(name); ls != nil && ls.heard() {
-					l.Kick()
-				}
-			}
+// news: it is the one that is short there (its lease must not shrink for it). It takes rises of
+// the bound on the leases too, and news of tight spend windows.
+func (l *Leaser) heard(payload string) {
+	if name, s, ok := grownOf(payload); ok {
+		if ls := l.leaseOf(name); ls != nil {
+			ls.heardBound(s)
 		}
-		_ = ps.Close()
-		select {
-		case <-l.ctx.Done():
-		case <-time.After(250 * time.Millisecond):
+		return
+	}
+	if key, ok := strings.CutPrefix(payload, "sp:"); ok {
+		// A spend window is tight: give back its unused chunk at once.
+		if l.spend.tighten(key) {
+			l.Kick()
 		}
+		return
+	}
+	name, from := shortOf(payload)
+	if from == l.st.o.ReplicaID {
+		return
+	}
+	if ls := l.leaseOf(name); ls != nil && ls.heard() {
+		l.Kick()
 	}
 }
 
@@ -354,6 +334,7 @@ func (l *Leaser) Close(ctx context.Context) {
 		ls.closed = true
 		ls.mu.Unlock()
 	}
+	l.st.unlisten(l.channel)
 	l.cancel()
 	l.wg.Wait()
 	if l.st.Available() {
@@ -574,6 +555,24 @@ func (l *Leaser) Round() {
 		}
 	}
 	l.mu.Unlock()
+	if len(due) > 0 && available {
+		// The round costs Redis a round trip anyway: steady leases past half their renewal
+		// ride along, renewed early. A replica's compartments so come to be reported together,
+		// one round trip a renewal instead of one each.
+		kept := idle[:0]
+		for _, ls := range idle {
+			ls.mu.Lock()
+			early := ls.renewsEarly(now)
+			ls.mu.Unlock()
+			if early {
+				due = append(due, ls)
+				whys = append(whys, whyRenew)
+			} else {
+				kept = append(kept, ls)
+			}
+		}
+		idle = kept
+	}
 	var sr *spendReport
 	if available {
 		sr = l.spend.build(now, false)
@@ -1319,6 +1318,23 @@ func (ls *Lease) due(now time.Time) (w why, drop bool) {
 		return whyRenew, false
 	}
 	return whyNone, false
+}
+
+// renewsEarly reports whether a lease that is not due would gain from a report in a round that
+// goes to Redis anyway: it holds something, and is past half its renewal.
+func (ls *Lease) renewsEarly(now time.Time) bool {
+	if ls.closed || 2*now.Sub(ls.lastSent) < ls.l.renew {
+		return false
+	}
+	if ls.grant > 0 || ls.tgrant > 0 {
+		return true
+	}
+	for i := range ls.wins {
+		if len(ls.wins[i].chunks) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // observe takes the compartment's use u at now into its recent peak of what it held and waited

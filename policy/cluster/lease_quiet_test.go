@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/llm-bulkhead/llm-bulkhead/integration/redistest"
@@ -247,5 +248,47 @@ func TestIdleWindowIsNoLongerReported(t *testing.T) {
 		ls.mu.Lock()
 		defer ls.mu.Unlock()
 		t.Fatalf("a window unused for %d rounds was reported %v times in %d more (its chunks: %v)", 60*renewSteps, got, 10*renewSteps, ls.wins[0].chunks)
+	}
+}
+
+// leaseCalls counts the round trips replica l's lease rounds made to Redis.
+func leaseCalls(l *Leaser) uint64 {
+	var m dto.Metric
+	if err := l.st.met.latency.WithLabelValues("lease").(prometheus.Histogram).Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetHistogram().GetSampleCount()
+}
+
+// Two steady compartments of one replica, reported out of step at first, come to be renewed in
+// one round trip: a round that reports one takes the other along once it is past half its
+// renewal.
+func TestSteadyLeasesAreRenewedTogether(t *testing.T) {
+	srv := redistest.Standalone(t)
+	f := newFleet(t, srv.Addr(), "together", 1, time.Minute)
+	l := f.leasers[0]
+	a := l.Lease("feature/chat", LeaseLimits{MaxConcurrent: 100}, &use{u: LeaseUsage{InFlight: 2}})
+	b := l.Lease("tenant/acme", LeaseLimits{MaxConcurrent: 100}, &use{u: LeaseUsage{InFlight: 2}})
+	f.pastRecovery(t, a)
+	f.pastRecovery(t, b)
+	// Out of step: a is reported now, b a third of a renewal later.
+	a.Urgent()
+	f.round()
+	for range renewSteps / 3 {
+		f.round()
+	}
+	b.Urgent()
+	f.round()
+	reports, calls := reportsOf(l), leaseCalls(l)
+	const renewals = 8
+	for range renewals * renewSteps {
+		f.round()
+	}
+	gotReports, gotCalls := reportsOf(l)-reports, leaseCalls(l)-calls
+	if gotReports < 2*renewals-2 || gotReports > 2*renewals+2 {
+		t.Fatalf("%v reports of two steady compartments over %d renewals", gotReports, renewals)
+	}
+	if gotCalls > renewals+1 {
+		t.Fatalf("%d round trips for %v reports of two steady compartments over %d renewals: they were not renewed together", gotCalls, gotReports, renewals)
 	}
 }

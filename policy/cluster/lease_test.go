@@ -1011,3 +1011,39 @@ func TestLeaseBoundRisesAloudAndLowersQuietly(t *testing.T) {
 		t.Fatalf("a new hash's bound is numbered %d, not after the lost hash's %d", n, n3)
 	}
 }
+
+// A leased replica hears its store's channel and its leases' on one subscription: one connection,
+// and one health check, per replica. Once its leaser stops, the store's channel stays heard.
+func TestALeasedReplicaSubscribesOnce(t *testing.T) {
+	rd := redistest.Standalone(t)
+	rc := inspect(t, rd.Addr())
+	ctx := context.Background()
+	o := options(rd.Addr(), "subonce", "a")
+	o.Leased = true
+	s := open(t, o)
+	l := NewLeaser(s, LeaseOptions{Interval: fleetInterval})
+	subscribed := func(want map[string]int64) func() bool {
+		return func() bool {
+			got, err := rc.PubSubNumSub(ctx, "{subonce}:free", "{subonce}:lease").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for ch, n := range want {
+				if got[ch] != n {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	waitFor(t, "the replica to subscribe to both channels", subscribed(map[string]int64{"{subonce}:free": 1, "{subonce}:lease": 1}))
+	list, err := rc.ClientList(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(list, "flags=P"); n != 1 {
+		t.Fatalf("%d subscribed connections for one leased replica, want 1:\n%s", n, list)
+	}
+	l.Close(ctx)
+	waitFor(t, "the stopped leaser's channel to be left", subscribed(map[string]int64{"{subonce}:free": 1, "{subonce}:lease": 0}))
+}

@@ -69,7 +69,7 @@ func newMetrics() *metrics {
 	m.leaseWaits.WithLabelValues("window")
 	m.leaseWaits.WithLabelValues("spend")
 	reports := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "cluster_lease_reports_total",
-		Help: "Lease reports sent to Redis (leased admission), by reason: renew (steady, every fifteenth lease_interval), changed (its requests fill the lease, or queue), contended (another replica wants more than it holds, or the compartment recovers), window (a window's chunks run low, or something to give back to or charge to a tight window), short (a request here found the lease short), heard_short (another replica is short), drained (a request held above a shrunk lease ended), resend (the last report got no answer), other (limits set or changed, lease closed, learned limit cut), spend (the round's report of the spend windows in use)."},
+		Help: "Lease reports sent to Redis (leased admission), by reason: renew (steady, every 25th lease_interval, at least twice within the lease ttl, or early, with another compartment's report), changed (its requests fill the lease, or queue), contended (another replica wants more than it holds, or the compartment recovers), window (a window's chunks run low, or something to give back to or charge to a tight window), short (a request here found the lease short), heard_short (another replica is short), drained (a request held above a shrunk lease ended), resend (the last report got no answer), other (limits set or changed, lease closed, learned limit cut), spend (the round's report of the spend windows in use)."},
 		[]string{"reason"})
 	for w := whyRenew; w < whyCount; w++ {
 		m.leaseReports[w] = reports.WithLabelValues(w.String())

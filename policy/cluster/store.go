@@ -221,6 +221,12 @@ type Store struct {
 	spendReserve, spendSettle                       *redis.Script
 	// peek finds the window an admission would be refused by (see Peek).
 	peek *redis.Script
+	// subMu guards listeners (channel → what takes its publications, beside the store's own
+	// channel) and ps, the subscription they share: one connection, and one health check,
+	// per replica.
+	subMu     sync.Mutex
+	listeners map[string]func(payload string)
+	ps        *redis.PubSub
 
 	log *slog.Logger
 	met *metrics
@@ -1547,20 +1553,80 @@ func (s *Store) flush() error {
 	}
 }
 
-// subscribeLoop applies published slot totals and the epoch's news.
+// subscribeLoop applies published slot totals and the epoch's news, and passes the publications
+// of the other channels listened to on to their listeners.
 func (s *Store) subscribeLoop() {
 	defer s.wg.Done()
 	for s.ctx.Err() == nil {
-		ps := s.client.Subscribe(s.ctx, s.keys.channel)
-		ch := ps.Channel(redis.WithChannelHealthCheckInterval(s.o.Heartbeat))
-		for msg := range ch {
-			s.apply(msg.Payload)
+		s.subMu.Lock()
+		channels := []string{s.keys.channel}
+		for c := range s.listeners {
+			channels = append(channels, c)
 		}
+		ps := s.client.Subscribe(s.ctx, channels...)
+		s.ps = ps
+		s.subMu.Unlock()
+		ch := ps.Channel(redis.WithChannelHealthCheckInterval(s.healthCheck()))
+		for msg := range ch {
+			if msg.Channel == s.keys.channel {
+				s.apply(msg.Payload)
+				continue
+			}
+			s.subMu.Lock()
+			fn := s.listeners[msg.Channel]
+			s.subMu.Unlock()
+			if fn != nil {
+				fn(msg.Payload)
+			}
+		}
+		s.subMu.Lock()
+		s.ps = nil
+		s.subMu.Unlock()
 		_ = ps.Close()
 		select {
 		case <-s.ctx.Done():
 		case <-time.After(250 * time.Millisecond):
 		}
+	}
+}
+
+// healthCheck is how long the subscription may go without a publication before it is pinged,
+// so that a connection that died silently is found and opened anew. Exact admission counts on
+// the published totals: a heartbeat. Leased admission learns what is published (a rise of a
+// bound, a replica short) from the answers to its own reports too, at least every renewal: half
+// a lease ttl, longer than a renewal, is soon enough.
+func (s *Store) healthCheck() time.Duration {
+	if s.o.Leased {
+		return max(s.o.Heartbeat, s.o.LeaseTTL/2)
+	}
+	return s.o.Heartbeat
+}
+
+// listen passes channel's publications to fn (from one goroutine, in order) until unlisten, on
+// the subscription the store keeps for its own channel (whose key prefix channel must share,
+// for a Redis Cluster to serve both from one node). Publications before listen returns may be
+// missed.
+func (s *Store) listen(channel string, fn func(payload string)) {
+	s.subMu.Lock()
+	defer s.subMu.Unlock()
+	if s.listeners == nil {
+		s.listeners = map[string]func(string){}
+	}
+	s.listeners[channel] = fn
+	if s.ps != nil {
+		// A subscription that fails here has failed for every channel: the loop subscribes
+		// anew, to this one too.
+		_ = s.ps.Subscribe(s.ctx, channel)
+	}
+}
+
+// unlisten stops passing channel's publications on.
+func (s *Store) unlisten(channel string) {
+	s.subMu.Lock()
+	defer s.subMu.Unlock()
+	delete(s.listeners, channel)
+	if s.ps != nil {
+		_ = s.ps.Unsubscribe(s.ctx, channel)
 	}
 }
 

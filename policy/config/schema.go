@@ -922,14 +922,15 @@ type Cluster struct {
 	// compartment it uses, a lease of the compartment's limits (slots, in-flight tokens, chunks
 	// of its windows) granted from Redis by demand, and admits against it with no call to Redis
 	// on the request's path; a lease is reported every lease_interval while its use changes,
-	// and renewed every fifteenth while it is steady. "exact": every admission
+	// and renewed every 25th (at least twice within the lease ttl) while it is steady.
+	// "exact": every admission
 	// runs one atomic script in Redis (a round trip per request, one Redis slot for the whole
 	// fleet). Default leased.
 	Admission string `koanf:"admission" json:"admission,omitempty"`
 	// LeaseInterval is how often a replica reports, per compartment it uses while its use
 	// changes, what it holds and wants, and receives its new lease (leased admission; a replica
-	// whose requests wait for its lease reports at once, a steady lease every fifteenth
-	// interval). Between 10ms and lease_ttl / 4. Default 200ms.
+	// whose requests wait for its lease reports at once, a steady lease every 25th interval,
+	// at least twice within the lease ttl). Between 10ms and lease_ttl / 4. Default 200ms.
 	LeaseInterval Duration `koanf:"lease_interval" json:"lease_interval,omitempty"`
 	// OnUnavailable is what admission does while Redis is slow or gone: "local" enforces this
 	// replica's part of each limit in this process (budgets and rates divided by the live
