@@ -373,11 +373,15 @@ func (u *UsageStore) tableKey(by usage.By, b usage.Bucket) string {
 	return u.st.tag + ":u:" + byKind[by] + ":" + b.Level + ":" + strconv.FormatInt(b.Start.UnixMilli(), 10)
 }
 
-// Flush sends what the tracker counted since the last flush, after what an earlier flush could
-// not send: a flush's deltas (one per table) in one call, more when earlier ones wait. It
-// returns at the first call Redis did not answer (its deltas stay queued, and are sent again by
-// the next flush), each call bounded by the write timeout.
-func (u *UsageStore) Flush() error {
+// Flush sends what the tracker counted since the last flush (to the day buckets at most every
+// usage.DayEvery), after what an earlier flush could not send: a flush's deltas
+// (one per table) in one call, more when earlier ones wait. It returns at the first call Redis
+// did not answer (its deltas stay queued, and are sent again by the next flush), each call
+// bounded by the write timeout.
+func (u *UsageStore) Flush() error { return u.push(false) }
+
+// push is Flush; with all, what was counted goes to every bucket at once (the store stops).
+func (u *UsageStore) push(all bool) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	took := false
@@ -387,7 +391,7 @@ func (u *UsageStore) Flush() error {
 				return nil
 			}
 			took = true
-			for _, d := range u.tr.TakeDelta(u.now()) {
+			for _, d := range u.tr.TakeDelta(u.now(), all) {
 				u.last++
 				u.queue = append(u.queue, usageOp{id: u.last, d: d})
 			}
@@ -553,13 +557,14 @@ func parseUsage(v string, reasons []string) (err uint64, c usage.Counts, ok bool
 var ErrUsageOff = errors.New("usage is not counted")
 
 // Report returns window q of the fleet: this replica's usage is sent first (as Flush, whatever
-// it finds), then the fleet's tables of the window are read in one call bounded by the write
-// timeout. An error wraps ErrUnavailable when Redis cannot be asked.
+// it finds; to the day buckets too when the window reads them), then the fleet's tables of the
+// window are read in one call bounded by the write timeout. An error wraps ErrUnavailable when
+// Redis cannot be asked.
 func (u *UsageStore) Report(ctx context.Context, q usage.Query) (usage.Report, error) {
 	if u.tr.TableSize() == 0 {
 		return usage.Report{}, ErrUsageOff
 	}
-	_ = u.Flush()
+	_ = u.push(q.Window >= usage.Week)
 	if !u.st.available.Load() {
 		return usage.Report{}, ErrUnavailable
 	}
@@ -652,7 +657,7 @@ func (u *UsageStore) Close(ctx context.Context) {
 	u.closeOnce.Do(func() {
 		close(u.stop)
 		<-u.done
-		err := u.Flush()
+		err := u.push(true)
 		u.mu.Lock()
 		defer u.mu.Unlock()
 		if err == nil {
@@ -663,7 +668,7 @@ func (u *UsageStore) Close(ctx context.Context) {
 			u.st.met.observe("usage_flush", start, err)
 			return
 		}
-		for _, d := range u.tr.TakeDelta(u.now()) {
+		for _, d := range u.tr.TakeDelta(u.now(), true) {
 			u.queue = append(u.queue, usageOp{d: d})
 		}
 		var lost uint64

@@ -29,6 +29,12 @@ func (c *usageClock) Now() time.Time {
 	return c.now
 }
 
+func (c *usageClock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
 // usageReplica opens a store and a tracker of table size size sharing through it; the flush
 // loop runs rarely: the tests flush by hand.
 func usageReplica(t testing.TB, o Options, clock *usageClock, size int) (*UsageStore, *usage.Tracker) {
@@ -167,7 +173,7 @@ func TestFleetUsageDeltaWhoseAnswerWasLostCountsOnce(t *testing.T) {
 	served(ta, clock.Now(), "acme", "m", 100, 10)
 	// Given a delta that Redis applied, its answer lost (it stays queued)
 	a.mu.Lock()
-	for _, d := range ta.TakeDelta(clock.Now()) {
+	for _, d := range ta.TakeDelta(clock.Now(), false) {
 		a.last++
 		a.queue = append(a.queue, usageOp{id: a.last, d: d})
 	}
@@ -181,7 +187,7 @@ func TestFleetUsageDeltaWhoseAnswerWasLostCountsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Then it counts once
-	r := fleetReport(t, a, usage.ByTenant, usage.Hour)
+	r := fleetReport(t, a, usage.ByTenant, usage.Day)
 	if r.Total.Requests != 2 || r.Total.Prompt != 101 {
 		t.Fatalf("fleet totals %+v, want 2 requests and 101 prompt tokens", r.Total)
 	}
@@ -214,12 +220,20 @@ func TestFleetUsageFlushDuringOutageCountsOnce(t *testing.T) {
 	if err := a.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	r := fleetReport(t, a, usage.ByTenant, usage.Day)
+	r := fleetReport(t, a, usage.ByTenant, usage.Hour)
 	if r.Total.Requests != 3 || r.Total.Prompt != 123 {
 		t.Fatalf("fleet totals %+v, want 3 requests and 123 prompt tokens", r.Total)
 	}
 	if row, _ := rowOf(r, usage.Key{Tenant: "acme"}); row.Counts.Requests != 2 {
 		t.Fatalf("acme's row %+v, want 2 requests", row)
+	}
+	// The day's bucket takes the same, once, at the first flush a minute after its last.
+	clock.add(usage.DayEvery)
+	if err := a.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if r := fleetReport(t, a, usage.ByTenant, usage.Week); r.Total.Requests != 3 || r.Total.Prompt != 123 {
+		t.Fatalf("fleet totals over the week %+v, want 3 requests and 123 prompt tokens", r.Total)
 	}
 }
 

@@ -96,10 +96,20 @@ func (t *Tracker) TableSize() int {
 	return t.size
 }
 
+// DayEvery is how often, at most, what a tracker counted reaches the fleet's day buckets: a take
+// (TakeDelta) adds the live bucket to its 5-minute bucket and its hour every time, to its day at
+// most this often, and when the live bucket closes. The 1h and 24h windows (read from 5-minute
+// and hour buckets) follow the fleet take by take; the 7d and month windows lag up to a minute
+// more. A fleet store merges each delta into every bucket it names: most takes cost it a third
+// less.
+const DayEvery = time.Minute
+
 // TakeDelta returns what the tracker counted since the last TakeDelta (rolled to now first), and
 // empties its outbox; nil when it does not share, or counted nothing. The caller adds each
-// delta's table to the store's tables of its targets, once.
-func (t *Tracker) TakeDelta(now time.Time) []Delta {
+// delta's table to the store's tables of its targets, once. What the live bucket counted reaches
+// the day bucket at most every DayEvery (held back meanwhile, merged), unless all is set: all
+// empties the outbox (the tracker stops sharing, or its process stops).
+func (t *Tracker) TakeDelta(now time.Time, all bool) []Delta {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.out == nil {
@@ -108,9 +118,16 @@ func (t *Tracker) TakeDelta(now time.Time) []Delta {
 	if !now.Before(t.cur.end) {
 		t.roll(now)
 	}
+	daily := all || !now.Before(t.dayAt)
+	if daily {
+		t.dayAt = now.Add(DayEvery)
+	}
 	var out []Delta
 	for b := range t.out {
 		s := &t.out[b]
+		if daily {
+			s.days, s.sent = t.foldInto(s.days, s.sent, t.daySpan), nil
+		}
 		for _, l := range []struct {
 			level string
 			tabs  []*table
@@ -120,7 +137,13 @@ func (t *Tracker) TakeDelta(now time.Time) []Delta {
 			}
 		}
 		if len(s.live.rows) > 0 || !s.live.total.IsZero() {
-			out = append(out, t.deltaOf(By(b), LevelFive, s.live))
+			d := t.deltaOf(By(b), LevelFive, s.live)
+			if !daily {
+				// Its 5-minute bucket and its hour, for now.
+				d.Targets = d.Targets[:2]
+				s.sent = t.foldInto(s.sent, []*table{s.live.frozen()}, t.daySpan)
+			}
+			out = append(out, d)
 		}
 		s.fives, s.hours, s.days = nil, nil, nil
 		s.live.reset(t.cur.start, t.cur.end)
@@ -160,6 +183,9 @@ func (t *Tracker) rollOutbox(now time.Time) {
 	days := minTime(t.daySpan(now.Add(-7*day)).start, t.cal.Start(spend.Month, now))
 	for b := range t.out {
 		s := &t.out[b]
+		// What was taken of the closed live bucket for its 5-minute bucket and hour only goes to
+		// its day at the next take.
+		s.days, s.sent = t.foldInto(s.days, s.sent, t.daySpan), nil
 		if len(s.live.rows) > 0 || !s.live.total.IsZero() {
 			s.fives = append(s.fives, s.live.frozen())
 		}

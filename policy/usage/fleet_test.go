@@ -78,11 +78,11 @@ func TestDeltasAddUpToTheTrackersWindows(t *testing.T) {
 				}
 				tr.Record(now, ev)
 				if now.Sub(taken) >= gap {
-					store.add(tr.TakeDelta(now))
+					store.add(tr.TakeDelta(now, false))
 					taken = now
 				}
 			}
-			store.add(tr.TakeDelta(now))
+			store.add(tr.TakeDelta(now, true))
 			for _, by := range Groupings() {
 				for w := range numWindows {
 					q := Query{By: by, Window: w, Top: 100}
@@ -121,7 +121,7 @@ func TestOutboxStaysBounded(t *testing.T) {
 		now = t0.Add(time.Duration(i) * fiveMinutes)
 		tr.Record(now, settle(fmt.Sprintf("t%d", i%50), "m", 10, 1))
 	}
-	ds := tr.TakeDelta(now)
+	ds := tr.TakeDelta(now, false)
 	levels := map[string]int{}
 	for _, d := range ds {
 		levels[d.Table.Level]++
@@ -135,7 +135,53 @@ func TestOutboxStaysBounded(t *testing.T) {
 	if levels[LevelFive] != 3*13 || levels[LevelHour] != 3*24 || levels[LevelDay] != 3*9 {
 		t.Fatalf("outbox levels %v", levels)
 	}
-	if ds := tr.TakeDelta(now); ds != nil {
+	if ds := tr.TakeDelta(now, false); ds != nil {
 		t.Fatalf("a second take found %d tables", len(ds))
 	}
+}
+
+// TestDayBucketsTakeAMinuteAtMost: a tracker taken every 5 s keeps the store's 1h and 24h windows
+// the tracker's at every take, and adds to the day buckets (the 7d and month windows) at most
+// once a minute, each event once: after a last take of everything, every window is the
+// tracker's.
+func TestDayBucketsTakeAMinuteAtMost(t *testing.T) {
+	t0 := time.Date(2026, 6, 1, 10, 2, 0, 0, time.UTC)
+	tr := newTracker(t, 100, nil, t0)
+	tr.Share(true)
+	store := exactStore{}
+	same := func(now time.Time, ws ...Window) {
+		t.Helper()
+		for _, by := range Groupings() {
+			for _, w := range ws {
+				got, want := store.report(t, tr, now, Query{By: by, Window: w, Top: 100}), report(t, tr, now, by, w, 100)
+				if got.Total != want.Total || len(got.Rows) != len(want.Rows) {
+					t.Fatalf("%s %s at %s: store's total %+v (%d rows), tracker's %+v (%d rows)", by, w, now.Sub(t0),
+						got.Total, len(got.Rows), want.Total, len(want.Rows))
+				}
+			}
+		}
+	}
+	const takes = 60 // 5 minutes, across a 5-minute bucket's end
+	dayTakes := 0
+	now := t0
+	for i := range takes {
+		for range 5 {
+			now = now.Add(time.Second)
+			tr.Record(now, settle(fmt.Sprintf("t%d", i%7), "m", 10, 1))
+		}
+		ds := tr.TakeDelta(now, false)
+		for _, d := range ds {
+			if d.Targets[len(d.Targets)-1].Level == LevelDay {
+				dayTakes++
+				break
+			}
+		}
+		store.add(ds)
+		same(now, Hour, Day)
+	}
+	if most := int(takes*5*time.Second/DayEvery) + 2; dayTakes > most {
+		t.Fatalf("%d of %d takes reached the day buckets, want at most %d", dayTakes, takes, most)
+	}
+	store.add(tr.TakeDelta(now, true))
+	same(now, Hour, Day, Week, Month)
 }

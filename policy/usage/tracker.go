@@ -139,6 +139,9 @@ type series struct {
 	days  []*table
 	// evicted counts the groups displaced from its closed live tables.
 	evicted uint64
+	// sent holds, in an outbox, what was taken of the live bucket for its 5-minute bucket and
+	// its hour only: its day has yet to take it (one table per day).
+	sent []*table
 }
 
 // Tracker counts usage by tenant, by model and by both, in bounded memory: a fixed-size table per
@@ -163,6 +166,8 @@ type Tracker struct {
 	// is off or does not share (see fleet.go).
 	shared bool
 	out    *[numBy]series
+	// dayAt is when the outbox's next take reaches the day buckets (see TakeDelta).
+	dayAt time.Time
 }
 
 // New returns a tracker, off until configured, that counts refusals by reasons (at most
