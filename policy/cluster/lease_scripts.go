@@ -142,9 +142,12 @@ end
 -- Every report reads every entry: each is matched once, and the other replicas' go to flat
 -- arrays (field F, slots S, tokens T, slots wanted WS, tokens wanted WT, chunks wanted D[kind];
 -- n of them), of which the shares below need only sums in the common case.
+-- The compartment's own fields besides "born": counts, read into meta.
+local COUNTS = {al = true, ali = true, gq = true, gS = true, gT = true, gL = true}
 local h = redis.call('HGETALL', L)
 local myf = me ~= '' and 'r:' .. me
-local born, al, ali, gq, gS, gT, gL, mine
+local born, mine
+local meta = {}
 local F, S, T, WS, WT, n = {}, {}, {}, {}, {}, 0
 local bad = {}
 for i = 1, #h, 2 do
@@ -152,18 +155,8 @@ for i = 1, #h, 2 do
   if f == 'born' then
     born = whole(v)
     if born == nil or born > now then born = nil; bad[#bad + 1] = f end
-  elseif f == 'al' then
-    al = whole(v)
-  elseif f == 'ali' then
-    ali = whole(v)
-  elseif f == 'gq' then
-    gq = whole(v)
-  elseif f == 'gS' then
-    gS = whole(v)
-  elseif f == 'gT' then
-    gT = whole(v)
-  elseif f == 'gL' then
-    gL = whole(v)
+  elseif COUNTS[f] then
+    meta[f] = whole(v)
   elseif f == myf then
     -- This replica's own: what it holds and wants it says anew; only the number of its last
     -- report applied is read.
@@ -217,6 +210,7 @@ for i = 1, #h, 2 do
   end
 end
 if #bad > 0 then redis.call('HDEL', L, unpack(bad)) end
+local al, ali, gq, gS, gT, gL = meta.al, meta.ali, meta.gq, meta.gS, meta.gT, meta.gL
 
 -- The epoch: read (and kept) here where the script can reach its key, else as the replica last
 -- learned it.
